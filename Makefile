@@ -1,0 +1,35 @@
+# Two set-up commands on a fresh machine: `make demo` and `make test`. Each creates .venv itself.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+DEMO_OUT ?= demo-out
+
+.PHONY: venv demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# CPU build of torch first (the pin resolves from this machine's disk; a loose range would pull CUDA).
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/attnrank spectra minilm --out $(DEMO_OUT)
+	@echo
+	@echo "Open $(DEMO_OUT)/heads.csv (one row per layer x head x product) and the figures $(DEMO_OUT)/*.png"
+
+test: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_spectra.py
+
+clean:
+	rm -rf $(VENV) $(DEMO_OUT)

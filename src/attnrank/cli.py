@@ -1,0 +1,123 @@
+"""The ``attnrank`` command: a thin typer app over the library. No logic lives here."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from .errors import AttnRankError
+from .linalg import DEFAULT_TOL
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="How weight decay and architecture shape the rank of attention layers.",
+)
+out_console = Console(width=None if sys.stdout.isatty() else 120)
+err_console = Console(stderr=True)
+
+
+@app.callback()
+def _root() -> None:
+    """How weight decay and architecture shape the rank of attention layers."""
+
+
+def user_errors(fn):
+    """Turn an AttnRankError into one line on stderr and exit status 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except AttnRankError as e:
+            err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+
+    return wrapper
+
+
+def progress_bar(quiet: bool) -> Progress:
+    return Progress(
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+        disable=quiet or not err_console.is_terminal,
+    )
+
+
+@app.command()
+@user_errors
+def spectra(
+    path: Annotated[str, typer.Argument(help="checkpoint directory (config.json + weights), a weights file, or 'minilm' (shipped)")],
+    out: Annotated[Path | None, typer.Option("--out", help="write heads.csv, summary.csv, spectra.npz, meta.json and PNG figures here")] = None,
+    config: Annotated[Path | None, typer.Option("--config", help="config.json for a single weights file")] = None,
+    tol: Annotated[float, typer.Option("--tol", help="relative threshold tau of the numerical rank #{s_i > tau s_1}")] = DEFAULT_TOL,
+    layers: Annotated[str | None, typer.Option("--layers", help="layers to analyse, e.g. 0,3,5-7 (0-based)")] = None,
+    plots: Annotated[bool, typer.Option("--plots/--no-plots", help="draw figures into --out")] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON on stdout")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress, no table")] = False,
+) -> None:
+    """Exact per-head spectra of W_K^T W_Q and P W_V, with balance and nuclear-norm diagnostics."""
+    from .scan import analyze, overall, save
+
+    with progress_bar(quiet or as_json) as bar:
+        task = bar.add_task("layers", total=None)
+        result = analyze(path, config=config, tol=tol, layers=layers,
+                         progress=lambda done, total: bar.update(task, completed=done, total=total))
+    for rec in result.meta["nonfinite_heads"]:
+        err_console.print(f"[yellow]warning:[/] NaN/Inf weights in layer {rec['layer']} head {rec['head']} "
+                          f"({rec['product']}): metrics set to NaN", highlight=False)
+    written = save(result, out, plots=plots) if out is not None else []
+    summary = result.summary()
+    if as_json:
+        payload = {"meta": result.meta, "overall": overall(result.table),
+                   "layers": json.loads(summary.to_json(orient="records"))}
+        if out is not None:
+            payload["written"] = [str(p) for p in written]
+        sys.stdout.write(json.dumps(payload, indent=2) + "\n")
+        return
+    if quiet:
+        return
+    c = result.meta["config"]
+    out_console.print(
+        f"[bold]{result.meta['source']}[/]  model_type={result.meta['model_type']}  layers={c['n_layers']}  "
+        f"d={c['d_model']}  heads={c['n_heads']} (kv {c['n_kv_heads']})  dh={c['head_dim']}  "
+        f"dtype={','.join(result.meta['dtype_read'])}  tau={tol:g}", highlight=False)
+    table = Table(title="mean over heads per layer",
+                  caption="r/dh = numerical rank / head dim; eff = effective rank; "
+                          "gap = (bound - nuclear) / bound; bal = relative balance discrepancy")
+    table.add_column("layer", justify="right")
+    for p in ("qk", "ov"):
+        for name in ("r/dh", "eff", "gap", "bal"):
+            table.add_column(f"{p.upper()} {name}", justify="right")
+    piv = summary.set_index(["layer", "product"])
+    for layer in result.meta["layers"]:
+        row = [str(layer)]
+        for p in ("qk", "ov"):
+            r = piv.loc[(layer, p)]
+            row += [f"{r.rank_frac:.3f}", f"{r.effective_rank:.2f}", f"{r.gap_rel:.4f}", f"{r.balance_rel:.4f}"]
+        table.add_row(*row)
+    out_console.print(table)
+    if written:
+        out_console.print(f"wrote {len(written)} files to {out}: " + ", ".join(p.name for p in written),
+                          highlight=False)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""Atomic writes: every output file appears whole or not at all."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike):
+    """Yield a temporary path beside ``path``; rename it onto ``path`` only on success."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp" + path.suffix, dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_atomic(path: str | os.PathLike, write: Callable[[Path], Any]) -> Path:
+    """Call ``write(tmp_path)`` and move the result onto ``path`` atomically."""
+    with atomic_path(path) as tmp:
+        write(tmp)
+    return Path(path)
+
+
+def write_text(path: str | os.PathLike, text: str) -> Path:
+    return write_atomic(path, lambda p: p.write_text(text, encoding="utf-8"))
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> Path:
+    return write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n")
+
+
+def _json_default(o: Any) -> Any:
+    import numpy as np
+
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
