@@ -1,0 +1,83 @@
+"""The attnrank command as a user meets it: real subprocesses, exit codes, files written."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+REQUIRED = ["layer", "head", "product", "sv_max", "nuclear", "frob_bound", "gap", "balance",
+            "balance_rel", "rank", "effective_rank", "stable_rank"]
+
+
+def run(*args, cwd=None):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", COLUMNS="200")
+    return subprocess.run([sys.executable, "-m", "attnrank", *args], capture_output=True, text=True,
+                          cwd=cwd, env=env, timeout=300)
+
+
+@pytest.mark.slow
+def test_spectra_minilm_writes_everything(tmp_path):
+    out = tmp_path / "out"
+    r = run("spectra", "minilm", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "QK r/dh" in r.stdout
+    heads = pd.read_csv(out / "heads.csv")
+    assert set(REQUIRED) <= set(heads.columns) and len(heads) == 144
+    npz = np.load(out / "spectra.npz")
+    assert npz["qk"].shape == npz["ov"].shape == (6, 12, 32)
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["model_type"] == "bert" and meta["tolerance"] == 1e-3
+    assert meta["conventions"]["rotary"] is False and "ignored" in meta["conventions"]["biases"]
+    for png in ("fig4_rows", "fig4_norms", "rank_heatmap", "singular_values"):
+        assert (out / f"{png}.png").stat().st_size > 10_000
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temp files left
+
+
+def test_json_summary():
+    r = run("spectra", "minilm", "--json", "--layers", "0-1", "--tol", "0.01")
+    assert r.returncode == 0, r.stderr
+    payload = json.loads(r.stdout)
+    assert [row["layer"] for row in payload["layers"]] == [0, 0, 1, 1]
+    assert set(payload["overall"]) == {"qk", "ov"}
+    assert payload["meta"]["tolerance"] == 0.01
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["/no/such/dir"], "no such file"),
+    (["minilm", "--tol", "3"], "tolerance"),
+    (["minilm", "--tol", "nan"], "tolerance"),
+    (["minilm", "--layers", "9"], "out of range"),
+])
+def test_bad_input_one_line_exit_2(args, needle):
+    r = run("spectra", *args)
+    assert r.returncode == 2
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in r.stderr
+
+
+def test_unsupported_model_type_exit_2(tmp_path, minilm_dir):
+    shutil.copy(minilm_dir / "model.safetensors", tmp_path)
+    cfg = json.loads((minilm_dir / "config.json").read_text()) | {"model_type": "mamba"}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    r = run("spectra", str(tmp_path))
+    assert r.returncode == 2 and "unsupported model_type 'mamba'" in r.stderr
+
+
+def test_failed_run_keeps_earlier_output_intact(tmp_path, minilm_dir):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "heads.csv").write_text("precious\n")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    shutil.copy(minilm_dir / "config.json", bad)
+    data = (minilm_dir / "model.safetensors").read_bytes()
+    (bad / "model.safetensors").write_bytes(data[: len(data) // 3])
+    r = run("spectra", str(bad), "--out", str(out))
+    assert r.returncode == 2 and "cannot read" in r.stderr
+    assert (out / "heads.csv").read_text() == "precious\n"
+    assert sorted(p.name for p in out.iterdir()) == ["heads.csv"]
