@@ -56,7 +56,8 @@ class Checkpoint:
     Use as a context manager or call :meth:`close`.
     """
 
-    def __init__(self, source: str | os.PathLike, config: str | os.PathLike | None = None):
+    def __init__(self, source: str | os.PathLike, config: str | os.PathLike | None = None,
+                 require_config: bool = True):
         self.source = str(source)
         path = shipped_model_path(str(source)) if str(source) in SHIPPED else Path(source)
         if not path.exists():
@@ -68,13 +69,13 @@ class Checkpoint:
         else:
             if config is None:
                 sibling = path.parent / "config.json"
-                if not sibling.exists():
+                if not sibling.exists() and require_config:
                     raise AttnRankError(f"{path} is a single weights file: pass its config.json with --config")
                 config = sibling
             cfg_path = Path(config)
             files = {"": path}
         self.config_path = cfg_path
-        self.config = _read_config(cfg_path)
+        self.config = _read_config(cfg_path) if require_config or cfg_path.exists() else {}
         self._index: dict[str, Path] = {}
         self._handles: dict[Path, Any] = {}
         self._build_index(files)

@@ -65,6 +65,7 @@ def spectra(
     config: Annotated[Path | None, typer.Option("--config", help="config.json for a single weights file")] = None,
     tol: Annotated[float, typer.Option("--tol", help="relative threshold tau of the numerical rank #{s_i > tau s_1}")] = DEFAULT_TOL,
     layers: Annotated[str | None, typer.Option("--layers", help="layers to analyse, e.g. 0,3,5-7 (0-based)")] = None,
+    layout: Annotated[Path | None, typer.Option("--layout", help="TOML file naming the attention tensors and sizes, for a model_type not in the table")] = None,
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="draw figures into --out")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON on stdout")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress, no table")] = False,
@@ -74,7 +75,7 @@ def spectra(
 
     with progress_bar(quiet or as_json) as bar:
         task = bar.add_task("layers", total=None)
-        result = analyze(path, config=config, tol=tol, layers=layers,
+        result = analyze(path, config=config, tol=tol, layers=layers, layout=layout,
                          progress=lambda done, total: bar.update(task, completed=done, total=total))
     for rec in result.meta["nonfinite_heads"]:
         err_console.print(f"[yellow]warning:[/] NaN/Inf weights in layer {rec['layer']} head {rec['head']} "

@@ -21,7 +21,7 @@ from . import __version__
 from .checkpoint import Checkpoint
 from .errors import AttnRankError
 from .fileio import write_atomic, write_json
-from .layouts import AttentionReader, HeadWeights
+from .layouts import AttentionReader, HeadWeights, Layout, layout_from_toml
 from .linalg import DEFAULT_TOL, METRIC_COLUMNS, ProductMetrics, product_metrics
 
 PRODUCTS = ("qk", "ov")
@@ -99,16 +99,21 @@ def analyze(
     config: str | os.PathLike | None = None,
     tol: float = DEFAULT_TOL,
     layers: Iterable[int] | str | None = None,
+    layout: str | os.PathLike | Layout | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> SpectraResult:
     """Exact per-head QK and OV spectra of every (or the selected) attention layer.
 
-    ``progress(done, total)`` is called after each layer.
+    ``layout``: a TOML layout file (or a :class:`Layout`) for a model_type not in the table;
+    the config then may be absent. ``progress(done, total)`` is called after each layer.
     """
     if not tol > 0 or not tol < 1:
         raise AttnRankError(f"tolerance must lie in (0, 1); got {tol}")
-    ckpt = source if isinstance(source, Checkpoint) else Checkpoint(source, config=config)
-    reader = AttentionReader(ckpt)
+    if layout is not None and not isinstance(layout, Layout):
+        layout = layout_from_toml(layout)
+    ckpt = (source if isinstance(source, Checkpoint)
+            else Checkpoint(source, config=config, require_config=layout is None))
+    reader = AttentionReader(ckpt, layout)
     dims = reader.dims
     if layers is None or isinstance(layers, str):
         sel = parse_layers(layers, dims.n_layers)
@@ -138,7 +143,8 @@ def analyze(
         "source": ckpt.source,
         "path": str(ckpt.path.resolve()),
         "files": [str(p.name) for p in ckpt.files],
-        "model_type": cfg.get("model_type"),
+        "model_type": cfg.get("model_type") or reader.layout.model_types[0],
+        "layout": {"split": reader.split, "prefix": reader.prefix, "tensors": reader.tensor_names(0)},
         "config": {
             "n_layers": dims.n_layers,
             "d_model": dims.d,
@@ -157,10 +163,14 @@ def analyze(
             "ov_product": "P_h W_V,h (d x d), P_h = head h's column block of W_O",
             "biases": ("present in the checkpoint and ignored by the products"
                        if reader.biases_present() else "none in the checkpoint"),
-            "rotary": bool(reader.layout.rotary(cfg)),
+            "biases_present": reader.biases_present(),
+            "position_encoding": reader.position,
+            "rotary": reader.position == "rotary",
             "rotary_note": ("rotary embeddings rotate q and k by position: the static QK product "
-                            "ignores relative position") if reader.layout.rotary(cfg) else None,
-            "qk_norm": bool(reader.layout.qk_norm(cfg)),
+                            "ignores relative position") if reader.position == "rotary" else None,
+            "qk_norm": reader.qk_norm,
+            "qk_norm_note": ("q and k are normalised per head before the score: the static QK "
+                             "product ignores that nonlinearity") if reader.qk_norm else None,
             "grouped_query": "query head h uses kv head h // (H // Hkv)",
             "rank": f"numerical rank #{{sigma_i > {tol:g} * sigma_1}}",
             "effective_rank": "exp(entropy of sigma / sum sigma) (Roy & Vetterli)",
