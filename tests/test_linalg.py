@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnrank.linalg import METRIC_COLUMNS, product_metrics, rank_measures, singular_values
+from attnrank.linalg import METRIC_COLUMNS, factor_root, product_metrics, rank_measures, singular_values
 
 
 def dense_reference(A: np.ndarray, B: np.ndarray, tol: float) -> dict[str, float | np.ndarray]:
@@ -71,10 +71,11 @@ def test_planted_rank():
     assert_matches_dense(A, B)
 
 
-def test_badly_scaled_factors():
+@pytest.mark.parametrize("decades", [3.9, 5.0])  # just inside the Gram path (κ² < 1e8), and past it (QR)
+def test_badly_scaled_factors(decades):
     g = torch.Generator().manual_seed(2)
     d, dh = 40, 10
-    cols = torch.logspace(0, -5, dh, dtype=torch.float64)
+    cols = torch.logspace(0, -decades, dh, dtype=torch.float64)
     A = torch.randn(4, d, dh, generator=g, dtype=torch.float64) * cols
     B = torch.randn(4, d, dh, generator=g, dtype=torch.float64) * cols.flip(0) * 1e3
     assert_matches_dense(A, B)
@@ -155,3 +156,11 @@ def test_tolerance_changes_numerical_rank_only():
 def test_shape_mismatch_is_rejected():
     with pytest.raises(ValueError):
         singular_values(torch.zeros(5, 3), torch.zeros(5, 4))
+
+
+@pytest.mark.parametrize("decades", [0.0, 6.0])
+def test_factor_root_reproduces_gram(decades):
+    g = torch.Generator().manual_seed(7)
+    X = torch.randn(3, 50, 8, generator=g, dtype=torch.float64) * torch.logspace(0, -decades, 8, dtype=torch.float64)
+    R = factor_root(X)
+    torch.testing.assert_close(R.mT @ R, X.mT @ X, rtol=0, atol=1e-13 * float((X**2).sum(-2).max()))

@@ -1,15 +1,18 @@
 """Exact spectra and norms of factored products ``A Bᵀ``, batched, never forming ``A Bᵀ``.
 
 A and B have shape ``(..., d, dh)``; the product ``A Bᵀ`` is ``d × d`` with rank ≤ dh.
-Each factor is reduced to its ``R`` factor by a float64 QR (``A = Q_A R_A``), so
+Each factor is reduced to a small square root ``R`` of its Gram matrix (``XᵀX = RᵀR``), so
 
-    A Bᵀ = Q_A (R_A R_Bᵀ) Q_Bᵀ,
+    A Bᵀ = Q_A (R_A R_Bᵀ) Q_Bᵀ   (Q_A, Q_B with orthonormal columns),
 
-and the singular values of the product are those of the small ``k × k`` core
-``R_A R_Bᵀ`` (k = min(d, dh)). The work is O(d·dh²) per head, not O(d³), and the QR keeps
-small singular values accurate (no squared condition number, unlike a Gram-matrix route).
-The Gram matrices needed for the balance discrepancy come from the same R factors:
-``AᵀA = R_AᵀR_A``.
+and the singular values of the product are those of the small core ``R_A R_Bᵀ``. The work is
+O(d·dh²) per head, not O(d³). ``R`` comes from the float64 Gram matrix ``XᵀX`` and its
+eigendecomposition (one GEMM, fast); for a head whose factor is ill-conditioned
+(``λ_min(XᵀX) < 1e-8 λ_max``, where squaring the condition number would cost accuracy) it comes
+from a float64 QR of X instead, which keeps small singular values accurate. The Gram matrices
+needed for the balance discrepancy are ``RᵀR``. A factor shared by several products (a kv head
+in grouped-query attention) is reduced once: see :func:`factor_root` and
+:func:`metrics_from_roots`.
 
 Conventions (REFERENCE.md §1): Frobenius bound ``½(‖A‖²_F + ‖B‖²_F) ≥ ‖ABᵀ‖_*`` with equality
 iff ``AᵀA = BᵀB``; ``gap = bound − nuclear``; ``balance = ‖AᵀA − BᵀB‖_F``,
@@ -76,9 +79,31 @@ def _check_factors(A: torch.Tensor, B: torch.Tensor) -> None:
         raise ValueError(f"factors A and B must have the same shape; got {tuple(A.shape)} and {tuple(B.shape)}")
 
 
-def _r_factor(X: torch.Tensor) -> torch.Tensor:
-    """The R of a reduced float64 QR: shape (..., min(d, dh), dh), with XᵀX = RᵀR."""
-    return torch.linalg.qr(X, mode="r").R
+GRAM_MIN_RATIO = 1e-8  # heads with λ_min(XᵀX) below this times λ_max take the QR path
+
+
+def factor_root(X: torch.Tensor) -> torch.Tensor:
+    """A float64 ``R`` with ``XᵀX = RᵀR`` for factors ``X`` of shape ``(..., d, dh)``.
+
+    Shape ``(..., min(d, dh), dh)``. Any input dtype; upcast to float64 before arithmetic.
+    Non-finite heads give NaN roots (caught by :func:`metrics_from_roots`).
+    """
+    X = X.detach().to(device="cpu", dtype=torch.float64)
+    d, dh = X.shape[-2:]
+    finite = torch.isfinite(X).all(-1).all(-1)
+    if not bool(finite.all()):
+        X = torch.where(finite[..., None, None], X, torch.zeros_like(X))
+    if d < dh:
+        R = torch.linalg.qr(X, mode="r").R
+    else:
+        evals, evecs = torch.linalg.eigh(X.mT @ X)
+        R = evals.clamp_min(0).sqrt()[..., :, None] * evecs.mT
+        bad = evals[..., 0] < GRAM_MIN_RATIO * evals[..., -1]
+        if bool(bad.any()):
+            R[bad] = torch.linalg.qr(X[bad], mode="r").R
+    if not bool(finite.all()):
+        R = torch.where(finite[..., None, None], R, torch.full_like(R, float("nan")))
+    return R
 
 
 def singular_values(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
@@ -111,17 +136,19 @@ def product_metrics(A: torch.Tensor, B: torch.Tensor, tol: float = DEFAULT_TOL) 
     analysed exactly as stored.
     """
     _check_factors(A, B)
+    return metrics_from_roots(factor_root(A), factor_root(B), tol)
+
+
+def metrics_from_roots(Ra: torch.Tensor, Rb: torch.Tensor, tol: float = DEFAULT_TOL) -> ProductMetrics:
+    """All metrics of ``A Bᵀ`` from roots ``Ra = factor_root(A)``, ``Rb = factor_root(B)``."""
     if not tol > 0:
         raise ValueError(f"tolerance must be > 0, got {tol}")
-    A = A.detach().to(device="cpu", dtype=torch.float64)
-    B = B.detach().to(device="cpu", dtype=torch.float64)
-    finite = torch.isfinite(A).all(-1).all(-1) & torch.isfinite(B).all(-1).all(-1)
+    finite = torch.isfinite(Ra).all(-1).all(-1) & torch.isfinite(Rb).all(-1).all(-1)
     if not bool(finite.all()):
         keep = finite[..., None, None]
-        A = torch.where(keep, A, torch.zeros_like(A))
-        B = torch.where(keep, B, torch.zeros_like(B))
+        Ra = torch.where(keep, Ra, torch.zeros_like(Ra))
+        Rb = torch.where(keep, Rb, torch.zeros_like(Rb))
 
-    Ra, Rb = _r_factor(A), _r_factor(B)
     sv = torch.linalg.svdvals(Ra @ Rb.mT)
     ga, gb = Ra.mT @ Ra, Rb.mT @ Rb  # AᵀA, BᵀB (dh × dh)
 

@@ -22,7 +22,7 @@ from .checkpoint import Checkpoint
 from .errors import AttnRankError
 from .fileio import write_atomic, write_json
 from .layouts import AttentionReader, HeadWeights, Layout, layout_from_toml
-from .linalg import DEFAULT_TOL, METRIC_COLUMNS, ProductMetrics, product_metrics
+from .linalg import DEFAULT_TOL, METRIC_COLUMNS, ProductMetrics, factor_root, metrics_from_roots
 
 PRODUCTS = ("qk", "ov")
 TABLE_COLUMNS = ("layer", "head", "kv_head", "product", *METRIC_COLUMNS, "head_dim", "finite")
@@ -63,14 +63,19 @@ def _rows(layer: int, product: str, m: ProductMetrics, group: int, head_dim: int
     return pd.DataFrame(cols, columns=list(TABLE_COLUMNS))
 
 
-def _row_norms(hw: HeadWeights) -> dict[str, torch.Tensor]:
-    f = lambda t: (t.to(torch.float64) ** 2)  # noqa: E731
-    return {
-        "q": f(hw.wq).sum(-1),
-        "k": f(hw.kv_for_query_heads(hw.wk)).sum(-1),
-        "v": f(hw.kv_for_query_heads(hw.wv)).sum(-1),
-        "p": f(hw.p).sum(-2),
-    }
+def layer_metrics(hw: HeadWeights, tol: float = DEFAULT_TOL) -> tuple[dict[str, ProductMetrics], dict[str, torch.Tensor]]:
+    """QK and OV metrics of every query head of one layer, plus the Figure 4 row norms.
+
+    Each distinct factor is reduced once (a kv head shared by a group of query heads too).
+    The squared row norms of W_Q, W_K, W_V and column norms of P are the diagonals of the
+    factors' Gram matrices ``RᵀR``, so they cost nothing extra.
+    """
+    rq, rk, rv, rp = (factor_root(x) for x in (hw.wq.mT, hw.wk.mT, hw.wv.mT, hw.p))
+    rk, rv = hw.kv_for_query_heads(rk), hw.kv_for_query_heads(rv)
+    metrics = {"qk": metrics_from_roots(rk, rq, tol), "ov": metrics_from_roots(rp, rv, tol)}
+    gram_diag = lambda r: torch.diagonal(r.mT @ r, dim1=-2, dim2=-1)  # noqa: E731
+    norms = {"q": gram_diag(rq), "k": gram_diag(rk), "v": gram_diag(rv), "p": gram_diag(rp)}
+    return metrics, norms
 
 
 def parse_layers(spec: str | None, n_layers: int) -> list[int]:
@@ -125,13 +130,13 @@ def analyze(
     norms: dict[str, list[np.ndarray]] = {k: [] for k in ("q", "k", "v", "p")}
     for done, i in enumerate(sel, 1):
         hw = reader.read_layer(i)
-        for product, (A, B) in (("qk", hw.qk_factors()), ("ov", hw.ov_factors())):
-            m = product_metrics(A, B, tol=tol)
+        metrics, row_norms = layer_metrics(hw, tol)
+        for product, m in metrics.items():
             frames.append(_rows(i, product, m, hw.group, dims.head_dim))
             sv[product].append(m.sv.numpy())
-        for k, v in _row_norms(hw).items():
+        for k, v in row_norms.items():
             norms[k].append(v.numpy())
-        del hw
+        del hw, metrics
         if progress:
             progress(done, len(sel))
 
