@@ -81,3 +81,42 @@ def test_failed_run_keeps_earlier_output_intact(tmp_path, minilm_dir):
     assert r.returncode == 2 and "cannot read" in r.stderr
     assert (out / "heads.csv").read_text() == "precious\n"
     assert sorted(p.name for p in out.iterdir()) == ["heads.csv"]
+
+
+class _Exploit:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_crafted_pickle_and_empty_dir_exit_2(tmp_path, minilm_dir):
+    import pickle
+
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    shutil.copy(minilm_dir / "config.json", evil)
+    marker = tmp_path / "pwned"
+    (evil / "pytorch_model.bin").write_bytes(pickle.dumps({"w": _Exploit(str(marker))}))
+    r = run("spectra", str(evil))
+    assert r.returncode == 2 and "refused" in r.stderr and not marker.exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = run("spectra", str(empty))
+    assert r.returncode == 2 and "no weights" in r.stderr
+
+
+def test_layout_file_option(tmp_path, minilm_dir):
+    layout = tmp_path / "bert.toml"
+    layout.write_text(
+        'split = "separate"\n[tensors]\n'
+        'q = "encoder.layer.{i}.attention.self.query.weight"\nk = "encoder.layer.{i}.attention.self.key.weight"\n'
+        'v = "encoder.layer.{i}.attention.self.value.weight"\no = "encoder.layer.{i}.attention.output.dense.weight"\n'
+        "[sizes]\nn_layers = 6\nd_model = 384\nn_heads = 12\n")
+    r = run("spectra", str(minilm_dir / "model.safetensors"), "--layout", str(layout), "--json", "--layers", "5")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["meta"]["layout"]["name"] == "layout:bert.toml"
+    layout.write_text('split = "sideways"\n')
+    r = run("spectra", "minilm", "--layout", str(layout))
+    assert r.returncode == 2 and "split must be one of" in r.stderr

@@ -186,7 +186,13 @@ class _TorchFile:
 
     def __init__(self, p: Path):
         try:
-            obj = torch.load(p, map_location="cpu", weights_only=True, mmap=True)
+            try:
+                obj = torch.load(p, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError as e:
+                if "mmap" not in str(e):
+                    raise
+                # a legacy (pre-zip) torch.save file cannot be memory-mapped; still weights_only
+                obj = torch.load(p, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as e:
             raise AttnRankError(f"refused to load {p}: it is not a plain tensor file ({_one_line(e)})") from None
         except Exception as e:

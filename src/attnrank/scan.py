@@ -149,7 +149,7 @@ def analyze(
         "path": str(ckpt.path.resolve()),
         "files": [str(p.name) for p in ckpt.files],
         "model_type": cfg.get("model_type") or reader.layout.model_types[0],
-        "layout": {"split": reader.split, "prefix": reader.prefix, "tensors": reader.tensor_names(0)},
+        "layout": {"name": reader.layout.model_types[0], "split": reader.split, "prefix": reader.prefix, "tensors": reader.tensor_names(0)},
         "config": {
             "n_layers": dims.n_layers,
             "d_model": dims.d,
