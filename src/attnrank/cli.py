@@ -116,6 +116,63 @@ def spectra(
                           highlight=False)
 
 
+@app.command()
+@user_errors
+def reproduce(
+    name: Annotated[str | None, typer.Argument(help="reproduction to run (see --list), e.g. fig1, fig5")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="write report.html, claims.json, data.json, run.json and PNGs here (default: out/NAME)")] = None,
+    list_: Annotated[bool, typer.Option("--list", help="list the known reproductions and exit")] = False,
+    strict: Annotated[bool, typer.Option("--strict", help="exit 1 if any claim did not hold")] = False,
+    quick: Annotated[bool, typer.Option("--quick", help="smaller, faster variant (fewer sweep points)")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print the claims as JSON on stdout")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print nothing on success")] = False,
+) -> None:
+    """Reproduce a figure or claim of the source documents; every claim is checked with numbers.
+
+    Exit status 0 when it ran (claims that did not hold are findings), 1 with --strict when any
+    claim did not hold, 2 on user errors.
+    """
+    from contextlib import nullcontext
+
+    from . import reproduce as rep
+
+    if list_:
+        rows = rep.listing()
+        if as_json:
+            sys.stdout.write(json.dumps([{"name": n, "title": t} for n, t in rows], indent=2) + "\n")
+        else:
+            for n, t in rows:
+                out_console.print(f"[bold]{n}[/]  {t}", highlight=False, soft_wrap=True)
+        return
+    if name is None:
+        raise AttnRankError("give a reproduction NAME or --list")
+    rep.get(name)  # unknown names fail here, before any work
+    out = out if out is not None else Path("out") / name
+    show = not (quiet or as_json) and err_console.is_terminal
+    with err_console.status(f"reproducing {name} ...") if show else nullcontext():
+        summary = rep.run(name, out, quick=quick)
+    if as_json:
+        sys.stdout.write(json.dumps({"name": name, "out": str(out), "runtime_s": summary.runtime_s,
+                                     "claims": [c.to_json() for c in summary.claims]}, indent=2) + "\n")
+    elif not quiet:
+        from .report import fmt_value
+
+        table = Table(title=f"{name}: {summary.n_held} of {len(summary.claims)} claims held "
+                            f"({summary.runtime_s:.1f} s)")
+        table.add_column("claim")
+        table.add_column("verdict")
+        table.add_column("measured", overflow="fold")
+        table.add_column("expected", overflow="fold")
+        for c in summary.claims:
+            table.add_row(c.name, "[green]held[/]" if c.held else "[red]did not hold[/]",
+                          fmt_value(c.to_json()["measured"], 3), fmt_value(c.to_json()["expected"], 3))
+        out_console.print(table)
+        out_console.print(f"wrote {out / 'report.html'} (+ claims.json, data.json, run.json, "
+                          f"{len(summary.files) - 4} PNG)", highlight=False)
+    if strict and not summary.all_held:
+        raise typer.Exit(1)
+
+
 def main() -> None:
     app()
 
