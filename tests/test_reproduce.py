@@ -180,9 +180,10 @@ def test_fig5_quick_claims():
     """fig5 (quick): the paper's qualitative claims hold; the eps sweep shows where lam_L2 = lam_wd*eps fails."""
     res = rep.get("fig5").fn(quick=True)
     claims = {c.name: c for c in res.claims}
-    for name in ("fig5.direct_adamw_l2_optimum", "fig5.direct_adam_l2_l2_optimum", "fig5.direct_same_point",
-                 "fig5.factorized_adamw_l1_optimum", "fig5.factorized_adam_l2_l1_optimum",
-                 "fig5.factorized_same_point", "fig5.factorized_sparse", "fig5.adamw_fixed_point"):
+    for name in ("fig5.direct_adamw_reaches_l2_optimum", "fig5.direct_adam_l2_reaches_l2_optimum",
+                 "fig5.direct_same_point", "fig5.factorized_adamw_reaches_l1_optimum",
+                 "fig5.factorized_adam_l2_reaches_l1_optimum", "fig5.factorized_same_point",
+                 "fig5.factorized_sparse", "fig5.adamw_fixed_point"):
         assert claims[name].held, (name, claims[name].measured)
     sweep = claims["fig5.eps_sweep"].measured
     assert sweep["direct, lr=0.01, eps=0.1"] < 0.01

@@ -732,7 +732,7 @@ def reproduce_fig5(quick: bool = False) -> Result:
         for opt, label in (("adamw", "AdamW (decoupled decay lam_wd)"), ("adam_l2", "Adam + L2 (lam_L2 = lam_wd*eps)")):
             row = find(kind, opt, eps_main, lam_main, lr0)
             claims.append(Claim(
-                name=f"fig5.{kind}_{opt}_{target_name.lower()}_optimum", source=src,
+                name=f"fig5.{kind}_{opt}_reaches_{target_name.lower()}_optimum", source=src,
                 statement=f"{label} on {'w directly' if kind == 'direct' else 'factors w = a*b'} ends at the "
                           f"{target_name}-regularised optimum argmin dist^2(w, S) + "
                           + ("(lam/2)|w|_2^2" if kind == "direct" else "lam |w|_1") + f", lam = {lam_eq:g}.",
