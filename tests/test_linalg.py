@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from attnrank.linalg import METRIC_COLUMNS, factor_root, product_metrics, rank_measures, singular_values
+from attnrank.linalg import (
+    METRIC_COLUMNS,
+    factor_root,
+    product_metrics,
+    rank_measures,
+    singular_values,
+)
 
 
 def dense_reference(A: np.ndarray, B: np.ndarray, tol: float) -> dict[str, float | np.ndarray]:
