@@ -157,8 +157,16 @@ def child(name: str, path: str, args: argparse.Namespace) -> None:
     t0 = time.perf_counter()
     info = CONTENDERS[name](Path(path), args)
     info["seconds"] = time.perf_counter() - t0
-    info["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    info["peak_rss_mib"] = peak_rss_mib()
     print("RESULT " + json.dumps(info))
+
+
+def peak_rss_mib() -> float:
+    """This process's own high-water RSS (VmHWM; ru_maxrss would carry the parent's over exec)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def measure(name: str, path: Path, args: argparse.Namespace) -> dict:

@@ -7,9 +7,9 @@ Each factor is reduced to a small square root ``R`` of its Gram matrix (``XᵀX 
 
 and the singular values of the product are those of the small core ``R_A R_Bᵀ``. The work is
 O(d·dh²) per head, not O(d³). ``R`` comes from the float64 Gram matrix ``XᵀX`` and its
-eigendecomposition (one GEMM, fast); for a head whose factor is ill-conditioned
-(``λ_min(XᵀX) < 1e-8 λ_max``, where squaring the condition number would cost accuracy) it comes
-from a float64 QR of X instead, which keeps small singular values accurate. The Gram matrices
+Cholesky factor (one GEMM and a small factorisation, fast); for a head whose factor is
+ill-conditioned (``λ_min(XᵀX) < 1e-8 λ_max``, where squaring the condition number would cost
+accuracy) it comes from a float64 QR of X instead, which keeps small singular values accurate. The Gram matrices
 needed for the balance discrepancy are ``RᵀR``. A factor shared by several products (a kv head
 in grouped-query attention) is reduced once: see :func:`factor_root` and
 :func:`metrics_from_roots`.
@@ -86,19 +86,26 @@ def factor_root(X: torch.Tensor) -> torch.Tensor:
     """A float64 ``R`` with ``XᵀX = RᵀR`` for factors ``X`` of shape ``(..., d, dh)``.
 
     Shape ``(..., min(d, dh), dh)``. Any input dtype; upcast to float64 before arithmetic.
-    Non-finite heads give NaN roots (caught by :func:`metrics_from_roots`).
+    Well-conditioned heads: ``R`` is the Cholesky factor of the float64 Gram matrix (one GEMM
+    and a dh × dh factorisation). Heads with ``λ_min(XᵀX) < GRAM_MIN_RATIO · λ_max`` (where
+    squaring the condition number would cost accuracy), or whose Gram matrix is not
+    numerically positive definite: ``R`` from a float64 QR of X. Non-finite heads give NaN.
     """
     X = X.detach().to(device="cpu", dtype=torch.float64)
     d, dh = X.shape[-2:]
-    finite = torch.isfinite(X).all(-1).all(-1)
-    if not bool(finite.all()):
-        X = torch.where(finite[..., None, None], X, torch.zeros_like(X))
     if d < dh:
-        R = torch.linalg.qr(X, mode="r").R
+        G = None
+        R = torch.linalg.qr(torch.nan_to_num(X, nan=0.0, posinf=0.0, neginf=0.0), mode="r").R
+        finite = torch.isfinite(X).all(-1).all(-1)
     else:
-        evals, evecs = torch.linalg.eigh(X.mT @ X)
-        R = evals.clamp_min(0).sqrt()[..., :, None] * evecs.mT
-        bad = evals[..., 0] < GRAM_MIN_RATIO * evals[..., -1]
+        G = X.mT @ X  # NaN/Inf in X reach G
+        finite = torch.isfinite(G).all(-1).all(-1)
+        G = torch.where(finite[..., None, None], G, torch.eye(dh, dtype=G.dtype))
+        evals = torch.linalg.eigvalsh(G)
+        L, info = torch.linalg.cholesky_ex(G)
+        R = L.mT
+        bad = (evals[..., 0] < GRAM_MIN_RATIO * evals[..., -1]) | (info != 0)
+        bad &= finite
         if bool(bad.any()):
             R[bad] = torch.linalg.qr(X[bad], mode="r").R
     if not bool(finite.all()):
