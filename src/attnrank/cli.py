@@ -173,6 +173,63 @@ def reproduce(
         raise typer.Exit(1)
 
 
+train_app = typer.Typer(no_args_is_help=True, help="Train the project's transformer with attention-specific weight decay.")
+app.add_typer(train_app, name="train")
+
+
+@train_app.command("recall")
+@user_errors
+def train_recall(
+    out: Annotated[Path, typer.Option("--out", help="run directory (config.json, metrics.jsonl, checkpoints/)")],
+    attn_wd: Annotated[float, typer.Option("--attn-wd", help="AdamW weight decay of the attention projections Q, K, V, O")] = 0.1,
+    wd: Annotated[float, typer.Option("--wd", help="AdamW weight decay of every other matrix and the embeddings (biases, norms: 0)")] = 0.1,
+    steps: Annotated[int, typer.Option("--steps", help="optimizer steps (one fresh batch each)")] = 3000,
+    seed: Annotated[int, typer.Option("--seed", help="seed of the initialisation and the data stream")] = 0,
+    device: Annotated[str, typer.Option("--device", help="auto (CUDA when present), cpu, cuda, cuda:N")] = "auto",
+    resume: Annotated[bool, typer.Option("--resume", help="continue the run in --out from its newest checkpoint")] = False,
+    lr: Annotated[float, typer.Option("--lr", help="peak learning rate")] = 1e-3,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="sequences per step")] = 64,
+    track_every: Annotated[int, typer.Option("--track-every", help="steps between rank measurements")] = 100,
+    checkpoint_every: Annotated[int, typer.Option("--checkpoint-every", help="steps between checkpoints")] = 500,
+    as_json: Annotated[bool, typer.Option("--json", help="print the final summary as JSON on stdout")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar, no summary")] = False,
+) -> None:
+    """Associative recall (k1 v1 ... kn vn q -> v(q)), AdamW with its own decay on attention."""
+    from .train import recall_config, train
+
+    cfg = recall_config(attn_weight_decay=attn_wd, weight_decay=wd, steps=steps, seed=seed, lr=lr,
+                        batch_size=batch_size, track_every=track_every, checkpoint_every=checkpoint_every)
+    bar = Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=err_console,
+                   disable=quiet or as_json or not err_console.is_terminal)
+    info: dict[str, str] = {"loss": "-", "acc": "-", "rank": "-"}
+
+    def progress(step: int, total: int, row: dict | None) -> None:
+        if row:
+            if "loss" in row:
+                info["loss"], info["acc"] = f"{row['loss']:.3f}", f"{row['acc']:.3f}"
+            if "mean" in row:
+                info["rank"] = f"{row['mean']['qk']['rank']:.1f}/{row['mean']['ov']['rank']:.1f}"
+        bar.update(task, completed=step, total=total,
+                   info=f"loss {info['loss']}  acc {info['acc']}  rank qk/ov {info['rank']}")
+
+    with bar:
+        task = bar.add_task("recall", total=steps, info="")
+        result = train(out, cfg, resume=resume, device=device, progress=progress)
+    f = result.final
+    if as_json:
+        sys.stdout.write(json.dumps({"run_dir": str(result.run_dir), "resumed_from": result.resumed_from,
+                                     "checkpoint": str(result.checkpoint), "final": f}, indent=2) + "\n")
+    elif not quiet:
+        m = f.get("mean", {})
+        out_console.print(
+            f"step {f.get('step')}: loss {f.get('loss', float('nan')):.4f}  acc {f.get('acc', float('nan')):.3f}  "
+            f"mean rank qk {m.get('qk', {}).get('rank', float('nan')):.2f}  ov {m.get('ov', {}).get('rank', float('nan')):.2f}"
+            f"  (head dim {cfg.model.head_dim})", highlight=False)
+        out_console.print(f"run in {result.run_dir}; checkpoint {result.checkpoint} "
+                          f"(attnrank spectra {result.checkpoint})", highlight=False)
+
+
 def main() -> None:
     app()
 

@@ -1,0 +1,607 @@
+"""Training with attention-specific weight decay, a live rank tracker, and resumable runs.
+
+A **run directory** holds everything needed to redo or continue a run::
+
+    RUN/config.json                  task, model and training settings, seed, versions
+    RUN/metrics.jsonl                one JSON object per logged step, append-only, ``step`` field
+    RUN/checkpoints/step-00000500/   config.json + model.safetensors (readable by
+                                     ``attnrank spectra``) + state.pt (optimizer, RNG,
+                                     data stream, loop counters: plain tensors/primitives)
+    RUN/summary.json                 written when the run finishes
+    RUN/tb/                          TensorBoard events, when tensorboard is installed
+
+Rows of ``metrics.jsonl``: ``{"step", "loss", "acc", "lr"}`` every ``log_every`` steps (means
+over the steps since the previous row) and ``"mean"`` / ``"heads"`` (see
+:class:`RankTracker`) every ``track_every`` steps, merged into one object when both fall on
+the same step; step 0 (the initialisation) has tracker fields only. The final step always
+has both. Rows hold no wall-clock times, so a run is reproducible byte for byte.
+
+**Resume.** Checkpoints are written into a temporary directory and renamed into place, so a
+``step-*`` directory is always whole. Each records the byte length of ``metrics.jsonl`` at
+that step (the file is flushed first). ``resume`` loads the newest checkpoint, truncates
+``metrics.jsonl`` to that length (dropping rows after it, and any torn last line) and
+continues with the same model, optimizer, RNG and data-stream state, so a run killed at any
+moment (SIGKILL included) and resumed ends with exactly the ``metrics.jsonl`` of an
+uninterrupted run on the same device (bit-exact on the CPU; GPU kernels may not be).
+A run killed before its first checkpoint restarts from scratch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import shutil
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn as nn
+
+from . import __version__
+from .checkpoint import Checkpoint
+from .errors import AttnRankError
+from .fileio import write_json
+from .layouts import AttentionReader
+from .linalg import DEFAULT_TOL, METRIC_COLUMNS
+from .model import ModelConfig, Transformer
+from .optim import param_groups
+from .scan import layer_metrics
+from .tasks import RecallConfig, RecallStream, recall_loss_and_accuracy
+
+METRICS = "metrics.jsonl"
+CHECKPOINTS = "checkpoints"
+STATE = "state.pt"
+_STEP_DIR = "step-{:08d}"
+
+
+# -- live tracker --------------------------------------------------------------------------------
+
+class LiveCheckpoint(Checkpoint):
+    """A :class:`Checkpoint` view of a model in memory: the same layout path (prefix search,
+    shape checks, per-head split) reads the live parameters instead of a file.
+
+    ``config`` is the dict a saved checkpoint's ``config.json`` would hold; it defaults to
+    ``model.config_dict()`` (attnrank models) or ``model.config.to_dict()`` (Hugging Face).
+    """
+
+    def __init__(self, model: nn.Module, config: dict[str, Any] | None = None):
+        if config is None:
+            if hasattr(model, "config_dict"):
+                config = model.config_dict()
+            elif hasattr(getattr(model, "config", None), "to_dict"):
+                config = model.config.to_dict()
+            else:
+                raise AttnRankError(f"{type(model).__name__} has no config: pass config=")
+        self.source = f"live:{type(model).__name__}"
+        self.path = Path(".")
+        self.config_path = Path(f"<{self.source}>")
+        self.config = config
+        self._tensors: dict[str, torch.Tensor] = {
+            **dict(model.named_parameters(remove_duplicate=False)),
+            **dict(model.named_buffers(remove_duplicate=False)),
+        }
+        self._index = {}
+        self._handles = {}
+
+    def keys(self) -> list[str]:
+        return list(self._tensors)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._tensors
+
+    def get(self, name: str) -> torch.Tensor:
+        try:
+            return self._tensors[name].detach()
+        except KeyError:
+            raise AttnRankError(f"tensor {name!r} not found in {self.source}") from None
+
+    def dtype(self, name: str) -> str:
+        return str(self._tensors[name].dtype).removeprefix("torch.")
+
+    @property
+    def files(self) -> list[Path]:
+        return []
+
+
+class RankTracker:
+    """Per-head metrics of both attention products of a live model, every ``every`` steps.
+
+    Reads the weights through :class:`attnrank.layouts.AttentionReader` (the layout row of
+    the model's ``model_type``, over a :class:`LiveCheckpoint`) and computes them with
+    :func:`attnrank.scan.layer_metrics` (the linalg core), exactly as ``attnrank spectra``
+    does for a saved checkpoint of the same weights. Works for any model whose config the
+    layout table knows (the project's, or a Hugging Face model: pass ``config`` or let it
+    read ``model.config``).
+
+    :meth:`measure` returns ``{"mean": {product: {metric: mean over layers and heads}},
+    "heads": {product: {metric: [[value per head] per layer]}}}`` with products ``qk``
+    (``W_K,hᵀ W_Q,h``) and ``ov`` (``P_h W_V,h``) and metrics ``METRIC_COLUMNS``.
+    """
+
+    def __init__(self, model: nn.Module, every: int = 100, tol: float = DEFAULT_TOL,
+                 config: dict[str, Any] | None = None):
+        if not isinstance(every, int) or every <= 0:
+            raise AttnRankError(f"tracker interval must be a positive integer, got {every!r}")
+        if not 0 < tol < 1:
+            raise AttnRankError(f"tolerance must lie in (0, 1); got {tol}")
+        self.every, self.tol = every, tol
+        self.reader = AttentionReader(LiveCheckpoint(model, config))
+        self.n_layers = self.reader.dims.n_layers
+
+    def due(self, step: int) -> bool:
+        return step % self.every == 0
+
+    @torch.no_grad()
+    def measure(self) -> dict[str, Any]:
+        # One thread: the float64 LAPACK calls then round the same way in every process
+        # whatever the machine's load, so a resumed run logs bit-identical rows.
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            per_layer = [layer_metrics(self.reader.read_layer(i), self.tol)[0] for i in range(self.n_layers)]
+        finally:
+            torch.set_num_threads(threads)
+        out: dict[str, Any] = {"mean": {}, "heads": {}}
+        for product in ("qk", "ov"):
+            cols = {k: torch.stack([m[product].columns()[k] for m in per_layer]) for k in METRIC_COLUMNS}
+            out["heads"][product] = {k: v.tolist() for k, v in cols.items()}
+            out["mean"][product] = {k: float(v.to(torch.float64).mean()) for k, v in cols.items()}
+        return out
+
+
+def tracker_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """Tidy table of the tracker rows of a metrics.jsonl: one row per (step, layer, head,
+    product), columns as in ``attnrank spectra`` (plus ``step``)."""
+    frames = []
+    for row in rows:
+        heads = row.get("heads")
+        if not heads:
+            continue
+        for product, metrics in heads.items():
+            arr = {k: np.asarray(v) for k, v in metrics.items()}
+            L, H = arr["rank"].shape
+            frames.append(pd.DataFrame({
+                "step": row["step"],
+                "layer": np.repeat(np.arange(L), H),
+                "head": np.tile(np.arange(H), L),
+                "product": product,
+                **{k: arr[k].reshape(-1) for k in METRIC_COLUMNS},
+            }))
+    if not frames:
+        return pd.DataFrame(columns=["step", "layer", "head", "product", *METRIC_COLUMNS])
+    return pd.concat(frames, ignore_index=True)
+
+
+def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    """All rows of ``RUN/metrics.jsonl`` (a torn last line, left by a kill, is skipped)."""
+    p = Path(run_dir) / METRICS
+    if not p.exists():
+        raise AttnRankError(f"no {METRICS} in {run_dir}")
+    rows = []
+    for line in p.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue
+    return rows
+
+
+# -- configuration -------------------------------------------------------------------------------
+
+@dataclass
+class TrainConfig:
+    """One training run on associative recall (every field is recorded in config.json).
+
+    ``model`` defaults to a 2-layer, width-64, 4-head (head width 16) pre-norm causal
+    transformer with MLPs and learned positions, sized to the task.
+    Optimizer: AdamW, decoupled decay per :func:`attnrank.optim.param_groups` group
+    (``attn_weight_decay`` on Q/K/V/O, ``weight_decay`` on every other matrix and on the
+    embeddings, none on biases and norm gains); learning rate warmed up linearly over
+    ``warmup`` steps, then constant.
+    """
+
+    task: RecallConfig = field(default_factory=RecallConfig)
+    model: ModelConfig | None = None
+    steps: int = 3000
+    batch_size: int = 64
+    lr: float = 1e-3
+    warmup: int = 100
+    beta1: float = 0.9
+    beta2: float = 0.99
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    attn_weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    seed: int = 0
+    log_every: int = 10
+    track_every: int = 100
+    checkpoint_every: int = 500
+    keep_checkpoints: int = 2
+    tol: float = DEFAULT_TOL
+
+    def __post_init__(self) -> None:
+        if isinstance(self.task, dict):
+            self.task = RecallConfig(**{k: v for k, v in self.task.items()
+                                        if k in {f.name for f in fields(RecallConfig)}})
+        if self.model is None:
+            self.model = ModelConfig(vocab_size=self.task.vocab_size, max_seq_len=self.task.seq_len,
+                                     n_layers=2, d_model=64, n_heads=4)
+        elif isinstance(self.model, dict):
+            self.model = ModelConfig.from_dict(self.model)
+        self.validate()
+
+    def validate(self) -> None:
+        def positive_int(name: str, allow_zero: bool = False) -> None:
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < (0 if allow_zero else 1):
+                raise AttnRankError(f"{name} must be an integer >= {0 if allow_zero else 1}, got {v!r}")
+
+        for name in ("steps", "batch_size", "log_every", "track_every", "checkpoint_every", "keep_checkpoints"):
+            positive_int(name)
+        positive_int("warmup", allow_zero=True)
+        positive_int("seed", allow_zero=True)
+
+        def number(name: str, lo: float, hi: float = math.inf, lo_open: bool = False, hi_open: bool = False):
+            v = getattr(self, name)
+            ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+            ok = ok and (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi)
+            if not ok:
+                raise AttnRankError(f"{name} must lie in {'(' if lo_open else '['}{lo:g}, {hi:g}"
+                                    f"{')' if hi_open else ']'}, got {v!r}")
+
+        number("lr", 0, 10, lo_open=True)
+        number("weight_decay", 0, 1e3)
+        number("attn_weight_decay", 0, 1e3)
+        number("beta1", 0, 1, hi_open=True)
+        number("beta2", 0, 1, hi_open=True)
+        number("eps", 0, 1, lo_open=True)
+        number("grad_clip", 0, math.inf)
+        number("tol", 0, 1, lo_open=True, hi_open=True)
+        if self.lr * max(self.weight_decay, self.attn_weight_decay) >= 1:
+            raise AttnRankError(f"lr * weight decay = {self.lr * max(self.weight_decay, self.attn_weight_decay):g} "
+                                ">= 1: AdamW's decoupled step would flip the weights' sign")
+        if self.model.vocab_size < self.task.vocab_size:
+            raise AttnRankError(f"model vocab_size {self.model.vocab_size} < task vocab {self.task.vocab_size}")
+        if self.model.max_seq_len < self.task.seq_len:
+            raise AttnRankError(f"model max_seq_len {self.model.max_seq_len} < sequence length {self.task.seq_len}")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["task"] = self.task.to_dict()
+        d["model"] = self.model.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def resolve_device(device: str) -> torch.device:
+    """``auto`` → CUDA when available, else CPU; anything else must be a usable torch device."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise AttnRankError(f"unknown device {device!r} (use auto, cpu, cuda, cuda:N, mps)") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise AttnRankError(f"device {device!r} requested but CUDA is not available here")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise AttnRankError(f"device {device!r}: only {torch.cuda.device_count()} CUDA devices")
+    if dev.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+        raise AttnRankError("device 'mps' requested but it is not available here")
+    if dev.type not in ("cpu", "cuda", "mps"):
+        raise AttnRankError(f"unsupported device {device!r} (use auto, cpu, cuda, cuda:N, mps)")
+    return dev
+
+
+def lr_at(cfg: TrainConfig, step: int) -> float:
+    """Learning rate of update number ``step`` (1-based): linear warmup, then constant."""
+    if cfg.warmup and step <= cfg.warmup:
+        return cfg.lr * step / cfg.warmup
+    return cfg.lr
+
+
+# -- run directory ------------------------------------------------------------------------------
+
+def _versions() -> dict[str, str]:
+    return {"attnrank": __version__, "torch": torch.__version__, "numpy": np.__version__,
+            "python": platform.python_version()}
+
+
+def _run_config(cfg: TrainConfig) -> dict[str, Any]:
+    return {"kind": "attnrank-run", "task_name": "recall", **cfg.to_dict()}
+
+
+def _comparable(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if k not in ("versions", "device")}
+
+
+def _checkpoint_dirs(run: Path) -> list[tuple[int, Path]]:
+    root = run / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    out = []
+    for p in root.iterdir():
+        if p.is_dir() and p.name.startswith("step-"):
+            try:
+                step = int(p.name[5:])
+            except ValueError:
+                continue
+            if all((p / f).is_file() for f in ("config.json", "model.safetensors", STATE)):
+                out.append((step, p))
+    return sorted(out)
+
+
+def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
+    """The newest complete checkpoint directory of a run (readable by ``attnrank spectra``)."""
+    dirs = _checkpoint_dirs(Path(run_dir))
+    return dirs[-1][1] if dirs else None
+
+
+def _prepare_run_dir(run: Path, cfg: TrainConfig, resume: bool) -> None:
+    if run.exists() and not run.is_dir():
+        raise AttnRankError(f"--out {run} exists and is not a directory")
+    cfg_path = run / "config.json"
+    if cfg_path.exists():
+        if not resume:
+            raise AttnRankError(f"{run} already holds a run: pass --resume to continue it, or choose another --out")
+        try:
+            old = json.loads(cfg_path.read_text())
+        except (OSError, ValueError) as e:
+            raise AttnRankError(f"cannot read {cfg_path}: {e}") from None
+        new = _run_config(cfg)
+        if _comparable(old) != _comparable(new):
+            diff = sorted(k for k in set(old) | set(new)
+                          if k not in ("versions", "device") and old.get(k) != new.get(k))
+            raise AttnRankError(f"--resume with settings that differ from {cfg_path} ({', '.join(diff)}); "
+                                "use the same options or another --out")
+        return
+    if run.is_dir() and any(run.iterdir()):
+        raise AttnRankError(f"--out {run} is a non-empty directory that holds no run; choose another --out")
+    try:
+        run.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise AttnRankError(f"cannot create --out {run}: {e.strerror or e}") from None
+    if not os.access(run, os.W_OK):
+        raise AttnRankError(f"--out {run} is not writable")
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    steps: int
+    resumed_from: int | None
+    final: dict[str, Any]
+    checkpoint: Path
+
+
+def _open_tensorboard(run: Path, enabled: bool | None, purge_step: int | None):
+    if enabled is False:
+        return None
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        if enabled:
+            raise AttnRankError("tensorboard logging needs the tensorboard package: pip install tensorboard") from None
+        return None
+    return SummaryWriter(log_dir=str(run / "tb"), purge_step=purge_step)
+
+
+def _tb_log(writer, row: dict[str, Any]) -> None:
+    if writer is None:
+        return
+    s = row["step"]
+    for k in ("loss", "acc", "lr"):
+        if k in row:
+            writer.add_scalar(f"train/{k}", row[k], s)
+    for product, m in row.get("mean", {}).items():
+        for k in ("rank", "effective_rank", "balance_rel", "gap"):
+            writer.add_scalar(f"{product}/{k}", m[k], s)
+
+
+# -- the loop ------------------------------------------------------------------------------------
+
+def train(
+    run_dir: str | os.PathLike,
+    cfg: TrainConfig,
+    *,
+    resume: bool = False,
+    device: str = "auto",
+    progress: Callable[[int, int, dict[str, Any] | None], None] | None = None,
+    tensorboard: bool | None = None,
+) -> RunResult:
+    """Train on associative recall and log to ``run_dir`` (see the module docstring).
+
+    ``progress(step, total, row)`` is called after every step (``row`` is the logged row or
+    None). ``tensorboard``: None = when installed, True = required, False = off.
+    """
+    run = Path(run_dir)
+    dev = resolve_device(device)
+    _prepare_run_dir(run, cfg, resume)
+    conf = _run_config(cfg)
+    if not (run / "config.json").exists():
+        write_json(run / "config.json", {**conf, "versions": _versions()})
+    for stale in (run / CHECKPOINTS).glob(".tmp-*") if (run / CHECKPOINTS).is_dir() else []:
+        shutil.rmtree(stale, ignore_errors=True)
+
+    torch.manual_seed(cfg.seed)
+    model = Transformer(cfg.model).to(dev)
+    groups = param_groups(model, cfg.weight_decay, cfg.attn_weight_decay)
+    opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+    stream = RecallStream(cfg.task, cfg.batch_size, cfg.seed)
+    tracker = RankTracker(model, every=cfg.track_every, tol=cfg.tol)
+    window = {"loss": torch.zeros((), dtype=torch.float64), "acc": torch.zeros((), dtype=torch.float64), "n": 0}
+
+    metrics_path = run / METRICS
+    start, resumed_from = 0, None
+    ckpt = latest_checkpoint(run) if resume else None
+    if ckpt is not None:
+        state = _load_checkpoint(ckpt, model, opt, stream, dev)
+        start = resumed_from = int(state["step"])
+        window = {"loss": state["window_loss"], "acc": state["window_acc"], "n": int(state["window_n"])}
+        offset = int(state["metrics_bytes"])
+        size = metrics_path.stat().st_size if metrics_path.exists() else 0
+        if size < offset:
+            raise AttnRankError(f"{metrics_path} is shorter ({size} B) than checkpoint {ckpt.name} "
+                                f"recorded ({offset} B): the run directory was altered")
+        with open(metrics_path, "r+b") as fh:
+            fh.truncate(offset)
+    else:
+        with open(metrics_path, "wb"):
+            pass  # fresh start (or a resume before the first checkpoint): no rows yet
+
+    writer = _open_tensorboard(run, tensorboard, purge_step=start + 1 if resumed_from else None)
+    final: dict[str, Any] = {}
+    fh = open(metrics_path, "ab")
+    try:
+        def emit(row: dict[str, Any]) -> None:
+            fh.write((json.dumps(row, separators=(",", ":")) + "\n").encode())
+            fh.flush()
+            _tb_log(writer, row)
+
+        if start == 0:
+            row = {"step": 0, **tracker.measure()}
+            emit(row)
+            final.update(row)
+            if progress:
+                progress(0, cfg.steps, row)
+        if start >= cfg.steps and progress:
+            progress(cfg.steps, cfg.steps, None)
+
+        model.train()
+        for step in range(start + 1, cfg.steps + 1):
+            x, y = stream.next()
+            x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+            lr = lr_at(cfg, step)
+            for g in opt.param_groups:
+                g["lr"] = lr
+            loss, acc = recall_loss_and_accuracy(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            opt.step()
+            window["loss"] = window["loss"] + loss.detach().to("cpu", torch.float64)
+            window["acc"] = window["acc"] + acc.detach().to("cpu", torch.float64)
+            window["n"] += 1
+
+            row: dict[str, Any] | None = None
+            last = step == cfg.steps
+            if step % cfg.log_every == 0 or last:
+                n = window["n"]
+                row = {"step": step, "loss": float(window["loss"]) / n, "acc": float(window["acc"]) / n, "lr": lr}
+                window = {"loss": torch.zeros((), dtype=torch.float64),
+                          "acc": torch.zeros((), dtype=torch.float64), "n": 0}
+            if tracker.due(step) or last:
+                row = {**(row or {"step": step}), **tracker.measure()}
+            if row is not None:
+                emit(row)
+                final.update(row)
+            if step % cfg.checkpoint_every == 0 or last:
+                _save_checkpoint(run, step, model, opt, stream, window, fh, cfg.keep_checkpoints)
+            if progress:
+                progress(step, cfg.steps, row)
+    finally:
+        fh.close()
+        if writer is not None:
+            writer.close()
+
+    rows = read_metrics(run)
+    final = _final_summary(rows)
+    write_json(run / "summary.json", {"steps": cfg.steps, "resumed_from": resumed_from, "final": final,
+                                      "device": str(dev), "versions": _versions()})
+    return RunResult(run_dir=run, steps=cfg.steps, resumed_from=resumed_from, final=final,
+                     checkpoint=latest_checkpoint(run))
+
+
+def _final_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Last loss/acc and last tracker means of a run's rows."""
+    out: dict[str, Any] = {}
+    for row in rows:
+        for k in ("step", "loss", "acc", "lr", "mean"):
+            if k in row:
+                out[k] = row[k]
+    return out
+
+
+def _save_checkpoint(run: Path, step: int, model: Transformer, opt: torch.optim.Optimizer,
+                     stream: RecallStream, window: dict[str, Any], metrics_fh, keep: int) -> Path:
+    metrics_fh.flush()
+    os.fsync(metrics_fh.fileno())
+    root = run / CHECKPOINTS
+    root.mkdir(exist_ok=True)
+    final = root / _STEP_DIR.format(step)
+    tmp = root / f".tmp-{final.name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    model.save_pretrained(tmp)
+    state = {
+        "step": step,
+        "metrics_bytes": metrics_fh.tell(),
+        "optimizer": opt.state_dict(),
+        "torch_rng": torch.get_rng_state(),
+        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "stream": stream.state_dict(),
+        "window_loss": window["loss"].clone(),
+        "window_acc": window["acc"].clone(),
+        "window_n": window["n"],
+    }
+    torch.save(state, tmp / STATE)
+    for f in tmp.iterdir():
+        with open(f, "rb") as h:
+            os.fsync(h.fileno())
+    if final.exists():
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    for _, old in _checkpoint_dirs(run)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _load_checkpoint(ckpt: Path, model: Transformer, opt: torch.optim.Optimizer, stream: RecallStream,
+                     dev: torch.device) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    try:
+        weights = load_file(str(ckpt / "model.safetensors"), device=str(dev))
+        state = torch.load(ckpt / STATE, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise AttnRankError(f"cannot read checkpoint {ckpt}: {' '.join(str(e).split())[:300]}") from None
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    missing = [m for m in missing if m not in model._tied_aliases()]
+    if missing or unexpected:
+        raise AttnRankError(f"checkpoint {ckpt} does not match the model (missing {missing[:3]}, "
+                            f"unexpected {unexpected[:3]})")
+    opt.load_state_dict(state["optimizer"])
+    torch.set_rng_state(state["torch_rng"])
+    if state["cuda_rng"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
+    stream.load_state_dict(state["stream"])
+    return state
+
+
+def recall_config(**overrides: Any) -> TrainConfig:
+    """A :class:`TrainConfig` for associative recall with the given overrides (validated):
+    task fields ``n_pairs``, ``n_keys``, ``n_values``; model fields ``n_layers``,
+    ``d_model``, ``n_heads``, ``head_dim``, ``mlp``, ``skip``, ``norm``; and any
+    :class:`TrainConfig` field."""
+    task_keys = {f.name for f in fields(RecallConfig)}
+    model_keys = {"n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "mlp", "skip", "norm",
+                  "learned_positions", "bias", "d_mlp"}
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    task = RecallConfig(**{k: overrides.pop(k) for k in list(overrides) if k in task_keys})
+    model_over = {k: overrides.pop(k) for k in list(overrides) if k in model_keys}
+    base = {"n_layers": 2, "d_model": 64, "n_heads": 4}
+    model = ModelConfig(vocab_size=task.vocab_size, max_seq_len=task.seq_len, **{**base, **model_over})
+    unknown = set(overrides) - {f.name for f in fields(TrainConfig)}
+    if unknown:
+        raise AttnRankError(f"unknown training option(s): {', '.join(sorted(unknown))}")
+    return TrainConfig(task=task, model=model, **overrides)
