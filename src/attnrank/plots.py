@@ -291,3 +291,98 @@ def fig5_sweeps(rows: list[dict], eps_sweep, wd_sweep, lam_main: float, eps_main
     ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+# --------------------------------------------------------------------------- rank collapse (second document)
+
+_VARIANT_STYLE = {"pure": ("tab:red", "o", "-", "attention only"), "mlp": ("tab:orange", "s", "-", "attention + MLP"),
+                  "skip": ("tab:blue", "^", "--", "attention + skip"), "full": ("tab:green", "D", "-", "full")}
+
+
+def collapse_layers(table, meta: dict, measure: str = "res_composite", floor: float = 1e-16) -> plt.Figure:
+    """Relative residual against layer (log scale), one panel per init, one line per variant,
+    mean ± std over the batch (band clipped at ``floor``, about float64 rounding)."""
+    inits = list(dict.fromkeys(table["init"]))
+    fig, axes = plt.subplots(1, len(inits), figsize=(5.2 * len(inits), 4.3), sharey=True, squeeze=False)
+    for ax, init in zip(axes[0], inits, strict=True):
+        for variant in dict.fromkeys(table["variant"]):
+            s = table[(table["init"] == init) & (table["variant"] == variant) & (table["measure"] == measure)]
+            s = s.sort_values("layer")
+            color, marker, ls, label = _VARIANT_STYLE.get(variant, ("0.3", "o", "-", variant))
+            m, sd = s["mean"].to_numpy(), s["std"].to_numpy()
+            ax.plot(s["layer"], np.maximum(m, floor), marker=marker, ls=ls, color=color, label=label, ms=5)
+            ax.fill_between(s["layer"], np.maximum(m - sd, floor), np.maximum(m + sd, floor), color=color, alpha=0.12)
+        ax.set_yscale("log")
+        ax.set_xlabel("layer (0 = embedding output)")
+        ax.set_title(f"{init} weights")
+    axes[0][0].set_ylabel(r"$\|X - 1x^\top\| / \|X\|$" + f"  ({measure})")
+    axes[0][-1].legend(fontsize=8, loc="lower left")
+    fig.suptitle(f"{meta.get('source', '')}: rank collapse by layer, mean ± std over {meta.get('n_seqs', '?')} "
+                 "sequences (x = mean row; band clipped at 1e-16)", fontsize=10)
+    return fig
+
+
+def collapse_path_products(summary, meta: dict, paths=None, floor: float = 1e-17) -> plt.Figure:
+    """Left: share of paths of each length, C(L,k)·H^k / (H+1)^L. Right: relative residual of
+    products of attention matrices along sampled head paths against path length (every sample
+    as a dot when ``paths`` is given; arithmetic and geometric means)."""
+    fig, axes = plt.subplots(1, 2, figsize=(10.5, 4.2))
+    counts = np.array([float(c) for c in summary["n_paths"]])
+    axes[0].bar(summary["length"], counts / counts.sum(), color="0.5")
+    axes[0].set_xlabel("path length k (heads on the path)")
+    axes[0].set_ylabel(r"share of paths $\binom{L}{k}H^k / (H+1)^L$")
+    axes[0].set_title(f"L = {meta.get('n_layers')}, H = {meta.get('n_heads')}")
+    ax = axes[1]
+    if paths is not None and len(paths):
+        jitter = np.random.default_rng(0).uniform(-0.15, 0.15, len(paths))
+        ax.scatter(paths["length"] + jitter, np.maximum(paths["residual"], floor), s=3, alpha=0.15, color="0.4",
+                   label="sampled paths")
+        geo = paths.groupby("length")["residual"].apply(lambda r: float(np.exp(np.log(np.maximum(r, floor)).mean())))
+        ax.plot(geo.index, geo.to_numpy(), marker="s", color="tab:purple", label="geometric mean")
+    ax.plot(summary["length"], np.maximum(summary["mean"], floor), marker="o", color="tab:blue", label="mean")
+    ax.set_yscale("log")
+    ax.set_xlabel("path length k")
+    ax.set_ylabel("residual of the attention product (composite)")
+    ax.set_title("products along sampled head paths")
+    ax.legend(fontsize=8)
+    fig.suptitle(f"{meta.get('source', '')}: paths through heads", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def collapse_depth_sweep(sweep: dict, floor: float = 1e-17) -> plt.Figure:
+    """Pure self-attention: geometric-mean residual against depth per init scale, with the
+    exponential and doubly exponential fits over the depths used."""
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    colors = plt.get_cmap("viridis")(np.linspace(0, 0.85, max(len(sweep["curves"]), 2)))
+    depths = np.asarray(sweep["depths"], dtype=float)
+    for color, (std, c) in zip(colors, sweep["curves"].items(), strict=False):
+        ax.plot(depths, np.maximum(c["geo_mean"], floor), marker="o", color=color, label=f"init std {std}")
+        fit = c["fit"]
+        if fit.get("fitted"):
+            L = np.linspace(0, c["n_fit"] - 1, 100)
+            d = fit["dexp"]
+            ax.plot(L, np.exp(d["a"] + d["b"] * d["kappa"] ** L), color=color, ls="--", lw=1)
+            e = fit["exp"]
+            ax.plot(L, np.exp(e["a"] + e["b"] * L), color=color, ls=":", lw=1)
+    ax.axhline(sweep.get("floor", 1e-12), color="0.5", lw=0.8, ls="-.", label="fit floor")
+    ax.set_yscale("log")
+    ax.set_ylim(bottom=floor)
+    ax.set_xlabel("depth L (pure attention layers)")
+    ax.set_ylabel("residual (composite, geometric mean)")
+    ax.set_title("dashed: a + b κ^L (doubly exp.), dotted: a + b L (exp.), fits of log r", fontsize=9)
+    ax.legend(fontsize=7)
+    return fig
+
+
+def collapse_path_restricted(lengths, curves: dict, floor: float = 1e-17) -> plt.Figure:
+    """Residual of the project's model restricted to paths of length k, one line per setting."""
+    fig, ax = plt.subplots(figsize=(6.2, 4.3))
+    for name, y in curves.items():
+        ax.plot(lengths, np.maximum(y, floor), marker="o", label=name)
+    ax.set_yscale("log")
+    ax.set_xlabel("path length k")
+    ax.set_ylabel("residual of the length-k part (composite, geometric mean)")
+    ax.set_title("model output restricted to paths of length k (frozen attention)", fontsize=9)
+    ax.legend(fontsize=7)
+    return fig

@@ -45,6 +45,8 @@ CATALOGUE: dict[str, tuple[str, str]] = {
                               "L2 on factors becomes nuclear norm on the product"),
     "fig5": ("attnrank.toys", "Figure 5: 2-D toy, AdamW vs Adam+L2, direct (L2 optimum) and "
                               "factorized w = a*b (L1 optimum)"),
+    "collapse": ("attnrank.collapse", "Rank collapse: pure attention loses rank doubly exponentially with depth; "
+                                      "skips prevent it, MLPs slow it (MiniLM surgery, depth sweep, paths)"),
 }
 
 
