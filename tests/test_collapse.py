@@ -359,6 +359,9 @@ def test_user_errors(tmp_path):
     (bad / "config.json").write_text(json.dumps({"model_type": "t5"}))
     with pytest.raises(AttnRankError, match="does not support model_type 't5'"):
         C.load(bad)
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    with pytest.raises(AttnRankError, match="without a complete checkpoint"):
+        C.load(tmp_path / "run")
     with pytest.raises(AttnRankError, match="unknown variant"):
         C.analyze("minilm", variants=("nope",))
     with pytest.raises(AttnRankError):

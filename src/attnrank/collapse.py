@@ -482,8 +482,8 @@ def _latest_run_checkpoint(path: Path) -> Path | None:
     ck = path / "checkpoints"
     if not ck.is_dir():
         return None
-    dirs = sorted(d for d in ck.iterdir() if d.is_dir() and (d / "config.json").exists()
-                  and d.name.startswith("step-"))
+    dirs = sorted(d for d in ck.iterdir() if d.is_dir() and d.name.startswith("step-")
+                  and (d / "config.json").exists() and (d / "model.safetensors").exists())
     return dirs[-1] if dirs else None
 
 
@@ -498,10 +498,11 @@ def resolve_source(source: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
     if not path.is_dir():
         raise AttnRankError(f"{path} is not a directory: collapse needs a model directory "
                             "(config.json + weights), a training run directory, or 'minilm'")
-    if not (path / "config.json").exists() or (path / "checkpoints").is_dir():
+    if (path / "checkpoints").is_dir():  # a training run directory: its newest checkpoint
         ckpt = _latest_run_checkpoint(path)
-        if ckpt is not None:
-            path = ckpt
+        if ckpt is None:
+            raise AttnRankError(f"{path} is a run directory without a complete checkpoint yet")
+        path = ckpt
     cfg_path = path / "config.json"
     if not cfg_path.exists():
         raise AttnRankError(f"no config.json in {path}")
