@@ -386,3 +386,143 @@ def collapse_path_restricted(lengths, curves: dict, floor: float = 1e-17) -> plt
     ax.set_title("model output restricted to paths of length k (frozen attention)", fontsize=9)
     ax.legend(fontsize=7)
     return fig
+
+
+# --------------------------------------------------------------------------- scale invariance (third document)
+
+_VERDICT_COLOR = {"invariant": "tab:green", "homogeneous": "tab:blue", "neither": "tab:red",
+                  "no effect": "0.6", "zero": "0.8"}
+
+
+def scale_tensor_deviations(table, meta: dict, floor: float = 1e-17) -> plt.Figure:
+    """Per tensor (and group): deviation from invariance and from homogeneity, coloured by verdict."""
+    n = len(table)
+    fig, ax = plt.subplots(figsize=(9, max(3.0, 0.16 * n + 1.2)))
+    y = np.arange(n)[::-1]
+    inv = np.maximum(table["inv_dev"].to_numpy(float), floor)
+    hom = np.maximum(np.nan_to_num(table["hom_dev"].to_numpy(float), nan=np.nan, posinf=1e3), floor)
+    colors = [_VERDICT_COLOR.get(v, "k") for v in table["verdict"]]
+    ax.scatter(inv, y, c=colors, marker="o", s=18, label="|f(cW) − f(W)| / |f(W)|")
+    ax.scatter(hom, y, c=colors, marker="x", s=18, label="|f(cW) − c^k f(W)| / |c^k f(W)|")
+    ax.axvline(meta.get("tol", 1e-6), color="k", ls="--", lw=0.8, label=f"tol = {meta.get('tol', 1e-6):g}")
+    ax.set_xscale("log")
+    ax.set_yticks(y)
+    labels = [f"{nm}  [{v}{'' if not np.isfinite(k) or v != 'homogeneous' else f', k={k:.2f}'}]"
+              for nm, v, k in zip(table["name"], table["verdict"], table["k"].to_numpy(float), strict=True)]
+    ax.set_yticklabels(labels, fontsize=6 if n > 40 else 8)
+    ax.set_xlabel("relative deviation (max over c)")
+    ax.set_title(f"{meta.get('source', '')}: scaling verdict per tensor "
+                 f"(c in {', '.join(f'{c:g}' for c in meta.get('scales', []))})", fontsize=10)
+    ax.legend(fontsize=7, loc="lower right")
+    ax.set_ylim(-1, n)
+    fig.tight_layout()
+    return fig
+
+
+def scale_pair_deviations(pairs, meta: dict, floor: float = 1e-18) -> plt.Figure:
+    """Per layer: the pair symmetries (W_Q→cW_Q, W_K→W_K/c; W_V→cW_V, P→P/c) against the
+    one-sided controls, at the attention module's output."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, prod, label in zip(axes, ("qk", "ov"), (r"$W_Q\to cW_Q,\ W_K\to W_K/c$", r"$W_V\to cW_V,\ P\to P/c$"),
+                               strict=True):
+        t = pairs[pairs["product"] == prod]
+        ax.scatter(t["layer"] - 0.1, np.maximum(t["pair_dev"].to_numpy(float), floor), s=10, color="tab:green",
+                   label="pair (should be 0)")
+        ax.scatter(t["layer"] + 0.1, np.maximum(t["one_sided_dev"].to_numpy(float), floor), s=10, color="tab:red",
+                   label="one side only (control)")
+        ax.set_yscale("log")
+        ax.set_xlabel("layer")
+        ax.set_title(label, fontsize=10)
+    axes[0].set_ylabel("relative change of the attention output")
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"{meta.get('source', '')}: per-head rescaling symmetries", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def scale_training_curves(runs: dict, index: dict, variants, beta: float) -> plt.Figure:
+    """Rows: variants; columns: |W| (mean over block matrices), η/|W|², minibatch loss, against
+    step; one line per λ (first seed, the λ grid)."""
+    fig, axes = plt.subplots(len(variants), 3, figsize=(15, 3.4 * len(variants)), squeeze=False)
+    for i, v in enumerate(variants):
+        r = runs[v]
+        seed0 = r["seeds"][0]
+        cols = [j for j, g in enumerate(index[v]) if g == "grid" and r["seeds"][j] == seed0]
+        colors = _lam_colors(len(cols))
+        for c, j in zip(colors, cols, strict=True):
+            lab = f"λ = {r['lams'][j]:g}"
+            axes[i, 0].plot(r["step"], r["norm"][:, j].mean(1), color=c, label=lab)
+            axes[i, 1].plot(r["step"], r["eff_lr"][:, j].mean(1), color=c, label=lab)
+            axes[i, 2].plot(r["step"], r["loss"][:, j], color=c, label=lab)
+        axes[i, 0].set_ylabel(f"{v}\n" + r"$\|W\|_F$ (mean of blocks)")
+        axes[i, 1].set_ylabel(r"$\eta/\|W\|^2$")
+        axes[i, 2].set_ylabel("minibatch loss")
+        for ax in axes[i]:
+            ax.set_yscale("log")
+            ax.set_xlabel("step")
+        axes[i, 0].legend(fontsize=7)
+    axes[0, 0].set_title("weight norm")
+    axes[0, 1].set_title("effective learning rate")
+    axes[0, 2].set_title(f"training loss (SGD, momentum {beta:g})")
+    fig.tight_layout()
+    return fig
+
+
+def scale_equilibrium(summ: dict, adamw: list, variants, beta: float) -> plt.Figure:
+    """Angular update against sqrt(2ηλ/(1+β)); final loss/accuracy against λ; AdamW norm against η/λ."""
+    fig, axes = plt.subplots(1, 4, figsize=(19, 4.2))
+    markers = {"none": "o", "post": "s", "pre": "^"}
+    colors = {"none": "tab:green", "post": "tab:blue", "pre": "tab:red"}
+    lo, hi = np.inf, 0.0
+    for v in variants:
+        rows = [r for r in summ[v] if r["lam"] > 0]
+        for r in rows:
+            face = colors[v] if r["equilibrated"] else "none"
+            axes[0].scatter(r["angle_pred"], r["angle"], marker=markers[v], edgecolors=colors[v], facecolors=face, s=30)
+            lo, hi = min(lo, r["angle_pred"], r["angle"]), max(hi, r["angle_pred"], r["angle"])
+        axes[0].scatter([], [], marker=markers[v], color=colors[v], label=v)
+        grid = [r for r in summ[v] if r.get("group", "grid") == "grid"]
+        lams = sorted({r["lam"] for r in grid})
+        x = [lam if lam > 0 else np.nan for lam in lams]
+        tl = [np.mean([r["train_loss"] for r in grid if r["lam"] == lam]) for lam in lams]
+        ta = [np.mean([r["test_acc"] for r in grid if r["lam"] == lam]) for lam in lams]
+        axes[1].plot(x, tl, marker=markers[v], color=colors[v], label=v)
+        axes[2].plot(x, ta, marker=markers[v], color=colors[v], label=v)
+        if 0.0 in lams:
+            axes[1].axhline(tl[lams.index(0.0)], color=colors[v], ls=":", lw=0.8)
+            axes[2].axhline(ta[lams.index(0.0)], color=colors[v], ls=":", lw=0.8)
+    if hi > 0:
+        axes[0].plot([lo, hi], [lo, hi], color="0.4", ls="--", lw=1, label="y = x")
+    axes[0].set_xscale("log")
+    axes[0].set_yscale("log")
+    axes[0].set_xlabel(r"predicted $\sqrt{2\eta\lambda/(1+\beta)}$")
+    axes[0].set_ylabel("measured angle per step (rad)")
+    axes[0].set_title("angular update, SGD (hollow: not equilibrated)", fontsize=10)
+    axes[0].legend(fontsize=7)
+    for ax, lab in ((axes[1], "clean training loss"), (axes[2], "test accuracy")):
+        ax.set_xscale("log")
+        ax.set_xlabel("λ (dotted: λ = 0)")
+        ax.set_ylabel(lab)
+        ax.legend(fontsize=7)
+    axes[1].set_yscale("log")
+    axes[1].set_title("final training loss against λ", fontsize=10)
+    axes[2].set_title("final test accuracy against λ", fontsize=10)
+    if adamw:
+        xs = np.array([r["lr"] / r["lam"] for r in adamw])
+        ys = np.array([r["norm"] for r in adamw])
+        eq = np.array([r["equilibrated"] for r in adamw])
+        axes[3].scatter(xs[eq], ys[eq], color="tab:purple", label="AdamW, none (equilibrated)")
+        axes[3].scatter(xs[~eq], ys[~eq], facecolors="none", edgecolors="tab:purple", label="not equilibrated")
+        ref = np.geomspace(xs.min(), xs.max(), 10)
+        k = np.exp(np.mean(np.log(ys) - 0.5 * np.log(xs)))
+        axes[3].plot(ref, k * np.sqrt(ref), color="0.4", ls="--", lw=1, label=r"$\propto\sqrt{\eta/\lambda}$")
+        axes[3].set_xscale("log")
+        axes[3].set_yscale("log")
+        for axis in (axes[3].xaxis, axes[3].yaxis):
+            axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        axes[3].set_xlabel(r"$\eta/\lambda$")
+        axes[3].set_ylabel(r"equilibrium $\|W\|_F$")
+        axes[3].set_title("AdamW equilibrium norm", fontsize=10)
+        axes[3].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
