@@ -933,14 +933,16 @@ class BatchedMLP(nn.Module):
         self.variant, self.eps, self.depth = variant, eps, depth
         R = len(seeds)
         gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
+        f32 = torch.float32  # whatever the default dtype: the same initial weights everywhere
         self.W = nn.ParameterList(
-            nn.Parameter(torch.stack([torch.randn(d, d, generator=g) * math.sqrt(2.0 / d) for g in gens]))
+            nn.Parameter(torch.stack([torch.randn(d, d, generator=g, dtype=f32) * math.sqrt(2.0 / d) for g in gens]))
             for _ in range(depth))
         n_norms = depth + (variant == "pre")
-        self.gain = nn.ParameterList(nn.Parameter(torch.ones(R, d)) for _ in range(n_norms))
-        self.shift = nn.ParameterList(nn.Parameter(torch.zeros(R, d)) for _ in range(n_norms))
-        self.A = nn.Parameter(torch.stack([torch.randn(n_classes, d, generator=g) / math.sqrt(d) for g in gens]))
-        self.b = nn.Parameter(torch.zeros(R, n_classes))
+        self.gain = nn.ParameterList(nn.Parameter(torch.ones(R, d, dtype=f32)) for _ in range(n_norms))
+        self.shift = nn.ParameterList(nn.Parameter(torch.zeros(R, d, dtype=f32)) for _ in range(n_norms))
+        self.A = nn.Parameter(torch.stack([torch.randn(n_classes, d, generator=g, dtype=f32) / math.sqrt(d)
+                                           for g in gens]))
+        self.b = nn.Parameter(torch.zeros(R, n_classes, dtype=f32))
 
     def _ln(self, h: torch.Tensor, i: int) -> torch.Tensor:
         z = torch.nn.functional.layer_norm(h, h.shape[-1:], eps=self.eps)
@@ -1116,7 +1118,7 @@ def train_runs(variant: str, *, lams: Sequence[float], lrs: Sequence[float], see
         idx = torch.randint(0, n, (batch,), generator=gen)
         xb = data.x_train[idx]
         if input_noise:
-            xb = xb + input_noise * torch.randn(xb.shape, generator=gen)
+            xb = xb + input_noise * torch.randn(xb.shape, generator=gen, dtype=xb.dtype)
         logits = model(xb)
         C = logits.shape[-1]
         loss = torch.nn.functional.cross_entropy(logits.reshape(R * batch, C), data.y_train[idx].repeat(R),
