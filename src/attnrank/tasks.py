@@ -11,6 +11,9 @@ Sequence format (REFERENCE.md §3; sizes are *our choice*)::
 - the query ``q`` is one of the sequence's keys, chosen uniformly; the target is the value
   that followed it. Sequence length ``2n + 1``; the loss and the accuracy are taken at the
   last position only (argmax over the whole vocabulary).
+- default sizes: n = 4 pairs, 8 key tokens, 8 value tokens (vocabulary 16, length 9);
+- optional ``n_queries = m > 1`` (multi-query recall): ``… k_n v_n q_1 a_1 … q_m`` with the
+  loss at every query (the answers a_i = v(q_i) of earlier queries are part of the input).
 
 Every batch is new, so training accuracy is an unbiased estimate of test accuracy.
 
@@ -32,9 +35,9 @@ from .errors import AttnRankError
 
 @dataclass(frozen=True)
 class RecallConfig:
-    n_pairs: int = 8
-    n_keys: int = 16
-    n_values: int = 16
+    n_pairs: int = 4
+    n_keys: int = 8
+    n_values: int = 8
     n_queries: int = 1
 
     def __post_init__(self) -> None:
