@@ -815,11 +815,28 @@ def parse_group(spec: str) -> tuple[str, list[str]]:
 def analyze_scaling(source: str | os.PathLike, *, scales: Iterable[float] = DEFAULT_SCALES,
                     tol: float = DEFAULT_TOL, groups: dict[str, Sequence[str]] | None = None,
                     pairs: bool = True, seed: int = 0, exhaustive: bool = False, structural: bool = True,
+                    threads: int | None = None,
                     progress: Callable[[str, int, int], None] | None = None) -> ScaleResult:
-    """Per-tensor scaling verdicts and per-head pair symmetries of a model on real inputs."""
+    """Per-tensor scaling verdicts and per-head pair symmetries of a model on real inputs.
+
+    ``threads``: torch threads for the duration of the call (restored after); 1 is fastest for
+    small models on a busy machine.
+    """
     scales = check_scales(scales)
     if not (isinstance(tol, int | float) and tol > 0):
         raise AttnRankError(f"tolerance must be > 0, got {tol}")
+    if threads is not None and threads < 1:
+        raise AttnRankError(f"threads must be >= 1, got {threads}")
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        return _analyze_scaling(source, scales, tol, groups, pairs, seed, exhaustive, structural, progress)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _analyze_scaling(source, scales, tol, groups, pairs, seed, exhaustive, structural, progress) -> ScaleResult:
     probe = open_probe(source, seed=seed)
     table = scale_test(probe.model, probe.forward, groups=groups, scales=scales, tol=tol, seed=seed,
                        exhaustive=exhaustive, structural=structural, progress=(lambda d, t: progress("tensors", d, t)) if progress else None)
@@ -837,6 +854,7 @@ def analyze_scaling(source: str | os.PathLike, *, scales: Iterable[float] = DEFA
         "source": probe.source, "kind": probe.kind, "model_type": probe.config.get("model_type"),
         "inputs": probe.inputs, "dtype": "float64", "scales": list(scales), "tol": tol, "seed": seed,
         "exhaustive": exhaustive, "structural": bool(table.attrs.get("structural")),
+        "torch_threads": torch.get_num_threads(),
         "norm_eps": table.attrs.get("norm_eps", []),
         "function": ("final hidden states at the valid token positions" if probe.kind == "huggingface"
                      else "logits"),
