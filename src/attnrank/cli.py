@@ -230,6 +230,53 @@ def train_recall(
                           f"(attnrank spectra {result.checkpoint})", highlight=False)
 
 
+@app.command()
+@user_errors
+def collapse(
+    model: Annotated[str, typer.Argument(help="'minilm', a Hugging Face BERT/GPT-2/LLaMA-style directory, or a project model / run directory")],
+    out: Annotated[Path | None, typer.Option("--out", help="write layers.csv, summary.csv, paths.csv, collapse.npz, meta.json and PNG figures here")] = None,
+    seqs: Annotated[int, typer.Option("--seqs", help="sentences in the batch (stdlib corpus, test split)")] = 32,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", help="tokens per sentence at most")] = 64,
+    seed: Annotated[int, typer.Option("--seed", help="seed of the re-initialised model and of the path sampling")] = 0,
+    threads: Annotated[int | None, typer.Option("--threads", help="torch/BLAS threads (1 is fastest for small models on a busy machine)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON on stdout")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress, no table")] = False,
+) -> None:
+    """Rank collapse by layer: pure attention, + MLP, + skip, full; pretrained and re-initialised."""
+    from .collapse import analyze, save
+
+    with progress_bar(quiet or as_json) as bar:
+        task = bar.add_task("sequences", total=None)
+        result = analyze(model, n_seqs=seqs, max_tokens=max_tokens, seed=seed, threads=threads,
+                         progress=lambda done, total: bar.update(task, completed=done, total=total))
+    written = save(result, out) if out is not None else []
+    summary = result.summary()
+    if as_json:
+        meta = {k: v for k, v in result.meta.items() if k != "texts"}
+        payload = {"meta": meta, "summary": json.loads(summary.to_json(orient="records")),
+                   "paths": json.loads(result.path_summary().to_json(orient="records"))}
+        if out is not None:
+            payload["written"] = [str(p) for p in written]
+        sys.stdout.write(json.dumps(payload, indent=2) + "\n")
+        return
+    if quiet:
+        return
+    m = result.meta
+    out_console.print(f"[bold]{m['source']}[/]  model_type={m['model_type']}  layers={m['n_layers']}  "
+                      f"heads={m['n_heads']}  sequences={m['n_seqs']}  dtype={m['dtype']}", highlight=False)
+    table = Table(title=f"{m['primary']} = |X - 1x^T| / |X|, mean ± std over sequences",
+                  caption="composite l1,inf norm, x = mean row; first = embedding output, last = after the last layer")
+    for col in ("init", "variant", "first", "last", "last / first"):
+        table.add_column(col, justify="right" if col not in ("init", "variant") else "left")
+    for r in summary.itertuples():
+        table.add_row(r.init, r.variant, f"{r.first:.3g} ± {r.first_std:.2g}", f"{r.last:.3g} ± {r.last_std:.2g}",
+                      f"{r.last_over_first:.3g}")
+    out_console.print(table)
+    if written:
+        out_console.print(f"wrote {len(written)} files to {out}: " + ", ".join(p.name for p in written),
+                          highlight=False)
+
+
 def main() -> None:
     app()
 
