@@ -526,15 +526,24 @@ class LoadedModel:
     n_heads: int
 
 
-def _quiet_transformers():
-    import transformers
+class _quiet_transformers:
+    """transformers' warnings and progress bars off for the block, then restored."""
 
-    transformers.logging.set_verbosity_error()
-    try:
+    def __enter__(self):
+        import transformers
+
+        self.tf = transformers
+        self.level = transformers.logging.get_verbosity()
+        self.bars = transformers.utils.logging.is_progress_bar_enabled()
+        transformers.logging.set_verbosity_error()
         transformers.utils.logging.disable_progress_bar()
-    except AttributeError:  # pragma: no cover - older transformers
-        pass
-    return transformers
+        return transformers
+
+    def __exit__(self, *exc):
+        self.tf.logging.set_verbosity(self.level)
+        if self.bars:
+            self.tf.utils.logging.enable_progress_bar()
+        return False
 
 
 def load(source: str | os.PathLike, dtype: torch.dtype = torch.float64) -> LoadedModel:
@@ -562,11 +571,11 @@ def load(source: str | os.PathLike, dtype: torch.dtype = torch.float64) -> Loade
     if mt not in FAMILIES:
         known = ", ".join(sorted([*FAMILIES, PROJECT_TYPE]))
         raise AttnRankError(f"collapse does not support model_type {mt!r}; supported: {known}")
-    tf = _quiet_transformers()
     try:
-        config = tf.AutoConfig.from_pretrained(path, local_files_only=True)
-        pretrained = tf.AutoModel.from_pretrained(path, config=config, attn_implementation="eager",
-                                                  dtype=dtype, local_files_only=True)
+        with _quiet_transformers() as tf:
+            config = tf.AutoConfig.from_pretrained(path, local_files_only=True)
+            pretrained = tf.AutoModel.from_pretrained(path, config=config, attn_implementation="eager",
+                                                      dtype=dtype, local_files_only=True)
     except Exception as e:  # noqa: BLE001 - corrupt/mismatched files surface as many exception types
         raise AttnRankError(f"cannot load {path} with transformers: {' '.join(str(e).split())[:300]}") from None
     pretrained.eval()
@@ -576,7 +585,7 @@ def load(source: str | os.PathLike, dtype: torch.dtype = torch.float64) -> Loade
         if init == "pretrained":
             m = pretrained
         else:
-            with torch.random.fork_rng(devices=[]):
+            with torch.random.fork_rng(devices=[]), _quiet_transformers() as tf:
                 torch.manual_seed(seed)
                 m = tf.AutoModel.from_config(config, attn_implementation="eager", dtype=dtype)
             m.eval()
