@@ -16,6 +16,7 @@ def minilm_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def sentences() -> list[str]:
-    from .helpers import stdlib_sentences
+    """Real English: the first three test-split sentences of the stdlib corpus."""
+    from attnrank.corpus import sentences as corpus_sentences
 
-    return stdlib_sentences(3)
+    return corpus_sentences("test", 3)

@@ -22,19 +22,3 @@ def shard(src_dir, dst, n_shards=3, dtype=None):
     (dst / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     shutil.copy(src_dir / "config.json", dst / "config.json")
     return dst
-
-
-def stdlib_sentences(n: int = 4, min_words: int = 8) -> list[str]:
-    """Real English text: docstring sentences from the standard library's own source."""
-    import ast
-    import json
-    import textwrap
-
-    out: list[str] = []
-    for mod in (json, textwrap, ast):
-        doc = (mod.__doc__ or "").replace("\n", " ")
-        for s in doc.split(". "):
-            if len(s.split()) >= min_words:
-                out.append(" ".join(s.split()[:40]) + ".")
-    assert len(out) >= n
-    return out[:n]
