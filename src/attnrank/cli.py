@@ -277,6 +277,73 @@ def collapse(
                           highlight=False)
 
 
+@app.command()
+@user_errors
+def scale(
+    model: Annotated[str, typer.Argument(help="'minilm' (shipped), a Hugging Face model directory, an attnrank model directory or training run")],
+    out: Annotated[Path | None, typer.Option("--out", help="write tensors.csv, pairs.csv, meta.json and PNG figures here")] = None,
+    scales: Annotated[str, typer.Option("--scales", help="scale factors c, comma-separated (positive, not 1)")] = "0.3,1.7,4.1",
+    tol: Annotated[float, typer.Option("--tol", help="relative deviation below which f(cW) counts as f(W) (or c^k f(W))")] = 1e-6,
+    group: Annotated[list[str] | None, typer.Option("--group", help="NAME=PATTERN[,PATTERN...]: also scale the matching tensors together (fnmatch on parameter names); repeatable")] = None,
+    pairs: Annotated[bool, typer.Option("--pairs/--no-pairs", help="per-head W_Q/W_K and W_V/W_O rescaling symmetries")] = True,
+    with_eps: Annotated[bool, typer.Option("--with-eps", help="judge the real function, normalisation epsilon kept (default: epsilon set to 0 for the verdicts)")] = False,
+    exhaustive: Annotated[bool, typer.Option("--exhaustive", help="try every c even once a tensor is clearly neither")] = False,
+    threads: Annotated[int | None, typer.Option("--threads", help="torch threads (1 is fastest for small models on a busy machine)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print verdicts and deviations as JSON on stdout")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress, no table")] = False,
+) -> None:
+    """Which tensors are scale-invariant (weight decay cannot change the function), homogeneous
+    or neither, measured on real inputs; and the per-head attention rescaling symmetries."""
+    from .reproduce import jsonable
+    from .scaling import analyze_scaling, parse_group, parse_scales, save
+
+    groups = dict(parse_group(g) for g in group or [])
+    with progress_bar(quiet or as_json) as bar:
+        task = bar.add_task("tensors", total=None)
+        result = analyze_scaling(model, scales=parse_scales(scales), tol=tol, groups=groups, pairs=pairs,
+                                 exhaustive=exhaustive, structural=not with_eps, threads=threads,
+                                 progress=lambda stage, d, t: bar.update(task, description=stage, completed=d, total=t))
+    written = save(result, out) if out is not None else []
+    if as_json:
+        payload = {"meta": result.meta, "counts": result.counts(), "pair_summary": result.pair_summary(),
+                   "tensors": result.table.to_dict(orient="records")}
+        if out is not None:
+            payload["written"] = [str(p) for p in written]
+        sys.stdout.write(json.dumps(jsonable(payload), indent=2) + "\n")
+        return
+    if quiet:
+        return
+    m = result.meta
+    out_console.print(f"[bold]{m['source']}[/]  model_type={m['model_type']}  inputs: {m['inputs']}  "
+                      f"c in {m['scales']}  tol={tol:g}  eps {'kept' if with_eps else '0 for verdicts'}",
+                      highlight=False, soft_wrap=True)
+    out_console.print("tensors: " + ", ".join(f"{v} {n}" for v, n in result.counts().items()), highlight=False)
+    table = Table(title="tensors and groups that are not 'neither'",
+                  caption="inv = max_c |f(cW)-f(W)|/|f(W)|; hom = max_c |f(cW)-c^k f(W)|/|c^k f(W)|; "
+                          "inv(eps) = inv with normalisation epsilon kept")
+    for col in ("name", "verdict", "k", "inv", "hom", "inv(eps)"):
+        table.add_column(col, justify="left" if col in ("name", "verdict") else "right")
+    t = result.table
+    num = lambda x, f=".1e": "—" if x != x else format(x, f)  # noqa: E731 - NaN shows as a dash
+    for r in t[(t["verdict"] != "neither") | (t["kind"] == "group")].itertuples():
+        table.add_row(r.name, r.verdict, num(r.k, ".3f") if r.verdict == "homogeneous" else "—",
+                      num(r.inv_dev), num(r.hom_dev), num(r.inv_dev_eps))
+    out_console.print(table)
+    ps = result.pair_summary()
+    for prod, s in ps.items():
+        out_console.print(f"{prod.upper()} pair symmetry over {s['heads']} (kv) heads: max deviation "
+                          f"{s['pair_dev_max']:.1e}; one side only (control): min {s['one_sided_dev_min']:.1e}, "
+                          f"median {s['one_sided_dev_median']:.1e}", highlight=False)
+    if ps:
+        out_console.print(f"whole model, every head at once: QK {m['pairs']['whole_model_qk']:.1e}, "
+                          f"OV {m['pairs']['whole_model_ov']:.1e}", highlight=False)
+    elif m.get("pairs_note"):
+        out_console.print(m["pairs_note"], highlight=False)
+    if written:
+        out_console.print(f"wrote {len(written)} files to {out}: " + ", ".join(p.name for p in written),
+                          highlight=False)
+
+
 def main() -> None:
     app()
 
