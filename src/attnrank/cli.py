@@ -331,7 +331,7 @@ def scale(
     out_console.print(table)
     ps = result.pair_summary()
     for prod, s in ps.items():
-        out_console.print(f"{prod.upper()} pair symmetry over {s['heads']} (kv) heads: max deviation "
+        out_console.print(f"{prod.upper()} pair symmetry over {s['heads']} (layer, kv head) pairs: max deviation "
                           f"{s['pair_dev_max']:.1e}; one side only (control): min {s['one_sided_dev_min']:.1e}, "
                           f"median {s['one_sided_dev_median']:.1e}", highlight=False)
     if ps:
