@@ -495,6 +495,8 @@ def scale_equilibrium(summ: dict, adamw: list, variants, beta: float) -> plt.Fig
         axes[0].plot([lo, hi], [lo, hi], color="0.4", ls="--", lw=1, label="y = x")
     axes[0].set_xscale("log")
     axes[0].set_yscale("log")
+    for axis in (axes[0].xaxis, axes[0].yaxis):
+        axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     axes[0].set_xlabel(r"predicted $\sqrt{2\eta\lambda/(1+\beta)}$")
     axes[0].set_ylabel("measured angle per step (rad)")
     axes[0].set_title("angular update, SGD (hollow: not equilibrated)", fontsize=10)
