@@ -174,6 +174,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path):
         ["--out", str(afile)],
         ["--device", "cuda:7" if not torch.cuda.is_available() else "tpu", "--out", str(tmp_path / "d")],
         ["--device", "banana", "--out", str(tmp_path / "e")],
+        ["--threads", "0", "--out", str(tmp_path / "f")],
     ]
     for args in cases:
         rc, _, err = run_cli("train", "recall", "--quiet", *args)

@@ -191,6 +191,7 @@ def train_recall(
     batch_size: Annotated[int | None, typer.Option("--batch-size", help="sequences per step [default: 64]")] = None,
     track_every: Annotated[int | None, typer.Option("--track-every", help="steps between rank measurements [default: 100]")] = None,
     checkpoint_every: Annotated[int | None, typer.Option("--checkpoint-every", help="steps between checkpoints [default: 500]")] = None,
+    threads: Annotated[int | None, typer.Option("--threads", help="torch threads (1 is often faster for this small model on a busy machine; resume with the same value)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the final summary as JSON on stdout")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar, no summary")] = False,
 ) -> None:
@@ -215,7 +216,7 @@ def train_recall(
 
     with bar:
         task = bar.add_task("recall", total=steps, info="")
-        result = train(out, cfg, resume=resume, device=device, progress=progress)
+        result = train(out, cfg, resume=resume, device=device, progress=progress, threads=threads)
     f = result.final
     if as_json:
         sys.stdout.write(json.dumps({"run_dir": str(result.run_dir), "resumed_from": result.resumed_from,

@@ -419,13 +419,31 @@ def train(
     device: str = "auto",
     progress: Callable[[int, int, dict[str, Any] | None], None] | None = None,
     tensorboard: bool | None = None,
+    threads: int | None = None,
 ) -> RunResult:
     """Train on associative recall and log to ``run_dir`` (see the module docstring).
 
     ``progress(step, total, row)`` is called after every step (``row`` is the logged row or
     None). ``tensorboard``: None = when installed, True = required, False = off.
+    ``threads``: torch intra-op threads for this run (default: torch's); small models on a
+    busy machine are often faster with 1. Resume with the same value: the rounding of
+    multi-threaded kernels may depend on it.
     """
-    run = Path(run_dir)
+    if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
+        raise AttnRankError(f"threads must be a positive integer, got {threads!r}")
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        return _train(Path(run_dir), cfg, resume=resume, device=device, progress=progress,
+                      tensorboard=tensorboard)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _train(run: Path, cfg: TrainConfig, *, resume: bool, device: str,
+           progress: Callable[[int, int, dict[str, Any] | None], None] | None,
+           tensorboard: bool | None) -> RunResult:
     dev = resolve_device(device)
     _prepare_run_dir(run, cfg, resume)
     conf = _run_config(cfg)
@@ -519,7 +537,8 @@ def train(
     rows = read_metrics(run)
     final = _final_summary(rows)
     write_json(run / "summary.json", {"steps": cfg.steps, "resumed_from": resumed_from, "final": final,
-                                      "device": str(dev), "versions": _versions()})
+                                      "device": str(dev), "threads": torch.get_num_threads(),
+                                      "versions": _versions()})
     return RunResult(run_dir=run, steps=cfg.steps, resumed_from=resumed_from, final=final,
                      checkpoint=latest_checkpoint(run))
 
