@@ -47,6 +47,8 @@ CATALOGUE: dict[str, tuple[str, str]] = {
                               "factorized w = a*b (L1 optimum)"),
     "collapse": ("attnrank.collapse", "Rank collapse: pure attention loses rank doubly exponentially with depth; "
                                       "skips prevent it, MLPs slow it (MiniLM surgery, depth sweep, paths)"),
+    "fig4": ("attnrank.repro_spectra", "Figure 4: balance of a pretrained model's attention factors (row norms, "
+                                       "Frobenius bound vs nuclear norm), MiniLM-L6 in place of LLaMA-2 7B"),
     "fig2": ("attnrank.repro_train", "Figure 2: 2-layer transformer on associative recall; attention weight decay "
                                      "lowers the rank of P W_V, balances the factors, closes the nuclear-norm gap"),
     "scale": ("attnrank.scaling", "Scale invariance and weight decay: ReLU+LayerNorm MLPs on digits (no residual, post-norm, pre-norm); effective learning rate, angular update, equilibrium norm"),
