@@ -138,7 +138,7 @@ def test_cli_exit_codes_strict(tmp_path):
 def test_cli_missing_name_is_exit_2():
     r = runner.invoke(app, ["reproduce"])
     assert r.exit_code == 2
-    assert "NAME or --list" in r.stderr
+    assert "NAME, 'all', or --list" in r.stderr
 
 
 def _attnrank(*args, cwd=None):

@@ -119,11 +119,13 @@ def spectra(
 @app.command()
 @user_errors
 def reproduce(
-    name: Annotated[str | None, typer.Argument(help="reproduction to run (see --list), e.g. fig1, fig5")] = None,
+    name: Annotated[str | None, typer.Argument(help="reproduction to run (see --list), e.g. fig1, fig5, or 'all'")] = None,
     out: Annotated[Path | None, typer.Option("--out", help="write report.html, claims.json, data.json, run.json and PNGs here (default: out/NAME)")] = None,
     list_: Annotated[bool, typer.Option("--list", help="list the known reproductions and exit")] = False,
     strict: Annotated[bool, typer.Option("--strict", help="exit 1 if any claim did not hold")] = False,
     quick: Annotated[bool, typer.Option("--quick", help="smaller, faster variant (fewer sweep points)")] = False,
+    full: Annotated[bool, typer.Option("--full", help="the full variant (the default; explicit for 'all')")] = False,
+    force: Annotated[bool, typer.Option("--force", help="with 'all': recompute parts already finished in --out")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the claims as JSON on stdout")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print nothing on success")] = False,
 ) -> None:
@@ -145,7 +147,13 @@ def reproduce(
                 out_console.print(f"[bold]{n}[/]  {t}", highlight=False, soft_wrap=True)
         return
     if name is None:
-        raise AttnRankError("give a reproduction NAME or --list")
+        raise AttnRankError("give a reproduction NAME, 'all', or --list")
+    if quick and full:
+        raise AttnRankError("--quick and --full exclude each other")
+    if name == "all":
+        _reproduce_all(out or Path("out") / "all", quick=quick, force=force, strict=strict, as_json=as_json,
+                       quiet=quiet)
+        return
     rep.get(name)  # unknown names fail here, before any work
     out = out if out is not None else Path("out") / name
     show = not (quiet or as_json) and err_console.is_terminal
@@ -170,6 +178,34 @@ def reproduce(
         out_console.print(f"wrote {out / 'report.html'} (+ claims.json, data.json, run.json, "
                           f"{len(summary.files) - 4} PNG)", highlight=False)
     if strict and not summary.all_held:
+        raise typer.Exit(1)
+
+
+def _reproduce_all(out: Path, *, quick: bool, force: bool, strict: bool, as_json: bool, quiet: bool) -> None:
+    from . import reproduce as rep
+
+    def progress(name: str, state: str) -> None:
+        if not (quiet or as_json):
+            err_console.print(f"{name}: {state}", highlight=False)
+
+    entries = rep.run_all(out, quick=quick, force=force, progress=progress)
+    summary = json.loads((out / "summary.json").read_text())
+    if as_json:
+        sys.stdout.write(json.dumps(summary, indent=2) + "\n")
+    elif not quiet:
+        table = Table(title=f"reproduce all ({'quick' if quick else 'full'}): {summary['claims_held']} of "
+                            f"{summary['claims_total']} claims held")
+        for col in ("reproduction", "held", "runtime", "note"):
+            table.add_column(col)
+        for r in summary["reproductions"]:
+            table.add_row(r["name"], f"{r['claims_held']}/{r['claims_total']}",
+                          f"{r['runtime_s'] or 0:.1f} s", "cached" if r["cached"] else (r["error"] or ""))
+        out_console.print(table)
+        out_console.print(f"wrote {out / 'report.html'} (+ claims.json, summary.json, one folder per reproduction)",
+                          highlight=False)
+    if any(e.error for e in entries):
+        raise typer.Exit(3)
+    if strict and summary["claims_held"] < summary["claims_total"]:
         raise typer.Exit(1)
 
 

@@ -118,3 +118,48 @@ def render_report(*, meta: dict[str, Any], claims: list[dict[str, Any]], figures
         "<p class='sub'>Raw series: data.json; claims: claims.json; run metadata: run.json.</p>"
         "</body></html>\n"
     )
+
+
+def render_combined(*, entries: list[Any], figures: dict[str, list[dict[str, Any]]],
+                    summary: dict[str, Any]) -> str:
+    """One page for every reproduction: all claims first, then each reproduction's figures,
+    parameters and runtime, then the environment. ``entries`` are reproduce.AllEntry."""
+    claims = [{**c, "name": f"{e.name}: {c['name']}"} for e in entries for c in e.claims]
+    errors = "".join(f"<li><b>{escape(e.name)}</b> failed: {escape(e.error)}</li>" for e in entries if e.error)
+    index = "".join(
+        f"<tr><td><a href='#{escape(e.name)}'>{escape(e.name)}</a></td><td>{escape(e.meta.get('title', ''))}</td>"
+        f"<td class='num'>{sum(bool(c['held']) for c in e.claims)} / {len(e.claims)}</td>"
+        f"<td class='num'>{fmt_value(e.meta.get('runtime_s'), 3)} s{' (cached)' if e.cached else ''}</td></tr>"
+        for e in entries
+    )
+    sections = []
+    for e in entries:
+        figs = "".join(
+            f"<figure><img alt='{escape(f['name'])}' src='data:image/png;base64,{f['png_base64']}'>"
+            f"<figcaption><b>{escape(f['name'])}</b>: {escape(f.get('caption', ''))}</figcaption></figure>"
+            for f in figures.get(e.name, [])
+        )
+        notes = "".join(f"<li>{escape(n)}</li>" for n in e.meta.get("notes", []))
+        sections.append(
+            f"<h2 id='{escape(e.name)}'>{escape(e.name)}: {escape(e.meta.get('title', ''))}</h2>"
+            f"<p class='sub'>source: {escape(e.meta.get('source', ''))}; runtime "
+            f"{fmt_value(e.meta.get('runtime_s'), 3)} s</p>"
+            + (f"<p class='failed'>failed: {escape(e.error)}</p>" if e.error else "")
+            + (f"<ul>{notes}</ul>" if notes else "") + figs
+            + f"<h3>Parameters</h3>{_kv_table(e.meta.get('params', {}))}"
+        )
+    profile = "quick" if summary.get("quick") else "full"
+    return (
+        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+        f"<title>attnrank reproduce all ({profile})</title><style>{_CSS}</style></head><body>"
+        f"<h1>attnrank reproduce all ({profile} profile)</h1>"
+        f"<p class='sub'>{summary['claims_held']} of {summary['claims_total']} claims held; total runtime "
+        f"{fmt_value(summary.get('total_runtime_s'), 4)} s</p>"
+        + (f"<h2>Errors</h2><ul>{errors}</ul>" if errors else "")
+        + f"<h2>Claims</h2>{_claims_table(claims)}"
+        f"<h2>Reproductions</h2><table><tr><th>name</th><th>title</th><th>held</th><th>runtime</th></tr>"
+        f"{index}</table>" + "".join(sections)
+        + f"<h2>Environment</h2>{_kv_table(summary.get('versions', {}))}"
+        "<p class='sub'>Per-reproduction reports, claims, raw data and PNGs are in the NAME/ folders beside "
+        "this file; all claims: claims.json; runtimes: summary.json.</p></body></html>\n"
+    )

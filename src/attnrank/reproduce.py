@@ -268,6 +268,7 @@ def run(name: str, out: str | Path, *, quick: bool = False) -> RunSummary:
         "claims_held": sum(c["held"] for c in claims),
         "claims_total": len(claims),
         "notes": list(result.notes),
+        "figures": [{"name": f["name"], "caption": f["caption"]} for f in figures],
     }
     files.append(write_json(out / "claims.json", claims))
     files.append(write_json(out / "data.json", jsonable(result.data)))
@@ -275,3 +276,99 @@ def run(name: str, out: str | Path, *, quick: bool = False) -> RunSummary:
     html = render_report(meta=meta, claims=claims, figures=figures)
     files.insert(0, write_text(out / "report.html", html))
     return RunSummary(name=name, out=out, claims=result.claims, files=files, runtime_s=runtime)
+
+
+# --------------------------------------------------------------------------- all of them
+
+
+@dataclass
+class AllEntry:
+    """One reproduction inside ``run_all``: its run.json, claims and whether it was cached."""
+
+    name: str
+    meta: dict[str, Any]
+    claims: list[dict[str, Any]]
+    cached: bool
+    error: str | None = None
+
+
+def _cached(sub: Path, quick: bool) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+    """A finished run of the same profile in ``sub`` (run.json written last by :func:`run`)."""
+    import json
+
+    try:
+        meta = json.loads((sub / "run.json").read_text())
+        claims = json.loads((sub / "claims.json").read_text())
+    except (OSError, ValueError):
+        return None
+    figs_ok = all((sub / f"{f['name']}.png").exists() for f in meta.get("figures", []))
+    if meta.get("quick") is not quick or "figures" not in meta or not figs_ok:
+        return None
+    return meta, claims
+
+
+def run_all(out: str | Path, *, quick: bool = False, force: bool = False, only: list[str] | None = None,
+            progress: Callable[[str, str], None] | None = None) -> list[AllEntry]:
+    """Run every reproduction into ``out/NAME/`` and write one combined report in ``out``.
+
+    A reproduction already finished in ``out/NAME`` with the same profile is reused (re-running
+    resumes rather than recomputes) unless ``force``. One that raises is recorded with its error
+    and the others still run. Writes ``out/report.html`` (self-contained: claims of every
+    reproduction first, then each one's figures, parameters and runtime, then the
+    environment), ``out/claims.json`` and ``out/summary.json``.
+    """
+    from .report import render_combined
+
+    out = Path(out)
+    _check_out(out)
+    todo = only or names()
+    for n in todo:
+        get(n)  # unknown names fail before any work
+    entries: list[AllEntry] = []
+    for n in todo:
+        sub = out / n
+        hit = None if force else _cached(sub, quick)
+        if hit is not None:
+            entries.append(AllEntry(n, hit[0], hit[1], cached=True))
+            if progress:
+                progress(n, "cached")
+            continue
+        if progress:
+            progress(n, "running")
+        try:
+            run(n, sub, quick=quick)
+            meta, claims = _cached(sub, quick) or ({}, [])  # read back exactly what was written
+        except AttnRankError:
+            raise
+        except Exception as e:  # noqa: BLE001 - one failing reproduction must not stop the others
+            entries.append(AllEntry(n, {"name": n, "title": get(n).title, "source": get(n).source,
+                                        "quick": quick}, [], cached=False,
+                                    error=f"{type(e).__name__}: {' '.join(str(e).split())[:500]}"))
+            if progress:
+                progress(n, "failed")
+            continue
+        entries.append(AllEntry(n, meta, claims, cached=False))
+        if progress:
+            progress(n, "done")
+
+    figures: dict[str, list[dict[str, str]]] = {}
+    for e in entries:
+        figures[e.name] = [
+            {**f, "png_base64": base64.b64encode((out / e.name / f"{f['name']}.png").read_bytes()).decode("ascii")}
+            for f in e.meta.get("figures", [])
+        ]
+    all_claims = [{"reproduction": e.name, **c} for e in entries for c in e.claims]
+    summary = {
+        "quick": quick,
+        "reproductions": [{"name": e.name, "runtime_s": e.meta.get("runtime_s"), "cached": e.cached,
+                           "claims_held": sum(bool(c["held"]) for c in e.claims),
+                           "claims_total": len(e.claims), "error": e.error} for e in entries],
+        "claims_held": sum(bool(c["held"]) for c in all_claims),
+        "claims_total": len(all_claims),
+        "total_runtime_s": sum(e.meta.get("runtime_s") or 0.0 for e in entries),
+        "versions": versions(),
+    }
+    write_json(out / "claims.json", all_claims)
+    write_json(out / "summary.json", summary)
+    write_text(out / "report.html", render_combined(entries=entries, figures=figures, summary=summary))
+    return entries
