@@ -153,7 +153,7 @@ class Checkpoint:
         except KeyError:
             raise AttnRankError(f"tensor {name!r} not found in {self.path}") from None
         try:
-            return self._handles[p].get_tensor(name)
+            return self._open(p).get_tensor(name)
         except AttnRankError:
             raise
         except Exception as e:
@@ -161,11 +161,20 @@ class Checkpoint:
 
     def dtype(self, name: str) -> str:
         p = self._index[name]
-        h = self._handles[p]
+        h = self._open(p)
         if isinstance(h, _TorchFile):
             return str(h.get_tensor(name).dtype).removeprefix("torch.")
         return {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}.get(
             h.get_slice(name).get_dtype(), h.get_slice(name).get_dtype())
+
+    def release(self) -> None:
+        """Unmap the safetensors files opened so far (they reopen on the next read).
+
+        Memory-mapped pages count as resident memory while mapped; a streaming reader calls
+        this between layers so a large checkpoint never stays mapped whole.
+        """
+        for p in [p for p, h in self._handles.items() if not isinstance(h, _TorchFile)]:
+            del self._handles[p]
 
     @property
     def files(self) -> list[Path]:

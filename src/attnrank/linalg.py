@@ -98,8 +98,8 @@ def factor_root(X: torch.Tensor) -> torch.Tensor:
         R = torch.linalg.qr(torch.nan_to_num(X, nan=0.0, posinf=0.0, neginf=0.0), mode="r").R
         finite = torch.isfinite(X).all(-1).all(-1)
     else:
-        G = X.mT @ X  # NaN/Inf in X reach G
-        finite = torch.isfinite(G).all(-1).all(-1)
+        G = X.mT @ X
+        finite = torch.isfinite(torch.diagonal(G, dim1=-2, dim2=-1)).all(-1)  # G_jj = Σ_i X_ij²: NaN/Inf land here
         G = torch.where(finite[..., None, None], G, torch.eye(dh, dtype=G.dtype))
         evals = torch.linalg.eigvalsh(G)
         L, info = torch.linalg.cholesky_ex(G)

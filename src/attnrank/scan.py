@@ -137,6 +137,7 @@ def analyze(
         for k, v in row_norms.items():
             norms[k].append(v.numpy())
         del hw, metrics
+        ckpt.release()  # unmap what this layer touched: resident memory stays about one layer
         if progress:
             progress(done, len(sel))
 
