@@ -232,13 +232,24 @@ def train_recall(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar, no summary")] = False,
 ) -> None:
     """Associative recall (k1 v1 ... kn vn q -> v(q)), AdamW with its own decay on attention."""
-    from .train import recall_config, train
+    from .train import recall_config
 
     cfg = recall_config(attn_weight_decay=attn_wd, weight_decay=wd, steps=steps, seed=seed, lr=lr,
                         batch_size=batch_size, track_every=track_every, checkpoint_every=checkpoint_every)
+    _run_training(cfg, out, "recall", resume=resume, device=device, threads=threads, as_json=as_json, quiet=quiet)
+
+
+def _run_training(cfg, out: Path, label: str, *, resume: bool, device: str, threads: int | None,
+                  as_json: bool, quiet: bool) -> None:
+    """Train with a progress bar and print the final summary (rank 0 only under torchrun)."""
+    import os
+
+    from .train import train
+
+    rank0 = os.environ.get("RANK", "0") in ("", "0")
     bar = Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                    TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=err_console,
-                   disable=quiet or as_json or not err_console.is_terminal)
+                   disable=quiet or as_json or not err_console.is_terminal or not rank0)
     info: dict[str, str] = {"loss": "-", "acc": "-", "rank": "-"}
 
     def progress(step: int, total: int, row: dict | None) -> None:
@@ -251,8 +262,10 @@ def train_recall(
                    info=f"loss {info['loss']}  acc {info['acc']}  rank qk/ov {info['rank']}")
 
     with bar:
-        task = bar.add_task("recall", total=steps, info="")
+        task = bar.add_task(label, total=cfg.steps, info="")
         result = train(out, cfg, resume=resume, device=device, progress=progress, threads=threads)
+    if result.rank != 0:
+        return
     f = result.final
     if as_json:
         sys.stdout.write(json.dumps({"run_dir": str(result.run_dir), "resumed_from": result.resumed_from,
@@ -263,8 +276,96 @@ def train_recall(
             f"step {f.get('step')}: loss {f.get('loss', float('nan')):.4f}  acc {f.get('acc', float('nan')):.3f}  "
             f"mean rank qk {m.get('qk', {}).get('rank', float('nan')):.2f}  ov {m.get('ov', {}).get('rank', float('nan')):.2f}"
             f"  (head dim {cfg.model.head_dim})", highlight=False)
+        evals = [f"{k} {f[k]:.4g}" for k in ("val_loss", "val_ppl", "val_acc", "test_loss", "test_ppl", "test_acc")
+                 if k in f]
+        if evals:
+            out_console.print("  ".join(evals), highlight=False)
         out_console.print(f"run in {result.run_dir}; checkpoint {result.checkpoint} "
                           f"(attnrank spectra {result.checkpoint})", highlight=False)
+
+
+_OUT = Annotated[Path, typer.Option("--out", help="run directory (config.json, metrics.jsonl, checkpoints/, summary.json)")]
+_ATTN_WD = Annotated[float, typer.Option("--attn-wd", help="AdamW weight decay of the attention projections Q, K, V, O")]
+_WD = Annotated[float, typer.Option("--wd", help="AdamW weight decay of every other matrix and the embeddings (biases, norms: 0)")]
+_SEED = Annotated[int, typer.Option("--seed", help="seed of the initialisation and the data stream")]
+_DEVICE = Annotated[str, typer.Option("--device", help="auto (CUDA when present), cpu, cuda, cuda:N")]
+_RESUME = Annotated[bool, typer.Option("--resume", help="continue the run in --out from its newest checkpoint")]
+
+
+@train_app.command("lm")
+@user_errors
+def train_lm(
+    out: _OUT,
+    corpus: Annotated[str | None, typer.Option("--corpus", help="text: a .txt/.jsonl/.jsonl.zst file or a directory of them (default: the stdlib's docstrings and comments)")] = None,
+    tokenizer: Annotated[str, typer.Option("--tokenizer", help="byte (UTF-8 bytes, 256 tokens) or bpe (trained on the train split)")] = "byte",
+    bpe_vocab: Annotated[int, typer.Option("--bpe-vocab", help="BPE vocabulary size")] = 1024,
+    seq_len: Annotated[int, typer.Option("--seq-len", help="tokens per training window (context)")] = 64,
+    max_chars: Annotated[int | None, typer.Option("--max-chars", help="characters read per split (default: all)")] = None,
+    eval_tokens: Annotated[int, typer.Option("--eval-tokens", help="tokens scored per evaluation split at most")] = 65536,
+    eval_every: Annotated[int, typer.Option("--eval-every", help="steps between validation evaluations (0: at the end only)")] = 0,
+    attn_wd: _ATTN_WD = 0.1,
+    wd: _WD = 0.1,
+    steps: Annotated[int, typer.Option("--steps", help="optimizer steps")] = 2000,
+    seed: _SEED = 0,
+    n_layers: Annotated[int | None, typer.Option("--n-layers", help="transformer layers [default: 4]")] = None,
+    d_model: Annotated[int | None, typer.Option("--d-model", help="model width [default: 64]")] = None,
+    n_heads: Annotated[int | None, typer.Option("--n-heads", help="attention heads [default: 4]")] = None,
+    lr: Annotated[float | None, typer.Option("--lr", help="peak learning rate [default: 3e-3]")] = None,
+    batch_size: Annotated[int | None, typer.Option("--batch-size", help="global batch (windows per step, split over DDP processes) [default: 32]")] = None,
+    track_every: Annotated[int | None, typer.Option("--track-every", help="steps between rank measurements [default: 100]")] = None,
+    log_every: Annotated[int | None, typer.Option("--log-every", help="steps between loss rows [default: 10]")] = None,
+    checkpoint_every: Annotated[int | None, typer.Option("--checkpoint-every", help="steps between checkpoints [default: 500]")] = None,
+    device: _DEVICE = "auto",
+    resume: _RESUME = False,
+    threads: Annotated[int | None, typer.Option("--threads", help="torch threads per process (resume with the same value)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the final summary as JSON on stdout")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar, no summary")] = False,
+) -> None:
+    """Autoregressive LM (validation/test loss and perplexity). Under `torchrun --nproc-per-node N -m attnrank
+    train lm ...` it trains with DDP (gloo on the CPU), each process taking 1/N of the global batch."""
+    from .train import lm_config
+
+    cfg = lm_config(corpus=corpus, tokenizer=tokenizer, bpe_vocab=bpe_vocab, seq_len=seq_len, max_chars=max_chars,
+                    eval_tokens=eval_tokens, eval_every=eval_every, attn_weight_decay=attn_wd, weight_decay=wd,
+                    steps=steps, seed=seed, n_layers=n_layers, d_model=d_model, n_heads=n_heads, lr=lr,
+                    batch_size=batch_size, track_every=track_every, log_every=log_every,
+                    checkpoint_every=checkpoint_every)
+    _run_training(cfg, out, "lm", resume=resume, device=device, threads=threads, as_json=as_json, quiet=quiet)
+
+
+@train_app.command("vit")
+@user_errors
+def train_vit(
+    out: _OUT,
+    images: Annotated[str | None, typer.Option("--images", help="image folder DIR/<class>/<image> (or DIR/train|validation|test/<class>/...); default: scikit-learn digits")] = None,
+    image_size: Annotated[int | None, typer.Option("--image-size", help="resize images to this square size [default: 8 for digits, 32 for a folder]")] = None,
+    patch_size: Annotated[int | None, typer.Option("--patch-size", help="patch size [default: 2 up to 16 pixels, else 4]")] = None,
+    eval_every: Annotated[int, typer.Option("--eval-every", help="steps between validation evaluations (0: at the end only)")] = 0,
+    attn_wd: _ATTN_WD = 0.1,
+    wd: _WD = 0.1,
+    steps: Annotated[int, typer.Option("--steps", help="optimizer steps")] = 2000,
+    seed: _SEED = 0,
+    n_layers: Annotated[int | None, typer.Option("--n-layers", help="transformer layers [default: 4]")] = None,
+    d_model: Annotated[int | None, typer.Option("--d-model", help="model width [default: 64]")] = None,
+    n_heads: Annotated[int | None, typer.Option("--n-heads", help="attention heads [default: 4]")] = None,
+    lr: Annotated[float | None, typer.Option("--lr", help="peak learning rate [default: 1e-3]")] = None,
+    batch_size: Annotated[int | None, typer.Option("--batch-size", help="global batch [default: 64]")] = None,
+    track_every: Annotated[int | None, typer.Option("--track-every", help="steps between rank measurements [default: 100]")] = None,
+    checkpoint_every: Annotated[int | None, typer.Option("--checkpoint-every", help="steps between checkpoints [default: 500]")] = None,
+    device: _DEVICE = "auto",
+    resume: _RESUME = False,
+    threads: Annotated[int | None, typer.Option("--threads", help="torch threads per process")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the final summary as JSON on stdout")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar, no summary")] = False,
+) -> None:
+    """Vision transformer classifying images (validation/test loss and accuracy)."""
+    from .train import vit_config
+
+    cfg = vit_config(images=images, image_size=image_size, patch_size=patch_size, eval_every=eval_every,
+                     attn_weight_decay=attn_wd, weight_decay=wd, steps=steps, seed=seed, n_layers=n_layers,
+                     d_model=d_model, n_heads=n_heads, lr=lr, batch_size=batch_size, track_every=track_every,
+                     checkpoint_every=checkpoint_every)
+    _run_training(cfg, out, "vit", resume=resume, device=device, threads=threads, as_json=as_json, quiet=quiet)
 
 
 @app.command()

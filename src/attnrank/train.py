@@ -34,9 +34,9 @@ import os
 import platform
 import shutil
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -45,11 +45,12 @@ import torch.nn as nn
 
 from . import __version__
 from .checkpoint import Checkpoint
+from .data import ImageTaskConfig, LMTaskConfig
 from .errors import AttnRankError
 from .fileio import write_json
 from .layouts import AttentionReader
 from .linalg import DEFAULT_TOL, METRIC_COLUMNS
-from .model import ModelConfig, Transformer
+from .model import ModelConfig, Transformer, ViT, ViTConfig
 from .optim import param_groups
 from .scan import layer_metrics
 from .tasks import RecallConfig, RecallStream, recall_loss_and_accuracy
@@ -228,7 +229,13 @@ class TrainConfig:
     keep_checkpoints: int = 2
     tol: float = DEFAULT_TOL
 
+    TASK_NAME: ClassVar[str] = "recall"
+
     def __post_init__(self) -> None:
+        self._coerce()
+        self.validate()
+
+    def _coerce(self) -> None:
         if isinstance(self.task, dict):
             self.task = RecallConfig(**{k: v for k, v in self.task.items()
                                         if k in {f.name for f in fields(RecallConfig)}})
@@ -236,7 +243,14 @@ class TrainConfig:
             self.model = recall_model(self.task)
         elif isinstance(self.model, dict):
             self.model = ModelConfig.from_dict(self.model)
-        self.validate()
+
+    def job(self, run: Path | None, dev: torch.device) -> Job:
+        """The task's data stream, model, loss and evaluation (the loop is task-agnostic).
+        The model is drawn from the global RNG seeded with ``seed`` just before."""
+        torch.manual_seed(self.seed)
+        model = Transformer(self.model)
+        return Job(model=model, stream=RecallStream(self.task, self.batch_size, self.seed),
+                   loss_and_accuracy=recall_loss_and_accuracy, evaluate=None)
 
     def validate(self) -> None:
         def positive_int(name: str, allow_zero: bool = False) -> None:
@@ -268,13 +282,16 @@ class TrainConfig:
         if self.lr * max(self.weight_decay, self.attn_weight_decay) >= 1:
             raise AttnRankError(f"lr * weight decay = {self.lr * max(self.weight_decay, self.attn_weight_decay):g} "
                                 ">= 1: AdamW's decoupled step would flip the weights' sign")
+        self._validate_task()
+
+    def _validate_task(self) -> None:
         if self.model.vocab_size < self.task.vocab_size:
             raise AttnRankError(f"model vocab_size {self.model.vocab_size} < task vocab {self.task.vocab_size}")
         if self.model.max_seq_len < self.task.seq_len:
             raise AttnRankError(f"model max_seq_len {self.model.max_seq_len} < sequence length {self.task.seq_len}")
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["task"] = self.task.to_dict()
         d["model"] = self.model.to_dict()
         return d
@@ -319,7 +336,7 @@ def _versions() -> dict[str, str]:
 
 
 def _run_config(cfg: TrainConfig) -> dict[str, Any]:
-    return {"kind": "attnrank-run", "task_name": "recall", **cfg.to_dict()}
+    return {"kind": "attnrank-run", "task_name": cfg.TASK_NAME, **cfg.to_dict()}
 
 
 def _comparable(d: dict[str, Any]) -> dict[str, Any]:
@@ -383,6 +400,7 @@ class RunResult:
     resumed_from: int | None
     final: dict[str, Any]
     checkpoint: Path
+    rank: int = 0
 
 
 def _open_tensorboard(run: Path, enabled: bool | None, purge_step: int | None):
@@ -441,77 +459,174 @@ def train(
         torch.set_num_threads(before)
 
 
+@dataclass
+class Job:
+    """What the loop needs from a task: a model, a stream of (x, y) global batches with
+    ``next``/``state_dict``/``load_state_dict``, ``loss_and_accuracy(output, y)``, and
+    ``evaluate(model, split, device) -> {metric: value}`` (None: no held-out data, e.g. the
+    fully online recall task)."""
+
+    model: nn.Module
+    stream: Any
+    loss_and_accuracy: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+    evaluate: Callable[[nn.Module, str, torch.device], dict[str, float]] | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _Dist:
+    """This process's place in a torch.distributed job (world 1 = plain single process)."""
+
+    rank: int = 0
+    world: int = 1
+    owned: bool = False  # we initialised the process group, so we destroy it
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            torch.distributed.barrier()
+
+
+def _distributed(dev: torch.device) -> _Dist:
+    """Join the process group torchrun describes (``WORLD_SIZE`` > 1): gloo on the CPU, nccl on CUDA."""
+    import torch.distributed as dist
+
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if world <= 1:
+        return _Dist()
+    if dist.is_initialized():
+        return _Dist(dist.get_rank(), dist.get_world_size(), owned=False)
+    if dev.type == "cuda":
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+    dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
+    return _Dist(dist.get_rank(), dist.get_world_size(), owned=True)
+
+
+def _eval_row(job: Job, model: nn.Module, dev: torch.device, splits: tuple[str, ...]) -> dict[str, float]:
+    if job.evaluate is None:
+        return {}
+    prefix = {"validation": "val", "test": "test"}
+    out: dict[str, float] = {}
+    was_training = model.training
+    model.eval()
+    try:
+        for split in splits:
+            for k, v in job.evaluate(model, split, dev).items():
+                out[f"{prefix[split]}_{k}"] = v
+    finally:
+        model.train(was_training)
+    return out
+
+
 def _train(run: Path, cfg: TrainConfig, *, resume: bool, device: str,
            progress: Callable[[int, int, dict[str, Any] | None], None] | None,
            tensorboard: bool | None) -> RunResult:
     dev = resolve_device(device)
-    _prepare_run_dir(run, cfg, resume)
-    conf = _run_config(cfg)
-    if not (run / "config.json").exists():
-        write_json(run / "config.json", {**conf, "versions": _versions()})
-    for stale in (run / CHECKPOINTS).glob(".tmp-*") if (run / CHECKPOINTS).is_dir() else []:
-        shutil.rmtree(stale, ignore_errors=True)
+    dist = _distributed(dev)
+    try:
+        return _train_dist(run, cfg, resume=resume, dev=dev, progress=progress, tensorboard=tensorboard,
+                           dist=dist)
+    finally:
+        if dist.owned:
+            torch.distributed.destroy_process_group()
 
-    torch.manual_seed(cfg.seed)
-    model = Transformer(cfg.model).to(dev)
+
+def _train_dist(run: Path, cfg: TrainConfig, *, resume: bool, dev: torch.device,
+                progress: Callable[[int, int, dict[str, Any] | None], None] | None,
+                tensorboard: bool | None, dist: _Dist) -> RunResult:
+    if cfg.batch_size % dist.world:
+        raise AttnRankError(f"batch size {cfg.batch_size} is not divisible by the {dist.world} processes: "
+                            "every process takes an equal slice of the global batch")
+    if dist.main:
+        _prepare_run_dir(run, cfg, resume)
+        conf = _run_config(cfg)
+        if not (run / "config.json").exists():
+            write_json(run / "config.json", {**conf, "versions": _versions()})
+        for stale in (run / CHECKPOINTS).glob(".tmp-*") if (run / CHECKPOINTS).is_dir() else []:
+            shutil.rmtree(stale, ignore_errors=True)
+        job = cfg.job(run, dev)  # a BPE tokeniser is trained and saved here, once
+    dist.barrier()
+    if not dist.main:
+        job = cfg.job(run, dev)  # reads what rank 0 wrote
+    model = job.model.to(dev)
     groups = param_groups(model, cfg.weight_decay, cfg.attn_weight_decay)
     opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
-    stream = RecallStream(cfg.task, cfg.batch_size, cfg.seed)
-    tracker = RankTracker(model, every=cfg.track_every, tol=cfg.tol)
+    stream = job.stream
+    net: nn.Module = model
+    if dist.world > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        net = DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None)
+    tracker = RankTracker(model, every=cfg.track_every, tol=cfg.tol) if dist.main else None
     window = {"loss": torch.zeros((), dtype=torch.float64), "acc": torch.zeros((), dtype=torch.float64), "n": 0}
+    eval_every = int(getattr(cfg, "eval_every", 0) or 0)
 
     metrics_path = run / METRICS
     start, resumed_from = 0, None
     ckpt = latest_checkpoint(run) if resume else None
+    dist.barrier()
     if ckpt is not None:
         state = _load_checkpoint(ckpt, model, opt, stream, dev)
         start = resumed_from = int(state["step"])
         window = {"loss": state["window_loss"], "acc": state["window_acc"], "n": int(state["window_n"])}
         offset = int(state["metrics_bytes"])
-        size = metrics_path.stat().st_size if metrics_path.exists() else 0
-        if size < offset:
-            raise AttnRankError(f"{metrics_path} is shorter ({size} B) than checkpoint {ckpt.name} "
-                                f"recorded ({offset} B): the run directory was altered")
-        with open(metrics_path, "r+b") as fh:
-            fh.truncate(offset)
-    else:
+        if dist.main:
+            size = metrics_path.stat().st_size if metrics_path.exists() else 0
+            if size < offset:
+                raise AttnRankError(f"{metrics_path} is shorter ({size} B) than checkpoint {ckpt.name} "
+                                    f"recorded ({offset} B): the run directory was altered")
+            with open(metrics_path, "r+b") as fh:
+                fh.truncate(offset)
+    elif dist.main:
         with open(metrics_path, "wb"):
             pass  # fresh start (or a resume before the first checkpoint): no rows yet
 
-    writer = _open_tensorboard(run, tensorboard, purge_step=start + 1 if resumed_from else None)
+    writer = _open_tensorboard(run, tensorboard, purge_step=start + 1 if resumed_from else None) if dist.main else None
     final: dict[str, Any] = {}
-    fh = open(metrics_path, "ab")
+    fh = open(metrics_path, "ab") if dist.main else None
     try:
         def emit(row: dict[str, Any]) -> None:
             fh.write((json.dumps(row, separators=(",", ":")) + "\n").encode())
             fh.flush()
             _tb_log(writer, row)
 
-        if start == 0:
+        if start == 0 and dist.main:
             row = {"step": 0, **tracker.measure()}
             emit(row)
             final.update(row)
             if progress:
                 progress(0, cfg.steps, row)
-        if start >= cfg.steps and progress:
+        if start >= cfg.steps and progress and dist.main:
             progress(cfg.steps, cfg.steps, None)
 
         model.train()
         for step in range(start + 1, cfg.steps + 1):
-            x, y = stream.next()
+            x, y = stream.next()  # the global batch, the same on every rank
+            if dist.world > 1:
+                x, y = x.chunk(dist.world)[dist.rank], y.chunk(dist.world)[dist.rank]
             x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
             lr = lr_at(cfg, step)
             for g in opt.param_groups:
                 g["lr"] = lr
-            loss, acc = recall_loss_and_accuracy(model(x), y)
+            loss, acc = job.loss_and_accuracy(net(x), y)
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            loss.backward()  # DDP averages the gradients over ranks: the global-batch mean
             if cfg.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             opt.step()
-            window["loss"] = window["loss"] + loss.detach().to("cpu", torch.float64)
-            window["acc"] = window["acc"] + acc.detach().to("cpu", torch.float64)
+            stats = torch.stack([loss.detach(), acc.detach()]).to("cpu", torch.float64)
+            if dist.world > 1:
+                torch.distributed.all_reduce(stats)
+                stats = stats / dist.world
+            window["loss"] = window["loss"] + stats[0]
+            window["acc"] = window["acc"] + stats[1]
             window["n"] += 1
+            if not dist.main:
+                continue
 
             row: dict[str, Any] | None = None
             last = step == cfg.steps
@@ -522,6 +637,9 @@ def _train(run: Path, cfg: TrainConfig, *, resume: bool, device: str,
                           "acc": torch.zeros((), dtype=torch.float64), "n": 0}
             if tracker.due(step) or last:
                 row = {**(row or {"step": step}), **tracker.measure()}
+            if job.evaluate is not None and (last or (eval_every and step % eval_every == 0)):
+                row = {**(row or {"step": step}),
+                       **_eval_row(job, model, dev, ("validation", "test") if last else ("validation",))}
             if row is not None:
                 emit(row)
                 final.update(row)
@@ -530,31 +648,40 @@ def _train(run: Path, cfg: TrainConfig, *, resume: bool, device: str,
             if progress:
                 progress(step, cfg.steps, row)
     finally:
-        fh.close()
+        if fh is not None:
+            fh.close()
         if writer is not None:
             writer.close()
 
+    dist.barrier()
+    if not dist.main:
+        return RunResult(run_dir=run, steps=cfg.steps, resumed_from=resumed_from, final={},
+                         checkpoint=latest_checkpoint(run), rank=dist.rank)
     rows = read_metrics(run)
     final = _final_summary(rows)
     write_json(run / "summary.json", {"steps": cfg.steps, "resumed_from": resumed_from, "final": final,
                                       "device": str(dev), "threads": torch.get_num_threads(),
+                                      "world_size": dist.world, "data": job.info,
                                       "versions": _versions()})
     return RunResult(run_dir=run, steps=cfg.steps, resumed_from=resumed_from, final=final,
                      checkpoint=latest_checkpoint(run))
 
 
+EVAL_KEYS = tuple(f"{p}_{m}" for p in ("val", "test") for m in ("loss", "ppl", "acc"))
+
+
 def _final_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Last loss/acc and last tracker means of a run's rows."""
+    """Last loss/acc, last evaluation and last tracker means of a run's rows."""
     out: dict[str, Any] = {}
     for row in rows:
-        for k in ("step", "loss", "acc", "lr", "mean"):
+        for k in ("step", "loss", "acc", "lr", "mean", *EVAL_KEYS):
             if k in row:
                 out[k] = row[k]
     return out
 
 
-def _save_checkpoint(run: Path, step: int, model: Transformer, opt: torch.optim.Optimizer,
-                     stream: RecallStream, window: dict[str, Any], metrics_fh, keep: int) -> Path:
+def _save_checkpoint(run: Path, step: int, model: nn.Module, opt: torch.optim.Optimizer,
+                     stream: Any, window: dict[str, Any], metrics_fh, keep: int) -> Path:
     metrics_fh.flush()
     os.fsync(metrics_fh.fileno())
     root = run / CHECKPOINTS
@@ -587,7 +714,7 @@ def _save_checkpoint(run: Path, step: int, model: Transformer, opt: torch.optim.
     return final
 
 
-def _load_checkpoint(ckpt: Path, model: Transformer, opt: torch.optim.Optimizer, stream: RecallStream,
+def _load_checkpoint(ckpt: Path, model: nn.Module, opt: torch.optim.Optimizer, stream: Any,
                      dev: torch.device) -> dict[str, Any]:
     from safetensors.torch import load_file
 
@@ -634,3 +761,165 @@ def recall_config(**overrides: Any) -> TrainConfig:
     if unknown:
         raise AttnRankError(f"unknown training option(s): {', '.join(sorted(unknown))}")
     return TrainConfig(task=task, model=model, **overrides)
+
+
+# -- language model and ViT ----------------------------------------------------------------------
+
+MODEL_KEYS = frozenset({"n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "mlp", "skip", "norm",
+                        "learned_positions", "bias", "d_mlp", "init_std", "tie_embeddings"})
+#: the default LM: 4 pre-norm causal layers, width 64, 4 heads of width 16, MLP 256, std 0.02
+LM_MODEL = {"n_layers": 4, "d_model": 64, "n_heads": 4, "mlp": True, "init_std": 0.02}
+#: the default ViT: 4 pre-norm layers, width 64, 4 heads of width 16, MLP 256, std 0.02
+VIT_MODEL = {"n_layers": 4, "d_model": 64, "n_heads": 4, "mlp": True, "init_std": 0.02}
+
+
+@dataclass
+class LMTrainConfig(TrainConfig):
+    """An autoregressive LM on a text corpus (:class:`attnrank.data.LMTaskConfig`), with the
+    recall run's optimizer and decay groups; Adam β = (0.9, 0.95) as in the paper's LMs.
+    ``eval_every``: steps between validation evaluations (0: only at the end, where the
+    validation and test splits are both scored)."""
+
+    TASK_NAME: ClassVar[str] = "lm"
+    task: LMTaskConfig = field(default_factory=LMTaskConfig)
+    steps: int = 2000
+    batch_size: int = 32
+    beta2: float = 0.95
+    eval_every: int = 0
+
+    def _coerce(self) -> None:
+        if isinstance(self.task, dict):
+            self.task = LMTaskConfig(**{k: v for k, v in self.task.items()
+                                        if k in {f.name for f in fields(LMTaskConfig)}})
+        if self.model is None:
+            self.model = ModelConfig(vocab_size=self.task.vocab_size, max_seq_len=self.task.seq_len, **LM_MODEL)
+        elif isinstance(self.model, dict):
+            self.model = ModelConfig.from_dict(self.model)
+
+    def _validate_task(self) -> None:
+        if not isinstance(self.eval_every, int) or isinstance(self.eval_every, bool) or self.eval_every < 0:
+            raise AttnRankError(f"eval_every must be an integer >= 0, got {self.eval_every!r}")
+        if not self.model.causal:
+            raise AttnRankError("a language model needs causal attention (model causal=True)")
+        if self.model.vocab_size < self.task.vocab_size:
+            raise AttnRankError(f"model vocab_size {self.model.vocab_size} < tokenizer vocabulary {self.task.vocab_size}")
+        if self.model.max_seq_len < self.task.seq_len:
+            raise AttnRankError(f"model max_seq_len {self.model.max_seq_len} < seq_len {self.task.seq_len}")
+
+    def job(self, run: Path | None, dev: torch.device) -> Job:
+        from .data import TokenStream, evaluate_lm, lm_loss_and_accuracy, lm_tokens
+
+        tokens, tok = lm_tokens(self.task, run)
+        torch.manual_seed(self.seed)
+        model = Transformer(self.model)
+        t = self.task
+        return Job(model=model, stream=TokenStream(tokens["train"], t.seq_len, self.batch_size, self.seed),
+                   loss_and_accuracy=lm_loss_and_accuracy,
+                   evaluate=lambda m, split, d: evaluate_lm(m, tokens[split], t.seq_len, t.eval_tokens, d),
+                   info={"tokenizer": tok.kind, "tokenizer_vocab": tok.vocab_size,
+                         "tokens": {s: int(v.numel()) for s, v in tokens.items()}})
+
+
+@dataclass
+class ViTTrainConfig(TrainConfig):
+    """A ViT classifying images (:class:`attnrank.data.ImageTaskConfig`); the model is sized
+    to the data (image size, channels, classes; patch 2 for 8×8 digits, else 4)."""
+
+    TASK_NAME: ClassVar[str] = "vit"
+    task: ImageTaskConfig = field(default_factory=ImageTaskConfig)
+    model: ViTConfig | None = None
+    steps: int = 2000
+    batch_size: int = 64
+    lr: float = 1e-3
+    eval_every: int = 0
+
+    def _coerce(self) -> None:
+        if isinstance(self.task, dict):
+            self.task = ImageTaskConfig(**{k: v for k, v in self.task.items()
+                                           if k in {f.name for f in fields(ImageTaskConfig)}})
+        if self.model is None:
+            self.model = vit_model(self.task)
+        elif isinstance(self.model, dict):
+            self.model = ViTConfig.from_dict(self.model)
+
+    def _validate_task(self) -> None:
+        from .data import load_images
+
+        if not isinstance(self.eval_every, int) or isinstance(self.eval_every, bool) or self.eval_every < 0:
+            raise AttnRankError(f"eval_every must be an integer >= 0, got {self.eval_every!r}")
+        d = load_images(self.task.images, self.task.image_size)
+        m = self.model
+        if (m.image_size, m.channels) != (d.image_size, d.channels) or m.n_classes < len(d.classes):
+            raise AttnRankError(f"ViT (image {m.image_size}, channels {m.channels}, classes {m.n_classes}) does not "
+                                f"fit the data (image {d.image_size}, channels {d.channels}, classes {len(d.classes)})")
+
+    def job(self, run: Path | None, dev: torch.device) -> Job:
+        from .data import (
+            ImageStream,
+            classification_loss_and_accuracy,
+            evaluate_images,
+            load_images,
+        )
+
+        d = load_images(self.task.images, self.task.image_size)
+        torch.manual_seed(self.seed)
+        model = ViT(self.model)
+        return Job(model=model, stream=ImageStream(d.splits["train"], self.batch_size, self.seed),
+                   loss_and_accuracy=classification_loss_and_accuracy,
+                   evaluate=lambda mdl, split, dv: evaluate_images(mdl, d.splits[split], dv), info=d.describe())
+
+
+def vit_model(task: ImageTaskConfig, **overrides: Any) -> ViTConfig:
+    """The default ViT (:data:`VIT_MODEL`) sized to the images of ``task``."""
+    from .data import load_images
+
+    d = load_images(task.images, task.image_size)
+    patch = overrides.pop("patch_size", None) or (2 if d.image_size <= 16 else 4)
+    bad = set(overrides) - {f.name for f in fields(ViTConfig)}
+    if bad:
+        raise AttnRankError(f"option(s) {', '.join(sorted(bad))} do not apply to a ViT")
+    return ViTConfig(image_size=d.image_size, channels=d.channels, n_classes=len(d.classes), patch_size=patch,
+                     **{**VIT_MODEL, **overrides})
+
+
+def _split_overrides(overrides: dict[str, Any], task_cls: type, model_keys: frozenset[str],
+                     cfg_cls: type) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    task_keys = {f.name for f in fields(task_cls)}
+    task = {k: overrides.pop(k) for k in list(overrides) if k in task_keys}
+    model = {k: overrides.pop(k) for k in list(overrides) if k in model_keys}
+    unknown = set(overrides) - {f.name for f in fields(cfg_cls)} - {"model", "task"}
+    if unknown:
+        raise AttnRankError(f"unknown training option(s): {', '.join(sorted(unknown))}")
+    return task, model, overrides
+
+
+def lm_config(**overrides: Any) -> LMTrainConfig:
+    """An :class:`LMTrainConfig` from flat overrides: task fields (``corpus``, ``tokenizer``,
+    ``bpe_vocab``, ``seq_len``, ``max_chars``, ``eval_tokens``), model fields (``n_layers``,
+    ``d_model``, ``n_heads`` …) and any :class:`LMTrainConfig` field. None means default."""
+    t, m, rest = _split_overrides(overrides, LMTaskConfig, MODEL_KEYS, LMTrainConfig)
+    task = LMTaskConfig(**t)
+    model = ModelConfig(vocab_size=task.vocab_size, max_seq_len=task.seq_len, **{**LM_MODEL, **m})
+    return LMTrainConfig(task=task, model=model, **rest)
+
+
+def vit_config(**overrides: Any) -> ViTTrainConfig:
+    """A :class:`ViTTrainConfig` from flat overrides: task fields (``images``, ``image_size``),
+    model fields (``n_layers``, ``d_model``, ``n_heads``, ``patch_size`` …) and any
+    :class:`ViTTrainConfig` field. None means default."""
+    t, m, rest = _split_overrides(overrides, ImageTaskConfig, MODEL_KEYS | {"patch_size"}, ViTTrainConfig)
+    task = ImageTaskConfig(**t)
+    return ViTTrainConfig(task=task, model=vit_model(task, **m), **rest)
+
+
+#: sweep / CLI kinds → config builders taking flat overrides
+CONFIG_BUILDERS: dict[str, Callable[..., TrainConfig]] = {"recall": recall_config, "lm": lm_config,
+                                                          "vit": vit_config}
+
+
+def make_config(kind: str, **overrides: Any) -> TrainConfig:
+    """The training config of task ``kind`` (``recall``, ``lm``, ``vit``) with flat overrides."""
+    if kind not in CONFIG_BUILDERS:
+        raise AttnRankError(f"unknown task {kind!r}; use one of {', '.join(CONFIG_BUILDERS)}")
+    return CONFIG_BUILDERS[kind](**overrides)
