@@ -302,14 +302,24 @@ def test_prenorm_full_variant_equals_hf(tmp_path, name):
     torch.testing.assert_close(C.run_variant(ad, cap, "pure")[1], got["o"], rtol=1e-12, atol=1e-12)
 
 
+def test_training_run_directory_loads_its_newest_checkpoint(tmp_path):
+    from attnrank.train import latest_checkpoint, recall_config, train
+
+    cfg = recall_config(steps=2, n_layers=1, d_model=16, n_heads=2, n_pairs=2, n_keys=4, n_values=4,
+                        batch_size=4, checkpoint_every=1, track_every=1, log_every=1)
+    train(tmp_path / "run", cfg, device="cpu", tensorboard=False)
+    path, cfg_json = C.resolve_source(tmp_path / "run")
+    assert path == latest_checkpoint(tmp_path / "run") and path.name.endswith("2")
+    assert cfg_json["model_type"] == "attnrank"
+
+
 def test_project_model_variants(tmp_path):
     from attnrank.model import ModelConfig, Transformer
 
     torch.manual_seed(0)
     m = Transformer(ModelConfig(vocab_size=256, max_seq_len=32, n_layers=2, d_model=16, n_heads=2))
-    run = tmp_path / "run"
-    m.save_pretrained(run / "checkpoints" / "step-00000010")
-    lm = C.load(run)  # a run directory: its newest checkpoint
+    m.save_pretrained(tmp_path / "model")
+    lm = C.load(tmp_path / "model")
     assert lm.model_type == "attnrank"
     ad = lm.make("pretrained", 0)
     ids = C.byte_batch(1, 20)

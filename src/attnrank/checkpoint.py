@@ -75,7 +75,7 @@ class Checkpoint:
             cfg_path = Path(config)
             files = {"": path}
         self.config_path = cfg_path
-        self.config = _read_config(cfg_path) if require_config or cfg_path.exists() else {}
+        self.config = read_config(cfg_path) if require_config or cfg_path.exists() else {}
         self._index: dict[str, Path] = {}
         self._handles: dict[Path, Any] = {}
         self._build_index(files)
@@ -219,7 +219,30 @@ class _TorchFile:
         return self._tensors[name]
 
 
-def _read_config(p: Path) -> dict[str, Any]:
+def model_dir(source: str | os.PathLike, what: str = "this command") -> Path:
+    """The model directory behind ``source``: ``minilm`` (shipped), a model directory
+    (config.json + weights), or a training run directory (its newest complete checkpoint)."""
+    path = shipped_model_path(str(source)) if str(source) in SHIPPED else Path(source)
+    if not path.exists():
+        raise AttnRankError(f"no such file or directory: {path}")
+    if not path.is_dir():
+        raise AttnRankError(f"{path} is not a directory: {what} needs a model directory "
+                            "(config.json + weights), a training run directory, or 'minilm'")
+    if (path / "checkpoints").is_dir() and not (path / "model.safetensors").exists():
+        from .train import latest_checkpoint  # a training run directory (attnrank train ...)
+
+        ckpt = latest_checkpoint(path)
+        if ckpt is None:
+            raise AttnRankError(f"{path} is a training run without a complete checkpoint yet")
+        path = ckpt
+    return path
+
+
+def read_config(p: Path) -> dict[str, Any]:
+    """A config.json (or the one inside directory ``p``) as a dict; AttnRankError otherwise."""
+    p = Path(p)
+    if p.is_dir():
+        p = p / "config.json"
     if not p.exists():
         raise AttnRankError(f"no config.json at {p}")
     try:

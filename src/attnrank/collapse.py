@@ -56,7 +56,6 @@ all lengths equals the model's output exactly.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -478,41 +477,13 @@ def run_variant(adapter, cap: dict[str, Any], variant: str) -> list[torch.Tensor
     return out
 
 
-def _latest_run_checkpoint(path: Path) -> Path | None:
-    ck = path / "checkpoints"
-    if not ck.is_dir():
-        return None
-    dirs = sorted(d for d in ck.iterdir() if d.is_dir() and d.name.startswith("step-")
-                  and (d / "config.json").exists() and (d / "model.safetensors").exists())
-    return dirs[-1] if dirs else None
-
-
 def resolve_source(source: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
     """The model directory of ``source`` (``minilm``, a model dir, a training run dir) and
     its config.json."""
-    from .checkpoint import SHIPPED, shipped_model_path
+    from .checkpoint import model_dir, read_config
 
-    path = shipped_model_path(str(source)) if str(source) in SHIPPED else Path(source)
-    if not path.exists():
-        raise AttnRankError(f"no such file or directory: {path}")
-    if not path.is_dir():
-        raise AttnRankError(f"{path} is not a directory: collapse needs a model directory "
-                            "(config.json + weights), a training run directory, or 'minilm'")
-    if (path / "checkpoints").is_dir():  # a training run directory: its newest checkpoint
-        ckpt = _latest_run_checkpoint(path)
-        if ckpt is None:
-            raise AttnRankError(f"{path} is a run directory without a complete checkpoint yet")
-        path = ckpt
-    cfg_path = path / "config.json"
-    if not cfg_path.exists():
-        raise AttnRankError(f"no config.json in {path}")
-    try:
-        cfg = json.loads(cfg_path.read_text())
-    except (OSError, ValueError) as e:
-        raise AttnRankError(f"cannot read {cfg_path}: {e}") from None
-    if not isinstance(cfg, dict):
-        raise AttnRankError(f"{cfg_path} is not a JSON object")
-    return path, cfg
+    path = model_dir(source, "collapse")
+    return path, read_config(path)
 
 
 @dataclass
@@ -823,11 +794,9 @@ def _project_paths(model, chosen) -> dict[str, Any]:
 def save(result: CollapseResult, out: str | os.PathLike, *, plots: bool = True) -> list[Path]:
     """Write ``layers.csv``, ``summary.csv``, ``paths.csv``, ``collapse.npz``, ``meta.json``
     and figures into ``out``, each atomically."""
-    from .fileio import write_atomic, write_json
+    from .fileio import prepare_out_dir, write_atomic, write_json
 
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise AttnRankError(f"--out {out} exists and is not a directory")
+    out = prepare_out_dir(out)
     written = [
         write_atomic(out / "layers.csv", lambda p: result.table.to_csv(p, index=False)),
         write_atomic(out / "summary.csv", lambda p: result.summary().to_csv(p, index=False)),

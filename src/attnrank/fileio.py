@@ -27,6 +27,20 @@ def atomic_path(path: str | os.PathLike):
         raise
 
 
+def prepare_out_dir(out: str | os.PathLike) -> Path:
+    """Create the output directory ``out`` (and parents); one clear error if it cannot be."""
+    from .errors import AttnRankError
+
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise AttnRankError(f"--out {out} exists and is not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise AttnRankError(f"cannot create output directory {out}: {e.strerror}") from None
+    return out
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import AttnRankError
-from .fileio import write_atomic, write_json, write_text
+from .fileio import prepare_out_dir, write_atomic, write_json, write_text
 
 # name → (module that registers it, one-line title). Imported lazily by get().
 CATALOGUE: dict[str, tuple[str, str]] = {
@@ -226,22 +226,12 @@ def _png_bytes(fig, dpi: int = 110) -> bytes:
     return buf.getvalue()
 
 
-def _check_out(out: Path) -> None:
-    if out.exists() and not out.is_dir():
-        raise AttnRankError(f"--out {out} exists and is not a directory")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise AttnRankError(f"cannot create output directory {out}: {e.strerror}") from None
-
-
 def run(name: str, out: str | Path, *, quick: bool = False) -> RunSummary:
     """Run reproduction ``name`` and write its report, claims, data and figures into ``out``."""
     from .report import render_report
 
     entry = get(name)
-    out = Path(out)
-    _check_out(out)
+    out = prepare_out_dir(out)
     t0 = time.perf_counter()
     result = entry.fn(quick=quick)
     runtime = time.perf_counter() - t0
@@ -319,8 +309,7 @@ def run_all(out: str | Path, *, quick: bool = False, force: bool = False, only: 
     """
     from .report import render_combined
 
-    out = Path(out)
-    _check_out(out)
+    out = prepare_out_dir(out)
     todo = only or names()
     for n in todo:
         get(n)  # unknown names fail before any work

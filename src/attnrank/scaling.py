@@ -613,42 +613,6 @@ class Probe:
     layout_note: str = ""
 
 
-def _resolve_path(source: str | os.PathLike) -> Path:
-    from .checkpoint import SHIPPED, shipped_model_path
-
-    if str(source) in SHIPPED:
-        return shipped_model_path(str(source))
-    p = Path(source)
-    if not p.exists():
-        raise AttnRankError(f"no such file or directory: {p}")
-    if not p.is_dir():
-        raise AttnRankError(f"{p} is not a directory: give a model directory (config.json + weights), "
-                            "a training run directory, or 'minilm'")
-    if (p / "checkpoints").is_dir() and not (p / "model.safetensors").exists():  # a training run directory
-        try:
-            from .train import latest_checkpoint
-        except ImportError:
-            raise AttnRankError(f"{p} looks like a training run, but attnrank.train is not available") from None
-        ck = latest_checkpoint(p)
-        if ck is None:
-            raise AttnRankError(f"training run {p} has no checkpoint yet")
-        return ck
-    return p
-
-
-def _read_config(p: Path) -> dict[str, Any]:
-    cfg = p / "config.json"
-    if not cfg.exists():
-        raise AttnRankError(f"no config.json in {p}")
-    try:
-        c = json.loads(cfg.read_text())
-    except (OSError, ValueError) as e:
-        raise AttnRankError(f"cannot parse {cfg}: {' '.join(str(e).split())[:200]}") from None
-    if not isinstance(c, dict):
-        raise AttnRankError(f"{cfg} is not a JSON object")
-    return c
-
-
 def _layout_or_note(config: dict[str, Any]) -> tuple[Layout | None, str]:
     try:
         return layout_for(config), ""
@@ -659,8 +623,10 @@ def _layout_or_note(config: dict[str, Any]) -> tuple[Layout | None, str]:
 def open_probe(source: str | os.PathLike, *, n_inputs: int = 4, max_tokens: int = 32, seed: int = 0) -> Probe:
     """Open ``minilm``, a Hugging Face model directory, the project's model directory (or a
     training run directory: its newest checkpoint) with fixed real inputs."""
-    path = _resolve_path(source)
-    config = _read_config(path)
+    from .checkpoint import model_dir, read_config
+
+    path = model_dir(source, "scale")
+    config = read_config(path)
     if config.get("model_type") == "attnrank":
         return _open_attnrank(path, config, str(source), n_inputs=n_inputs, seed=seed)
     return _open_hf(path, config, str(source), n_inputs=n_inputs, max_tokens=max_tokens, seed=seed)
@@ -878,16 +844,10 @@ def _analyze_scaling(source, scales, tol, groups, pairs, seed, exhaustive, struc
 
 def save(result: ScaleResult, out: str | os.PathLike, plots: bool = True) -> list[Path]:
     """Write tensors.csv, pairs.csv, meta.json (and figures) into ``out``, atomically."""
-    from .fileio import write_json, write_text
+    from .fileio import prepare_out_dir, write_json, write_text
     from .reproduce import jsonable
 
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise AttnRankError(f"--out {out} exists and is not a directory")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise AttnRankError(f"cannot create output directory {out}: {e.strerror}") from None
+    out = prepare_out_dir(out)
     files = [write_text(out / "tensors.csv", result.table.to_csv(index=False)),
              write_text(out / "pairs.csv", result.pairs.to_csv(index=False)),
              write_json(out / "meta.json", jsonable({**result.meta, "pair_summary": result.pair_summary()}))]

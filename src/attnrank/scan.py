@@ -20,7 +20,7 @@ import torch
 from . import __version__
 from .checkpoint import Checkpoint
 from .errors import AttnRankError
-from .fileio import write_atomic, write_json
+from .fileio import prepare_out_dir, write_atomic, write_json
 from .layouts import AttentionReader, HeadWeights, Layout, layout_from_toml
 from .linalg import DEFAULT_TOL, METRIC_COLUMNS, ProductMetrics, factor_root, metrics_from_roots
 
@@ -231,9 +231,7 @@ def overall(table: pd.DataFrame) -> dict[str, dict[str, float]]:
 
 def save(result: SpectraResult, out: str | os.PathLike, *, plots: bool = True) -> list[Path]:
     """Write heads.csv, summary.csv, spectra.npz, meta.json (and figures) atomically."""
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise AttnRankError(f"--out {out} exists and is not a directory")
+    out = prepare_out_dir(out)
     written = [
         write_atomic(out / "heads.csv", lambda p: result.table.to_csv(p, index=False)),
         write_atomic(out / "summary.csv", lambda p: result.summary().to_csv(p, index=False)),
