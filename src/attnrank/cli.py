@@ -482,6 +482,69 @@ def scale(
                           highlight=False)
 
 
+@app.command()
+@user_errors
+def sweep(
+    spec: Annotated[str, typer.Argument(help="a task (lm, vit, recall) or a JSON/TOML spec file with kind, base, grid, seeds")],
+    out: Annotated[Path, typer.Option("--out", help="sweep directory: runs/<name>/, results/, runs.csv, summary.csv")],
+    grid: Annotated[list[str] | None, typer.Option("--grid", help="FIELD=V1,V2,...: sweep this config field (repeatable; e.g. attn_weight_decay=0,0.1,1)")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="FIELD=V: fix a config field for every run (repeatable; e.g. steps=500)")] = None,
+    seeds: Annotated[str | None, typer.Option("--seeds", help="comma-separated seeds [default: 0, or the spec's]")] = None,
+    workers: Annotated[int | None, typer.Option("--workers", help="local worker processes [default: cores / threads]")] = None,
+    threads: Annotated[int, typer.Option("--threads", help="torch threads per run")] = 1,
+    ray: Annotated[str | None, typer.Option("--ray", help="run on Ray: a cluster ADDRESS, 'auto', or 'local' (start one here)")] = None,
+    device: Annotated[str, typer.Option("--device", help="device of every run")] = "cpu",
+    as_json: Annotated[bool, typer.Option("--json", help="print the summary table as JSON on stdout")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress, no table")] = False,
+) -> None:
+    """A grid of training runs (e.g. attention decay x MLP decay x seeds): local pool or Ray; resumable;
+    failures recorded; mean and std over seeds in summary.csv."""
+    from .sweep import SweepSpec, load_spec, parse_assignment, parse_value, run_sweep
+    from .train import CONFIG_BUILDERS
+
+    if spec in CONFIG_BUILDERS:
+        s = SweepSpec(kind=spec)
+    elif Path(spec).is_file():
+        s = load_spec(spec)
+    else:
+        raise AttnRankError(f"{spec!r} is neither a task ({', '.join(CONFIG_BUILDERS)}) nor a spec file")
+    base = {**s.base, **dict(parse_assignment(x, many=False) for x in set_ or [])}
+    g = {**s.grid, **dict(parse_assignment(x, many=True) for x in grid or [])}
+    seed_list = s.seeds
+    if seeds is not None:
+        seed_list = [parse_value(x) for x in seeds.split(",")]
+    s = SweepSpec(kind=s.kind, base={k: v for k, v in base.items() if k not in g}, grid=g, seeds=seed_list)
+    with progress_bar(quiet or as_json) as bar:
+        task = bar.add_task("runs", total=len(s.runs()))
+
+        def progress(rec: dict, done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+            if rec["status"] != "ok" and not (quiet or as_json):
+                err_console.print(f"[yellow]run {rec['name']} failed:[/] {rec['error']}", highlight=False,
+                                  soft_wrap=True)
+
+        res = run_sweep(s, out, workers=workers, ray=ray, threads=threads, device=device, progress=progress)
+    if as_json:
+        sys.stdout.write(json.dumps({"out": str(out), "counts": res.counts,
+                                     "summary": json.loads(res.summary.to_json(orient="records"))}, indent=2) + "\n")
+        return
+    if quiet:
+        return
+    c = res.counts
+    table = Table(title=f"{c['runs']} runs: {c['ok']} ok ({c['skipped']} already finished), {c['failed']} failed",
+                  caption="mean ± std over seeds")
+    keys = list(s.grid)
+    metrics = [m for m in ("test_ppl", "test_loss", "test_acc", "val_loss", "loss", "acc", "qk_rank", "ov_rank")
+               if f"{m}_mean" in res.summary]
+    for col in (*keys, "runs", "failed", *metrics):
+        table.add_column(col, justify="right")
+    for r in res.summary.to_dict(orient="records"):
+        table.add_row(*[str(r[k]) for k in keys], str(r["runs"]), str(r["failed"]),
+                      *[f"{r[m + '_mean']:.4g} ± {r[m + '_std']:.2g}" for m in metrics])
+    out_console.print(table)
+    out_console.print(f"wrote {out / 'runs.csv'} and {out / 'summary.csv'}", highlight=False)
+
+
 def main() -> None:
     app()
 
