@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_OUT ?= demo-out
 
-.PHONY: venv demo test lint bench clean
+.PHONY: venv demo test lint bench gallery reproduce-full clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,15 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python benchmarks/bench_spectra.py
+
+# Every reproduction, quick profile, then the README's figures and claims table (docs/).
+gallery: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/attnrank reproduce all --quick --out out/gallery
+	$(BIN)/python docs/gallery.py out/gallery docs
+
+# The full profile (longer; resumable: re-run to continue).
+reproduce-full: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/attnrank reproduce all --full --out out/full
 
 clean:
 	rm -rf $(VENV) $(DEMO_OUT)
