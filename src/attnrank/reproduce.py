@@ -51,6 +51,10 @@ CATALOGUE: dict[str, tuple[str, str]] = {
                                        "Frobenius bound vs nuclear norm), MiniLM-L6 in place of LLaMA-2 7B"),
     "fig2": ("attnrank.repro_train", "Figure 2: 2-layer transformer on associative recall; attention weight decay "
                                      "lowers the rank of P W_V, balances the factors, closes the nuclear-norm gap"),
+    "fig3": ("attnrank.repro_lm", "Figure 3: rank of W_K^T W_Q and P W_V against attention weight decay; byte-level LM "
+                                  "(middle layer, per head) and ViT on digits (all heads and layers)"),
+    "table1": ("attnrank.repro_lm", "Table 1: LM test perplexity over attention decay x MLP decay (mean +- std over "
+                                    "seeds); does attention decay hurt, does decoupling help"),
     "scale": ("attnrank.scaling", "Scale invariance and weight decay: ReLU+LayerNorm MLPs on digits (no residual, post-norm, pre-norm); effective learning rate, angular update, equilibrium norm"),
 }
 
