@@ -74,18 +74,25 @@ def test_tracker_rows_equal_spectra_on_the_saved_checkpoints(tmp_path):
     assert not np.allclose(t10["nuclear"].to_numpy(), t30["nuclear"].to_numpy())
 
 
-def test_tracker_on_a_live_hugging_face_model_equals_spectra_from_disk(tmp_path):
+@pytest.mark.parametrize("arch", ["bert", "vit"])
+def test_tracker_on_a_live_hugging_face_model_equals_spectra_from_disk(arch, tmp_path):
+    # A live transformers-5 ViT names its projections layers.{i}.attention.q_proj, while
+    # save_pretrained writes the legacy encoder.layer.{i}.attention.attention.query names:
+    # both must reach the same per-head numbers.
     import transformers as tf
 
     torch.manual_seed(0)
-    model = tf.BertModel(tf.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                       intermediate_size=48, vocab_size=50))
+    small = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48)
+    if arch == "bert":
+        model = tf.BertModel(tf.BertConfig(**small, vocab_size=50))
+    else:
+        model = tf.ViTModel(tf.ViTConfig(**small, image_size=16, patch_size=4))
     got = RankTracker(model, every=1).measure()
     model.save_pretrained(tmp_path, safe_serialization=True)
     disk = analyze(tmp_path).table
     live = tracker_table([{"step": 0, **got}]).drop(columns="step")
     assert_tables_equal(live, disk)
-    assert LiveCheckpoint(model).config["model_type"] == "bert"
+    assert LiveCheckpoint(model).config["model_type"] == arch
 
 
 def test_metrics_rows_layout(tmp_path):

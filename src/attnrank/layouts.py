@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 import tomllib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -220,6 +220,9 @@ class Layout:
     ``tensors`` maps roles (``q, k, v, o`` or ``qkv, o``) to names with ``{i}`` for the layer;
     ``split`` is a key of SPLITS, or a function of the config giving one.
     ``position`` (of the config) is ``absolute``, ``rotary``, ``alibi`` or ``none``.
+    ``aliases`` are other name sets for the same roles (a library renamed its modules: a live
+    transformers-5 ViT has ``layers.{i}.attention.q_proj`` where saved checkpoints keep
+    ``encoder.layer.{i}.attention.attention.query``); the reader takes the first set present.
     """
 
     model_types: tuple[str, ...]
@@ -229,12 +232,17 @@ class Layout:
     biases: tuple[str, ...] = ()
     position: Callable[[dict[str, Any]], str] = field(default=lambda c: "absolute")
     qk_norm: Callable[[dict[str, Any]], bool] = field(default=lambda c: False)
+    aliases: tuple[dict[str, str], ...] = ()
 
     def split_for(self, config: dict[str, Any]) -> str:
         return self.split(config) if callable(self.split) else self.split
 
     def names(self, i: int) -> dict[str, str]:
         return {role: t.format(i=i) for role, t in self.tensors.items()}
+
+    def with_tensors(self, tensors: dict[str, str]) -> "Layout":
+        """This row with another of its name sets as the main one."""
+        return replace(self, tensors=tensors, biases=_bias_names(tensors), aliases=())
 
 
 def _bias_names(tensors: dict[str, str]) -> tuple[str, ...]:
@@ -263,6 +271,7 @@ LAYOUTS: tuple[Layout, ...] = (
     _row(("vit", "deit"),
          tensors=_qkvo("encoder.layer.{i}.attention.", "attention.query", "attention.key", "attention.value",
                        "output.dense"),
+         aliases=(_qkvo("layers.{i}.attention.", "q_proj", "k_proj", "v_proj", "o_proj"),),
          dims=_hf_dims),
     _row(("distilbert",), tensors=_qkvo("transformer.layer.{i}.attention.", "q_lin", "k_lin", "v_lin", "out_lin"),
          dims=_distilbert_dims),
@@ -371,15 +380,21 @@ class AttentionReader:
         self.prefix = self._find_prefix()
 
     def _find_prefix(self) -> str:
-        first = next(iter(self.layout.names(0).values()))
-        prefixes = sorted({k[: -len(first)] for k in self.ckpt.keys() if k.endswith(first)}, key=len)
-        prefixes = [p for p in prefixes if p == "" or p.endswith(".")]
-        if not prefixes:
-            raise AttnRankError(
-                f"checkpoint has no tensor named like {first!r}: weights do not match the layout of "
-                f"{self.layout.model_types[0]!r}"
-            )
-        return prefixes[0]  # shortest: the base model's own weights
+        keys = list(self.ckpt.keys())
+        firsts = []
+        for tensors in (self.layout.tensors, *self.layout.aliases):
+            first = next(iter(tensors.values())).format(i=0)
+            firsts.append(first)
+            prefixes = sorted({k[: -len(first)] for k in keys if k.endswith(first)}, key=len)
+            prefixes = [p for p in prefixes if p == "" or p.endswith(".")]
+            if prefixes:
+                if tensors is not self.layout.tensors:
+                    self.layout = self.layout.with_tensors(tensors)
+                return prefixes[0]  # shortest: the base model's own weights
+        raise AttnRankError(
+            f"checkpoint has no tensor named like {' or '.join(map(repr, firsts))}: weights do not match "
+            f"the layout of {self.layout.model_types[0]!r}"
+        )
 
     @property
     def position(self) -> str:
