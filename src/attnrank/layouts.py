@@ -240,7 +240,7 @@ class Layout:
     def names(self, i: int) -> dict[str, str]:
         return {role: t.format(i=i) for role, t in self.tensors.items()}
 
-    def with_tensors(self, tensors: dict[str, str]) -> "Layout":
+    def with_tensors(self, tensors: dict[str, str]) -> Layout:
         """This row with another of its name sets as the main one."""
         return replace(self, tensors=tensors, biases=_bias_names(tensors), aliases=())
 
