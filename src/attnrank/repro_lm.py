@@ -32,9 +32,10 @@ calling script needs the usual ``if __name__ == "__main__":`` guard.
 
 Profiles (measured on this machine, 2 CPU cores, 2 workers of 1 thread): ``fig3 --quick``
 (λ ∈ {0, 0.1, 1, 3}, 1 seed, 300 LM + 300 ViT steps) 52 s while another job held one core;
-full fig3 (λ ∈ {0, 0.1, 0.3, 1, 3}, 3 seeds, 1,000 + 1,000 steps) 10 min 4 s.
+full fig3 (λ ∈ {0, 0.1, 0.3, 1, 3}, 3 seeds, 1,000 + 1,000 steps) 10 min 4 s (23 min 34 s
+on a day the same machine ran about half as fast).
 ``table1 --quick`` ({0, 0.1, 1} × {0, 0.1}, 2 seeds, 150 steps) 48 s; full table1 (same grid,
-3 seeds, 1,000 steps) 7 min 36 s.
+3 seeds, 1,000 steps) 7 min 36 s (16 min 29 s on the slow day).
 """
 
 from __future__ import annotations

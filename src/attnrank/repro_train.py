@@ -17,7 +17,8 @@ Claims checked (REFERENCE.md §3; issue 5):
 - ``fig2.task_learned``: the task is learned (final accuracy ≥ 0.9) at every λ.
 
 Sizes are *our choice* (the paper's are unknown): see :func:`fig2_config`. Full grid
-λ ∈ {0, 0.03, 0.1, 0.3, 1} × 6,000 steps (about 2 minutes on 2 cores); ``--quick``
+λ ∈ {0, 0.03, 0.1, 0.3, 1} × 6,000 steps (about 2 minutes on 2 cores;
+4 min on a day the machine ran at half speed); ``--quick``
 λ ∈ {0, 0.1, 0.3, 1} × 800 steps (about 15 s).
 """
 
