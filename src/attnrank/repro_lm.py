@@ -285,18 +285,12 @@ def table1_claims(runs: pd.DataFrame) -> list[Claim]:
         if (0.0, m) in idx and (a_max, m) in idx and a_max > 0:
             c = compare((a_max, m), (0.0, m))
             hurt[f"mlp_lambda={m:g}"] = {"ppl_attn0": idx[(0.0, m)][0], f"ppl_attn{a_max:g}": idx[(a_max, m)][0], **c}
-    held_hurt = bool(hurt) and all(v["positive_beyond_spread"] for v in hurt.values())
-    claims.append(Claim(
-        name="table1.attn_decay_hurts", source="paper Table 1; REFERENCE.md §3 (low rank in attention can hurt LMs)",
-        statement=f"Attention decay hurts test perplexity: attention lambda {a_max:g} gives higher perplexity than 0 "
-                  "at the same MLP lambda.",
-        measured={"per_mlp_lambda": hurt, "n_seeds": n_seeds},
-        expected="ppl(attn max) - ppl(attn 0) > 0" + (", beyond the seed spread," if n_seeds >= 2 else "")
-                 + " at every MLP lambda",
-        held=held_hurt, tolerance="spread = sqrt(std_a^2 + std_b^2) over seeds (ddof 1)" if n_seeds >= 2
-        else "one seed: sign only, spread not measured",
-        detail="test perplexity (exp of mean test loss) on the held-out split, mean over seeds; "
-               "diff > 0 means decay hurt."))
+    claims.append(_ppl_claim(
+        "table1.attn_decay_hurts", "paper Table 1; REFERENCE.md §3 (low rank in attention can hurt LMs)",
+        f"Attention decay hurts test perplexity: attention lambda {a_max:g} gives higher perplexity than 0 "
+        "at the same MLP lambda.",
+        hurt, n_seeds, "ppl(attn max) - ppl(attn 0) > 0", "at every MLP lambda",
+        "test perplexity (exp of mean test loss) on the held-out split, mean over seeds; diff > 0 means decay hurt."))
 
     dec: dict[str, Any] = {}
     for m in mlp:
@@ -309,19 +303,28 @@ def table1_claims(runs: pd.DataFrame) -> list[Claim]:
         c = compare((m, m), best)
         dec[f"mlp_lambda={m:g}"] = {"ppl_coupled": idx[(m, m)][0], "best_decoupled_attn_lambda": best[0],
                                     "ppl_best_decoupled": idx[best][0], **c}
-    held_dec = bool(dec) and all(v["positive_beyond_spread"] for v in dec.values())
-    claims.append(Claim(
-        name="table1.decoupling_helps", source="paper Table 1 (decoupling attention decay helps)",
-        statement="Decoupling helps: at each coupled point (attention lambda = MLP lambda) some other attention "
-                  "lambda of the grid gives lower test perplexity.",
-        measured={"per_mlp_lambda": dec, "n_seeds": n_seeds},
-        expected="ppl(coupled) - ppl(best decoupled) > 0" + (", beyond the seed spread," if n_seeds >= 2 else "")
-                 + " at every coupled point of the grid",
-        held=held_dec, tolerance="spread = sqrt(std_a^2 + std_b^2) over seeds (ddof 1)" if n_seeds >= 2
-        else "one seed: sign only, spread not measured",
-        detail="diff > 0 means the best decoupled setting beat the coupled one; picking the best of several "
-               "settings favours decoupling slightly (selection), which the spread test does not correct for."))
+    claims.append(_ppl_claim(
+        "table1.decoupling_helps", "paper Table 1 (decoupling attention decay helps)",
+        "Decoupling helps: at each coupled point (attention lambda = MLP lambda) some other attention "
+        "lambda of the grid gives lower test perplexity.",
+        dec, n_seeds, "ppl(coupled) - ppl(best decoupled) > 0", "at every coupled point of the grid",
+        "diff > 0 means the best decoupled setting beat the coupled one; picking the best of several "
+        "settings favours decoupling slightly (selection), which the spread test does not correct for."))
     return claims
+
+
+def _ppl_claim(name: str, source: str, statement: str, per_mlp: dict[str, Any], n_seeds: int,
+               inequality: str, where: str, detail: str) -> Claim:
+    """A Table 1 claim: it holds when every comparison in ``per_mlp`` is positive beyond the seed spread."""
+    spread = n_seeds >= 2
+    return Claim(
+        name=name, source=source, statement=statement,
+        measured={"per_mlp_lambda": per_mlp, "n_seeds": n_seeds},
+        expected=inequality + (", beyond the seed spread, " if spread else " ") + where,
+        held=bool(per_mlp) and all(v["positive_beyond_spread"] for v in per_mlp.values()),
+        tolerance="spread = sqrt(std_a^2 + std_b^2) over seeds (ddof 1)" if spread
+        else "one seed: sign only, spread not measured",
+        detail=detail)
 
 
 def table1_result(attn_lambdas: list[float], mlp_lambdas: list[float], steps: int, seeds: list[int],
