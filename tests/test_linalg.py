@@ -170,3 +170,23 @@ def test_factor_root_reproduces_gram(decades):
     X = torch.randn(3, 50, 8, generator=g, dtype=torch.float64) * torch.logspace(0, -decades, 8, dtype=torch.float64)
     R = factor_root(X)
     torch.testing.assert_close(R.mT @ R, X.mT @ X, rtol=0, atol=1e-13 * float((X**2).sum(-2).max()))
+
+
+def test_chunked_reduction_matches_dense(monkeypatch):
+    """Many heads are reduced a few at a time (CHUNK_BYTES); chunk borders change nothing."""
+    import attnrank.linalg as la
+
+    g = torch.Generator().manual_seed(8)
+    d, dh = 40, 10
+    A = torch.randn(3, 4, d, dh, generator=g, dtype=torch.float64)
+    B = torch.randn(3, 4, d, dh, generator=g, dtype=torch.float64)
+    A[1, 2] *= torch.logspace(0, -6, dh, dtype=torch.float64)  # this head takes the QR path
+    A[2, 1] = A[2, 1, :, :3] @ torch.randn(3, dh, generator=g, dtype=torch.float64)  # rank 3
+    whole = product_metrics(A, B)
+    monkeypatch.setattr(la, "CHUNK_BYTES", 8 * d * dh * 5)  # 5 heads per chunk: borders inside rows
+    assert_matches_dense(A, B)
+    chunked = product_metrics(A, B)
+    assert chunked.sv.shape == (3, 4, dh) and int(chunked.rank[2, 1]) == 3
+    torch.testing.assert_close(chunked.sv, whole.sv, rtol=1e-12, atol=1e-12 * float(whole.sv.max()))
+    A[0, 3, 5, 5] = float("nan")
+    assert product_metrics(A, B).finite.reshape(-1).tolist() == [i != 3 for i in range(12)]

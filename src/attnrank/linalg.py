@@ -82,6 +82,9 @@ def _check_factors(A: torch.Tensor, B: torch.Tensor) -> None:
 GRAM_MIN_RATIO = 1e-8  # heads with λ_min(XᵀX) below this times λ_max take the QR path
 
 
+CHUNK_BYTES = 16 * 2**20  # float64 copies of at most this size: glibc then reuses the memory
+
+
 def factor_root(X: torch.Tensor) -> torch.Tensor:
     """A float64 ``R`` with ``XᵀX = RᵀR`` for factors ``X`` of shape ``(..., d, dh)``.
 
@@ -90,8 +93,23 @@ def factor_root(X: torch.Tensor) -> torch.Tensor:
     and a dh × dh factorisation). Heads with ``λ_min(XᵀX) < GRAM_MIN_RATIO · λ_max`` (where
     squaring the condition number would cost accuracy), or whose Gram matrix is not
     numerically positive definite: ``R`` from a float64 QR of X. Non-finite heads give NaN.
+
+    Heads are upcast and reduced a few at a time (float64 copies of at most CHUNK_BYTES): one
+    fresh 128 MiB float64 copy of a 4096-wide layer costs more in page faults than its Gram
+    products cost in arithmetic.
     """
-    X = X.detach().to(device="cpu", dtype=torch.float64)
+    X = X.detach()
+    d, dh = X.shape[-2:]
+    flat = X.reshape(-1, d, dh)
+    per = max(1, CHUNK_BYTES // (8 * d * dh))
+    if flat.shape[0] <= per:
+        return _factor_root(X)
+    R = torch.cat([_factor_root(flat[s:s + per]) for s in range(0, flat.shape[0], per)])
+    return R.reshape(*X.shape[:-2], *R.shape[-2:])
+
+
+def _factor_root(X: torch.Tensor) -> torch.Tensor:
+    X = X.to(device="cpu", dtype=torch.float64)
     d, dh = X.shape[-2:]
     if d < dh:
         G = None
