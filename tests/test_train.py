@@ -214,10 +214,23 @@ def test_library_validation_and_devices():
     assert resolve_device("cpu").type == "cpu"
 
 
-def test_tensorboard_when_installed(tmp_path):
-    pytest.importorskip("tensorboard")
+def test_tensorboard_scalars_equal_metrics_jsonl(tmp_path):
+    pytest.importorskip("tensorboard")  # in the dev extra: runs in CI
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     train(tmp_path / "tb", recall_config(steps=4, track_every=2, **TINY), device="cpu")
-    assert any((tmp_path / "tb" / "tb").iterdir())
+    rows = [json.loads(line) for line in (tmp_path / "tb" / "metrics.jsonl").read_text().splitlines()]
+    acc = EventAccumulator(str(tmp_path / "tb" / "tb"))
+    acc.Reload()
+    for tag, has, get in (("train/loss", "loss", lambda r: r["loss"]),
+                          ("ov/effective_rank", "mean", lambda r: r["mean"]["ov"]["effective_rank"]),
+                          ("qk/rank", "mean", lambda r: r["mean"]["qk"]["rank"])):
+        want = {r["step"]: get(r) for r in rows if has in r}
+        events = {e.step: e.value for e in acc.Scalars(tag)}
+        assert sorted(events) == sorted(want) and want, tag
+        for step, value in want.items():
+            assert events[step] == pytest.approx(value, rel=1e-6), (tag, step)
+    assert sorted({e.step for e in acc.Scalars("qk/rank")}) == [0, 2, 4]
 
 
 def test_fig2_reproduction_data_and_verdicts_follow_from_the_runs():
