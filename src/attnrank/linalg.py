@@ -100,6 +100,8 @@ def factor_root(X: torch.Tensor) -> torch.Tensor:
     """
     X = X.detach()
     d, dh = X.shape[-2:]
+    if X.ndim == 2 or X.numel() == 0:
+        return _factor_root(X)
     flat = X.reshape(-1, d, dh)
     per = max(1, CHUNK_BYTES // (8 * d * dh))
     if flat.shape[0] <= per:
