@@ -100,12 +100,10 @@ def factor_root(X: torch.Tensor) -> torch.Tensor:
     """
     X = X.detach()
     d, dh = X.shape[-2:]
-    if X.ndim == 2 or X.numel() == 0:
+    per = max(1, CHUNK_BYTES // max(1, 8 * d * dh))
+    if X.shape[:-2].numel() <= per:
         return _factor_root(X)
     flat = X.reshape(-1, d, dh)
-    per = max(1, CHUNK_BYTES // (8 * d * dh))
-    if flat.shape[0] <= per:
-        return _factor_root(X)
     R = torch.cat([_factor_root(flat[s:s + per]) for s in range(0, flat.shape[0], per)])
     return R.reshape(*X.shape[:-2], *R.shape[-2:])
 
