@@ -115,8 +115,8 @@ def run_ours(path: Path, _: argparse.Namespace) -> dict:
 
 
 def _layer0_factors(path: Path):
-    from attnrank.checkpoint import Checkpoint
-    from attnrank.layouts import AttentionReader
+    from attnrank.io.checkpoint import Checkpoint
+    from attnrank.io.layouts import AttentionReader
 
     reader = AttentionReader(Checkpoint(path))
     return reader, reader.read_layer(0)
@@ -136,8 +136,8 @@ def run_dense(path: Path, args: argparse.Namespace) -> dict:
 def run_tl(path: Path, args: argparse.Namespace) -> dict:
     from transformer_lens import FactoredMatrix
 
-    from attnrank.checkpoint import Checkpoint
-    from attnrank.layouts import AttentionReader
+    from attnrank.io.checkpoint import Checkpoint
+    from attnrank.io.layouts import AttentionReader
 
     reader = AttentionReader(Checkpoint(path))
     t0 = time.perf_counter()

@@ -24,10 +24,11 @@ from pathlib import Path
 
 import torch
 
-from attnrank.model import Transformer
-from attnrank.optim import param_groups
-from attnrank.tasks import RecallStream, recall_loss_and_accuracy
-from attnrank.train import RankTracker, TrainConfig, lr_at, recall_config, train
+from attnrank.analysis.tracker import RankTracker
+from attnrank.models.tasks import RecallStream, recall_loss_and_accuracy
+from attnrank.models.transformer import Transformer
+from attnrank.training.loop import TrainConfig, lr_at, recall_config, train
+from attnrank.training.optim import param_groups
 
 
 def whole_runs(steps: int, repeats: int) -> tuple[dict[str, float], dict[str, float], int]:

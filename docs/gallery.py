@@ -10,8 +10,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from attnrank.fileio import write_text
-from attnrank.report import fmt_value
+from attnrank.report.html import fmt_value
+from attnrank.util.fileio import write_text
 
 FIGURES = {"fig1/fig1.png": "gallery_fig1.png", "fig2/fig2.png": "gallery_fig2.png",
            "collapse/collapse_layers.png": "gallery_collapse.png", "fig4/fig4_norms.png": "fig4_norms.png"}

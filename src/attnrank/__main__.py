@@ -1,3 +1,3 @@
-from .cli import main
+from attnrank.cli import main
 
 main()

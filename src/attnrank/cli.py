@@ -13,8 +13,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .errors import AttnRankError
-from .linalg import DEFAULT_TOL
+from attnrank.core.linalg import DEFAULT_TOL
+from attnrank.errors import AttnRankError
 
 app = typer.Typer(
     add_completion=False,
@@ -71,7 +71,7 @@ def spectra(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress, no table")] = False,
 ) -> None:
     """Exact per-head spectra of W_K^T W_Q and P W_V, with balance and nuclear-norm diagnostics."""
-    from .scan import analyze, overall, save
+    from attnrank.analysis.scan import analyze, overall, save
 
     with progress_bar(quiet or as_json) as bar:
         task = bar.add_task("layers", total=None)
@@ -136,10 +136,11 @@ def reproduce(
     """
     from contextlib import nullcontext
 
-    from . import reproduce as rep
+    from attnrank.report import runner as rep
+    from attnrank.studies import registry
 
     if list_:
-        rows = rep.listing()
+        rows = registry.listing()
         if as_json:
             sys.stdout.write(json.dumps([{"name": n, "title": t} for n, t in rows], indent=2) + "\n")
         else:
@@ -154,7 +155,7 @@ def reproduce(
         _reproduce_all(out or Path("out") / "all", quick=quick, force=force, strict=strict, as_json=as_json,
                        quiet=quiet)
         return
-    rep.get(name)  # unknown names fail here, before any work
+    registry.get(name)  # unknown names fail here, before any work
     out = out if out is not None else Path("out") / name
     show = not (quiet or as_json) and err_console.is_terminal
     with err_console.status(f"reproducing {name} ...") if show else nullcontext():
@@ -163,7 +164,7 @@ def reproduce(
         sys.stdout.write(json.dumps({"name": name, "out": str(out), "runtime_s": summary.runtime_s,
                                      "claims": [c.to_json() for c in summary.claims]}, indent=2) + "\n")
     elif not quiet:
-        from .report import fmt_value
+        from attnrank.report.html import fmt_value
 
         table = Table(title=f"{name}: {summary.n_held} of {len(summary.claims)} claims held "
                             f"({summary.runtime_s:.1f} s)")
@@ -182,7 +183,7 @@ def reproduce(
 
 
 def _reproduce_all(out: Path, *, quick: bool, force: bool, strict: bool, as_json: bool, quiet: bool) -> None:
-    from . import reproduce as rep
+    from attnrank.report import runner as rep
 
     def progress(name: str, state: str) -> None:
         if not (quiet or as_json):
@@ -232,7 +233,7 @@ def train_recall(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar, no summary")] = False,
 ) -> None:
     """Associative recall (k1 v1 ... kn vn q -> v(q)), AdamW with its own decay on attention."""
-    from .train import recall_config
+    from attnrank.training.loop import recall_config
 
     cfg = recall_config(attn_weight_decay=attn_wd, weight_decay=wd, steps=steps, seed=seed, lr=lr,
                         batch_size=batch_size, track_every=track_every, checkpoint_every=checkpoint_every)
@@ -244,7 +245,7 @@ def _run_training(cfg, out: Path, label: str, *, resume: bool, device: str, thre
     """Train with a progress bar and print the final summary (rank 0 only under torchrun)."""
     import os
 
-    from .train import train
+    from attnrank.training.loop import train
 
     rank0 = os.environ.get("RANK", "0") in ("", "0")
     bar = Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -323,7 +324,7 @@ def train_lm(
 ) -> None:
     """Autoregressive LM (validation/test loss and perplexity). Under `torchrun --nproc-per-node N -m attnrank
     train lm ...` it trains with DDP (gloo on the CPU), each process taking 1/N of the global batch."""
-    from .train import lm_config
+    from attnrank.training.loop import lm_config
 
     cfg = lm_config(corpus=corpus, tokenizer=tokenizer, bpe_vocab=bpe_vocab, seq_len=seq_len, max_chars=max_chars,
                     eval_tokens=eval_tokens, eval_every=eval_every, attn_weight_decay=attn_wd, weight_decay=wd,
@@ -359,7 +360,7 @@ def train_vit(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar, no summary")] = False,
 ) -> None:
     """Vision transformer classifying images (validation/test loss and accuracy)."""
-    from .train import vit_config
+    from attnrank.training.loop import vit_config
 
     cfg = vit_config(images=images, image_size=image_size, patch_size=patch_size, eval_every=eval_every,
                      attn_weight_decay=attn_wd, weight_decay=wd, steps=steps, seed=seed, n_layers=n_layers,
@@ -381,7 +382,7 @@ def collapse(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress, no table")] = False,
 ) -> None:
     """Rank collapse by layer: pure attention, + MLP, + skip, full; pretrained and re-initialised."""
-    from .collapse import analyze, save
+    from attnrank.analysis.collapse import analyze, save
 
     with progress_bar(quiet or as_json) as bar:
         task = bar.add_task("sequences", total=None)
@@ -432,8 +433,8 @@ def scale(
 ) -> None:
     """Which tensors are scale-invariant (weight decay cannot change the function), homogeneous
     or neither, measured on real inputs; and the per-head attention rescaling symmetries."""
-    from .reproduce import jsonable
-    from .scaling import analyze_scaling, parse_group, parse_scales, save
+    from attnrank.analysis.scaling import analyze_scaling, parse_group, parse_scales, save
+    from attnrank.util.fileio import jsonable
 
     groups = dict(parse_group(g) for g in group or [])
     with progress_bar(quiet or as_json) as bar:
@@ -499,8 +500,14 @@ def sweep(
 ) -> None:
     """A grid of training runs (e.g. attention decay x MLP decay x seeds): local pool or Ray; resumable;
     failures recorded; mean and std over seeds in summary.csv."""
-    from .sweep import SweepSpec, load_spec, parse_assignment, parse_value, run_sweep
-    from .train import CONFIG_BUILDERS
+    from attnrank.training.loop import CONFIG_BUILDERS
+    from attnrank.training.sweep import (
+        SweepSpec,
+        load_spec,
+        parse_assignment,
+        parse_value,
+        run_sweep,
+    )
 
     if spec in CONFIG_BUILDERS:
         s = SweepSpec(kind=spec)

@@ -1,0 +1,256 @@
+"""The streaming loop (module `scan`; its entry points are `attnrank.analyze` and `attnrank.spectra`): checkpoint → one row per (layer, head, product).
+
+Only one layer's attention weights are in memory at a time. Everything numeric goes
+through :mod:`attnrank.core.linalg`; everything architectural through :mod:`attnrank.io.layouts`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from attnrank.core.linalg import (
+    DEFAULT_TOL,
+    METRIC_COLUMNS,
+    ProductMetrics,
+    factor_root,
+    metrics_from_roots,
+)
+from attnrank.errors import AttnRankError
+from attnrank.io.checkpoint import Checkpoint
+from attnrank.io.layouts import AttentionReader, HeadWeights, Layout, layout_from_toml
+from attnrank.util.env import versions
+from attnrank.util.fileio import prepare_out_dir, write_atomic, write_json
+
+PRODUCTS = ("qk", "ov")
+TABLE_COLUMNS = ("layer", "head", "kv_head", "product", *METRIC_COLUMNS, "head_dim", "finite")
+
+
+@dataclass
+class SpectraResult:
+    """Everything ``attnrank spectra`` measures.
+
+    ``table``: one row per (layer, head, product), columns TABLE_COLUMNS.
+    ``sv[product]``: (layers, heads, k) singular values, descending.
+    ``row_norms[name]``: (layers, heads, dh) squared row norms of W_Q, W_K, W_V and squared
+    column norms of P, per query head (kv tensors repeated for grouped-query attention): the
+    Figure 4 balance check (``AᵀA = BᵀB`` puts each pair on the diagonal).
+    ``meta``: source, config summary, dtypes, tolerance and conventions.
+    """
+
+    table: pd.DataFrame
+    sv: dict[str, np.ndarray]
+    row_norms: dict[str, np.ndarray]
+    meta: dict[str, Any]
+
+    def summary(self) -> pd.DataFrame:
+        return summarize(self.table)
+
+
+def _rows(layer: int, product: str, m: ProductMetrics, group: int, head_dim: int) -> pd.DataFrame:
+    n = m.sv.shape[0]
+    cols: dict[str, Any] = {
+        "layer": layer,
+        "head": np.arange(n),
+        "kv_head": np.arange(n) // group,
+        "product": product,
+    }
+    cols.update({k: v.numpy() for k, v in m.columns().items()})
+    cols["head_dim"] = head_dim
+    cols["finite"] = m.finite.numpy()
+    return pd.DataFrame(cols, columns=list(TABLE_COLUMNS))
+
+
+def layer_metrics(hw: HeadWeights, tol: float = DEFAULT_TOL) -> tuple[dict[str, ProductMetrics], dict[str, torch.Tensor]]:
+    """QK and OV metrics of every query head of one layer, plus the Figure 4 row norms.
+
+    Each distinct factor is reduced once (a kv head shared by a group of query heads too).
+    The squared row norms of W_Q, W_K, W_V and column norms of P are the diagonals of the
+    factors' Gram matrices ``RᵀR``, so they cost nothing extra.
+    """
+    rq, rk, rv, rp = (factor_root(x) for x in (hw.wq.mT, hw.wk.mT, hw.wv.mT, hw.p))
+    rk, rv = hw.kv_for_query_heads(rk), hw.kv_for_query_heads(rv)
+    metrics = {"qk": metrics_from_roots(rk, rq, tol), "ov": metrics_from_roots(rp, rv, tol)}
+    gram_diag = lambda r: torch.diagonal(r.mT @ r, dim1=-2, dim2=-1)  # noqa: E731
+    norms = {"q": gram_diag(rq), "k": gram_diag(rk), "v": gram_diag(rv), "p": gram_diag(rp)}
+    return metrics, norms
+
+
+def parse_layers(spec: str | None, n_layers: int) -> list[int]:
+    """``None`` → all; ``"0,3,5-7"`` → those layers (0-based, inclusive ranges)."""
+    if spec is None or spec == "":
+        return list(range(n_layers))
+    out: list[int] = []
+    try:
+        for part in spec.split(","):
+            if "-" in part.strip()[1:]:
+                a, b = part.split("-", 1)
+                out.extend(range(int(a), int(b) + 1))
+            else:
+                out.append(int(part))
+    except ValueError:
+        raise AttnRankError(f"--layers must look like 0,2,5-7; got {spec!r}") from None
+    bad = [i for i in out if not 0 <= i < n_layers]
+    if bad:
+        raise AttnRankError(f"--layers {spec!r}: layer {bad[0]} out of range 0..{n_layers - 1}")
+    return sorted(set(out))
+
+
+def analyze(
+    source: str | os.PathLike | Checkpoint,
+    *,
+    config: str | os.PathLike | None = None,
+    tol: float = DEFAULT_TOL,
+    layers: Iterable[int] | str | None = None,
+    layout: str | os.PathLike | Layout | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> SpectraResult:
+    """Exact per-head QK and OV spectra of every (or the selected) attention layer.
+
+    ``layout``: a TOML layout file (or a :class:`Layout`) for a model_type not in the table;
+    the config then may be absent. ``progress(done, total)`` is called after each layer.
+    """
+    if not tol > 0 or not tol < 1:
+        raise AttnRankError(f"tolerance must lie in (0, 1); got {tol}")
+    if layout is not None and not isinstance(layout, Layout):
+        layout = layout_from_toml(layout)
+    ckpt = (source if isinstance(source, Checkpoint)
+            else Checkpoint(source, config=config, require_config=layout is None))
+    reader = AttentionReader(ckpt, layout)
+    dims = reader.dims
+    if layers is None or isinstance(layers, str):
+        sel = parse_layers(layers, dims.n_layers)
+    else:
+        sel = parse_layers(",".join(str(i) for i in layers), dims.n_layers)
+
+    frames: list[pd.DataFrame] = []
+    sv: dict[str, list[np.ndarray]] = {p: [] for p in PRODUCTS}
+    norms: dict[str, list[np.ndarray]] = {k: [] for k in ("q", "k", "v", "p")}
+    for done, i in enumerate(sel, 1):
+        hw = reader.read_layer(i)
+        metrics, row_norms = layer_metrics(hw, tol)
+        for product, m in metrics.items():
+            frames.append(_rows(i, product, m, hw.group, dims.head_dim))
+            sv[product].append(m.sv.numpy())
+        for k, v in row_norms.items():
+            norms[k].append(v.numpy())
+        del hw, metrics
+        ckpt.release()  # unmap what this layer touched: resident memory stays about one layer
+        if progress:
+            progress(done, len(sel))
+
+    table = pd.concat(frames, ignore_index=True)
+    table["rank"] = table["rank"].astype("float64" if table["rank"].isna().any() else "int64")
+    bad = table.loc[~table["finite"], ["layer", "head", "product"]]
+    cfg = ckpt.config
+    meta = {
+        "source": ckpt.source,
+        "path": str(ckpt.path.resolve()),
+        "files": [str(p.name) for p in ckpt.files],
+        "model_type": cfg.get("model_type") or reader.layout.model_types[0],
+        "layout": {"name": reader.layout.model_types[0], "split": reader.split, "prefix": reader.prefix, "tensors": reader.tensor_names(0)},
+        "config": {
+            "n_layers": dims.n_layers,
+            "d_model": dims.d,
+            "n_heads": dims.n_heads,
+            "n_kv_heads": dims.n_kv_heads,
+            "head_dim": dims.head_dim,
+            "architectures": cfg.get("architectures"),
+        },
+        "layers": sel,
+        "dtype_read": reader.dtypes(),
+        "compute_dtype": "float64",
+        "tolerance": tol,
+        "conventions": {
+            "weights": "raw: no preceding norm gain folded in, W_O not centred",
+            "qk_product": "W_K,h^T W_Q,h (d x d); attention score x W_Q^T W_K y^T has the same singular values",
+            "ov_product": "P_h W_V,h (d x d), P_h = head h's column block of W_O",
+            "biases": ("present in the checkpoint and ignored by the products"
+                       if reader.biases_present() else "none in the checkpoint"),
+            "biases_present": reader.biases_present(),
+            "position_encoding": reader.position,
+            "rotary": reader.position == "rotary",
+            "rotary_note": ("rotary embeddings rotate q and k by position: the static QK product "
+                            "ignores relative position") if reader.position == "rotary" else None,
+            "qk_norm": reader.qk_norm,
+            "qk_norm_note": ("q and k are normalised per head before the score: the static QK "
+                             "product ignores that nonlinearity") if reader.qk_norm else None,
+            "grouped_query": "query head h uses kv head h // (H // Hkv)",
+            "rank": f"numerical rank #{{sigma_i > {tol:g} * sigma_1}}",
+            "effective_rank": "exp(entropy of sigma / sum sigma) (Roy & Vetterli)",
+            "stable_rank": "sum sigma^2 / sigma_1^2",
+            "balance_rel": "||A^T A - B^T B||_F / (||A^T A||_F + ||B^T B||_F)",
+            "layer_head_index": "0-based",
+        },
+        "nonfinite_heads": bad.to_dict("records"),
+        "versions": versions(),
+    }
+    return SpectraResult(
+        table=table,
+        sv={p: np.stack(v) for p, v in sv.items()},
+        row_norms={k: np.stack(v) for k, v in norms.items()},
+        meta=meta,
+    )
+
+
+def spectra(source: str | os.PathLike, **kwargs: Any) -> pd.DataFrame:
+    """Per-head metrics as a tidy DataFrame (one row per layer × head × product)."""
+    return analyze(source, **kwargs).table
+
+
+def summarize(table: pd.DataFrame) -> pd.DataFrame:
+    """Per layer and product: mean rank / dh, effective rank, gap / bound, relative balance."""
+    t = table.assign(rank_frac=table["rank"] / table["head_dim"],
+                     gap_rel=table["gap"] / table["frob_bound"].where(table["frob_bound"] > 0))
+    g = t.groupby(["layer", "product"], sort=True)
+    out = g.agg(
+        heads=("head", "size"),
+        rank_frac=("rank_frac", "mean"),
+        rank=("rank", "mean"),
+        effective_rank=("effective_rank", "mean"),
+        stable_rank=("stable_rank", "mean"),
+        gap_rel=("gap_rel", "mean"),
+        balance_rel=("balance_rel", "mean"),
+    )
+    return out.reset_index()
+
+
+def overall(table: pd.DataFrame) -> dict[str, dict[str, float]]:
+    """Means over all heads and layers, per product (for notes and --json)."""
+    s = table.assign(rank_frac=table["rank"] / table["head_dim"],
+                     gap_rel=table["gap"] / table["frob_bound"].where(table["frob_bound"] > 0))
+    res = {}
+    for p, g in s.groupby("product"):
+        res[str(p)] = {k: float(g[k].mean()) for k in
+                       ("rank", "rank_frac", "effective_rank", "stable_rank", "gap_rel", "balance_rel")}
+    return res
+
+
+def save(result: SpectraResult, out: str | os.PathLike, *, plots: bool = True) -> list[Path]:
+    """Write heads.csv, summary.csv, spectra.npz, meta.json (and figures) atomically."""
+    out = prepare_out_dir(out)
+    written = [
+        write_atomic(out / "heads.csv", lambda p: result.table.to_csv(p, index=False)),
+        write_atomic(out / "summary.csv", lambda p: result.summary().to_csv(p, index=False)),
+        write_atomic(out / "spectra.npz", lambda p: _save_npz(p, result)),
+        write_json(out / "meta.json", result.meta),
+    ]
+    if plots:
+        from attnrank.analysis.plots import spectra_figures
+
+        written += spectra_figures(result, out)
+    return written
+
+
+def _save_npz(p: Path, result: SpectraResult) -> None:
+    arrays = {**result.sv, **{f"row_norms_{k}": v for k, v in result.row_norms.items()},
+              "layers": np.asarray(result.meta["layers"])}
+    with open(p, "wb") as fh:
+        np.savez_compressed(fh, **arrays)

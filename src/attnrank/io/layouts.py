@@ -1,0 +1,427 @@
+"""Declarative layout table: model_type → attention tensors → per-head factors.
+
+Conventions (REFERENCE.md §1), PyTorch ``nn.Linear`` layout ``weight = (out, in)``:
+
+- ``W_Q,h, W_K,h, W_V,h ∈ R^{dh×d}`` are head h's rows of the projection weights;
+- ``P_h ∈ R^{d×dh}`` is head h's column block of the output projection ``W_O`` (d × H·dh);
+- QK product ``W_K,hᵀ W_Q,h`` = ``A Bᵀ`` with ``A = W_K,hᵀ``, ``B = W_Q,hᵀ``;
+- OV product ``P_h W_V,h`` = ``A Bᵀ`` with ``A = P_h``, ``B = W_V,hᵀ``;
+- grouped-query attention: query head h uses kv head ``h // (H // Hkv)``.
+
+Each row of :data:`LAYOUTS` names, for a family of ``model_type``, the per-layer tensor names
+(relative to a prefix found in the checkpoint, e.g. ``model.`` in a ``*ForCausalLM`` file), how
+to read the sizes from the config, and how raw tensors split into heads (a key of
+:data:`SPLITS`). Adding an architecture is adding a row (and its layout test); nothing else
+here knows about models. A user's own layout comes from a small TOML file
+(:func:`layout_from_toml`).
+
+Where the splits come from (the fused cases hide bugs in peers' converters):
+
+- ``separate``: q, k, v, o Linear weights, heads contiguous along ``out``.
+- ``fused``: one ``qkv`` Linear, rows ``[q (H·dh) | k (Hkv·dh) | v (Hkv·dh)]`` (Phi-3; Falcon
+  multi-query with Hkv = 1).
+- ``conv1d_fused``: GPT-2 ``Conv1D`` weights are ``(in, out)``: ``c_attn`` is ``(d, 3d)`` with
+  ``[q | k | v]`` along ``out``; ``c_proj`` is ``(H·dh, d)``.
+- ``interleaved``: one ``qkv`` Linear whose rows are grouped per head, ``(H, 3, dh)``: q, k, v
+  of head 0, then head 1, … (GPT-NeoX/Pythia, BLOOM, Falcon without new_decoder_architecture).
+- ``grouped``: one ``qkv`` Linear grouped per kv head, ``(Hkv, H/Hkv + 2, dh)``: the group's
+  query heads, then its k, then its v (Falcon new_decoder_architecture).
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attnrank.errors import AttnRankError
+from attnrank.io.checkpoint import Checkpoint
+
+
+@dataclass(frozen=True)
+class Dims:
+    n_layers: int
+    d: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+
+    def __post_init__(self):
+        if min(self.n_layers, self.d, self.n_heads, self.n_kv_heads, self.head_dim) <= 0:
+            raise AttnRankError(f"config gives non-positive sizes: {self}")
+        if self.n_heads % self.n_kv_heads:
+            raise AttnRankError(f"{self.n_heads} query heads do not divide into {self.n_kv_heads} kv heads")
+
+
+@dataclass(frozen=True)
+class HeadWeights:
+    """One layer's attention weights split per head (in the stored dtype)."""
+
+    wq: torch.Tensor  # (H, dh, d)
+    wk: torch.Tensor  # (Hkv, dh, d)
+    wv: torch.Tensor  # (Hkv, dh, d)
+    p: torch.Tensor  # (H, d, dh): column blocks of W_O
+
+    @property
+    def group(self) -> int:
+        return self.wq.shape[0] // self.wk.shape[0]
+
+    def kv_for_query_heads(self, w: torch.Tensor) -> torch.Tensor:
+        """Repeat kv-head tensors so index h is the kv head used by query head h."""
+        return w.repeat_interleave(self.group, dim=0) if self.group > 1 else w
+
+    def qk_factors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(A, B), each (H, d, dh), with ``A Bᵀ = W_K,hᵀ W_Q,h``."""
+        return self.kv_for_query_heads(self.wk).mT, self.wq.mT
+
+    def ov_factors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(A, B), each (H, d, dh), with ``A Bᵀ = P_h W_V,h``."""
+        return self.p, self.kv_for_query_heads(self.wv).mT
+
+
+class _Shape(Exception):
+    def __init__(self, role: str, got: tuple[int, ...], want: tuple[int, ...]):
+        self.role, self.got, self.want = role, got, want
+
+
+def _expect(raw: dict[str, torch.Tensor], role: str, *shape: int) -> torch.Tensor:
+    t = raw[role]
+    if tuple(t.shape) != shape:
+        raise _Shape(role, tuple(t.shape), shape)
+    return t
+
+
+def _heads_out(o: torch.Tensor, dims: Dims) -> torch.Tensor:
+    """W_O (d, H·dh) → P (H, d, dh)."""
+    return o.reshape(dims.d, dims.n_heads, dims.head_dim).permute(1, 0, 2)
+
+
+def _split_separate(raw, dims: Dims) -> HeadWeights:
+    H, Hkv, dh, d = dims.n_heads, dims.n_kv_heads, dims.head_dim, dims.d
+    return HeadWeights(
+        wq=_expect(raw, "q", H * dh, d).reshape(H, dh, d),
+        wk=_expect(raw, "k", Hkv * dh, d).reshape(Hkv, dh, d),
+        wv=_expect(raw, "v", Hkv * dh, d).reshape(Hkv, dh, d),
+        p=_heads_out(_expect(raw, "o", d, H * dh), dims),
+    )
+
+
+def _fused_rows(qkv: torch.Tensor, o: torch.Tensor, dims: Dims) -> HeadWeights:
+    H, Hkv, dh, d = dims.n_heads, dims.n_kv_heads, dims.head_dim, dims.d
+    q, k, v = qkv.split([H * dh, Hkv * dh, Hkv * dh], dim=0)
+    return HeadWeights(q.reshape(H, dh, d), k.reshape(Hkv, dh, d), v.reshape(Hkv, dh, d), _heads_out(o, dims))
+
+
+def _split_fused(raw, dims: Dims) -> HeadWeights:
+    H, Hkv, dh, d = dims.n_heads, dims.n_kv_heads, dims.head_dim, dims.d
+    return _fused_rows(_expect(raw, "qkv", (H + 2 * Hkv) * dh, d), _expect(raw, "o", d, H * dh), dims)
+
+
+def _split_conv1d_fused(raw, dims: Dims) -> HeadWeights:
+    H, Hkv, dh, d = dims.n_heads, dims.n_kv_heads, dims.head_dim, dims.d
+    qkv = _expect(raw, "qkv", d, (H + 2 * Hkv) * dh).T  # Conv1D stores (in, out)
+    o = _expect(raw, "o", H * dh, d).T
+    return _fused_rows(qkv, o, dims)
+
+
+def _split_interleaved(raw, dims: Dims) -> HeadWeights:
+    H, dh, d = dims.n_heads, dims.head_dim, dims.d
+    if dims.n_kv_heads != H:
+        raise AttnRankError("an interleaved fused QKV layout needs n_kv_heads == n_heads")
+    w = _expect(raw, "qkv", H * 3 * dh, d).reshape(H, 3, dh, d)
+    return HeadWeights(w[:, 0], w[:, 1], w[:, 2], _heads_out(_expect(raw, "o", d, H * dh), dims))
+
+
+def _split_grouped(raw, dims: Dims) -> HeadWeights:
+    H, Hkv, dh, d = dims.n_heads, dims.n_kv_heads, dims.head_dim, dims.d
+    g = H // Hkv
+    w = _expect(raw, "qkv", Hkv * (g + 2) * dh, d).reshape(Hkv, g + 2, dh, d)
+    return HeadWeights(w[:, :g].reshape(H, dh, d), w[:, g], w[:, g + 1],
+                       _heads_out(_expect(raw, "o", d, H * dh), dims))
+
+
+SPLITS: dict[str, Callable[[dict[str, torch.Tensor], Dims], HeadWeights]] = {
+    "separate": _split_separate,
+    "fused": _split_fused,
+    "conv1d_fused": _split_conv1d_fused,
+    "interleaved": _split_interleaved,
+    "grouped": _split_grouped,
+}
+SPLIT_ROLES = {"separate": ("q", "k", "v", "o"), "fused": ("qkv", "o"), "conv1d_fused": ("qkv", "o"),
+               "interleaved": ("qkv", "o"), "grouped": ("qkv", "o")}
+
+
+# -- sizes from configs ----------------------------------------------------------------------
+def _get(c: dict[str, Any], *keys: str, default: Any = None) -> Any:
+    for k in keys:
+        if c.get(k) is not None:
+            return c[k]
+    if default is not None:
+        return default
+    raise KeyError(" or ".join(keys))
+
+
+def _dims(c: dict[str, Any], layers: tuple[str, ...], width: tuple[str, ...], heads: tuple[str, ...],
+          kv: tuple[str, ...] = ()) -> Dims:
+    d, H = int(_get(c, *width)), int(_get(c, *heads))
+    Hkv = int(_get(c, *kv, default=H)) if kv else H
+    dh = int(c.get("head_dim") or d // H)
+    return Dims(int(_get(c, *layers)), d, H, Hkv, dh)
+
+
+def _hf_dims(c):  # bert, roberta, vit, gpt_neox, opt, phi, llama family
+    return _dims(c, ("num_hidden_layers",), ("hidden_size",), ("num_attention_heads",), ("num_key_value_heads",))
+
+
+def _gpt2_dims(c):
+    return _dims(c, ("n_layer",), ("n_embd",), ("n_head",))
+
+
+def _distilbert_dims(c):
+    return _dims(c, ("n_layers",), ("dim",), ("n_heads",))
+
+
+def _bloom_dims(c):
+    return _dims(c, ("n_layer", "num_hidden_layers"), ("hidden_size", "n_embed"), ("n_head", "num_attention_heads"))
+
+
+def _falcon_dims(c):
+    base = _dims(c, ("num_hidden_layers", "n_layer"), ("hidden_size",), ("num_attention_heads", "n_head"))
+    if c.get("new_decoder_architecture"):
+        kv = int(_get(c, "num_kv_heads", "n_head_kv", default=base.n_heads))
+    elif c.get("multi_query", True):
+        kv = 1
+    else:
+        kv = base.n_heads
+    return Dims(base.n_layers, base.d, base.n_heads, kv, base.head_dim)
+
+
+def _falcon_split(c):
+    if c.get("new_decoder_architecture"):
+        return "grouped"
+    return "fused" if c.get("multi_query", True) else "interleaved"
+
+
+def _attnrank_dims(c):
+    return Dims(int(c["n_layers"]), int(c["d_model"]), int(c["n_heads"]),
+                int(c.get("n_kv_heads") or c["n_heads"]), int(c["head_dim"]))
+
+
+# -- the table -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Layout:
+    """How one family of model_type stores its attention.
+
+    ``tensors`` maps roles (``q, k, v, o`` or ``qkv, o``) to names with ``{i}`` for the layer;
+    ``split`` is a key of SPLITS, or a function of the config giving one.
+    ``position`` (of the config) is ``absolute``, ``rotary``, ``alibi`` or ``none``.
+    ``aliases`` are other name sets for the same roles (a library renamed its modules: a live
+    transformers-5 ViT has ``layers.{i}.attention.q_proj`` where saved checkpoints keep
+    ``encoder.layer.{i}.attention.attention.query``); the reader takes the first set present.
+    """
+
+    model_types: tuple[str, ...]
+    tensors: dict[str, str]
+    dims: Callable[[dict[str, Any]], Dims]
+    split: str | Callable[[dict[str, Any]], str] = "separate"
+    biases: tuple[str, ...] = ()
+    position: Callable[[dict[str, Any]], str] = field(default=lambda c: "absolute")
+    qk_norm: Callable[[dict[str, Any]], bool] = field(default=lambda c: False)
+    aliases: tuple[dict[str, str], ...] = ()
+
+    def split_for(self, config: dict[str, Any]) -> str:
+        return self.split(config) if callable(self.split) else self.split
+
+    def names(self, i: int) -> dict[str, str]:
+        return {role: t.format(i=i) for role, t in self.tensors.items()}
+
+    def with_tensors(self, tensors: dict[str, str]) -> Layout:
+        """This row with another of its name sets as the main one."""
+        return replace(self, tensors=tensors, biases=_bias_names(tensors), aliases=())
+
+
+def _bias_names(tensors: dict[str, str]) -> tuple[str, ...]:
+    return tuple(t.replace(".weight", ".bias") for t in tensors.values())
+
+
+def _row(model_types, split="separate", **kw) -> Layout:
+    tensors = kw.pop("tensors")
+    return Layout(model_types=model_types, tensors=tensors, split=split,
+                  biases=_bias_names(tensors), **kw)
+
+
+def _qkvo(prefix: str, q: str, k: str, v: str, o: str) -> dict[str, str]:
+    return {r: prefix + n + ".weight" for r, n in (("q", q), ("k", k), ("v", v), ("o", o))}
+
+
+_ROTARY = lambda c: "rotary"  # noqa: E731
+_LLAMA = _qkvo("layers.{i}.self_attn.", "q_proj", "k_proj", "v_proj", "o_proj")
+
+LAYOUTS: tuple[Layout, ...] = (
+    _row(("bert", "roberta", "xlm-roberta", "camembert", "electra"),
+         tensors=_qkvo("encoder.layer.{i}.attention.", "self.query", "self.key", "self.value", "output.dense"),
+         dims=_hf_dims,
+         position=lambda c: "absolute" if c.get("position_embedding_type", "absolute") == "absolute"
+         else c["position_embedding_type"]),
+    _row(("vit", "deit"),
+         tensors=_qkvo("encoder.layer.{i}.attention.", "attention.query", "attention.key", "attention.value",
+                       "output.dense"),
+         aliases=(_qkvo("layers.{i}.attention.", "q_proj", "k_proj", "v_proj", "o_proj"),),
+         dims=_hf_dims),
+    _row(("distilbert",), tensors=_qkvo("transformer.layer.{i}.attention.", "q_lin", "k_lin", "v_lin", "out_lin"),
+         dims=_distilbert_dims),
+    _row(("gpt2",), split="conv1d_fused",
+         tensors={"qkv": "h.{i}.attn.c_attn.weight", "o": "h.{i}.attn.c_proj.weight"}, dims=_gpt2_dims),
+    _row(("gpt_neox",), split="interleaved",
+         tensors={"qkv": "layers.{i}.attention.query_key_value.weight", "o": "layers.{i}.attention.dense.weight"},
+         dims=_hf_dims, position=_ROTARY),
+    _row(("bloom",), split="interleaved",
+         tensors={"qkv": "h.{i}.self_attention.query_key_value.weight", "o": "h.{i}.self_attention.dense.weight"},
+         dims=_bloom_dims, position=lambda c: "alibi"),
+    _row(("falcon",), split=_falcon_split,
+         tensors={"qkv": "h.{i}.self_attention.query_key_value.weight", "o": "h.{i}.self_attention.dense.weight"},
+         dims=_falcon_dims, position=lambda c: "alibi" if c.get("alibi") else "rotary"),
+    _row(("llama", "mistral", "mixtral", "qwen2", "gemma", "gemma2"), tensors=_LLAMA, dims=_hf_dims,
+         position=_ROTARY),
+    _row(("qwen3", "gemma3_text", "olmo2"), tensors=_LLAMA, dims=_hf_dims, position=_ROTARY,
+         qk_norm=lambda c: True),
+    _row(("opt",), tensors=_qkvo("decoder.layers.{i}.self_attn.", "q_proj", "k_proj", "v_proj", "out_proj"),
+         dims=_hf_dims),
+    _row(("phi",), tensors=_qkvo("layers.{i}.self_attn.", "q_proj", "k_proj", "v_proj", "dense"),
+         dims=_hf_dims, position=_ROTARY),
+    _row(("phi3",), split="fused",
+         tensors={"qkv": "layers.{i}.self_attn.qkv_proj.weight", "o": "layers.{i}.self_attn.o_proj.weight"},
+         dims=_hf_dims, position=_ROTARY),
+    # The project's own model (attnrank.models.transformer).
+    _row(("attnrank",), tensors=_qkvo("blocks.{i}.attn.", "q", "k", "v", "o"), dims=_attnrank_dims,
+         position=lambda c: "absolute" if c.get("learned_positions", True) else "none"),
+)
+
+
+def supported_model_types() -> list[str]:
+    return sorted(t for lay in LAYOUTS for t in lay.model_types)
+
+
+def layout_for(config: dict[str, Any]) -> Layout:
+    mt = config.get("model_type")
+    for lay in LAYOUTS:
+        if mt in lay.model_types:
+            return lay
+    raise AttnRankError(
+        f"unsupported model_type {mt!r}; supported: {', '.join(supported_model_types())} "
+        "(or describe the layout in a TOML file and pass --layout FILE)"
+    )
+
+
+def layout_from_toml(path: str | os.PathLike) -> Layout:
+    """A user-described layout. Example::
+
+        split = "separate"            # or fused, conv1d_fused, interleaved, grouped
+        position = "rotary"           # absolute | rotary | alibi | none (recorded in meta)
+        qk_norm = false
+        [tensors]                     # {i} is the layer index; names may omit a common prefix
+        q = "model.layers.{i}.attn.wq.weight"
+        k = "model.layers.{i}.attn.wk.weight"
+        v = "model.layers.{i}.attn.wv.weight"
+        o = "model.layers.{i}.attn.wo.weight"
+        [sizes]
+        n_layers = 32
+        d_model = 4096
+        n_heads = 32
+        n_kv_heads = 8                # optional, default n_heads
+        head_dim = 128                # optional, default d_model / n_heads
+    """
+    p = Path(path)
+    try:
+        spec = tomllib.loads(p.read_text())
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise AttnRankError(f"cannot read layout file {p}: {' '.join(str(e).split())}") from None
+    split = spec.get("split", "separate")
+    if split not in SPLITS:
+        raise AttnRankError(f"layout {p}: split must be one of {', '.join(SPLITS)}; got {split!r}")
+    tensors = spec.get("tensors", {})
+    need = SPLIT_ROLES[split]
+    if not isinstance(tensors, dict) or set(tensors) != set(need) or not all(
+            isinstance(t, str) and "{i}" in t for t in tensors.values()):
+        raise AttnRankError(f"layout {p}: [tensors] must give exactly {', '.join(need)} for split "
+                            f"{split!r}, each a name containing {{i}}")
+    sizes = spec.get("sizes", {})
+    try:
+        d, H = int(sizes["d_model"]), int(sizes["n_heads"])
+        dims = Dims(int(sizes["n_layers"]), d, H, int(sizes.get("n_kv_heads", H)), int(sizes.get("head_dim", d // H)))
+    except (KeyError, TypeError, ValueError) as e:
+        raise AttnRankError(f"layout {p}: [sizes] needs integers n_layers, d_model, n_heads ({e})") from None
+    position = str(spec.get("position", "none"))
+    return Layout(model_types=(f"layout:{p.name}",), tensors=dict(tensors), dims=lambda c: dims, split=split,
+                  biases=_bias_names(tensors), position=lambda c: position,
+                  qk_norm=lambda c: bool(spec.get("qk_norm", False)))
+
+
+class AttentionReader:
+    """Reads one layer at a time from a checkpoint and splits it into per-head weights.
+
+    Only the attention tensors of the requested layer are read, so peak memory is about one
+    layer's attention weights whatever the model size.
+    """
+
+    def __init__(self, ckpt: Checkpoint, layout: Layout | None = None):
+        self.ckpt = ckpt
+        self.layout = layout or layout_for(ckpt.config)
+        try:
+            self.dims = self.layout.dims(ckpt.config)
+        except (KeyError, TypeError, ValueError) as e:
+            raise AttnRankError(f"config {ckpt.config_path} lacks or garbles a size field: {e}") from None
+        self.split = self.layout.split_for(ckpt.config)
+        self.prefix = self._find_prefix()
+
+    def _find_prefix(self) -> str:
+        keys = list(self.ckpt.keys())
+        firsts = []
+        for tensors in (self.layout.tensors, *self.layout.aliases):
+            first = next(iter(tensors.values())).format(i=0)
+            firsts.append(first)
+            prefixes = sorted({k[: -len(first)] for k in keys if k.endswith(first)}, key=len)
+            prefixes = [p for p in prefixes if p == "" or p.endswith(".")]
+            if prefixes:
+                if tensors is not self.layout.tensors:
+                    self.layout = self.layout.with_tensors(tensors)
+                return prefixes[0]  # shortest: the base model's own weights
+        raise AttnRankError(
+            f"checkpoint has no tensor named like {' or '.join(map(repr, firsts))}: weights do not match "
+            f"the layout of {self.layout.model_types[0]!r}"
+        )
+
+    @property
+    def position(self) -> str:
+        return self.layout.position(self.ckpt.config)
+
+    @property
+    def qk_norm(self) -> bool:
+        return bool(self.layout.qk_norm(self.ckpt.config))
+
+    def tensor_names(self, i: int) -> dict[str, str]:
+        return {r: self.prefix + n for r, n in self.layout.names(i).items()}
+
+    def read_layer(self, i: int) -> HeadWeights:
+        if not 0 <= i < self.dims.n_layers:
+            raise AttnRankError(f"layer {i} out of range 0..{self.dims.n_layers - 1}")
+        names = self.tensor_names(i)
+        raw = {role: self.ckpt.get(name) for role, name in names.items()}
+        try:
+            return SPLITS[self.split](raw, self.dims)
+        except _Shape as e:
+            raise AttnRankError(
+                f"tensor {names[e.role]} has shape {e.got} but the config implies {e.want}"
+            ) from None
+
+    def dtypes(self) -> list[str]:
+        return sorted({self.ckpt.dtype(n) for n in self.tensor_names(0).values()})
+
+    def biases_present(self) -> list[str]:
+        """Bias tensors of layer 0's attention that exist in the checkpoint (relative names)."""
+        return [b.format(i=0) for b in self.layout.biases if self.prefix + b.format(i=0) in self.ckpt]

@@ -1,0 +1,538 @@
+"""Data for the language-model and vision-transformer runs: text corpora, tokenisers, images.
+
+**Text.** By default the running interpreter's standard-library corpus (:mod:`attnrank.models.corpus`:
+docstrings and comments, split 80/10/10 by file). ``corpus=PATH`` reads the user's text instead:
+a file or a directory (searched recursively, sorted) of
+
+- ``.txt``: one document per blank-line-separated paragraph block (UTF-8);
+- ``.jsonl``: one JSON object per line with a string field ``text`` (the Pile's format);
+- ``.jsonl.zst``: the same, Zstandard-compressed (streamed through ``zstandard``).
+
+A user document's split is fixed by the same SHA-256 rule as the stdlib corpus
+(:func:`attnrank.models.corpus.split_of`) applied to ``"<relative path>#<document index>"``, so the
+split does not depend on the order files are listed in, and adding a file moves no document.
+
+**Tokens.** ``byte`` (default): UTF-8 bytes, vocabulary 256, no training, no unknown tokens.
+``bpe``: a byte-level BPE trained with the ``tokenizers`` library on the training split only
+(vocabulary at most ``bpe_vocab``); it is saved as ``tokenizer.json`` in the run directory and
+re-read from there on resume. Perplexities are per token of the chosen tokeniser, so byte and
+BPE perplexities are not comparable with each other.
+
+**Images.** By default scikit-learn's digits (1,797 grey 8×8 images, 10 classes, shipped with
+scikit-learn; split by ``split_of("digits/<index>")``). ``images=DIR`` reads an image-folder
+layout: ``DIR/<class>/<image>`` (split by ``split_of`` of the relative path), or
+``DIR/train/<class>/…`` with ``validation/`` (or ``val/``) and ``test/`` beside it. Images are
+read with Pillow, converted to grey (``L``) when every image is grey and to ``RGB`` otherwise,
+resized to ``image_size`` squared (bilinear), scaled to [0, 1] and centred (−0.5).
+
+Streams (:class:`TokenStream`, :class:`ImageStream`) draw from their own seeded
+``torch.Generator``, never the global RNG, and their state is plain tensors and ints, so a
+resumed run sees exactly the batches of an uninterrupted one. Every step draws the *global*
+batch; a DDP rank keeps its own slice of it.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+import math
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from attnrank.errors import AttnRankError
+from attnrank.models import corpus as stdlib_corpus
+
+SPLITS = stdlib_corpus.SPLITS
+TEXT_SUFFIXES = (".txt", ".jsonl", ".jsonl.zst")
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".pgm", ".ppm")
+TOKENIZERS = ("byte", "bpe")
+TOKENIZER_FILE = "tokenizer.json"
+
+
+# -- text readers --------------------------------------------------------------------------------
+
+def _text_suffix(p: Path) -> str | None:
+    name = p.name.lower()
+    for s in (".jsonl.zst", ".jsonl", ".txt"):
+        if name.endswith(s):
+            return s
+    return None
+
+
+def _jsonl_documents(stream: io.TextIOBase, where: str) -> list[str]:
+    docs = []
+    for i, line in enumerate(stream, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError as e:
+            raise AttnRankError(f"{where}: line {i} is not JSON ({e.msg})") from None
+        if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
+            raise AttnRankError(f"{where}: line {i} has no string field 'text'")
+        docs.append(obj["text"])
+    return docs
+
+
+def read_file_documents(path: str | os.PathLike) -> list[str]:
+    """The documents of one ``.txt`` / ``.jsonl`` / ``.jsonl.zst`` file (see the module docstring)."""
+    p = Path(path)
+    suffix = _text_suffix(p)
+    if suffix is None:
+        raise AttnRankError(f"{p}: unsupported corpus file (use {', '.join(TEXT_SUFFIXES)})")
+    try:
+        if suffix == ".txt":
+            import re
+
+            text = p.read_text(encoding="utf-8")
+            return [d.strip() for d in re.split(r"\n\s*\n", text) if d.strip()]
+        if suffix == ".jsonl":
+            with open(p, encoding="utf-8") as fh:
+                return _jsonl_documents(fh, str(p))
+        try:
+            import zstandard
+        except ImportError:  # pragma: no cover - a declared dependency
+            raise AttnRankError("reading .jsonl.zst needs the zstandard package: pip install zstandard") from None
+        with open(p, "rb") as raw:
+            reader = zstandard.ZstdDecompressor().stream_reader(raw)
+            try:
+                return _jsonl_documents(io.TextIOWrapper(reader, encoding="utf-8"), str(p))
+            except zstandard.ZstdError as e:
+                raise AttnRankError(f"{p}: corrupt Zstandard data ({e})") from None
+    except UnicodeDecodeError as e:
+        raise AttnRankError(f"{p}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise AttnRankError(f"cannot read {p}: {e.strerror or e}") from None
+
+
+def corpus_files(path: str | os.PathLike) -> tuple[Path, list[str]]:
+    """(root, sorted relative POSIX paths) of the corpus files under ``path`` (a file or a directory)."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise AttnRankError(f"--corpus {path}: no such file or directory")
+    if p.is_file():
+        if _text_suffix(p) is None:
+            raise AttnRankError(f"--corpus {path}: unsupported file type (use {', '.join(TEXT_SUFFIXES)})")
+        return p.parent, [p.name]
+    rels = sorted(f.relative_to(p).as_posix() for f in p.rglob("*")
+                  if f.is_file() and _text_suffix(f) is not None
+                  and not any(part.startswith(".") for part in f.relative_to(p).parts))
+    if not rels:
+        raise AttnRankError(f"--corpus {path}: no {', '.join(TEXT_SUFFIXES)} files in the directory")
+    return p, rels
+
+
+def read_corpus(path: str | os.PathLike, split: str | None = None) -> list[str]:
+    """Documents of a user corpus (all, or one split), in file order then document order."""
+    if split is not None and split not in SPLITS:
+        raise AttnRankError(f"unknown split {split!r}; use one of {', '.join(SPLITS)}")
+    root, rels = corpus_files(path)
+    out = []
+    for rel in rels:
+        for i, doc in enumerate(read_file_documents(root / rel)):
+            if split is None or stdlib_corpus.split_of(f"{rel}#{i}") == split:
+                out.append(doc)
+    return out
+
+
+@functools.lru_cache(maxsize=8)
+def text_splits(corpus: str | None = None, max_chars: int | None = None) -> dict[str, str]:
+    """``{split: text}`` of the stdlib corpus (``corpus=None``) or of a user corpus (documents
+    joined by blank lines), each cut at ``max_chars`` characters. Every split must be non-empty."""
+    if max_chars is not None and max_chars < 1:
+        raise AttnRankError(f"max_chars must be >= 1, got {max_chars}")
+    if corpus is None:
+        out = {s: stdlib_corpus.text(s, max_chars=max_chars) for s in SPLITS}
+        where = "the standard-library corpus"
+    else:
+        root, rels = corpus_files(corpus)
+        parts: dict[str, list[str]] = {s: [] for s in SPLITS}
+        sizes = dict.fromkeys(SPLITS, 0)
+        for rel in rels:
+            for i, doc in enumerate(read_file_documents(root / rel)):
+                s = stdlib_corpus.split_of(f"{rel}#{i}")
+                if max_chars is None or sizes[s] < max_chars:
+                    parts[s].append(doc)
+                    sizes[s] += len(doc) + 2
+        out = {s: "\n\n".join(d for d in parts[s] if d) for s in SPLITS}
+        if max_chars is not None:
+            out = {s: t[:max_chars] for s, t in out.items()}
+        where = f"--corpus {corpus}"
+    empty = [s for s in SPLITS if not out[s].strip()]
+    if empty:
+        raise AttnRankError(f"{where} has no text in the {' and '.join(empty)} split"
+                            f"{'s' if len(empty) > 1 else ''} (documents are split 80/10/10 by a hash of "
+                            "their path and index: give more documents)")
+    return out
+
+
+# -- tokenisers ----------------------------------------------------------------------------------
+
+class ByteTokenizer:
+    """UTF-8 bytes as tokens (vocabulary 256)."""
+
+    kind = "byte"
+    vocab_size = 256
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int64)
+
+    def decode(self, ids) -> str:
+        return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
+
+
+class BPETokenizer:
+    """A byte-level BPE from the ``tokenizers`` library (trained here, saved as JSON)."""
+
+    kind = "bpe"
+
+    def __init__(self, tok):
+        self.tok = tok
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tok.get_vocab_size()
+
+    @classmethod
+    def train(cls, text: str, vocab_size: int) -> BPETokenizer:
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, show_progress=False,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[])
+        tok.train_from_iterator(text.split("\n\n"), trainer=trainer)
+        return cls(tok)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> BPETokenizer:
+        from tokenizers import Tokenizer
+
+        try:
+            return cls(Tokenizer.from_file(str(path)))  # plain JSON; nothing is executed
+        except Exception as e:  # noqa: BLE001 - any parse failure is a bad file
+            raise AttnRankError(f"cannot read tokenizer {path}: {' '.join(str(e).split())[:200]}") from None
+
+    def save(self, path: str | os.PathLike) -> None:
+        from attnrank.util.fileio import write_text
+
+        write_text(Path(path), self.tok.to_str())
+
+    def encode(self, text: str) -> np.ndarray:
+        out = [np.asarray(e.ids, dtype=np.int64) for e in self.tok.encode_batch(text.split("\n\n"))]
+        sep = np.asarray(self.tok.encode("\n\n").ids, dtype=np.int64)
+        pieces = []
+        for j, o in enumerate(out):
+            if j:
+                pieces.append(sep)
+            pieces.append(o)
+        return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+
+    def decode(self, ids) -> str:
+        return self.tok.decode([int(i) for i in ids])
+
+
+# -- language-model task -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LMTaskConfig:
+    """Next-token prediction on a text corpus (see the module docstring).
+
+    ``corpus``: None (stdlib) or a path (stored absolute); ``tokenizer``: ``byte`` or ``bpe``;
+    ``bpe_vocab``: the BPE's vocabulary size (the model's embedding has this many rows);
+    ``seq_len``: tokens per training window; ``max_chars``: characters read per split (None: all);
+    ``eval_tokens``: at most this many tokens of a split are scored by an evaluation.
+    """
+
+    corpus: str | None = None
+    tokenizer: str = "byte"
+    bpe_vocab: int = 1024
+    seq_len: int = 64
+    max_chars: int | None = None
+    eval_tokens: int = 65536
+
+    def __post_init__(self) -> None:
+        if self.tokenizer not in TOKENIZERS:
+            raise AttnRankError(f"tokenizer must be one of {', '.join(TOKENIZERS)}, got {self.tokenizer!r}")
+        for name, lo in (("bpe_vocab", 257), ("seq_len", 2), ("eval_tokens", 1)):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+                raise AttnRankError(f"{name} must be an integer >= {lo}, got {v!r}")
+        if self.max_chars is not None and (not isinstance(self.max_chars, int) or self.max_chars < 1):
+            raise AttnRankError(f"max_chars must be a positive integer, got {self.max_chars!r}")
+        if self.corpus is not None:
+            p = Path(self.corpus).expanduser()
+            if not p.exists():
+                raise AttnRankError(f"--corpus {self.corpus}: no such file or directory")
+            object.__setattr__(self, "corpus", str(p.resolve()))
+
+    @property
+    def vocab_size(self) -> int:
+        return 256 if self.tokenizer == "byte" else self.bpe_vocab
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "vocab_size": self.vocab_size,
+                "source": "stdlib docstrings and comments" if self.corpus is None else "user corpus"}
+
+
+def lm_tokens(cfg: LMTaskConfig, run_dir: str | os.PathLike | None = None
+              ) -> tuple[dict[str, torch.Tensor], ByteTokenizer | BPETokenizer]:
+    """Token ids (int64) of every split, and the tokeniser. A BPE is trained on the training
+    split and saved to ``run_dir/tokenizer.json``, or read from there when present."""
+    texts = text_splits(cfg.corpus, cfg.max_chars)
+    if cfg.tokenizer == "byte":
+        tok: ByteTokenizer | BPETokenizer = ByteTokenizer()
+    else:
+        path = Path(run_dir) / TOKENIZER_FILE if run_dir is not None else None
+        if path is not None and path.exists():
+            tok = BPETokenizer.load(path)
+        else:
+            tok = BPETokenizer.train(texts["train"], cfg.bpe_vocab)
+            if path is not None:
+                tok.save(path)
+        if tok.vocab_size > cfg.bpe_vocab:
+            raise AttnRankError(f"tokenizer has {tok.vocab_size} tokens > bpe_vocab={cfg.bpe_vocab}")
+    out = {}
+    for s in SPLITS:
+        ids = torch.from_numpy(tok.encode(texts[s]))
+        if ids.numel() < cfg.seq_len + 1:
+            raise AttnRankError(f"the {s} split has {ids.numel()} tokens, fewer than seq_len + 1 = "
+                                f"{cfg.seq_len + 1}: give more text or a shorter --seq-len")
+        out[s] = ids
+    return out, tok
+
+
+class TokenStream:
+    """Random windows of ``seq_len + 1`` tokens from one token array: (x, y) = (w[:-1], w[1:])."""
+
+    def __init__(self, tokens: torch.Tensor, seq_len: int, batch_size: int, seed: int):
+        if batch_size <= 0:
+            raise AttnRankError(f"batch size must be positive, got {batch_size}")
+        self.tokens, self.seq_len, self.batch_size, self.seed = tokens, seq_len, batch_size, seed
+        self.generator = torch.Generator().manual_seed(seed)
+        self.batches = 0
+        self._offsets = torch.arange(seq_len + 1)
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        self.batches += 1
+        starts = torch.randint(0, self.tokens.numel() - self.seq_len, (self.batch_size,), generator=self.generator)
+        w = self.tokens[starts[:, None] + self._offsets]
+        return w[:, :-1], w[:, 1:]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"generator": self.generator.get_state(), "batches": self.batches, "seed": self.seed,
+                "batch_size": self.batch_size}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("seed") != self.seed or state.get("batch_size") != self.batch_size:
+            raise AttnRankError("data-stream state belongs to another seed or batch size")
+        self.generator.set_state(state["generator"])
+        self.batches = int(state["batches"])
+
+
+def lm_loss_and_accuracy(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean next-token cross-entropy and accuracy over every position. logits (B, T, V)."""
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    acc = (logits.argmax(-1) == targets).float().mean()
+    return loss, acc
+
+
+@torch.no_grad()
+def evaluate_lm(model: torch.nn.Module, tokens: torch.Tensor, seq_len: int, max_tokens: int,
+                device: torch.device, batch: int = 64) -> dict[str, float]:
+    """Loss (nats per token), perplexity and accuracy on consecutive non-overlapping windows
+    from the start of ``tokens`` (at most ``max_tokens`` predicted tokens)."""
+    n = min((tokens.numel() - 1) // seq_len, max(1, max_tokens // seq_len))
+    w = tokens[: n * seq_len + 1]
+    x = w[:-1].view(n, seq_len)
+    y = w[1:].view(n, seq_len)
+    total = torch.zeros((), dtype=torch.float64)
+    correct = torch.zeros((), dtype=torch.float64)
+    for i in range(0, n, batch):
+        logits = model(x[i:i + batch].to(device))
+        yy = y[i:i + batch].to(device)
+        total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), yy.reshape(-1),
+                                 reduction="sum").to("cpu", torch.float64)
+        correct += (logits.argmax(-1) == yy).sum().to("cpu", torch.float64)
+    count = n * seq_len
+    loss = float(total) / count
+    return {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "acc": float(correct) / count, "tokens": count}
+
+
+# -- images --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ImageTaskConfig:
+    """Image classification: ``images`` None (scikit-learn digits, 8×8 grey) or an image folder
+    (resized to ``image_size``; default 32)."""
+
+    images: str | None = None
+    image_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.image_size is not None and (not isinstance(self.image_size, int) or self.image_size < 1):
+            raise AttnRankError(f"image_size must be a positive integer, got {self.image_size!r}")
+        if self.images is not None:
+            p = Path(self.images).expanduser()
+            if not p.is_dir():
+                raise AttnRankError(f"--images {self.images}: not a directory")
+            object.__setattr__(self, "images", str(p.resolve()))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "source": "scikit-learn digits" if self.images is None else "image folder"}
+
+
+@dataclass
+class ImageData:
+    splits: dict[str, tuple[torch.Tensor, torch.Tensor]]  # split -> (images (N, C, H, W) float32, labels)
+    classes: list[str]
+    channels: int
+    image_size: int
+
+    def describe(self) -> dict[str, Any]:
+        return {"classes": self.classes, "channels": self.channels, "image_size": self.image_size,
+                "n_per_split": {s: int(v[1].numel()) for s, v in self.splits.items()}}
+
+
+def _digits(image_size: int | None) -> ImageData:
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x = torch.from_numpy(d.images.astype(np.float32) / 16.0 - 0.5)[:, None]  # (N, 1, 8, 8)
+    if image_size is not None and image_size != 8:
+        x = F.interpolate(x, size=(image_size, image_size), mode="bilinear", align_corners=False)
+    y = torch.from_numpy(d.target.astype(np.int64))
+    which = np.array([stdlib_corpus.split_of(f"digits/{i}") for i in range(len(y))])
+    splits = {s: (x[torch.from_numpy(which == s)], y[torch.from_numpy(which == s)]) for s in SPLITS}
+    return ImageData(splits, [str(c) for c in range(10)], 1, image_size or 8)
+
+
+def _image_files(root: Path) -> dict[str, list[tuple[str, str]]]:
+    """split -> [(relative path, class)]"""
+    split_dirs = {"train": root / "train", "validation": root / "validation", "test": root / "test"}
+    if not split_dirs["validation"].is_dir() and (root / "val").is_dir():
+        split_dirs["validation"] = root / "val"
+    out: dict[str, list[tuple[str, str]]] = {s: [] for s in SPLITS}
+
+    def scan(d: Path) -> list[tuple[str, str]]:
+        found = []
+        for cls_dir in sorted(p for p in d.iterdir() if p.is_dir() and not p.name.startswith(".")):
+            for f in sorted(cls_dir.rglob("*")):
+                if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES:
+                    found.append((f.relative_to(root).as_posix(), cls_dir.name))
+        return found
+
+    if split_dirs["train"].is_dir():
+        for s in SPLITS:
+            if not split_dirs[s].is_dir():
+                raise AttnRankError(f"--images {root}: has train/ but no {s}/ directory")
+            out[s] = scan(split_dirs[s])
+    else:
+        for rel, cls in scan(root):
+            out[stdlib_corpus.split_of(rel)].append((rel, cls))
+    return out
+
+
+def _image_folder(root: Path, image_size: int | None) -> ImageData:
+    from PIL import Image, UnidentifiedImageError
+
+    size = image_size or 32
+    files = _image_files(root)
+    classes = sorted({c for s in SPLITS for _, c in files[s]})
+    if not classes:
+        raise AttnRankError(f"--images {root}: no images found (layout: DIR/<class>/<image>, "
+                            f"extensions {', '.join(IMAGE_SUFFIXES)})")
+    empty = [s for s in SPLITS if not files[s]]
+    if empty:
+        raise AttnRankError(f"--images {root}: no images in the {', '.join(empty)} split(s)")
+    index = {c: i for i, c in enumerate(classes)}
+    images = {}
+    grey = True
+    for s in SPLITS:
+        for rel, _ in files[s]:
+            try:
+                with Image.open(root / rel) as im:
+                    im.load()
+                    grey = grey and im.mode in ("1", "L", "LA", "I", "I;16", "F")
+                    images[rel] = im.copy()
+            except (OSError, UnidentifiedImageError, ValueError) as e:
+                raise AttnRankError(f"--images: cannot read {root / rel}: {' '.join(str(e).split())[:160]}") from None
+    mode, channels = ("L", 1) if grey else ("RGB", 3)
+    splits = {}
+    for s in SPLITS:
+        arrs = []
+        for rel, _ in files[s]:
+            im = images[rel].convert(mode).resize((size, size), Image.Resampling.BILINEAR)
+            a = np.asarray(im, dtype=np.float32) / 255.0 - 0.5
+            arrs.append(a[None] if channels == 1 else a.transpose(2, 0, 1))
+        x = torch.from_numpy(np.stack(arrs))
+        y = torch.tensor([index[c] for _, c in files[s]], dtype=torch.int64)
+        splits[s] = (x, y)
+    return ImageData(splits, classes, channels, size)
+
+
+@functools.lru_cache(maxsize=4)
+def load_images(images: str | None = None, image_size: int | None = None) -> ImageData:
+    """The image dataset of an :class:`ImageTaskConfig` (cached per process)."""
+    if images is None:
+        return _digits(image_size)
+    root = Path(images).expanduser()
+    if not root.is_dir():
+        raise AttnRankError(f"--images {images}: not a directory")
+    return _image_folder(root, image_size)
+
+
+class ImageStream:
+    """Random minibatches (drawn with replacement) of a labelled image set."""
+
+    def __init__(self, data: tuple[torch.Tensor, torch.Tensor], batch_size: int, seed: int):
+        if batch_size <= 0:
+            raise AttnRankError(f"batch size must be positive, got {batch_size}")
+        self.x, self.y = data
+        self.batch_size, self.seed = batch_size, seed
+        self.generator = torch.Generator().manual_seed(seed)
+        self.batches = 0
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        self.batches += 1
+        idx = torch.randint(0, self.y.numel(), (self.batch_size,), generator=self.generator)
+        return self.x[idx], self.y[idx]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"generator": self.generator.get_state(), "batches": self.batches, "seed": self.seed,
+                "batch_size": self.batch_size}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("seed") != self.seed or state.get("batch_size") != self.batch_size:
+            raise AttnRankError("data-stream state belongs to another seed or batch size")
+        self.generator.set_state(state["generator"])
+        self.batches = int(state["batches"])
+
+
+def classification_loss_and_accuracy(logits: torch.Tensor, targets: torch.Tensor
+                                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    return F.cross_entropy(logits, targets), (logits.argmax(-1) == targets).float().mean()
+
+
+@torch.no_grad()
+def evaluate_images(model: torch.nn.Module, data: tuple[torch.Tensor, torch.Tensor], device: torch.device,
+                    batch: int = 256) -> dict[str, float]:
+    """Mean loss and accuracy over a whole split."""
+    x, y = data
+    total = torch.zeros((), dtype=torch.float64)
+    correct = torch.zeros((), dtype=torch.float64)
+    for i in range(0, y.numel(), batch):
+        logits = model(x[i:i + batch].to(device))
+        yy = y[i:i + batch].to(device)
+        total += F.cross_entropy(logits, yy, reduction="sum").to("cpu", torch.float64)
+        correct += (logits.argmax(-1) == yy).sum().to("cpu", torch.float64)
+    n = y.numel()
+    return {"loss": float(total) / n, "acc": float(correct) / n, "n": n}

@@ -1,0 +1,348 @@
+"""Grids of training runs over any config fields, on a local process pool or on Ray.
+
+A sweep is a task ``kind`` (``lm``, ``vit``, ``recall``), ``base`` overrides shared by every
+run, a ``grid`` ``{field: [values]}`` (its Cartesian product) and ``seeds``. Fields are the
+flat override names of :func:`attnrank.training.loop.make_config` (e.g. ``attn_weight_decay``,
+``weight_decay``, ``steps``, ``d_model``, ``seq_len``, ``corpus``).
+
+Layout of ``OUT``::
+
+    OUT/sweep.json                 the spec
+    OUT/runs/<name>/               one ordinary run directory per grid point and seed
+    OUT/results/<name>.json        status (ok / failed + error and traceback) and final metrics
+    OUT/runs.csv                   one row per run
+    OUT/summary.csv                per grid point: runs, failures, mean and std over seeds
+
+**Resumable.** A run whose directory holds ``summary.json`` and the same settings is finished
+and skipped; an unfinished one is resumed from its newest checkpoint; a failed one is tried
+again. A failing run (any exception, or a worker that dies) is recorded with its error and
+the others go on.
+
+**Where runs go.** By default a ``concurrent.futures.ProcessPoolExecutor`` (spawned workers,
+``threads`` torch threads each). With ``ray=ADDRESS`` (``auto`` for the cluster this machine
+belongs to, ``local`` to start a private one) every run is a Ray task (``num_cpus=threads``)
+scheduled by Ray; ``OUT`` must then be on a file system every node sees.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import re
+import traceback
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from attnrank.errors import AttnRankError
+from attnrank.util.fileio import write_json, write_text
+
+#: final metrics copied into runs.csv (and aggregated in summary.csv) when a run has them
+METRICS = ("loss", "acc", "val_loss", "val_ppl", "val_acc", "test_loss", "test_ppl", "test_acc",
+           "qk_rank", "ov_rank", "qk_effective_rank", "ov_effective_rank")
+
+
+@dataclass
+class SweepSpec:
+    kind: str
+    base: dict[str, Any] = field(default_factory=dict)
+    grid: dict[str, list[Any]] = field(default_factory=dict)
+    seeds: list[int] = field(default_factory=lambda: [0])
+
+    def __post_init__(self) -> None:
+        from attnrank.training.loop import CONFIG_BUILDERS
+
+        if self.kind not in CONFIG_BUILDERS:
+            raise AttnRankError(f"unknown sweep task {self.kind!r}; use one of {', '.join(CONFIG_BUILDERS)}")
+        if not self.seeds or any(not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in self.seeds):
+            raise AttnRankError(f"seeds must be non-negative integers, got {self.seeds!r}")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise AttnRankError(f"seeds repeat: {self.seeds}")
+        for k, v in self.grid.items():
+            if not isinstance(v, list) or not v:
+                raise AttnRankError(f"grid field {k!r} needs a non-empty list of values, got {v!r}")
+            if len({json.dumps(x) for x in v}) != len(v):
+                raise AttnRankError(f"grid field {k!r} repeats a value: {v}")
+        if "seed" in self.grid or "seed" in self.base:
+            raise AttnRankError("give seeds with --seeds (a seeds list), not as a grid or base field")
+        both = set(self.grid) & set(self.base)
+        if both:
+            raise AttnRankError(f"field(s) {', '.join(sorted(both))} are both fixed and swept")
+
+    def runs(self) -> list[tuple[str, dict[str, Any]]]:
+        """(name, overrides) of every run, grid order then seed."""
+        keys = list(self.grid)
+        out = []
+        for values in itertools.product(*(self.grid[k] for k in keys)):
+            point = dict(zip(keys, values, strict=True))
+            for seed in self.seeds:
+                name = ",".join(f"{k}={_fmt(v)}" for k, v in point.items()) + ("," if point else "") + f"seed={seed}"
+                out.append((_safe(name), {**self.base, **point, "seed": seed}))
+        return out
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.,=+-]", "_", name)
+
+
+def parse_value(text: str) -> Any:
+    """A CLI value: int, float, true/false, none, or the string itself."""
+    t = text.strip()
+    low = t.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("none", "null"):
+        return None
+    for conv in (int, float):
+        try:
+            return conv(t)
+        except ValueError:
+            pass
+    return t
+
+
+def parse_assignment(text: str, many: bool) -> tuple[str, Any]:
+    """``FIELD=V`` (``many``: ``FIELD=V1,V2,...``) → (field, value or list)."""
+    if "=" not in text:
+        raise AttnRankError(f"expected FIELD=VALUE{'[,VALUE...]' if many else ''}, got {text!r}")
+    k, v = text.split("=", 1)
+    k = k.strip().replace("-", "_")
+    if not k:
+        raise AttnRankError(f"missing field name in {text!r}")
+    return (k, [parse_value(x) for x in v.split(",")]) if many else (k, parse_value(v))
+
+
+def load_spec(path: str | os.PathLike) -> SweepSpec:
+    """A spec from a JSON or TOML file with keys ``kind``, ``base``, ``grid``, ``seeds``."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as e:
+        raise AttnRankError(f"cannot read sweep spec {p}: {e.strerror or e}") from None
+    try:
+        if p.suffix.lower() == ".toml":
+            import tomllib
+
+            d = tomllib.loads(raw.decode("utf-8"))
+        else:
+            d = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise AttnRankError(f"sweep spec {p} does not parse: {' '.join(str(e).split())[:200]}") from None
+    if not isinstance(d, dict) or "kind" not in d:
+        raise AttnRankError(f"sweep spec {p} needs a 'kind' (lm, vit, recall)")
+    unknown = set(d) - {"kind", "base", "grid", "seeds"}
+    if unknown:
+        raise AttnRankError(f"sweep spec {p}: unknown key(s) {', '.join(sorted(unknown))}")
+    return SweepSpec(kind=d["kind"], base=dict(d.get("base", {})), grid=dict(d.get("grid", {})),
+                     seeds=list(d.get("seeds", [0])))
+
+
+# -- one run (executed in a worker process or a Ray task) ------------------------------------------
+
+def _flat_final(final: dict[str, Any]) -> dict[str, Any]:
+    out = {k: final[k] for k in METRICS if k in final}
+    for prod in ("qk", "ov"):
+        m = final.get("mean", {}).get(prod, {})
+        for k in ("rank", "effective_rank"):
+            if k in m:
+                out[f"{prod}_{k}"] = m[k]
+    return out
+
+
+def run_one(job: dict[str, Any]) -> dict[str, Any]:
+    """Train one run of a sweep; never raises (errors are returned in the record)."""
+    from attnrank.training.loop import make_config, train
+
+    run = Path(job["run_dir"])
+    rec = {"name": job["name"], "overrides": job["overrides"], "run_dir": str(run), "status": "failed",
+           "error": None, "traceback": None, "final": {}}
+    try:
+        cfg = make_config(job["kind"], **job["overrides"])
+        res = train(run, cfg, resume=(run / "config.json").exists(), device=job.get("device", "cpu"),
+                    tensorboard=False, threads=job.get("threads"))
+        rec.update(status="ok", final=_flat_final(res.final), resumed_from=res.resumed_from)
+    except Exception as e:  # noqa: BLE001 - a failed run is recorded; the sweep goes on
+        rec.update(error=f"{type(e).__name__}: {' '.join(str(e).split())}"[:1000],
+                   traceback=traceback.format_exc()[-4000:])
+    write_json(Path(job["results_dir"]) / f"{job['name']}.json", rec)
+    return rec
+
+
+def _finished(run: Path, kind: str, overrides: dict[str, Any]) -> dict[str, Any] | None:
+    """The final metrics of a finished run with these settings, else None."""
+    from attnrank.training.loop import _comparable, _run_config, make_config
+
+    if not (run / "summary.json").is_file() or not (run / "config.json").is_file():
+        return None
+    try:
+        old = json.loads((run / "config.json").read_text())
+        summary = json.loads((run / "summary.json").read_text())
+        same = _comparable(old) == _comparable(json.loads(json.dumps(_run_config(make_config(kind, **overrides)))))
+    except (OSError, ValueError, AttnRankError):
+        return None
+    if not same or summary.get("steps") != old.get("steps"):
+        return None
+    return _flat_final(summary.get("final", {}))
+
+
+# -- the sweep -------------------------------------------------------------------------------------
+
+@dataclass
+class SweepResult:
+    out: Path
+    runs: pd.DataFrame
+    summary: pd.DataFrame
+    counts: dict[str, int]
+
+
+def run_sweep(spec: SweepSpec, out: str | os.PathLike, *, workers: int | None = None, ray: str | None = None,
+              threads: int = 1, device: str = "cpu",
+              progress: Callable[[dict[str, Any], int, int], None] | None = None) -> SweepResult:
+    """Run (or finish) every run of ``spec`` under ``out`` and aggregate (see the module docstring)."""
+    if not isinstance(threads, int) or threads < 1:
+        raise AttnRankError(f"threads must be a positive integer, got {threads!r}")
+    if workers is not None and (not isinstance(workers, int) or workers < 1):
+        raise AttnRankError(f"workers must be a positive integer, got {workers!r}")
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise AttnRankError(f"--out {out} exists and is not a directory")
+    runs = spec.runs()
+    _check_field_names(spec)
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    (out / "results").mkdir(exist_ok=True)
+    write_json(out / "sweep.json", asdict(spec))
+
+    records: dict[str, dict[str, Any]] = {}
+    jobs = []
+    for name, ov in runs:
+        run_dir = out / "runs" / name
+        done = _finished(run_dir, spec.kind, ov)
+        if done is not None:
+            records[name] = {"name": name, "overrides": ov, "run_dir": str(run_dir), "status": "ok",
+                             "skipped": True, "error": None, "final": done}
+        else:
+            jobs.append({"name": name, "kind": spec.kind, "overrides": ov, "run_dir": str(run_dir),
+                         "results_dir": str(out / "results"), "threads": threads, "device": device})
+    total, finished = len(runs), len(records)
+    if progress:
+        for r in records.values():
+            progress(r, finished, total)
+
+    def collect(rec: dict[str, Any]) -> None:
+        nonlocal finished
+        records[rec["name"]] = rec
+        finished += 1
+        if progress:
+            progress(rec, finished, total)
+
+    if jobs and ray is not None:
+        _run_on_ray(jobs, ray, threads, collect)
+    elif jobs:
+        n = workers or max(1, min(len(jobs), (os.cpu_count() or 1) // threads))
+        if n == 1:
+            for j in jobs:
+                collect(run_one(j))
+        else:
+            import multiprocessing as mp
+
+            with ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context("spawn")) as pool:
+                futures = {pool.submit(run_one, j): j for j in jobs}
+                for fut in as_completed(futures):
+                    try:
+                        collect(fut.result())
+                    except Exception as e:  # noqa: BLE001 - a dead worker: record it, go on
+                        collect(_crashed(futures[fut], e))
+    return aggregate(spec, out, [records[name] for name, _ in runs])
+
+
+def _check_field_names(spec: SweepSpec) -> None:
+    """A misspelt field fails the sweep at once (a bad *value* fails only the runs that have it)."""
+    from attnrank.training.loop import make_config
+
+    probe = {**spec.base, **{k: v[0] for k, v in spec.grid.items()}, "seed": spec.seeds[0]}
+    try:
+        make_config(spec.kind, **probe)
+    except AttnRankError as e:
+        if "unknown training option" in str(e) or "do not apply" in str(e):
+            raise
+
+
+def _crashed(job: dict[str, Any], e: BaseException) -> dict[str, Any]:
+    rec = {"name": job["name"], "overrides": job["overrides"], "run_dir": job["run_dir"], "status": "failed",
+           "error": f"worker died: {type(e).__name__}: {' '.join(str(e).split())}"[:1000], "final": {}}
+    write_json(Path(job["results_dir"]) / f"{job['name']}.json", rec)
+    return rec
+
+
+def _run_on_ray(jobs: list[dict[str, Any]], address: str, threads: int,
+                collect: Callable[[dict[str, Any]], None]) -> None:
+    try:
+        import ray
+    except ImportError:
+        raise AttnRankError("--ray needs Ray: pip install 'attnrank[ray]'") from None
+    started = not ray.is_initialized()
+    if started:
+        try:
+            ray.init(address=None if address == "local" else address, include_dashboard=False,
+                     log_to_driver=False, configure_logging=False)
+        except (ConnectionError, RuntimeError, ValueError) as e:
+            raise AttnRankError(f"cannot connect to Ray at {address!r}: {' '.join(str(e).split())[:200]}") from None
+    try:
+        task = ray.remote(num_cpus=threads, max_retries=0)(run_one)
+        pending = {task.remote(j): j for j in jobs}
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            job = pending.pop(done[0])
+            try:
+                collect(ray.get(done[0]))
+            except Exception as e:  # noqa: BLE001 - a task that died (worker crash, node lost)
+                collect(_crashed(job, e))
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def aggregate(spec: SweepSpec, out: Path, records: list[dict[str, Any]]) -> SweepResult:
+    """Write runs.csv (one row per run) and summary.csv (mean and std over seeds per grid point)."""
+    rows = []
+    for r in records:
+        ov = r["overrides"]
+        rows.append({**{k: ov.get(k) for k in spec.grid}, "seed": ov["seed"], "name": r["name"],
+                     "status": r["status"], "error": r.get("error"), **r.get("final", {})})
+    runs = pd.DataFrame(rows)
+    for m in METRICS:
+        if m not in runs:
+            runs[m] = np.nan
+    keys = list(spec.grid)
+    groups = runs.groupby(keys, sort=False, dropna=False) if keys else [((), runs)]
+    summ = []
+    for key, g in groups:
+        key = key if isinstance(key, tuple) else (key,)
+        ok = g[g["status"] == "ok"]
+        row = {**dict(zip(keys, key, strict=True)), "runs": len(g), "failed": int((g["status"] != "ok").sum())}
+        for m in METRICS:
+            v = pd.to_numeric(ok[m], errors="coerce").dropna()
+            row[f"{m}_mean"] = float(v.mean()) if len(v) else math.nan
+            row[f"{m}_std"] = float(v.std(ddof=1)) if len(v) > 1 else math.nan
+        summ.append(row)
+    summary = pd.DataFrame(summ)
+    empty = [c for c in summary.columns if c.endswith(("_mean", "_std")) and summary[c].isna().all()]
+    summary = summary.drop(columns=empty)
+    runs = runs.drop(columns=[m for m in METRICS if runs[m].isna().all()])
+    write_text(out / "runs.csv", runs.to_csv(index=False))
+    write_text(out / "summary.csv", summary.to_csv(index=False))
+    counts = {"runs": len(records), "ok": int((runs["status"] == "ok").sum()),
+              "failed": int((runs["status"] != "ok").sum()),
+              "skipped": sum(bool(r.get("skipped")) for r in records)}
+    return SweepResult(out=out, runs=runs, summary=summary, counts=counts)

@@ -1,0 +1,94 @@
+"""The streaming analysis of a checkpoint, against independent dense references."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import attnrank
+from attnrank.analysis.scan import TABLE_COLUMNS, analyze, parse_layers
+from attnrank.errors import AttnRankError
+
+from ..helpers import shard
+
+
+@pytest.fixture(scope="module")
+def minilm_result():
+    return analyze("minilm")
+
+
+def test_table_shape_and_columns(minilm_result):
+    t = minilm_result.table
+    assert list(t.columns) == list(TABLE_COLUMNS)
+    assert len(t) == 6 * 12 * 2
+    assert set(t["product"]) == {"qk", "ov"}
+    assert t["layer"].min() == 0 and t["head"].max() == 11
+    assert minilm_result.sv["qk"].shape == (6, 12, 32)
+    assert (np.diff(minilm_result.sv["ov"], axis=-1) <= 0).all()
+
+
+def test_one_head_against_dense_svd(minilm_dir, minilm_result):
+    """Layer 4, head 7: form W_Kᵀ W_Q and P W_V from the raw tensors, take numpy's SVD."""
+    sd = load_file(minilm_dir / "model.safetensors")
+    pre, h, dh = "encoder.layer.4.attention.", 7, 32
+    rows = slice(h * dh, (h + 1) * dh)
+    wq = sd[pre + "self.query.weight"].double().numpy()[rows]
+    wk = sd[pre + "self.key.weight"].double().numpy()[rows]
+    wv = sd[pre + "self.value.weight"].double().numpy()[rows]
+    p = sd[pre + "output.dense.weight"].double().numpy()[:, rows]
+    for product, M in (("qk", wk.T @ wq), ("ov", p @ wv)):
+        s = np.linalg.svd(M, compute_uv=False)[:dh]
+        np.testing.assert_allclose(minilm_result.sv[product][4, h], s, rtol=1e-9)
+        row = minilm_result.table.query(f"layer == 4 and head == {h} and product == '{product}'").iloc[0]
+        assert row["nuclear"] == pytest.approx(s.sum(), rel=1e-10)
+    # Figure 4 row norms: rows of W_Q, W_K, W_V and columns of P
+    np.testing.assert_allclose(minilm_result.row_norms["q"][4, h], (wq**2).sum(1), rtol=1e-12)
+    np.testing.assert_allclose(minilm_result.row_norms["p"][4, h], (p**2).sum(0), rtol=1e-12)
+
+
+def test_public_api_and_layer_selection():
+    t = attnrank.spectra("minilm", layers=[1, 3], tol=1e-2)
+    assert sorted(t["layer"].unique()) == [1, 3]
+    assert parse_layers("0,2-4", 6) == [0, 2, 3, 4]
+    with pytest.raises(AttnRankError):
+        parse_layers("7", 6)
+    with pytest.raises(AttnRankError):
+        parse_layers("a-b", 6)
+
+
+def test_bf16_sharded_copy_matches_dense_of_rounded_weights(tmp_path, minilm_dir):
+    d = shard(minilm_dir, tmp_path / "bf16", dtype=torch.bfloat16)
+    r = analyze(d, layers="2")
+    sd = load_file(d / "model-00001-of-00003.safetensors") | load_file(d / "model-00002-of-00003.safetensors") \
+        | load_file(d / "model-00003-of-00003.safetensors")
+    pre = "encoder.layer.2.attention."
+    wq = sd[pre + "self.query.weight"].double().numpy()[:32]
+    wk = sd[pre + "self.key.weight"].double().numpy()[:32]
+    s = np.linalg.svd(wk.T @ wq, compute_uv=False)[:32]
+    np.testing.assert_allclose(r.sv["qk"][0, 0], s, rtol=1e-9)
+    assert r.meta["dtype_read"] == ["bfloat16"]
+
+
+def test_shape_contradicting_config(tmp_path, minilm_dir):
+    shutil.copy(minilm_dir / "model.safetensors", tmp_path)
+    cfg = json.loads((minilm_dir / "config.json").read_text())
+    cfg["num_attention_heads"] = 5  # 384 / 5 is not an integer head width: shapes disagree
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(AttnRankError, match="shape"):
+        analyze(tmp_path)
+
+
+def test_nan_weights_flagged_per_head(tmp_path, minilm_dir):
+    sd = load_file(minilm_dir / "model.safetensors")
+    sd["encoder.layer.1.attention.self.value.weight"][3 * 32 + 5, 7] = float("nan")
+    save_file(sd, tmp_path / "model.safetensors")
+    shutil.copy(minilm_dir / "config.json", tmp_path)
+    r = analyze(tmp_path)
+    bad = r.table[~r.table["finite"]]
+    assert bad[["layer", "head", "product"]].values.tolist() == [[1, 3, "ov"]]
+    assert r.meta["nonfinite_heads"] == [{"layer": 1, "head": 3, "product": "ov"}]
+    good = r.table[r.table["finite"]]
+    assert good["nuclear"].notna().all()
