@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from attnrank.core.linalg import DEFAULT_TOL
 from attnrank.errors import AttnRankError
@@ -126,6 +127,7 @@ def reproduce(
     quick: Annotated[bool, typer.Option("--quick", help="smaller, faster variant (fewer sweep points)")] = False,
     full: Annotated[bool, typer.Option("--full", help="the full variant (the default; explicit for 'all')")] = False,
     force: Annotated[bool, typer.Option("--force", help="with 'all': recompute parts already finished in --out")] = False,
+    replot: Annotated[bool, typer.Option("--replot", help="run nothing: re-judge the claims and redraw the figures from the data.json a finished run left in --out")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the claims as JSON on stdout")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print nothing on success")] = False,
 ) -> None:
@@ -151,30 +153,34 @@ def reproduce(
         raise AttnRankError("give a reproduction NAME, 'all', or --list")
     if quick and full:
         raise AttnRankError("--quick and --full exclude each other")
+    if replot and (quick or full or force):
+        raise AttnRankError("--replot keeps the stored run's profile: drop --quick/--full/--force")
     if name == "all":
         _reproduce_all(out or Path("out") / "all", quick=quick, force=force, strict=strict, as_json=as_json,
-                       quiet=quiet)
+                       quiet=quiet, replot=replot)
         return
     registry.get(name)  # unknown names fail here, before any work
     out = out if out is not None else Path("out") / name
     show = not (quiet or as_json) and err_console.is_terminal
-    with err_console.status(f"reproducing {name} ...") if show else nullcontext():
-        summary = rep.run(name, out, quick=quick)
+    with err_console.status(f"{'replotting' if replot else 'reproducing'} {name} ...") if show else nullcontext():
+        summary = rep.run(name, out, quick=quick, replot=replot)
     if as_json:
         sys.stdout.write(json.dumps({"name": name, "out": str(out), "runtime_s": summary.runtime_s,
                                      "claims": [c.to_json() for c in summary.claims]}, indent=2) + "\n")
     elif not quiet:
         from attnrank.report.html import fmt_value
+        from attnrank.studies.registry import tally
 
-        table = Table(title=f"{name}: {summary.n_held} of {len(summary.claims)} claims held "
-                            f"({summary.runtime_s:.1f} s)")
+        claims = [c.to_json() for c in summary.claims]
+        table = Table(title=f"{name}: {headline(tally(claims))} ({summary.runtime_s:.1f} s)")
         table.add_column("claim")
+        table.add_column("kind")
         table.add_column("verdict")
         table.add_column("measured", overflow="fold")
         table.add_column("expected", overflow="fold")
-        for c in summary.claims:
-            table.add_row(c.name, "[green]held[/]" if c.held else "[red]did not hold[/]",
-                          fmt_value(c.to_json()["measured"], 3), fmt_value(c.to_json()["expected"], 3))
+        for c in claims:
+            table.add_row(Text(c["name"]), c["kind"], verdict_badge(c),
+                          Text(fmt_value(c["measured"], 3)), Text(fmt_value(c["expected"], 3)))
         out_console.print(table)
         out_console.print(f"wrote {out / 'report.html'} (+ claims.json, data.json, run.json, "
                           f"{len(summary.files) - 4} PNG)", highlight=False)
@@ -182,25 +188,27 @@ def reproduce(
         raise typer.Exit(1)
 
 
-def _reproduce_all(out: Path, *, quick: bool, force: bool, strict: bool, as_json: bool, quiet: bool) -> None:
+def _reproduce_all(out: Path, *, quick: bool, force: bool, strict: bool, as_json: bool, quiet: bool,
+                   replot: bool = False) -> None:
     from attnrank.report import runner as rep
 
     def progress(name: str, state: str) -> None:
         if not (quiet or as_json):
             err_console.print(f"{name}: {state}", highlight=False)
 
-    entries = rep.run_all(out, quick=quick, force=force, progress=progress)
+    entries = rep.run_all(out, quick=quick, force=force, progress=progress, replot=replot)
     summary = json.loads((out / "summary.json").read_text())
     if as_json:
         sys.stdout.write(json.dumps(summary, indent=2) + "\n")
     elif not quiet:
-        table = Table(title=f"reproduce all ({'quick' if quick else 'full'}): {summary['claims_held']} of "
-                            f"{summary['claims_total']} claims held")
-        for col in ("reproduction", "held", "runtime", "note"):
+        table = Table(title=f"reproduce all ({'quick' if summary['quick'] else 'full'}): {headline(summary['tally'])}")
+        for col in ("reproduction", "findings held / not held / inconclusive", "identities verified", "runtime", "note"):
             table.add_column(col)
         for r in summary["reproductions"]:
-            table.add_row(r["name"], f"{r['claims_held']}/{r['claims_total']}",
-                          f"{r['runtime_s'] or 0:.1f} s", "cached" if r["cached"] else (r["error"] or ""))
+            f, i = r["tally"]["findings"], r["tally"]["identities"]
+            table.add_row(r["name"], f"{f['held']} / {f['not held']} / {f['inconclusive']}",
+                          f"{i['verified']} of {i['verified'] + i['failed']}",
+                          f"{r['runtime_s'] or 0:.1f} s", Text("cached" if r["cached"] else (r["error"] or "")))
         out_console.print(table)
         out_console.print(f"wrote {out / 'report.html'} (+ claims.json, summary.json, one folder per reproduction)",
                           highlight=False)
@@ -208,6 +216,20 @@ def _reproduce_all(out: Path, *, quick: bool, force: bool, strict: bool, as_json
         raise typer.Exit(3)
     if strict and summary["claims_held"] < summary["claims_total"]:
         raise typer.Exit(1)
+
+
+def headline(t: dict) -> str:
+    """'findings: 5 held, 1 not held, 2 inconclusive; identities: 7 of 7 verified'."""
+    f, i = t["findings"], t["identities"]
+    return (f"findings: {f['held']} held, {f['not held']} not held, {f['inconclusive']} inconclusive; "
+            f"identities: {i['verified']} of {i['verified'] + i['failed']} verified")
+
+
+def verdict_badge(c: dict) -> Text:
+    if c.get("kind") == "identity":
+        return Text("verified", style="green") if c["held"] else Text("FAILED", style="bold red")
+    style = {"held": "green", "not held": "red", "inconclusive": "yellow"}[c["verdict"]]
+    return Text(c["verdict"], style=style)
 
 
 train_app = typer.Typer(no_args_is_help=True, help="Train the project's transformer with attention-specific weight decay.")

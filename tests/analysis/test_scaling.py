@@ -12,9 +12,6 @@ import torch.nn as nn
 from typer.testing import CliRunner
 
 from attnrank.analysis.scaling import (
-    BatchedAdamW,
-    BatchedMLP,
-    BatchedSGD,
     analyze_scaling,
     classify_outputs,
     norm_eps_zero,
@@ -25,6 +22,7 @@ from attnrank.analysis.scaling import (
 )
 from attnrank.cli import app
 from attnrank.errors import AttnRankError
+from attnrank.training.batched import BatchedAdamW, BatchedMLP, BatchedSGD
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -127,7 +127,7 @@ def test_cli_list():
 def test_cli_exit_codes_strict(tmp_path):
     r = runner.invoke(app, ["reproduce", "_test_mixed", "--out", str(tmp_path / "a")])
     assert r.exit_code == 0, r.output  # a claim that did not hold is a finding
-    assert "1 of 2 claims held" in r.stdout
+    assert "findings: 1 held, 1 not held, 0 inconclusive" in " ".join(r.stdout.split())
     r = runner.invoke(app, ["reproduce", "_test_mixed", "--out", str(tmp_path / "b"), "--strict"])
     assert r.exit_code == 1
     assert (tmp_path / "b" / "claims.json").exists()  # still written

@@ -28,12 +28,12 @@ import base64
 import io
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from attnrank.errors import AttnRankError
-from attnrank.studies.registry import Claim, Result, get, names
+from attnrank.studies.registry import Claim, Result, get, names, tally
 from attnrank.util.env import versions
 from attnrank.util.fileio import jsonable, prepare_out_dir, write_atomic, write_json, write_text
 
@@ -66,17 +66,67 @@ def _png_bytes(fig, dpi: int = 110) -> bytes:
     return buf.getvalue()
 
 
-def run(name: str, out: str | Path, *, quick: bool = False) -> RunSummary:
-    """Run reproduction ``name`` and write its report, claims, data and figures into ``out``."""
+def _read_json(path: Path, what: str) -> Any:
+    import json
+
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise AttnRankError(f"--replot needs {path.name} of a finished run in {path.parent}; "
+                            f"run `attnrank reproduce {what} --out {path.parent}` first") from None
+    except (OSError, ValueError) as e:
+        raise AttnRankError(f"cannot read {path}: {e}") from None
+
+
+def _evaluate(name: str, out: Path, *, quick: bool, replot: bool) -> tuple[Result, dict[str, Any]]:
+    """Run (or, with ``replot``, reload) reproduction ``name``: its Result and run facts."""
+    import json
+
+    entry = get(name)
+    study = entry.study
+    if study is None:  # the older shape: one function does everything
+        if replot:
+            raise AttnRankError(f"reproduction {name!r} cannot be replotted (it has no separate claims/figures)")
+        t0 = time.perf_counter()
+        result = entry.fn(quick=quick)
+        if not isinstance(result, Result):
+            raise TypeError(f"reproduction {name!r} returned {type(result).__name__}, not Result")
+        return result, {"quick": quick, "runtime_s": time.perf_counter() - t0}
+    if replot:
+        old = _read_json(out / "run.json", name)
+        if old.get("name") != name:
+            raise AttnRankError(f"{out / 'run.json'} belongs to reproduction {old.get('name')!r}, not {name!r}")
+        data = _read_json(out / "data.json", name)
+        params = study.params_from_json(old.get("params") or {})
+        facts = {"quick": bool(old.get("quick")), "runtime_s": old.get("runtime_s"), "replotted": True}
+    else:
+        params = study.make_params("quick" if quick else "full")
+        t0 = time.perf_counter()
+        raw = study.run(params)
+        facts = {"quick": quick, "runtime_s": time.perf_counter() - t0}
+        data = json.loads(json.dumps(jsonable(raw)))  # exactly what data.json holds, so a replot sees the same
+    t1 = time.perf_counter()
+    claims = study.claims(data, params)
+    figures = study.figures(data, params)
+    notes = study.notes(data, params) if study.notes else []
+    facts["judge_s"] = time.perf_counter() - t1
+    return Result(claims=claims, figures=figures, data=data, params=asdict(params), notes=notes), facts
+
+
+def run(name: str, out: str | Path, *, quick: bool = False, replot: bool = False) -> RunSummary:
+    """Run reproduction ``name`` and write its report, claims, data and figures into ``out``.
+
+    ``replot``: run nothing; re-judge the claims and redraw the figures from the ``data.json``
+    and ``run.json`` a finished run left in ``out`` (data.json is not rewritten).
+    """
     from attnrank.report.html import render_report
 
     entry = get(name)
-    out = prepare_out_dir(out)
-    t0 = time.perf_counter()
-    result = entry.fn(quick=quick)
-    runtime = time.perf_counter() - t0
-    if not isinstance(result, Result):
-        raise TypeError(f"reproduction {name!r} returned {type(result).__name__}, not Result")
+    out = Path(out)
+    if not replot:
+        out = prepare_out_dir(out)
+    result, facts = _evaluate(name, out, quick=quick, replot=replot)
+    runtime = facts["runtime_s"]
 
     files: list[Path] = []
     figures = []
@@ -91,17 +141,21 @@ def run(name: str, out: str | Path, *, quick: bool = False) -> RunSummary:
         "name": name,
         "title": entry.title,
         "source": entry.source,
-        "quick": quick,
+        "quick": facts["quick"],
         "runtime_s": runtime,
         "params": jsonable(result.params),
         "versions": versions(),
         "claims_held": sum(c["held"] for c in claims),
         "claims_total": len(claims),
+        "tally": tally(claims),
         "notes": list(result.notes),
         "figures": [{"name": f["name"], "caption": f["caption"]} for f in figures],
     }
+    if facts.get("replotted"):
+        meta["replotted_s"] = facts["judge_s"]
     files.append(write_json(out / "claims.json", claims))
-    files.append(write_json(out / "data.json", jsonable(result.data)))
+    if not replot:
+        files.append(write_json(out / "data.json", jsonable(result.data)))
     files.append(write_json(out / "run.json", meta))
     html = render_report(meta=meta, claims=claims, figures=figures)
     files.insert(0, write_text(out / "report.html", html))
@@ -138,7 +192,7 @@ def _cached(sub: Path, quick: bool) -> tuple[dict[str, Any], list[dict[str, Any]
 
 
 def run_all(out: str | Path, *, quick: bool = False, force: bool = False, only: list[str] | None = None,
-            progress: Callable[[str, str], None] | None = None) -> list[AllEntry]:
+            progress: Callable[[str, str], None] | None = None, replot: bool = False) -> list[AllEntry]:
     """Run every reproduction into ``out/NAME/`` and write one combined report in ``out``.
 
     A reproduction already finished in ``out/NAME`` with the same profile is reused (re-running
@@ -146,9 +200,14 @@ def run_all(out: str | Path, *, quick: bool = False, force: bool = False, only: 
     and the others still run. Writes ``out/report.html`` (self-contained: claims of every
     reproduction first, then each one's figures, parameters and runtime, then the
     environment), ``out/claims.json`` and ``out/summary.json``.
+
+    ``replot``: run nothing; re-judge and redraw every reproduction that has a stored run in
+    ``out/NAME`` (see :func:`run`), keeping each one's recorded profile.
     """
     from attnrank.report.html import render_combined
 
+    if replot and not Path(out).is_dir():
+        raise AttnRankError(f"--replot needs a finished `reproduce all` in {out}; there is no such directory")
     out = prepare_out_dir(out)
     todo = only or names()
     for n in todo:
@@ -156,6 +215,18 @@ def run_all(out: str | Path, *, quick: bool = False, force: bool = False, only: 
     entries: list[AllEntry] = []
     for n in todo:
         sub = out / n
+        if replot:
+            if not (sub / "data.json").exists():
+                if progress:
+                    progress(n, "no stored run")
+                continue
+            run(n, sub, replot=True)
+            meta = _read_json(sub / "run.json", n)
+            entries.append(AllEntry(n, meta, _read_json(sub / "claims.json", n), cached=True))
+            quick = bool(meta.get("quick"))
+            if progress:
+                progress(n, "replotted")
+            continue
         hit = None if force else _cached(sub, quick)
         if hit is not None:
             entries.append(AllEntry(n, hit[0], hit[1], cached=True))
@@ -191,9 +262,11 @@ def run_all(out: str | Path, *, quick: bool = False, force: bool = False, only: 
         "quick": quick,
         "reproductions": [{"name": e.name, "runtime_s": e.meta.get("runtime_s"), "cached": e.cached,
                            "claims_held": sum(bool(c["held"]) for c in e.claims),
-                           "claims_total": len(e.claims), "error": e.error} for e in entries],
+                           "claims_total": len(e.claims), "tally": tally(e.claims), "error": e.error}
+                          for e in entries],
         "claims_held": sum(bool(c["held"]) for c in all_claims),
         "claims_total": len(all_claims),
+        "tally": tally(all_claims),
         "total_runtime_s": sum(e.meta.get("runtime_s") or 0.0 for e in entries),
         "versions": versions(),
     }

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from attnrank.errors import AttnRankError
@@ -32,13 +32,23 @@ CATALOGUE: dict[str, tuple[str, str]] = {
 }
 
 
+VERDICTS = ("held", "not held", "inconclusive")
+KINDS = ("finding", "identity")
+
+
 @dataclass
 class Claim:
-    """One checked claim. ``held`` is the verdict; ``measured``/``expected`` carry numbers.
+    """One checked claim, with numbers.
 
-    ``measured`` and ``expected`` may be numbers, strings, lists or dicts (JSON-serialisable);
-    ``tolerance`` says how close counts as agreement; ``detail`` says how it was measured
-    and anything a reader needs to judge it.
+    ``kind``: ``finding`` (what a document reports from experiments) or ``identity`` (algebra
+    that can fail only through a bug: verified, listed apart). ``verdict``: ``held``, ``not
+    held`` (the effect is absent or reversed beyond the spread) or ``inconclusive`` (inside the
+    spread, or the run's decay exposure is below what the claim needs; ``reason`` says which).
+    Give either ``held=`` (a two-way verdict) or ``verdict=``; ``held`` is always kept equal to
+    ``verdict == "held"``. ``measured`` and ``expected`` may be numbers, strings, lists or dicts
+    (JSON-serialisable); ``tolerance`` says how close counts as agreement; ``detail`` says how
+    it was measured; ``exposure`` records the decay exposure λ·Σlr a training finding got (and
+    needed).
     """
 
     name: str
@@ -46,15 +56,46 @@ class Claim:
     statement: str
     measured: Any
     expected: Any
-    held: bool
+    held: bool | None = None
     tolerance: Any = None
     detail: str = ""
+    kind: str = "finding"
+    verdict: str | None = None
+    reason: str = ""
+    exposure: Any = None
 
     def __post_init__(self) -> None:
-        self.held = bool(self.held)
+        if self.verdict is None:
+            if self.held is None:
+                raise ValueError(f"claim {self.name}: give held= or verdict=")
+            self.verdict = "held" if self.held else "not held"
+        if self.verdict not in VERDICTS:
+            raise ValueError(f"claim {self.name}: verdict {self.verdict!r} is not one of {VERDICTS}")
+        if self.kind not in KINDS:
+            raise ValueError(f"claim {self.name}: kind {self.kind!r} is not one of {KINDS}")
+        if self.held is not None and bool(self.held) != (self.verdict == "held"):
+            raise ValueError(f"claim {self.name}: held={self.held} contradicts verdict {self.verdict!r}")
+        if self.kind == "identity" and self.verdict == "inconclusive":
+            raise ValueError(f"claim {self.name}: an identity is verified or it is not")
+        self.held = self.verdict == "held"
 
     def to_json(self) -> dict[str, Any]:
         return jsonable(asdict(self))
+
+
+def tally(claims: list[dict[str, Any]]) -> dict[str, Any]:
+    """Counts for a headline: findings held / not held / inconclusive, identities verified / failed.
+
+    Takes claim dicts as written to claims.json (older files without ``kind``/``verdict`` count
+    as two-way findings)."""
+    out = {"findings": dict.fromkeys(VERDICTS, 0), "identities": {"verified": 0, "failed": 0}}
+    for c in claims:
+        verdict = c.get("verdict") or ("held" if c.get("held") else "not held")
+        if c.get("kind", "finding") == "identity":
+            out["identities"]["verified" if verdict == "held" else "failed"] += 1
+        else:
+            out["findings"][verdict] += 1
+    return out
 
 
 @dataclass
@@ -78,11 +119,61 @@ class Result:
 
 
 @dataclass(frozen=True)
-class Entry:
+class Study:
+    """A reproduction in four parts (the shape every study has):
+
+    - ``params``: a frozen dataclass with ``quick()`` and ``full()`` classmethods; what ran is
+      recorded as ``asdict(params)`` in run.json and rebuilt from there by ``--replot``;
+    - ``run(params) -> data``: the experiment, the only slow part; returns JSON-able data;
+    - ``claims(data, params) -> list[Claim]``: pure, from the data alone;
+    - ``figures(data, params) -> list[FigureOut]``: draws only from the data;
+    - ``notes(data, params) -> list[str]`` (optional): prose for the report.
+
+    The runner passes ``claims`` and ``figures`` the data as read back from JSON (lists, None
+    for non-finite floats), on a fresh run exactly as on a replot.
+    """
+
     name: str
     title: str
     source: str
-    fn: Callable[..., Result]
+    params: type
+    run: Callable[[Any], dict[str, Any]]
+    claims: Callable[[dict[str, Any], Any], list[Claim]]
+    figures: Callable[[dict[str, Any], Any], list[FigureOut]]
+    notes: Callable[[dict[str, Any], Any], list[str]] | None = None
+
+    def make_params(self, profile: str) -> Any:
+        if profile not in ("quick", "full"):
+            raise AttnRankError(f"unknown profile {profile!r}; use quick or full")
+        return getattr(self.params, profile)()
+
+    def params_from_json(self, d: dict[str, Any]) -> Any:
+        """The params dataclass from its recorded ``asdict`` (lists back to tuples)."""
+        names = {f.name for f in fields(self.params)}
+        unknown = set(d) - names
+        if unknown:
+            raise AttnRankError(f"recorded parameters of {self.name} have unknown fields {sorted(unknown)}: "
+                                "the stored run comes from another version; re-run it")
+        return self.params(**{k: _tuples(v) for k, v in d.items()})
+
+
+def _tuples(v: Any) -> Any:
+    if isinstance(v, list):
+        return tuple(_tuples(x) for x in v)
+    if isinstance(v, dict):
+        return {k: _tuples(x) for k, x in v.items()}
+    return v
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A registered reproduction: a :class:`Study` or, for the older shape, ``fn(quick) -> Result``."""
+
+    name: str
+    title: str
+    source: str
+    fn: Callable[..., Result] | None = None
+    study: Study | None = None
 
 
 _REGISTRY: dict[str, Entry] = {}
@@ -93,12 +184,21 @@ def register(name: str, *, title: str, source: str) -> Callable[[Callable[..., R
 
     def deco(fn: Callable[..., Result]) -> Callable[..., Result]:
         prev = _REGISTRY.get(name)
-        if prev is not None and prev.fn.__module__ != fn.__module__:
+        if prev is not None and (prev.fn is None or prev.fn.__module__ != fn.__module__):
             raise ValueError(f"reproduction {name!r} registered twice ({prev.fn.__module__}, {fn.__module__})")
         _REGISTRY[name] = Entry(name=name, title=title, source=source, fn=fn)
         return fn
 
     return deco
+
+
+def register_study(study: Study) -> Study:
+    """Register ``study`` under ``study.name`` (its module must be in :data:`CATALOGUE`)."""
+    prev = _REGISTRY.get(study.name)
+    if prev is not None and (prev.study is None or prev.study.run.__module__ != study.run.__module__):
+        raise ValueError(f"reproduction {study.name!r} registered twice")
+    _REGISTRY[study.name] = Entry(name=study.name, title=study.title, source=study.source, study=study)
+    return study
 
 
 def names() -> list[str]:

@@ -12,18 +12,20 @@ import torch
 
 from attnrank.analysis.scaling import (
     DEFAULT_SCALES,
+    norm_eps_zero,
+    scale_test,
+    scaled,
+)
+from attnrank.studies.registry import CATALOGUE, Claim, FigureOut, Result, register
+from attnrank.training.batched import (
     VARIANT_FORMS,
     VARIANTS,
     BatchedMLP,
     Digits,
     digits_data,
     evaluate,
-    norm_eps_zero,
-    scale_test,
-    scaled,
     train_runs,
 )
-from attnrank.studies.registry import CATALOGUE, Claim, FigureOut, Result, register
 
 # =========================================================================== reproduction "scale"
 

@@ -29,8 +29,11 @@ class torch_threads:
         return self
 
     def __exit__(self, *exc):
-        if self.prev is not None:
-            torch.set_num_threads(self.prev)
+        # BLAS/OpenMP limits first: threadpoolctl's restore also resets OpenMP's thread count,
+        # which torch shares, so torch's own setting is restored last (a resumed training run
+        # is bit-identical only if every kernel runs with the threads it had before).
         if self.blas is not None:
             self.blas.restore_original_limits()
+        if self.prev is not None:
+            torch.set_num_threads(self.prev)
         return False

@@ -1,0 +1,34 @@
+"""Claims carry a kind and a three-way verdict; the tally counts them apart."""
+
+import pytest
+
+from attnrank.studies.registry import Claim, tally
+
+
+def _c(**kw):
+    return Claim(name="x", source="s", statement="t", measured=1, expected=1, **kw)
+
+
+def test_two_way_claims_still_work():
+    assert _c(held=True).verdict == "held" and _c(held=False).verdict == "not held"
+    assert _c(held=True).kind == "finding"
+
+
+def test_inconclusive_is_not_held_and_keeps_its_reason():
+    c = _c(verdict="inconclusive", reason="exposure 0.3 < 3")
+    assert c.held is False and c.to_json()["reason"] == "exposure 0.3 < 3"
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(held=True, verdict="not held"), dict(verdict="maybe"),
+                                dict(held=True, kind="lemma"), dict(verdict="inconclusive", kind="identity")])
+def test_bad_claims_are_refused(kw):
+    with pytest.raises(ValueError):
+        _c(**kw)
+
+
+def test_tally_separates_findings_and_identities():
+    claims = [_c(held=True).to_json(), _c(held=False).to_json(), _c(verdict="inconclusive").to_json(),
+              _c(held=True, kind="identity").to_json(), _c(held=False, kind="identity").to_json(),
+              {"held": True}]  # an older claims.json entry: a two-way finding
+    assert tally(claims) == {"findings": {"held": 2, "not held": 1, "inconclusive": 1},
+                             "identities": {"verified": 1, "failed": 1}}
