@@ -193,6 +193,17 @@ def lr_at(cfg: TrainConfig, step: int) -> float:
     return cfg.lr
 
 
+def decay_exposure(cfg: TrainConfig, steps: int | None = None) -> dict[str, float]:
+    """Decay exposure ``λ·Σ_t lr_t`` of each decay group after ``steps`` updates (default: the
+    whole run): decoupled decay shrinks a weight by ``∏(1 − lr_t λ) ≈ exp(−λ Σ lr_t)``, so this
+    counts the time constants the decay had to act (REFERENCE.md §3). ``attn``: the attention
+    projections (``attn_weight_decay``); ``other``: every other decayed matrix and the
+    embeddings (``weight_decay``)."""
+    n = cfg.steps if steps is None else steps
+    lr_sum = math.fsum(lr_at(cfg, t) for t in range(1, n + 1))
+    return {"attn": cfg.attn_weight_decay * lr_sum, "other": cfg.weight_decay * lr_sum, "lr_sum": lr_sum}
+
+
 # -- run directory ------------------------------------------------------------------------------
 
 def _run_config(cfg: TrainConfig) -> dict[str, Any]:
@@ -499,6 +510,7 @@ def _train_dist(run: Path, cfg: TrainConfig, *, resume: bool, dev: torch.device,
     rows = read_metrics(run)
     final = _final_summary(rows)
     write_json(run / "summary.json", {"steps": cfg.steps, "resumed_from": resumed_from, "final": final,
+                                      "exposure": decay_exposure(cfg),
                                       "device": str(dev), "threads": torch.get_num_threads(),
                                       "world_size": dist.world, "data": job.info,
                                       "versions": versions()})
