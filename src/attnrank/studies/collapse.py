@@ -54,6 +54,7 @@ def reproduce_collapse(quick: bool = False) -> Result:
 
     from attnrank.analysis import plots
     from attnrank.models.transformer import Transformer
+    from attnrank.studies import collapse_plots
 
     n_seqs, max_tokens, path_samples = (8, 32, 8) if quick else (32, 64, 32)
     sweep_seeds, sweep_seqs = ((0, 1), 8) if quick else ((0, 1, 2), 16)
@@ -241,13 +242,13 @@ def reproduce_collapse(quick: bool = False) -> Result:
                   "MiniLM-L6: relative residual |X - 1x^T|/|X| (composite l1,inf norm, x = mean row) after each layer, "
                   "for the four surgical variants, pretrained and re-initialised; mean ± std over sentences. The "
                   "float64 rounding floor is about 1e-16."),
-        FigureOut("depth_sweep", plots.collapse_depth_sweep(sweep),
+        FigureOut("depth_sweep", collapse_plots.collapse_depth_sweep(sweep),
                   "Pure self-attention (project Transformer, no skip/MLP/norm) at random init: residual against "
                   "depth per init scale, with exponential (dotted) and doubly exponential (dashed) fits of log r."),
         FigureOut("path_products", plots.collapse_path_products(ps, res.meta, res.paths),
                   "Left: share of paths of each length in MiniLM (L = 6, H = 12). Right: residual of products of the "
                   "pretrained model's attention matrices along sampled head paths."),
-        FigureOut("path_restricted", plots.collapse_path_restricted(
+        FigureOut("path_restricted", collapse_plots.collapse_path_restricted(
             list(range(7)), {k: v["geo_mean"] for k, v in restricted.items()}),
                   "Project Transformer (6 layers, skips, no MLP) restricted to paths of length k, frozen attention."),
     ]

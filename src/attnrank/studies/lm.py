@@ -220,7 +220,7 @@ def fig3_result(lambdas: list[float], lm_steps: int, vit_steps: int, seeds: list
         data[m] = {"heads": runs[m]["heads"].to_dict("list"),
                    "summary": rank_summary(runs[m]["heads"]).to_dict("list"),
                    "runs": runs[m]["runs"].to_dict("list"), "layers": runs[m]["layers"]}
-    from attnrank.analysis.plots import fig3_panels
+    from attnrank.studies.lm_plots import fig3_panels
 
     params = {"lambdas": list(lambdas), "seeds": list(seeds), "other_weight_decay": OTHER_WD,
               "lm_steps": lm_steps, "vit_steps": vit_steps, "workers": workers, "threads_per_run": 1,
@@ -341,7 +341,7 @@ def table1_result(attn_lambdas: list[float], mlp_lambdas: list[float], steps: in
     table = ppl_table(runs)
     data = {"attn_lambdas": list(attn_lambdas), "mlp_lambdas": list(mlp_lambdas), "seeds": list(seeds),
             "runs": runs.to_dict("list"), "table": table.to_dict("list")}
-    from attnrank.analysis.plots import table1_panels
+    from attnrank.studies.lm_plots import table1_panels
 
     params = {"attn_lambdas": list(attn_lambdas), "mlp_lambdas": list(mlp_lambdas), "seeds": list(seeds),
               "steps": steps, "lm_overrides": base, "workers": workers, "threads_per_run": 1, "profile": profile}

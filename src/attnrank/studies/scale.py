@@ -111,7 +111,7 @@ def reproduce_scale(quick: bool = False) -> Result:
 
 
 def _reproduce_scale(quick: bool) -> Result:
-    from attnrank.analysis import plots
+    from attnrank.studies import scale_plots
 
     torch.manual_seed(0)
     steps = 1500 if quick else 4000
@@ -382,10 +382,10 @@ def _reproduce_scale(quick: bool) -> Result:
     if clean is not None:
         data_out["no_noise"] = {"summary": run_summary(clean), **hist(clean)}
     figs = [
-        FigureOut("scale_curves", plots.scale_training_curves(runs, index, VARIANTS, beta=beta),
+        FigureOut("scale_curves", scale_plots.scale_training_curves(runs, index, VARIANTS, beta=beta),
                   "Norm of the block matrices, effective learning rate eta/|W|^2 and training loss (minibatch, with input "
                   "noise) against step, per variant (rows) and lam (colours); seed 0, lr_W = 0.05."),
-        FigureOut("scale_equilibrium", plots.scale_equilibrium(summ, asum, VARIANTS, beta=beta),
+        FigureOut("scale_equilibrium", scale_plots.scale_equilibrium(summ, asum, VARIANTS, beta=beta),
                   "Left: angular update per step against the SGD prediction sqrt(2 eta lam/(1+beta)) (equilibrated runs "
                   "filled). Centre: final clean training loss and test accuracy against lam. Right: AdamW equilibrium "
                   "norm against eta/lam, with a slope-1/2 reference line."),

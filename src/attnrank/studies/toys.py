@@ -447,7 +447,7 @@ def _lam_key(lam: float) -> str:
 @register("fig1", title=CATALOGUE["fig1"][1],
           source="Kobayashi et al. 2024, Fig. 1 and Prop. 3.1 (seed 000); REFERENCE.md §2")
 def reproduce_fig1(quick: bool = False) -> Result:
-    from attnrank.analysis import plots
+    from attnrank.studies import toys_plots
 
     eta, steps, init_scale, seed = 0.1, 1000, 0.5, 0
     lambdas = np.array([0.0, 0.1, 0.25, 0.4, 0.6, 1.0])
@@ -626,13 +626,13 @@ def reproduce_fig1(quick: bool = False) -> Result:
         "prop31": {k: v for k, v in p.items()},
     }
     figures = [
-        FigureOut("fig1", plots.fig1_panels(t_axis, lambdas, met["gap"], met["balance"], balance_pred, sweep, sw_sv,
+        FigureOut("fig1", toys_plots.fig1_panels(t_axis, lambdas, met["gap"], met["balance"], balance_pred, sweep, sw_sv,
                                             sw_cf, met["sv"][:, j], lam_traj, soft_threshold_sv(d, lam_traj), steps),
                   "Gradient descent on 5x5 A, B (cf. paper Fig. 1). Left: Frobenius bound minus nuclear norm. "
                   "Center left: |A^TA - B^TB|_F with the GD prediction (1-2 eta lam)^t (dashed). Center right: "
                   f"singular values at t = {steps} against lam; lines max(d_i - lam/2, 0). Right: singular values "
                   f"over steps for lam = {lam_traj}; dashed: closed form."),
-        FigureOut("prop31", plots.prop31_scatter(p["nuclear_bal"], p["bound_bal"], p["bound_scaled"] - p["gap_scaled"],
+        FigureOut("prop31", toys_plots.prop31_scatter(p["nuclear_bal"], p["bound_bal"], p["bound_scaled"] - p["gap_scaled"],
                                                  p["bound_scaled"], p["bound_indep"] - p["gap_indep"], p["bound_indep"]),
                   "Proposition 3.1: balanced pairs lie on bound = nuclear; rescaled and independent pairs above it."),
     ]
@@ -675,7 +675,7 @@ def _fig5_runs(S: Circle, lr: float, steps: int, configs: list[dict], factorized
 
 @register("fig5", title=CATALOGUE["fig5"][1], source="Kobayashi et al. 2024, Fig. 5 (seed 000); REFERENCE.md §2")
 def reproduce_fig5(quick: bool = False) -> Result:
-    from attnrank.analysis import plots
+    from attnrank.studies import toys_plots
 
     S = FIG5_S
     lam_main, eps_main = 0.1, 0.01
@@ -850,14 +850,14 @@ def reproduce_fig5(quick: bool = False) -> Result:
         "trajectories": traj,
     }
     figures = [
-        FigureOut("fig5", plots.fig5_trajectories(S.center, S.radius, traj, S.min_l2_point(), S.min_l1_point(),
+        FigureOut("fig5", toys_plots.fig5_trajectories(S.center, S.radius, traj, S.min_l2_point(), S.min_l1_point(),
                                                   {f"eps={e:g}": (l2_regularised_optimum(S, lam_main * e),
                                                                   l1_regularised_optimum(S, lam_main * e))
                                                    for e in (0.1, eps_main)}, FIG5_W0),
                   f"Trajectories of (w1, w2) (cf. paper Fig. 5), lam_wd = {lam_main}. Left: direct; right: w = a*b. "
                   "Solid: AdamW; dotted: Adam + L2 with lam_L2 = lam_wd*eps. Red x: L2-minimal point of S; blue x: "
                   "L1-minimal point; circles: regularised optima for each eps."),
-        FigureOut("fig5_sweeps", plots.fig5_sweeps(rows, eps_sweep, wd_sweep, lam_main, eps_main, tol, FIG5_CONVERGED),
+        FigureOut("fig5_sweeps", toys_plots.fig5_sweeps(rows, eps_sweep, wd_sweep, lam_main, eps_main, tol, FIG5_CONVERGED),
                   "How well lam_L2 = lam_wd*eps describes the AdamW end point. Left: distance to the conjectured "
                   "optimum against eps (per learning rate; hollow markers: not converged). Right: against lam_wd at "
                   f"eps = {eps_main}, with the distance to the exact AdamW fixed point."),

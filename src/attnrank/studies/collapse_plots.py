@@ -1,0 +1,47 @@
+"""Figures of the collapse reproduction (depth sweep, path-restricted model)."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def collapse_depth_sweep(sweep: dict, floor: float = 1e-17) -> plt.Figure:
+    """Pure self-attention: geometric-mean residual against depth per init scale, with the
+    exponential and doubly exponential fits over the depths used."""
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    colors = plt.get_cmap("viridis")(np.linspace(0, 0.85, max(len(sweep["curves"]), 2)))
+    depths = np.asarray(sweep["depths"], dtype=float)
+    for color, (std, c) in zip(colors, sweep["curves"].items(), strict=False):
+        ax.plot(depths, np.maximum(c["geo_mean"], floor), marker="o", color=color, label=f"init std {std}")
+        fit = c["fit"]
+        if fit.get("fitted"):
+            L = np.linspace(0, c["n_fit"] - 1, 100)
+            d = fit["dexp"]
+            ax.plot(L, np.exp(d["a"] + d["b"] * d["kappa"] ** L), color=color, ls="--", lw=1)
+            e = fit["exp"]
+            ax.plot(L, np.exp(e["a"] + e["b"] * L), color=color, ls=":", lw=1)
+    ax.axhline(sweep.get("floor", 1e-12), color="0.5", lw=0.8, ls="-.", label="fit floor")
+    ax.set_yscale("log")
+    ax.set_ylim(bottom=floor)
+    ax.set_xlabel("depth L (pure attention layers)")
+    ax.set_ylabel("residual (composite, geometric mean)")
+    ax.set_title("dashed: a + b κ^L (doubly exp.), dotted: a + b L (exp.), fits of log r", fontsize=9)
+    ax.legend(fontsize=7)
+    return fig
+
+
+def collapse_path_restricted(lengths, curves: dict, floor: float = 1e-17) -> plt.Figure:
+    """Residual of the project's model restricted to paths of length k, one line per setting."""
+    fig, ax = plt.subplots(figsize=(6.2, 4.3))
+    for name, y in curves.items():
+        ax.plot(lengths, np.maximum(y, floor), marker="o", label=name)
+    ax.set_yscale("log")
+    ax.set_xlabel("path length k")
+    ax.set_ylabel("residual of the length-k part (composite, geometric mean)")
+    ax.set_title("model output restricted to paths of length k (frozen attention)", fontsize=9)
+    ax.legend(fontsize=7)
+    return fig
