@@ -402,14 +402,23 @@ class ImageData:
                 "n_per_split": {s: int(v[1].numel()) for s, v in self.splits.items()}}
 
 
-def _digits(image_size: int | None) -> ImageData:
+def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """The one source of scikit-learn's digits (ships offline): images (1797, 8, 8) float64 with
+    pixel values in [0, 1] (the raw 0..16 divided by 16) and labels (1797,) int64. Each user
+    applies its own normalisation on top (the ViT task centres, the scale experiment
+    standardises, the scale probe uses them as they are)."""
     from sklearn.datasets import load_digits
 
     d = load_digits()
-    x = torch.from_numpy(d.images.astype(np.float32) / 16.0 - 0.5)[:, None]  # (N, 1, 8, 8)
+    return d.images.astype(np.float64) / 16.0, d.target.astype(np.int64)
+
+
+def _digits(image_size: int | None) -> ImageData:
+    images, labels = digits_arrays()
+    x = torch.from_numpy((images - 0.5).astype(np.float32))[:, None]  # (N, 1, 8, 8), centred
     if image_size is not None and image_size != 8:
         x = F.interpolate(x, size=(image_size, image_size), mode="bilinear", align_corners=False)
-    y = torch.from_numpy(d.target.astype(np.int64))
+    y = torch.from_numpy(labels)
     which = np.array([stdlib_corpus.split_of(f"digits/{i}") for i in range(len(y))])
     splits = {s: (x[torch.from_numpy(which == s)], y[torch.from_numpy(which == s)]) for s in SPLITS}
     return ImageData(splits, [str(c) for c in range(10)], 1, image_size or 8)
