@@ -127,6 +127,7 @@ def reproduce(
     quick: Annotated[bool, typer.Option("--quick", help="smaller, faster variant (fewer sweep points)")] = False,
     full: Annotated[bool, typer.Option("--full", help="the full variant (the default; explicit for 'all')")] = False,
     force: Annotated[bool, typer.Option("--force", help="with 'all': recompute parts already finished in --out")] = False,
+    model: Annotated[str | None, typer.Option("--model", help="run the reproduction's analysis on this checkpoint instead of its default (where it has one, e.g. fig4)")] = None,
     replot: Annotated[bool, typer.Option("--replot", help="run nothing: re-judge the claims and redraw the figures from the data.json a finished run left in --out")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the claims as JSON on stdout")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print nothing on success")] = False,
@@ -155,6 +156,8 @@ def reproduce(
         raise AttnRankError("--quick and --full exclude each other")
     if replot and (quick or full or force):
         raise AttnRankError("--replot keeps the stored run's profile: drop --quick/--full/--force")
+    if name == "all" and model is not None:
+        raise AttnRankError("--model applies to one reproduction (e.g. fig4), not to 'all'")
     if name == "all":
         _reproduce_all(out or Path("out") / "all", quick=quick, force=force, strict=strict, as_json=as_json,
                        quiet=quiet, replot=replot)
@@ -163,7 +166,8 @@ def reproduce(
     out = out if out is not None else Path("out") / name
     show = not (quiet or as_json) and err_console.is_terminal
     with err_console.status(f"{'replotting' if replot else 'reproducing'} {name} ...") if show else nullcontext():
-        summary = rep.run(name, out, quick=quick, replot=replot)
+        summary = rep.run(name, out, quick=quick, replot=replot,
+                          overrides={"model": model} if model is not None else None)
     if as_json:
         sys.stdout.write(json.dumps({"name": name, "out": str(out), "runtime_s": summary.runtime_s,
                                      "claims": [c.to_json() for c in summary.claims]}, indent=2) + "\n")

@@ -99,3 +99,12 @@ def test_replot_all(tmp_path, probe):
     assert summary["quick"] is True and summary["tally"]["identities"]["verified"] == 1
     r = CliRunner().invoke(app, ["reproduce", "all", "--replot", "--quick", "--out", str(tmp_path)])
     assert r.exit_code == 2
+
+
+def test_overrides_set_a_parameter_or_are_refused(tmp_path, probe):
+    rep.run("probe", tmp_path / "a", quick=True, overrides={"n": 5})
+    assert json.loads((tmp_path / "a" / "run.json").read_text())["params"]["n"] == 5
+    with pytest.raises(AttnRankError, match="no parameter model"):
+        rep.run("probe", tmp_path / "b", quick=True, overrides={"model": "x"})
+    r = CliRunner().invoke(app, ["reproduce", "probe", "--model", "x", "--out", str(tmp_path / "c")])
+    assert r.exit_code == 2 and "no parameter model" in r.stderr

@@ -78,12 +78,16 @@ def _read_json(path: Path, what: str) -> Any:
         raise AttnRankError(f"cannot read {path}: {e}") from None
 
 
-def _evaluate(name: str, out: Path, *, quick: bool, replot: bool) -> tuple[Result, dict[str, Any]]:
+def _evaluate(name: str, out: Path, *, quick: bool, replot: bool,
+              overrides: dict[str, Any] | None = None) -> tuple[Result, dict[str, Any]]:
     """Run (or, with ``replot``, reload) reproduction ``name``: its Result and run facts."""
     import json
 
     entry = get(name)
     study = entry.study
+    if overrides and (study is None or replot):
+        raise AttnRankError(f"reproduction {name!r} takes no parameters from the command line"
+                            + (" with --replot" if replot else ""))
     if study is None:  # the older shape: one function does everything
         if replot:
             raise AttnRankError(f"reproduction {name!r} cannot be replotted (it has no separate claims/figures)")
@@ -101,6 +105,8 @@ def _evaluate(name: str, out: Path, *, quick: bool, replot: bool) -> tuple[Resul
         facts = {"quick": bool(old.get("quick")), "runtime_s": old.get("runtime_s"), "replotted": True}
     else:
         params = study.make_params("quick" if quick else "full")
+        if overrides:
+            params = study.with_overrides(params, overrides)
         t0 = time.perf_counter()
         raw = study.run(params)
         facts = {"quick": quick, "runtime_s": time.perf_counter() - t0}
@@ -113,11 +119,13 @@ def _evaluate(name: str, out: Path, *, quick: bool, replot: bool) -> tuple[Resul
     return Result(claims=claims, figures=figures, data=data, params=asdict(params), notes=notes), facts
 
 
-def run(name: str, out: str | Path, *, quick: bool = False, replot: bool = False) -> RunSummary:
+def run(name: str, out: str | Path, *, quick: bool = False, replot: bool = False,
+        overrides: dict[str, Any] | None = None) -> RunSummary:
     """Run reproduction ``name`` and write its report, claims, data and figures into ``out``.
 
     ``replot``: run nothing; re-judge the claims and redraw the figures from the ``data.json``
     and ``run.json`` a finished run left in ``out`` (data.json is not rewritten).
+    ``overrides``: parameter fields to set on the profile's parameters (e.g. ``{"model": path}``).
     """
     from attnrank.report.html import render_report
 
@@ -125,7 +133,7 @@ def run(name: str, out: str | Path, *, quick: bool = False, replot: bool = False
     out = Path(out)
     if not replot:
         out = prepare_out_dir(out)
-    result, facts = _evaluate(name, out, quick=quick, replot=replot)
+    result, facts = _evaluate(name, out, quick=quick, replot=replot, overrides=overrides)
     runtime = facts["runtime_s"]
 
     files: list[Path] = []

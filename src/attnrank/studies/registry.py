@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from attnrank.errors import AttnRankError
@@ -146,6 +146,15 @@ class Study:
         if profile not in ("quick", "full"):
             raise AttnRankError(f"unknown profile {profile!r}; use quick or full")
         return getattr(self.params, profile)()
+
+    def with_overrides(self, params: Any, overrides: dict[str, Any]) -> Any:
+        """``params`` with some fields replaced (a user's ``--model PATH``); unknown fields are
+        a user error."""
+        names = {f.name for f in fields(self.params)}
+        bad = sorted(set(overrides) - names)
+        if bad:
+            raise AttnRankError(f"reproduction {self.name!r} has no parameter {', '.join(bad)}")
+        return replace(params, **overrides)
 
     def params_from_json(self, d: dict[str, Any]) -> Any:
         """The params dataclass from its recorded ``asdict`` (lists back to tuples)."""
