@@ -54,10 +54,11 @@ def _allheld(quick: bool = False) -> registry.Result:
 
 def test_catalogue_lists_known_reproductions_without_importing_them():
     code = ("import sys; from attnrank.studies import registry as r; names = [n for n, _ in r.listing()]; "
-            "assert {'fig1', 'fig5'} <= set(names), names; assert 'attnrank.studies.toys' not in sys.modules; print('ok')")
+            "assert {'fig1', 'fig5', 'fig2', 'fig3', 'fig4', 'table1', 'collapse', 'scale'} <= set(names), names; "
+            "loaded = [m for m, _ in r.CATALOGUE.values() if m in sys.modules]; assert not loaded, loaded; "
+            "r.get('fig1'); assert r.CATALOGUE['fig1'][0] in sys.modules; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert registry.get("fig1").fn.__module__ == "attnrank.studies.toys"
 
 
 def test_unknown_name_is_a_user_error():
@@ -94,9 +95,9 @@ def test_run_writes_report_claims_data(tmp_path):
     assert meta["params"] == {"quick": True, "n": 3} and meta["claims_held"] == 1 and meta["runtime_s"] >= 0
     assert {"numpy", "scipy", "torch", "matplotlib", "python", "attnrank"} <= set(meta["versions"])
     html = (out / "report.html").read_text()
-    assert html.index("Claims: 1 of 2 held") < html.index("Figures") < html.index("Parameters") < \
-        html.index("Library versions")
-    assert "did not hold" in html and "&lt;b&gt;escaped&lt;/b&gt;" in html and "<b>escaped</b>" not in html
+    assert html.index("findings held") < html.index("<figure") < html.index("<h3>Findings") < \
+        html.index("<summary>parameters") < html.index("<summary>library versions")
+    assert "badge not-held" in html and "&lt;b&gt;escaped&lt;/b&gt;" in html and "<b>escaped</b>" not in html
     b64 = html.split("data:image/png;base64,")[1].split("'")[0]
     assert base64.b64decode(b64)[:8] == b"\x89PNG\r\n\x1a\n"
     assert "http://" not in html and "https://" not in html  # self-contained

@@ -1,32 +1,56 @@
-"""HTML rendering of a reproduction report: one self-contained file, no external assets.
+"""HTML rendering of reproduction reports: one self-contained file, no external assets.
 
-Rendering only: everything shown here was computed by the reproduction. Figures arrive as
-base64 PNG and are embedded as ``data:`` URIs.
+Laid out like a paper's results section: what ran and a summary table first (one row per
+reproduction: findings held / not held / inconclusive, identities verified, runtime), a
+plain-language reading, then one section per reproduction — the document's own statement,
+our figures right under it, then the claims as compact rows (verdict, one-line statement, the
+key measured number next to the expected one, exposure) with everything longer folded in
+``<details>``. Rendering only: every number shown was computed by the reproduction; figures
+arrive as base64 PNG and are embedded as ``data:`` URIs.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from html import escape
 from typing import Any
 
+from attnrank.studies.registry import tally
+
 _CSS = """
-body { font-family: system-ui, -apple-system, Segoe UI, Helvetica, Arial, sans-serif; margin: 2rem auto;
-       max-width: 1200px; padding: 0 1rem; color: #222; line-height: 1.4; }
-h1 { font-size: 1.5rem; margin-bottom: 0.2rem; } h2 { font-size: 1.2rem; margin-top: 2rem; }
-.sub { color: #555; margin-top: 0; }
-table { border-collapse: collapse; width: 100%; font-size: 0.88rem; }
-th, td { border: 1px solid #ccc; padding: 0.35rem 0.5rem; text-align: left; vertical-align: top; }
-th { background: #f3f3f3; }
-td.num { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; white-space: pre-wrap; font-size: 0.82rem; }
-.held { background: #e6f4e6; color: #155d15; font-weight: bold; }
-.failed { background: #fbe4e4; color: #8a1010; font-weight: bold; }
-.detail { color: #444; font-size: 0.82rem; }
-figure { margin: 1.5rem 0; } figure img { max-width: 100%; border: 1px solid #ddd; }
-figcaption { font-size: 0.88rem; color: #333; margin-top: 0.4rem; }
-pre { background: #f7f7f7; padding: 0.6rem; overflow-x: auto; font-size: 0.8rem; }
+:root { --held: #155d15; --held-bg: #e3f2e3; --no: #8a1010; --no-bg: #fbe4e4; --inc: #7a5a00; --inc-bg: #fdf3d2; }
+body { font-family: system-ui, -apple-system, Segoe UI, Helvetica, Arial, sans-serif; margin: 1.2rem auto;
+       max-width: 1180px; padding: 0 0.8rem; color: #222; line-height: 1.4; }
+h1 { font-size: 1.4rem; margin: 0 0 0.2rem; } h2 { font-size: 1.2rem; margin-top: 2.2rem; border-top: 1px solid #ddd;
+     padding-top: 0.8rem; } h3 { font-size: 1rem; }
+.sub { color: #555; margin: 0.2rem 0; font-size: 0.88rem; }
+.wrap { overflow-x: auto; }
+table { border-collapse: collapse; font-size: 0.86rem; margin: 0.4rem 0; }
+th, td { border: 1px solid #d4d4d4; padding: 0.25rem 0.45rem; text-align: left; vertical-align: top; }
+th { background: #f3f3f3; font-weight: 600; }
+td.n { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 0.8rem; white-space: nowrap; }
+table.claims { width: 100%; } table.claims td.st { min-width: 16rem; }
+table.claims td.n { white-space: normal; max-width: 14rem; overflow-wrap: anywhere; }
+.badge { display: inline-block; padding: 0.05rem 0.4rem; border-radius: 0.6rem; font-size: 0.78rem;
+         font-weight: 600; white-space: nowrap; }
+.held { background: var(--held-bg); color: var(--held); } .not-held { background: var(--no-bg); color: var(--no); }
+.inconclusive { background: var(--inc-bg); color: var(--inc); }
+.failed { background: var(--no-bg); color: var(--no); font-weight: 600; }
+blockquote { margin: 0.6rem 0; padding: 0.4rem 0.8rem; border-left: 4px solid #9ab; background: #f6f8fa;
+             font-size: 0.9rem; } blockquote cite { display: block; color: #555; font-size: 0.8rem; margin-top: 0.3rem; }
+figure { margin: 0.8rem 0; } figure img { max-width: 100%; height: auto; border: 1px solid #ddd; }
+figcaption { font-size: 0.85rem; color: #333; margin-top: 0.3rem; }
+details { margin: 0.2rem 0; font-size: 0.85rem; } summary { cursor: pointer; color: #245; }
+details > div { padding: 0.3rem 0.6rem; border-left: 2px solid #ddd; margin: 0.2rem 0 0.6rem; }
+.reading { font-size: 0.95rem; max-width: 60rem; }
+@media print { details > div { display: block; } summary { display: none; } h2 { break-before: page; } }
 """
+
+_VERDICT_CLASS = {"held": "held", "not held": "not-held", "inconclusive": "inconclusive"}
+MAX_CELL = 300  # characters of a statement shown in a claims row; the rest is folded
+
+
+# --------------------------------------------------------------------------- numbers
 
 
 def fmt_value(v: Any, digits: int = 4) -> str:
@@ -50,116 +74,248 @@ def fmt_value(v: Any, digits: int = 4) -> str:
     if isinstance(v, dict):
         return "\n".join(f"{k}: {fmt_value(x, digits)}" for k, x in v.items())
     if isinstance(v, list | tuple):
-        if len(v) <= 8 and all(isinstance(x, int | float) and not isinstance(x, bool) for x in v):
+        if len(v) <= 8 and all(_is_num(x) for x in v):
             return "[" + ", ".join(fmt_value(x, digits) for x in v) + "]"
         return "\n".join(fmt_value(x, digits) for x in v)
     return str(v)
 
 
-def _claims_table(claims: list[dict[str, Any]]) -> str:
+def _is_num(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
+
+
+def _numbers(v: Any) -> list[float]:
+    """Every finite number inside a value (nested dicts and lists)."""
+    if _is_num(v):
+        return [float(v)] if math.isfinite(v) else []
+    if isinstance(v, dict):
+        return [x for y in v.values() for x in _numbers(y)]
+    if isinstance(v, list | tuple):
+        return [x for y in v for x in _numbers(y)]
+    return []
+
+
+def brief(v: Any) -> str:
+    """One short line for a claims row: a number, a short string, a small dict inline, or the
+    range of the numbers of a larger value (the full value is in the fold)."""
+    if v is None or _is_num(v) or isinstance(v, bool):
+        return fmt_value(v, 4)
+    if isinstance(v, str):
+        return v if len(v) <= 60 else v[:57].rstrip() + "…"
+    if isinstance(v, dict) and len(v) <= 2 and all(_is_num(x) or x is None or isinstance(x, bool) for x in v.values()):
+        text = "; ".join(f"{k}: {fmt_value(x, 4)}" for k, x in v.items())
+        if len(text) <= 80:
+            return text
+    if isinstance(v, list | tuple) and len(v) <= 4 and all(_is_num(x) for x in v):
+        return fmt_value(list(v), 3)
+    nums = _numbers(v)
+    if not nums:
+        n = len(v) if isinstance(v, dict | list | tuple) else 0
+        return f"{n} entries (in details)"
+    lo, hi = min(nums), max(nums)
+    if lo == hi:
+        return f"{fmt_value(lo, 3)} (all {len(nums)} values)"
+    return f"{fmt_value(lo, 3)} … {fmt_value(hi, 3)} ({len(nums)} values)"
+
+
+def value_html(v: Any) -> str:
+    """A value for reading: scalars formatted, dicts as small tables (dicts of dicts as one
+    table with a column per inner key), lists inline or one per line."""
+    if isinstance(v, dict) and v:
+        inner = list(v.values())
+        if all(isinstance(x, dict) for x in inner):
+            cols = list(dict.fromkeys(k for x in inner for k in x))
+            if len(cols) <= 8 and all(not isinstance(y, dict | list) for x in inner for y in x.values()):
+                head = "".join(f"<th>{escape(str(c))}</th>" for c in cols)
+                rows = "".join(f"<tr><th>{escape(str(k))}</th>"
+                               + "".join(f"<td class='n'>{escape(fmt_value(x.get(c), 4))}</td>" for c in cols) + "</tr>"
+                               for k, x in v.items())
+                return f"<div class='wrap'><table><tr><th></th>{head}</tr>{rows}</table></div>"
+        rows = "".join(f"<tr><th>{escape(str(k))}</th><td class='n'>{value_html(x)}</td></tr>" for k, x in v.items())
+        return f"<div class='wrap'><table>{rows}</table></div>"
+    if isinstance(v, list | tuple) and v and not all(_is_num(x) for x in v):
+        return "<br>".join(value_html(x) for x in v)
+    return escape(fmt_value(v, 4))
+
+
+# --------------------------------------------------------------------------- pieces
+
+
+def _badge(c: dict[str, Any]) -> str:
+    verdict = c.get("verdict") or ("held" if c.get("held") else "not held")
+    if c.get("kind") == "identity":
+        cls, text = ("held", "verified") if verdict == "held" else ("not-held", "identity failed")
+    else:
+        cls, text = _VERDICT_CLASS[verdict], verdict
+    return f"<span class='badge {cls}'>{escape(text)}</span>"
+
+
+def _exposure_text(e: Any) -> str:
+    if e is None or e == {}:
+        return ""
+    if isinstance(e, dict):
+        got, need = e.get("got", e.get("exposure")), e.get("needed", e.get("need"))
+        if got is not None and need is not None:
+            return f"{brief(got)} (needs ≥ {brief(need)})"
+    return brief(e)
+
+
+def _claim_rows(claims: list[dict[str, Any]], with_exposure: bool) -> str:
     rows = []
     for c in claims:
-        verdict = '<td class="held">held</td>' if c["held"] else '<td class="failed">did not hold</td>'
-        tol = "" if c.get("tolerance") in (None, "") else fmt_value(c["tolerance"])
+        st = c.get("statement", "")
+        short = st if len(st) <= MAX_CELL else st[:MAX_CELL].rsplit(" ", 1)[0] + " …"
+        fold = []
+        if short != st:
+            fold.append(f"<p>{escape(st)}</p>")
+        if c.get("reason"):
+            fold.append(f"<p><b>Why {escape(c.get('verdict', ''))}:</b> {escape(c['reason'])}</p>")
+        fold.append(f"<p><b>Measured</b></p>{value_html(c.get('measured'))}")
+        fold.append(f"<p><b>Expected</b></p>{value_html(c.get('expected'))}")
+        if c.get("tolerance") not in (None, ""):
+            fold.append(f"<p><b>Tolerance:</b> {escape(fmt_value(c['tolerance']))}</p>")
+        if c.get("exposure") not in (None, {}):
+            fold.append(f"<p><b>Decay exposure λ·Σlr</b></p>{value_html(c['exposure'])}")
+        if c.get("detail"):
+            fold.append(f"<p><b>Method:</b> {escape(c['detail'])}</p>")
+        fold.append(f"<p class='sub'>source: {escape(c.get('source', ''))}</p>")
+        exp = f"<td class='n'>{escape(_exposure_text(c.get('exposure')))}</td>" if with_exposure else ""
         rows.append(
-            "<tr>"
-            f"{verdict}"
-            f"<td><b>{escape(c['name'])}</b><br>{escape(c['statement'])}"
-            f"<div class='detail'>source: {escape(c['source'])}</div>"
-            + (f"<div class='detail'>{escape(c['detail'])}</div>" if c.get("detail") else "")
-            + "</td>"
-            f"<td class='num'>{escape(fmt_value(c['measured']))}</td>"
-            f"<td class='num'>{escape(fmt_value(c['expected']))}</td>"
-            f"<td class='num'>{escape(tol)}</td>"
-            "</tr>"
-        )
-    head = "<tr><th>verdict</th><th>claim</th><th>measured</th><th>expected</th><th>tolerance</th></tr>"
-    return f"<table>{head}{''.join(rows)}</table>"
+            f"<tr><td>{_badge(c)}</td><td class='st'><b>{escape(c['name'])}</b> {escape(short)}"
+            f"<details><summary>details</summary><div>{''.join(fold)}</div></details></td>"
+            f"<td class='n'>{escape(brief(c.get('measured')))}</td><td class='n'>{escape(brief(c.get('expected')))}</td>"
+            f"{exp}</tr>")
+    head = "<tr><th>verdict</th><th>claim</th><th>measured</th><th>expected</th>" + \
+        ("<th>exposure</th>" if with_exposure else "") + "</tr>"
+    return f"<div class='wrap'><table class='claims'>{head}{''.join(rows)}</table></div>"
+
+
+def _figures_html(figures: list[dict[str, Any]]) -> str:
+    return "".join(
+        f"<figure><img alt='{escape(f['name'])}' src='data:image/png;base64,{f['png_base64']}'>"
+        f"<figcaption><b>{escape(f['name'])}</b>: {escape(f.get('caption', ''))}</figcaption></figure>"
+        for f in figures)
 
 
 def _kv_table(d: dict[str, Any]) -> str:
-    rows = "".join(f"<tr><th>{escape(str(k))}</th><td class='num'>{escape(_param_text(v))}</td></tr>"
-                   for k, v in d.items())
-    return f"<table>{rows}</table>"
+    rows = "".join(f"<tr><th>{escape(str(k))}</th><td class='n'>{value_html(v)}</td></tr>" for k, v in d.items())
+    return f"<div class='wrap'><table>{rows}</table></div>"
 
 
-def _param_text(v: Any) -> str:
-    if isinstance(v, dict | list):
-        return json.dumps(v)
-    return fmt_value(v, 6)
+def _section(name: str, meta: dict[str, Any], claims: list[dict[str, Any]], figures: list[dict[str, Any]],
+             error: str | None = None) -> str:
+    """One reproduction: statement quoted, figures, claims, then folds (notes, parameters)."""
+    quote = meta.get("quote")
+    cite = meta.get("quote_source") or meta.get("source", "")
+    identities = [c for c in claims if c.get("kind") == "identity"]
+    findings = [c for c in claims if c.get("kind") != "identity"]
+    exposure = any(c.get("exposure") not in (None, {}) for c in findings)
+    notes = "".join(f"<li>{escape(n)}</li>" for n in meta.get("notes", []))
+    prof = "quick" if meta.get("quick") else "full"
+    parts = [f"<h2 id='{escape(name)}'>{escape(name)}: {escape(meta.get('title', ''))}</h2>",
+             f"<p class='sub'>{prof} profile; runtime {fmt_value(meta.get('runtime_s'), 3)} s</p>"]
+    if quote:
+        parts.append(f"<blockquote>{escape(quote)}<cite>{escape(cite)}</cite></blockquote>")
+    if error:
+        parts.append(f"<p class='failed'>failed: {escape(error)}</p>")
+    parts.append(_figures_html(figures))
+    if findings:
+        parts.append(f"<h3>Findings</h3>{_claim_rows(findings, exposure)}")
+    if identities:
+        parts.append(f"<h3>Identities (algebra; verified)</h3>{_claim_rows(identities, False)}")
+    if notes:
+        parts.append(f"<details><summary>notes</summary><div><ul>{notes}</ul></div></details>")
+    parts.append(f"<details><summary>parameters</summary><div>{_kv_table(meta.get('params', {}))}</div></details>")
+    return "".join(parts)
+
+
+def _summary_table(rows: list[tuple[str, dict[str, Any], list[dict[str, Any]], str | None]]) -> str:
+    out = []
+    for name, meta, claims, error in rows:
+        t = tally(claims)
+        f, i = t["findings"], t["identities"]
+        ident = f"{i['verified']} / {i['verified'] + i['failed']}" if i["verified"] + i["failed"] else "—"
+        note = "<span class='failed'>failed</span>" if error else ""
+        out.append(f"<tr><td><a href='#{escape(name)}'>{escape(name)}</a> {note}</td>"
+                   f"<td>{escape(_short_title(meta.get('title', '')))}</td>"
+                   f"<td class='n'>{f['held']}</td><td class='n'>{f['not held']}</td><td class='n'>{f['inconclusive']}</td>"
+                   f"<td class='n'>{ident}</td><td class='n'>{fmt_value(meta.get('runtime_s'), 3)} s</td></tr>")
+    head = ("<tr><th>reproduction</th><th>what</th><th>findings held</th><th>not held</th><th>inconclusive</th>"
+            "<th>identities verified</th><th>runtime</th></tr>")
+    return f"<div class='wrap'><table>{head}{''.join(out)}</table></div>"
+
+
+def _short_title(title: str) -> str:
+    t = title.split(";")[0].split(":")[0]
+    return t if len(t) <= 80 else t[:77] + "…"
+
+
+def reading(claims: list[dict[str, Any]]) -> str:
+    """A plain-language paragraph: how many findings held, which did not and which stayed
+    inconclusive (with the first reason given), and the identities."""
+    t = tally(claims)
+    f, i = t["findings"], t["identities"]
+    n = sum(f.values())
+    text = [f"Of the {n} findings checked, {f['held']} held, {f['not held']} did not hold and "
+            f"{f['inconclusive']} were inconclusive."]
+    for verdict, label in (("not held", "Did not hold"), ("inconclusive", "Inconclusive")):
+        names = [c["name"] for c in claims if c.get("kind") != "identity" and c.get("verdict") == verdict]
+        if names:
+            text.append(f"{label}: {', '.join(names)} (each one's reason is in its details).")
+    if i["verified"] + i["failed"]:
+        text.append(f"{i['verified']} of {i['verified'] + i['failed']} algebraic identities were verified"
+                    + ("." if not i["failed"] else "; a failed identity means a bug, not a finding."))
+    return " ".join(text)
+
+
+def _page(title: str, body: str) -> str:
+    return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+            "<meta name='viewport' content='width=device-width, initial-scale=1'>"
+            f"<title>{escape(title)}</title><style>{_CSS}</style></head><body>{body}</body></html>\n")
+
+
+def _versions_line(v: dict[str, Any]) -> str:
+    keys = ("attnrank", "torch", "numpy", "scipy", "python")
+    return ", ".join(f"{k} {v[k]}" for k in keys if k in v)
+
+
+# --------------------------------------------------------------------------- pages
 
 
 def render_report(*, meta: dict[str, Any], claims: list[dict[str, Any]], figures: list[dict[str, Any]]) -> str:
-    """The whole report as one HTML string.
+    """The report of one reproduction as one HTML string.
 
-    ``meta``: name, title, source, quick, runtime_s, params, versions, notes.
-    ``claims``: claim dicts (see reproduce.Claim). ``figures``: dicts with name, caption,
-    png_base64.
+    ``meta``: name, title, source, quick, runtime_s, params, versions, notes (and optionally
+    quote, quote_source). ``claims``: claim dicts as in claims.json. ``figures``: dicts with
+    name, caption, png_base64.
     """
-    n_held = sum(bool(c["held"]) for c in claims)
-    figs = "".join(
-        f"<figure><img alt='{escape(f['name'])}' src='data:image/png;base64,{f['png_base64']}'>"
-        f"<figcaption><b>{escape(f['name'])}</b>: {escape(f.get('caption', ''))}</figcaption></figure>"
-        for f in figures
-    )
-    notes = "".join(f"<li>{escape(n)}</li>" for n in meta.get("notes", []))
-    quick = " (quick variant)" if meta.get("quick") else ""
-    return (
-        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
-        f"<title>attnrank reproduce {escape(meta['name'])}</title><style>{_CSS}</style></head><body>"
-        f"<h1>attnrank reproduce {escape(meta['name'])}{quick}</h1>"
-        f"<p class='sub'>{escape(meta.get('title', ''))}<br>source: {escape(meta.get('source', ''))}<br>"
-        f"runtime {meta.get('runtime_s', float('nan')):.2f} s</p>"
-        f"<h2>Claims: {n_held} of {len(claims)} held</h2>{_claims_table(claims)}"
-        + (f"<h2>Notes</h2><ul>{notes}</ul>" if notes else "")
-        + f"<h2>Figures</h2>{figs}"
-        f"<h2>Parameters</h2>{_kv_table(meta.get('params', {}))}"
-        f"<h2>Library versions</h2>{_kv_table(meta.get('versions', {}))}"
-        "<p class='sub'>Raw series: data.json; claims: claims.json; run metadata: run.json.</p>"
-        "</body></html>\n"
-    )
+    name = meta["name"]
+    body = (f"<h1>attnrank reproduce {escape(name)}</h1>"
+            f"<p class='sub'>{'quick' if meta.get('quick') else 'full'} profile, "
+            f"{fmt_value(meta.get('runtime_s'), 3)} s; {escape(_versions_line(meta.get('versions', {})))}</p>"
+            + _summary_table([(name, meta, claims, None)])
+            + f"<p class='reading'>{escape(reading(claims))}</p>"
+            + _section(name, meta, claims, figures)
+            + f"<details><summary>library versions</summary><div>{_kv_table(meta.get('versions', {}))}</div></details>"
+            "<p class='sub'>Raw series: data.json; claims: claims.json; run metadata: run.json.</p>")
+    return _page(f"attnrank reproduce {name}", body)
 
 
 def render_combined(*, entries: list[Any], figures: dict[str, list[dict[str, Any]]],
                     summary: dict[str, Any]) -> str:
-    """One page for every reproduction: all claims first, then each reproduction's figures,
-    parameters and runtime, then the environment. ``entries`` are reproduce.AllEntry."""
-    claims = [{**c, "name": f"{e.name}: {c['name']}"} for e in entries for c in e.claims]
-    errors = "".join(f"<li><b>{escape(e.name)}</b> failed: {escape(e.error)}</li>" for e in entries if e.error)
-    index = "".join(
-        f"<tr><td><a href='#{escape(e.name)}'>{escape(e.name)}</a></td><td>{escape(e.meta.get('title', ''))}</td>"
-        f"<td class='num'>{sum(bool(c['held']) for c in e.claims)} / {len(e.claims)}</td>"
-        f"<td class='num'>{fmt_value(e.meta.get('runtime_s'), 3)} s{' (cached)' if e.cached else ''}</td></tr>"
-        for e in entries
-    )
-    sections = []
-    for e in entries:
-        figs = "".join(
-            f"<figure><img alt='{escape(f['name'])}' src='data:image/png;base64,{f['png_base64']}'>"
-            f"<figcaption><b>{escape(f['name'])}</b>: {escape(f.get('caption', ''))}</figcaption></figure>"
-            for f in figures.get(e.name, [])
-        )
-        notes = "".join(f"<li>{escape(n)}</li>" for n in e.meta.get("notes", []))
-        sections.append(
-            f"<h2 id='{escape(e.name)}'>{escape(e.name)}: {escape(e.meta.get('title', ''))}</h2>"
-            f"<p class='sub'>source: {escape(e.meta.get('source', ''))}; runtime "
-            f"{fmt_value(e.meta.get('runtime_s'), 3)} s</p>"
-            + (f"<p class='failed'>failed: {escape(e.error)}</p>" if e.error else "")
-            + (f"<ul>{notes}</ul>" if notes else "") + figs
-            + f"<h3>Parameters</h3>{_kv_table(e.meta.get('params', {}))}"
-        )
+    """One page for every reproduction: what ran and the summary table first, a plain-language
+    reading, then one section per reproduction. ``entries`` are runner.AllEntry."""
     profile = "quick" if summary.get("quick") else "full"
-    return (
-        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
-        f"<title>attnrank reproduce all ({profile})</title><style>{_CSS}</style></head><body>"
-        f"<h1>attnrank reproduce all ({profile} profile)</h1>"
-        f"<p class='sub'>{summary['claims_held']} of {summary['claims_total']} claims held; total runtime "
-        f"{fmt_value(summary.get('total_runtime_s'), 4)} s</p>"
-        + (f"<h2>Errors</h2><ul>{errors}</ul>" if errors else "")
-        + f"<h2>Claims</h2>{_claims_table(claims)}"
-        f"<h2>Reproductions</h2><table><tr><th>name</th><th>title</th><th>held</th><th>runtime</th></tr>"
-        f"{index}</table>" + "".join(sections)
-        + f"<h2>Environment</h2>{_kv_table(summary.get('versions', {}))}"
-        "<p class='sub'>Per-reproduction reports, claims, raw data and PNGs are in the NAME/ folders beside "
-        "this file; all claims: claims.json; runtimes: summary.json.</p></body></html>\n"
-    )
+    all_claims = [c for e in entries for c in e.claims]
+    rows = [(e.name, e.meta, e.claims, e.error) for e in entries]
+    body = (f"<h1>attnrank: which of the documents' statements hold here</h1>"
+            f"<p class='sub'>reproduce all, {profile} profile; total runtime "
+            f"{fmt_value(summary.get('total_runtime_s'), 4)} s; "
+            f"{escape(_versions_line(summary.get('versions', {})))}</p>"
+            + _summary_table(rows)
+            + f"<p class='reading'>{escape(reading(all_claims))}</p>"
+            + "".join(_section(e.name, e.meta, e.claims, figures.get(e.name, []), e.error) for e in entries)
+            + f"<h2>Environment</h2>{_kv_table(summary.get('versions', {}))}"
+            "<p class='sub'>Per-reproduction reports, claims, raw data and PNGs are in the NAME/ folders beside "
+            "this file; all claims: claims.json; runtimes: summary.json.</p>")
+    return _page(f"attnrank reproduce all ({profile})", body)

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from attnrank.errors import AttnRankError
-from attnrank.studies.registry import Claim, Result, get, names, tally
+from attnrank.studies.registry import QUOTES, Claim, Result, get, names, tally
 from attnrank.util.env import versions
 from attnrank.util.fileio import jsonable, prepare_out_dir, write_atomic, write_json, write_text
 
@@ -156,6 +156,8 @@ def run(name: str, out: str | Path, *, quick: bool = False, replot: bool = False
         "claims_held": sum(c["held"] for c in claims),
         "claims_total": len(claims),
         "tally": tally(claims),
+        "quote": QUOTES.get(name, ("", ""))[0],
+        "quote_source": QUOTES.get(name, ("", ""))[1],
         "notes": list(result.notes),
         "figures": [{"name": f["name"], "caption": f["caption"]} for f in figures],
     }
