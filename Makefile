@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_OUT ?= demo-out
 
-.PHONY: venv demo test lint bench gallery reproduce-full clean
+.PHONY: venv demo test lint bench gallery gallery-full reproduce-full clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -40,6 +40,10 @@ gallery: $(STAMP)
 # The full profile (longer; resumable: re-run to continue).
 reproduce-full: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/attnrank reproduce all --full --out out/full
+
+# The full profile's claims table into docs/claims_full.md and the README.
+gallery-full: reproduce-full
+	$(BIN)/python docs/gallery.py out/full docs
 
 clean:
 	rm -rf $(VENV) $(DEMO_OUT)
