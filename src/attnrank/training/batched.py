@@ -1,5 +1,22 @@
-"""The scale-invariance experiment's training: many small ReLU + LayerNorm MLPs on digits,
-trained side by side with batched SGD / AdamW (one tensor per parameter, a leading run axis)."""
+"""The scale-invariance experiment's training (REFERENCE.md §5): many small ReLU + LayerNorm MLPs
+on scikit-learn's digits, trained side by side with batched SGD / AdamW (one tensor per
+parameter, a leading run axis), in three residual variants (``N`` = LayerNorm, ``h₀ = x`` the
+standardised input):
+
+- ``none`` (no residual):   ``h ← N(ReLU(W h))``,        logits = ``A h + b``
+- ``post`` (post-norm):     ``h ← h + N(ReLU(W h))``,    logits = ``A h + b``
+- ``pre``  (pre-norm):      ``h ← h + ReLU(W N(h))``,    logits = ``A N(h) + b``
+
+Each W is scale-invariant in ``none`` and ``post`` and not in ``pre``. Decay λ is applied to the
+block matrices W only (the head A, b and the LayerNorm gains are not decayed: decaying A would
+change the logits' scale in every variant). All runs of a variant train together on the same
+minibatches, each from its seed's initialisation, so within a seed λ (and η) is the only
+difference. The input is added to the stream without a weight in front of it.
+
+The optimisers (batched re-implementations of ``torch.optim.SGD`` with momentum and coupled L2,
+and ``torch.optim.AdamW``, tested against them) track per step the norm, the effective learning
+rate η/‖W‖², the angle W turns by, the gradient norm and cos(∇L, W).
+"""
 
 from __future__ import annotations
 
@@ -14,9 +31,7 @@ import torch.nn as nn
 
 from attnrank.errors import AttnRankError
 
-# =========================================================================== the experiment
-
-VARIANTS = ("none", "post", "pre")
+RESIDUAL_VARIANTS = ("none", "post", "pre")
 VARIANT_FORMS = {
     "none": "h <- N(ReLU(W h)); logits = A h + b",
     "post": "h <- h + N(ReLU(W h)); logits = A h + b",
@@ -26,6 +41,8 @@ VARIANT_FORMS = {
 
 @dataclass
 class Digits:
+    """A train/test split of the digits: flattened images (N, 64) float32, labels (N,) int64."""
+
     x_train: torch.Tensor
     y_train: torch.Tensor
     x_test: torch.Tensor
@@ -33,13 +50,15 @@ class Digits:
 
 
 def digits_data(n_test: int = 497, seed: int = 0) -> Digits:
-    """scikit-learn digits (1797 8x8 images, 10 classes): a seeded train/test split, pixels
-    standardised with the training set's mean and standard deviation (constant pixels: 0)."""
-    from sklearn.datasets import load_digits
+    """scikit-learn digits (1797 8x8 images, 10 classes, from
+    :func:`attnrank.models.data.digits_arrays`): a seeded train/test split, pixels standardised
+    with the training set's mean and standard deviation (constant pixels: 0)."""
+    from attnrank.models.data import digits_arrays
 
-    X, y = load_digits(return_X_y=True)
+    images, y = digits_arrays()
+    X = images.reshape(len(y), -1)
     perm = np.random.default_rng(seed).permutation(len(y))
-    X, y = X[perm] / 16.0, y[perm]
+    X, y = X[perm], y[perm]
     Xtr, Xte = X[n_test:], X[:n_test]
     mu, sd = Xtr.mean(0), Xtr.std(0)
     sd[sd == 0] = 1.0
@@ -60,8 +79,8 @@ class BatchedMLP(nn.Module):
     def __init__(self, variant: str, seeds: Sequence[int], d: int = 64, depth: int = 3, n_classes: int = 10,
                  eps: float = 1e-5):
         super().__init__()
-        if variant not in VARIANTS:
-            raise AttnRankError(f"variant must be one of {', '.join(VARIANTS)}; got {variant!r}")
+        if variant not in RESIDUAL_VARIANTS:
+            raise AttnRankError(f"variant must be one of {', '.join(RESIDUAL_VARIANTS)}; got {variant!r}")
         self.variant, self.eps, self.depth = variant, eps, depth
         R = len(seeds)
         gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
@@ -96,9 +115,11 @@ class BatchedMLP(nn.Module):
         return h @ self.A.mT + self.b[:, None, :]
 
     def decayed(self) -> list[nn.Parameter]:
+        """The block matrices W (the decayed parameters)."""
         return list(self.W)
 
     def others(self) -> list[nn.Parameter]:
+        """Head and LayerNorm parameters (not decayed)."""
         return [*self.gain, *self.shift, self.A, self.b]
 
 
@@ -187,6 +208,82 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[np.nda
     return loss.view(R, B).mean(1).double().numpy(), (logits.argmax(-1) == y).double().mean(1).numpy()
 
 
+def make_optimizer(model: BatchedMLP, optimizer: str, lams: Sequence[float], lrs: Sequence[float],
+                   lr_other: float | Sequence[float] | None, momentum: float) -> BatchedSGD | BatchedAdamW:
+    """The batched optimiser (``sgd`` or ``adamw``) over ``model``'s W (lr, lam per run) and its
+    other parameters (``lr_other`` per run, default each run's lr; no decay)."""
+    R = len(lams)
+    lam_t = torch.tensor(lams, dtype=torch.float32)
+    lr_t = torch.tensor(lrs, dtype=torch.float32)
+    if lr_other is None:
+        lro = lr_t
+    else:
+        lro = torch.tensor([lr_other] * R if np.isscalar(lr_other) else list(lr_other), dtype=torch.float32)
+    if optimizer == "sgd":
+        return BatchedSGD(model.decayed(), model.others(), lr_t, lam_t, momentum, lr_other=lro)
+    if optimizer == "adamw":
+        return BatchedAdamW(model.decayed(), model.others(), lr_t, lam_t, lr_other=lro)
+    raise ValueError(optimizer)
+
+
+class _Recorder:
+    """Per-step measurements of the block matrices, averaged over logging windows, and the
+    periodic full evaluations (see :func:`train_runs` for what each series is)."""
+
+    STEP_KEYS = ("angle", "grad_sq", "cos_gw", "update_sq")
+
+    def __init__(self, model: BatchedMLP, lr: torch.Tensor, data: Digits):
+        self.model, self.Ws, self.lr, self.data = model, model.decayed(), lr, data
+        R, L = model.A.shape[0], len(self.Ws)
+        self.hist: dict[str, list] = {k: [] for k in ("step", "norm", "eff_lr", *self.STEP_KEYS, "loss")}
+        self.ev: dict[str, list] = {k: [] for k in ("eval_step", "train_loss", "train_acc", "test_loss", "test_acc")}
+        self.acc = {k: torch.zeros(R, L, dtype=torch.float64) for k in self.STEP_KEYS}
+        self.acc_loss = torch.zeros(R, dtype=torch.float64)
+
+    @torch.no_grad()
+    def step(self, opt: BatchedSGD | BatchedAdamW, loss: torch.Tensor) -> None:
+        """Apply ``opt.step()`` and measure it, on all block matrices at once: (L, R, d, d)."""
+        Ws, acc = self.Ws, self.acc
+        before = torch.stack([w.detach() for w in Ws])
+        g = torch.stack([w.grad for w in Ws])
+        nb = before.pow(2).sum((-2, -1)).sqrt()
+        ng = g.pow(2).sum((-2, -1)).sqrt()
+        acc["grad_sq"] += (ng.double() ** 2).T
+        acc["cos_gw"] += ((g * before).sum((-2, -1)).double() / (ng.double() * nb.double() + 1e-300)).T
+        upd = opt.step()
+        after = torch.stack([w.detach() for w in Ws])
+        na = after.pow(2).sum((-2, -1)).sqrt()
+        chord = (after / na[..., None, None] - before / nb[..., None, None]).pow(2).sum((-2, -1)).sqrt()
+        acc["angle"] += (2 * torch.asin((chord.double() / 2).clamp(max=1.0))).T
+        acc["update_sq"] += torch.stack([upd[id(w)].pow(2).sum((-2, -1)) for w in Ws]).double().T
+        self.acc_loss += loss.detach().double()
+
+    def window(self, step: int, per: int) -> None:
+        """Close a logging window of ``per`` steps ending at ``step``."""
+        R = self.acc_loss.shape[0]
+        norms = torch.stack([_sq(w.detach()).sqrt() for w in self.Ws], 1)
+        self.hist["step"].append(step)
+        self.hist["norm"].append(norms.numpy())
+        self.hist["eff_lr"].append((self.lr.double().view(R, 1) / norms**2).numpy())
+        for k in self.acc:
+            self.hist[k].append((self.acc[k] / per).numpy())
+            self.acc[k].zero_()
+        self.hist["loss"].append((self.acc_loss / per).numpy())
+        self.acc_loss.zero_()
+
+    def evaluate(self, step: int) -> None:
+        """Full train and test loss/accuracy per run."""
+        d = self.data
+        trl, tra = evaluate(self.model, d.x_train, d.y_train)
+        tel, tea = evaluate(self.model, d.x_test, d.y_test)
+        for k, v in zip(self.ev, (step, trl, tra, tel, tea), strict=True):
+            self.ev[k].append(v)
+
+    def series(self) -> dict[str, np.ndarray]:
+        """Every recorded series as an array."""
+        return {k: np.asarray(v) for k, v in {**self.hist, **self.ev}.items()}
+
+
 def train_runs(variant: str, *, lams: Sequence[float], lrs: Sequence[float], seeds: Sequence[int],
                data: Digits, lr_other: float | Sequence[float] | None = None, optimizer: str = "sgd",
                steps: int = 2000, batch: int = 128, momentum: float = 0.9,
@@ -208,44 +305,21 @@ def train_runs(variant: str, *, lams: Sequence[float], lrs: Sequence[float], see
     - ``update_sq`` (R, L): mean ‖u‖² of the update direction (SGD: momentum buffer incl. decay;
       AdamW: m̂/(√v̂+ε));
     - ``loss`` (R,): mean minibatch loss; evaluations (``eval_step``): full train/test loss/accuracy.
+
+    Also returned: the settings, ``n_entries`` per W and the trained ``model``.
     """
     if not (len(lams) == len(lrs) == len(seeds)) or not lams:
         raise ValueError("lams, lrs and seeds must have the same positive length")
     R = len(lams)
     model = BatchedMLP(variant, seeds, d=data.x_train.shape[1], depth=depth,
                        n_classes=int(data.y_train.max()) + 1)
-    lam_t = torch.tensor(lams, dtype=torch.float32)
-    lr_t = torch.tensor(lrs, dtype=torch.float32)
-    if lr_other is None:
-        lro = lr_t
-    else:
-        lro = torch.tensor([lr_other] * R if np.isscalar(lr_other) else list(lr_other), dtype=torch.float32)
-    if optimizer == "sgd":
-        opt: BatchedSGD | BatchedAdamW = BatchedSGD(model.decayed(), model.others(), lr_t, lam_t, momentum,
-                                                    lr_other=lro)
-    elif optimizer == "adamw":
-        opt = BatchedAdamW(model.decayed(), model.others(), lr_t, lam_t, lr_other=lro)
-    else:
-        raise ValueError(optimizer)
-    Ws = model.decayed()
-    L = len(Ws)
+    opt = make_optimizer(model, optimizer, lams, lrs, lr_other, momentum)
+    rec = _Recorder(model, opt.lr, data)
     per = max(1, steps // windows)
     eval_every = max(1, steps // evals)
     gen = torch.Generator().manual_seed(data_seed)
     n = data.x_train.shape[0]
-    hist: dict[str, list] = {k: [] for k in ("step", "norm", "eff_lr", "angle", "grad_sq", "cos_gw", "update_sq",
-                                             "loss")}
-    ev: dict[str, list] = {k: [] for k in ("eval_step", "train_loss", "train_acc", "test_loss", "test_acc")}
-
-    def do_eval(step: int) -> None:
-        trl, tra = evaluate(model, data.x_train, data.y_train)
-        tel, tea = evaluate(model, data.x_test, data.y_test)
-        for k, v in zip(ev, (step, trl, tra, tel, tea), strict=True):
-            ev[k].append(v)
-
-    do_eval(0)
-    acc = {k: torch.zeros(R, L, dtype=torch.float64) for k in ("angle", "grad_sq", "cos_gw", "update_sq")}
-    acc_loss = torch.zeros(R, dtype=torch.float64)
+    rec.evaluate(0)
     for step in range(1, steps + 1):
         idx = torch.randint(0, n, (batch,), generator=gen)
         xb = data.x_train[idx]
@@ -258,35 +332,14 @@ def train_runs(variant: str, *, lams: Sequence[float], lrs: Sequence[float], see
         for p in model.parameters():
             p.grad = None
         loss.sum().backward()  # runs are independent: each run's gradient is its own loss's
-        with torch.no_grad():  # measurements on all block matrices at once: (L, R, d, d)
-            before = torch.stack([w.detach() for w in Ws])
-            g = torch.stack([w.grad for w in Ws])
-            nb = before.pow(2).sum((-2, -1)).sqrt()
-            ng = g.pow(2).sum((-2, -1)).sqrt()
-            acc["grad_sq"] += (ng.double() ** 2).T
-            acc["cos_gw"] += ((g * before).sum((-2, -1)).double() / (ng.double() * nb.double() + 1e-300)).T
-            upd = opt.step()
-            after = torch.stack([w.detach() for w in Ws])
-            na = after.pow(2).sum((-2, -1)).sqrt()
-            chord = (after / na[..., None, None] - before / nb[..., None, None]).pow(2).sum((-2, -1)).sqrt()
-            acc["angle"] += (2 * torch.asin((chord.double() / 2).clamp(max=1.0))).T
-            acc["update_sq"] += torch.stack([upd[id(w)].pow(2).sum((-2, -1)) for w in Ws]).double().T
-            acc_loss += loss.detach().double()
+        rec.step(opt, loss)
         if step % per == 0:
-            norms = torch.stack([_sq(w.detach()).sqrt() for w in Ws], 1)
-            hist["step"].append(step)
-            hist["norm"].append(norms.numpy())
-            hist["eff_lr"].append((lr_t.double().view(R, 1) / norms**2).numpy())
-            for k in acc:
-                hist[k].append((acc[k] / per).numpy())
-                acc[k].zero_()
-            hist["loss"].append((acc_loss / per).numpy())
-            acc_loss.zero_()
+            rec.window(step, per)
         if step % eval_every == 0 or step == steps:
-            do_eval(step)
-    out = {k: np.asarray(v) for k, v in {**hist, **ev}.items()}
+            rec.evaluate(step)
+    out: dict[str, Any] = rec.series()
     out.update(variant=variant, optimizer=optimizer, lams=np.asarray(lams, float), lrs=np.asarray(lrs, float),
-               lr_other=lro.double().numpy(), seeds=np.asarray(seeds),
+               lr_other=opt.lr_other.double().numpy(), seeds=np.asarray(seeds),
                momentum=momentum if optimizer == "sgd" else None, steps=steps, batch=batch,
-               input_noise=input_noise, n_entries=np.array([w.shape[1] * w.shape[2] for w in Ws]), model=model)
+               input_noise=input_noise, n_entries=np.array([w.shape[1] * w.shape[2] for w in rec.Ws]), model=model)
     return out

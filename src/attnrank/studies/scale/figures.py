@@ -1,4 +1,4 @@
-"""Figures of the scale reproduction (training curves, equilibrium)."""
+"""Figures of the scale reproduction (training curves, equilibrium), drawn from the stored data."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ import numpy as np  # noqa: E402
 from attnrank.studies.toys_plots import _lam_colors  # noqa: E402
 
 
-def scale_training_curves(runs: dict, index: dict, variants, beta: float) -> plt.Figure:
+def scale_training_curves(runs: dict, variants, beta: float) -> plt.Figure:
     """Rows: variants; columns: |W| (mean over block matrices), η/|W|², minibatch loss, against
     step; one line per λ (first seed, the λ grid)."""
     fig, axes = plt.subplots(len(variants), 3, figsize=(15, 3.4 * len(variants)), squeeze=False)
     for i, v in enumerate(variants):
-        r = runs[v]
+        r = {k: np.asarray(x) if k in ("norm", "eff_lr", "loss") else x for k, x in runs[v].items()}
         seed0 = r["seeds"][0]
-        cols = [j for j, g in enumerate(index[v]) if g == "grid" and r["seeds"][j] == seed0]
+        cols = [j for j, g in enumerate(r["group"]) if g == "grid" and r["seeds"][j] == seed0]
         colors = _lam_colors(len(cols))
         for c, j in zip(colors, cols, strict=True):
             lab = f"λ = {r['lams'][j]:g}"
@@ -99,3 +99,22 @@ def scale_equilibrium(summ: dict, adamw: list, variants, beta: float) -> plt.Fig
         axes[3].legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+def figures(data: dict, p) -> list:
+    """The two figures of the reproduction, from the stored data."""
+    from attnrank.studies.registry import FigureOut
+    from attnrank.studies.scale.summary import run_summary, summaries
+
+    variants = tuple(data["runs"])
+    summ = summaries(data, p.tail)
+    asum = run_summary(data["adamw"], p.tail)
+    return [
+        FigureOut("scale_curves", scale_training_curves(data["runs"], variants, beta=p.momentum),
+                  "Norm of the block matrices, effective learning rate eta/|W|^2 and training loss (minibatch, with input "
+                  f"noise) against step, per variant (rows) and lam (colours); seed {p.seeds[0]}, lr_W = {p.lr:g}."),
+        FigureOut("scale_equilibrium", scale_equilibrium(summ, asum, variants, beta=p.momentum),
+                  "Left: angular update per step against the SGD prediction sqrt(2 eta lam/(1+beta)) (equilibrated runs "
+                  "filled). Centre: final clean training loss and test accuracy against lam. Right: AdamW equilibrium "
+                  "norm against eta/lam, with a slope-1/2 reference line."),
+    ]

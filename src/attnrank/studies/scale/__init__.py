@@ -1,0 +1,26 @@
+"""Reproduction 'scale': the third document's scale-invariance claims (REFERENCE.md §5).
+
+ReLU + LayerNorm MLPs on digits in three residual variants (none, post-norm, pre-norm; see
+:mod:`attnrank.training.batched`), trained with SGD over a λ grid and an η·λ = const group, and
+with AdamW (variant none). Every minibatch gets fresh Gaussian input noise: without it the net
+interpolates the 1,300 training images, the gradient noise dies out and the equilibrium that the
+predictions (angular update √(2ηλ/(1+β)), norm ‖W‖² = η E‖g‖²/(2λ(1−β)); AdamW ‖W‖ ∝ √(η/λ))
+describe never forms (the full profile reports that case in a note).
+
+Parts: :mod:`.params` (profiles), :mod:`.experiment` (``run``), :mod:`.claims`, :mod:`.figures`,
+:mod:`.notes`.
+"""
+
+from attnrank.studies.registry import CATALOGUE, Study, register_study
+from attnrank.studies.scale.claims import claims as judge
+from attnrank.studies.scale.experiment import run as run_experiment
+from attnrank.studies.scale.figures import figures as draw
+from attnrank.studies.scale.notes import notes as prose
+from attnrank.studies.scale.params import ScaleParams
+
+STUDY = register_study(Study(
+    name="scale", title=CATALOGUE["scale"][1],
+    source="Dar 2023, 'Weight decay is useless without residual connections' (seed 002); REFERENCE.md §5",
+    params=ScaleParams, run=run_experiment, claims=judge, figures=draw, notes=prose))
+
+__all__ = ["STUDY", "ScaleParams"]
