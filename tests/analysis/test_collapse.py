@@ -13,11 +13,13 @@ import torch
 
 from attnrank.analysis import collapse as C
 from attnrank.errors import AttnRankError
+from attnrank.models.opener import open_model, resolve, tokenize
+from attnrank.util.threads import torch_threads
 
 
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
-    with C.torch_threads(1):
+    with torch_threads(1):
         yield
 
 
@@ -204,18 +206,18 @@ def test_depth_sweep_small():
 
 @pytest.fixture(scope="module")
 def minilm_loaded():
-    return C.load("minilm")
+    return open_model("minilm", n_inputs=0)
 
 
 @pytest.fixture(scope="module")
 def minilm_ids(minilm_loaded, sentences):
-    ids, desc = C.tokenize(sentences[:2], minilm_loaded.path, minilm_loaded.vocab_size, 40)
+    ids, desc = tokenize(sentences[:2], minilm_loaded.path, minilm_loaded.vocab_size, 40)
     assert "tokenizer.json" in desc and ids[0][0] == 101  # [CLS] from BERT's own tokenizer
     return [torch.tensor([i]) for i in ids]
 
 
 def test_minilm_full_variant_equals_hf_hidden_states(minilm_loaded, minilm_ids):
-    ad = minilm_loaded.make("pretrained", 0)
+    ad = C.make_adapter(minilm_loaded, "pretrained", 0)
     for ids in minilm_ids:
         cap = ad.reference(ids)
         full = C.run_variant(ad, cap, "full")
@@ -245,7 +247,7 @@ def _bert_hook_surgery(model, ids, skip: bool, mlp: bool):
 
 @pytest.mark.parametrize("init", ["pretrained", "random"])
 def test_minilm_variants_equal_hook_surgery(minilm_loaded, minilm_ids, init):
-    ad = minilm_loaded.make(init, 3)
+    ad = C.make_adapter(minilm_loaded, init, 3)
     ids = minilm_ids[0]
     cap = ad.reference(ids)
     for variant, (skip, mlp) in C.VARIANT_SWITCHES.items():
@@ -256,11 +258,11 @@ def test_minilm_variants_equal_hook_surgery(minilm_loaded, minilm_ids, init):
 
 
 def test_random_init_is_seeded_and_differs(minilm_loaded):
-    a, b, c = (minilm_loaded.make("random", s).model for s in (5, 5, 6))
+    a, b, c = (C.make_adapter(minilm_loaded, "random", s).model for s in (5, 5, 6))
     w = "encoder.layer.0.attention.self.query.weight"
     sa, sb, sc = (m.state_dict()[w] for m in (a, b, c))
     assert torch.equal(sa, sb) and not torch.equal(sa, sc)
-    assert not torch.equal(sa, minilm_loaded.make("pretrained", 0).model.state_dict()[w])
+    assert not torch.equal(sa, C.make_adapter(minilm_loaded, "pretrained", 0).model.state_dict()[w])
     assert float(sa.std()) == pytest.approx(0.02, rel=0.05)  # BERT's initializer_range
 
 
@@ -280,9 +282,9 @@ def _tiny(tmp_path, name):
 
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
 def test_prenorm_full_variant_equals_hf(tmp_path, name):
-    lm = C.load(_tiny(tmp_path, name))
-    ad = lm.make("pretrained", 0)
-    ids, desc = C.tokenize(["Real text from the standard library corpus, as bytes."], lm.path, lm.vocab_size, 24)
+    lm = open_model(_tiny(tmp_path, name), n_inputs=0)
+    ad = C.make_adapter(lm, "pretrained", 0)
+    ids, desc = tokenize(["Real text from the standard library corpus, as bytes."], lm.path, lm.vocab_size, 24)
     assert "UTF-8 bytes" in desc
     ids = torch.tensor(ids)
     cap = ad.reference(ids)
@@ -309,7 +311,7 @@ def test_training_run_directory_loads_its_newest_checkpoint(tmp_path):
     cfg = recall_config(steps=2, n_layers=1, d_model=16, n_heads=2, n_pairs=2, n_keys=4, n_values=4,
                         batch_size=4, checkpoint_every=1, track_every=1, log_every=1)
     train(tmp_path / "run", cfg, device="cpu", tensorboard=False)
-    path, cfg_json = C.resolve_source(tmp_path / "run")
+    path, cfg_json = resolve(tmp_path / "run")
     assert path == latest_checkpoint(tmp_path / "run") and path.name.endswith("2")
     assert cfg_json["model_type"] == "attnrank"
 
@@ -320,9 +322,9 @@ def test_project_model_variants(tmp_path):
     torch.manual_seed(0)
     m = Transformer(ModelConfig(vocab_size=256, max_seq_len=32, n_layers=2, d_model=16, n_heads=2))
     m.save_pretrained(tmp_path / "model")
-    lm = C.load(tmp_path / "model")
+    lm = open_model(tmp_path / "model", n_inputs=0)
     assert lm.model_type == "attnrank"
-    ad = lm.make("pretrained", 0)
+    ad = C.make_adapter(lm, "pretrained", 0)
     ids = C.byte_batch(1, 20)
     cap = ad.reference(ids)
     for a, b in zip(C.run_variant(ad, cap, "full"), cap["hidden_states"], strict=True):
@@ -344,14 +346,14 @@ def test_analyze_end_to_end(tmp_path, sentences):
     first = t[(t.layer == 0) & (t.measure == C.PRIMARY)]
     assert first["mean"].nunique() == 1  # every variant starts from the same embedding output
     # the full variant's measure equals the measure of HF's own hidden states
-    lm = C.load("minilm")
-    ids, _ = C.tokenize(res.meta["texts"][:1], lm.path, lm.vocab_size, 24)
+    lm = open_model("minilm", n_inputs=0)
+    ids, _ = tokenize(res.meta["texts"][:1], lm.path, lm.vocab_size, 24)
     with torch.no_grad():
-        hs = lm.make("pretrained", 0).model(input_ids=torch.tensor(ids), output_hidden_states=True).hidden_states
+        hs = lm.model(input_ids=torch.tensor(ids), output_hidden_states=True).hidden_states
     direct = C.residual(torch.stack([h[0] for h in hs]), "composite")
     np.testing.assert_allclose(res.values["pretrained/full"][0, :, C.MEASURES.index(C.PRIMARY)], direct, rtol=1e-12)
     s = res.summary()
-    assert list(s.variant) == list(C.VARIANTS)
+    assert list(s.variant) == list(C.SURGERY_VARIANTS)
     ps = res.path_summary()
     assert list(ps.length) == list(range(7)) and ps.n_paths.tolist() == C.path_counts(6, 12)
     files = C.save(res, tmp_path / "out")
@@ -364,19 +366,32 @@ def test_analyze_end_to_end(tmp_path, sentences):
 
 def test_user_errors(tmp_path):
     with pytest.raises(AttnRankError, match="no such file"):
-        C.load(tmp_path / "missing")
+        C.analyze(tmp_path / "missing")
     bad = tmp_path / "t5"
     bad.mkdir()
     (bad / "config.json").write_text(json.dumps({"model_type": "t5"}))
     with pytest.raises(AttnRankError, match="does not support model_type 't5'"):
-        C.load(bad)
+        C.analyze(bad)
     (tmp_path / "run" / "checkpoints").mkdir(parents=True)
     with pytest.raises(AttnRankError, match="without a complete checkpoint"):
-        C.load(tmp_path / "run")
+        C.analyze(tmp_path / "run")
     with pytest.raises(AttnRankError, match="unknown variant"):
         C.analyze("minilm", variants=("nope",))
     with pytest.raises(AttnRankError):
         C.analyze("minilm", n_seqs=1)
+
+
+def test_surgery_modules_come_from_the_layout_table():
+    from attnrank.io.layouts import layout_for
+
+    assert C.surgery_modules({"model_type": "bert"}) is layout_for({"model_type": "bert"}).modules
+    assert C.surgery_modules({"model_type": "attnrank"}) is None
+    with pytest.raises(AttnRankError, match="not 'ViT'"):
+        C.surgery_modules({"model_type": "attnrank", "architecture": "ViT"})
+    for mt in ("gemma", "vit", "t5"):  # in the table without modules, or not at all
+        with pytest.raises(AttnRankError, match="does not support"):
+            C.surgery_modules({"model_type": mt})
+    assert {"bert", "roberta", "gpt2", "llama", "mistral", "qwen2", "attnrank"} <= set(C.supported_model_types())
 
 
 def test_cli_collapse(tmp_path):
@@ -391,18 +406,3 @@ def test_cli_collapse(tmp_path):
     assert len(payload["summary"]) == 8 and (tmp_path / "o" / "layers.csv").exists()
     r = CliRunner().invoke(app, ["collapse", str(tmp_path / "nothing")])
     assert r.exit_code == 2 and "no such file" in r.output and "Traceback" not in r.output
-
-
-def test_reproduction_quick(tmp_path):
-    from attnrank.report import runner as reproduce
-
-    s = reproduce.run("collapse", tmp_path, quick=True)
-    names = [c.name for c in s.claims]
-    assert names[:4] == ["collapse.pure_attention", "collapse.skip_prevents", "collapse.mlp_slows",
-                         "collapse.mlp_does_not_prevent"]
-    by = {c.name: c for c in s.claims}
-    # correctness checks (not research outcomes): exact path sum, path counts
-    assert by["collapse.path_sum_exact"].held and by["collapse.path_counts"].held
-    for c in s.claims:
-        assert c.measured is not None and c.detail
-    assert (tmp_path / "collapse_layers.png").exists() and (tmp_path / "report.html").exists()

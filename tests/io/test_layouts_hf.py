@@ -232,3 +232,37 @@ def test_gpt2_lm_head_with_tied_embeddings(tmp_path):
     r = analyze(tmp_path)
     assert r.meta["layout"]["prefix"] == "transformer." and r.meta["layout"]["split"] == "conv1d_fused"
     assert len(r.table) == 2 * 4 * 2
+
+
+SURGERY = {  # model_type: (config, model class) of a small live model
+    "bert": (lambda: tf.BertConfig(**SMALL), tf.BertModel),
+    "gpt2": (ARCHS["gpt2"][0], tf.GPT2Model),
+    "llama": (ARCHS["llama_gqa"][0], tf.LlamaModel),
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(SURGERY))
+def test_layout_modules_name_live_submodules(model_type):
+    """A row's ``modules`` (what collapse surgery calls) names real submodules of a live model."""
+    from attnrank.io.layouts import layout_for, surgery_model_types
+
+    make_cfg, cls = SURGERY[model_type]
+    model = cls(make_cfg())
+    m = layout_for({"model_type": model_type}).modules
+    assert m is not None and model_type in surgery_model_types()
+    layers = model.get_submodule(m.layers)
+    assert isinstance(layers, torch.nn.ModuleList) and len(layers) == 2
+    names = [m.attn, m.mlp] + ([m.attn_out, m.mlp_out] if m.placement == "post" else [m.attn_norm, m.mlp_norm])
+    for name in names:
+        assert name and layers[1].get_submodule(name) is not None
+    assert model.get_submodule(m.attention(1)) is layers[1].get_submodule(m.attn)
+    if m.final_norm:
+        assert model.get_submodule(m.final_norm) is not None
+
+
+def test_rows_without_modules_are_not_offered_to_surgery():
+    from attnrank.io.layouts import LAYOUTS, surgery_model_types
+
+    with_modules = {t for lay in LAYOUTS if lay.modules is not None for t in lay.model_types}
+    assert set(surgery_model_types()) == with_modules
+    assert {"mixtral", "gemma2", "vit", "distilbert", "attnrank"}.isdisjoint(with_modules)

@@ -11,8 +11,10 @@ Conventions (REFERENCE.md §1), PyTorch ``nn.Linear`` layout ``weight = (out, in
 Each row of :data:`LAYOUTS` names, for a family of ``model_type``, the per-layer tensor names
 (relative to a prefix found in the checkpoint, e.g. ``model.`` in a ``*ForCausalLM`` file), how
 to read the sizes from the config, and how raw tensors split into heads (a key of
-:data:`SPLITS`). Adding an architecture is adding a row (and its layout test); nothing else
-here knows about models. A user's own layout comes from a small TOML file
+:data:`SPLITS`); where layer surgery on a live model is supported (``attnrank collapse``), the
+row's :class:`Modules` names the submodules of a layer (layer list, attention, norms, MLP).
+Adding an architecture is adding a row (and its layout test); nothing else here knows about
+models. A user's own layout comes from a small TOML file
 (:func:`layout_from_toml`).
 
 Where the splits come from (the fused cases hide bugs in peers' converters):
@@ -214,6 +216,45 @@ def _attnrank_dims(c):
 
 # -- the table -------------------------------------------------------------------------------
 @dataclass(frozen=True)
+class Modules:
+    """Dotted submodule paths of a live model (``AutoModel``, no task head) that layer surgery
+    needs to run one layer from its own parts.
+
+    ``layers``: the layer list; ``placement``: ``post`` (BERT-style ``LN(x + f(x))``, the norm
+    inside each sublayer's output module) or ``pre`` (``x + f(N(x))``); ``attn``: the attention
+    module inside a layer, called with the unmodified model's own arguments; ``final_norm``: the
+    model's norm after the last layer (pre-norm), if any. Pre-norm: ``attn_norm``, ``mlp_norm``,
+    ``mlp`` inside a layer. Post-norm: ``attn_out`` (dense, dropout, LayerNorm after attention),
+    ``mlp`` (the expansion) and ``mlp_out`` (dense, dropout, LayerNorm after the MLP).
+    """
+
+    layers: str
+    placement: str
+    attn: str
+    final_norm: str | None = None
+    attn_norm: str = ""
+    mlp_norm: str = ""
+    mlp: str = ""
+    attn_out: str = ""
+    mlp_out: str = ""
+
+    def __post_init__(self) -> None:
+        if self.placement not in ("post", "pre"):
+            raise ValueError(f"placement must be post or pre, got {self.placement!r}")
+
+    def attention(self, i: int) -> str:
+        """The dotted path of layer ``i``'s attention module from the model's root."""
+        return f"{self.layers}.{i}.{self.attn}"
+
+
+_BERT_MODULES = Modules("encoder.layer", "post", "attention.self", attn_out="attention.output",
+                        mlp="intermediate", mlp_out="output")
+_GPT2_MODULES = Modules("h", "pre", "attn", "ln_f", attn_norm="ln_1", mlp_norm="ln_2", mlp="mlp")
+_LLAMA_MODULES = Modules("layers", "pre", "self_attn", "norm", attn_norm="input_layernorm",
+                         mlp_norm="post_attention_layernorm", mlp="mlp")
+
+
+@dataclass(frozen=True)
 class Layout:
     """How one family of model_type stores its attention.
 
@@ -223,6 +264,7 @@ class Layout:
     ``aliases`` are other name sets for the same roles (a library renamed its modules: a live
     transformers-5 ViT has ``layers.{i}.attention.q_proj`` where saved checkpoints keep
     ``encoder.layer.{i}.attention.attention.query``); the reader takes the first set present.
+    ``modules``: the live model's submodule paths for layer surgery (None: not supported).
     """
 
     model_types: tuple[str, ...]
@@ -233,6 +275,7 @@ class Layout:
     position: Callable[[dict[str, Any]], str] = field(default=lambda c: "absolute")
     qk_norm: Callable[[dict[str, Any]], bool] = field(default=lambda c: False)
     aliases: tuple[dict[str, str], ...] = ()
+    modules: Modules | None = None
 
     def split_for(self, config: dict[str, Any]) -> str:
         return self.split(config) if callable(self.split) else self.split
@@ -260,14 +303,19 @@ def _qkvo(prefix: str, q: str, k: str, v: str, o: str) -> dict[str, str]:
 
 
 _ROTARY = lambda c: "rotary"  # noqa: E731
-_LLAMA = _qkvo("layers.{i}.self_attn.", "q_proj", "k_proj", "v_proj", "o_proj")
+_BERT_QKVO = _qkvo("encoder.layer.{i}.attention.", "self.query", "self.key", "self.value", "output.dense")
+
+
+def _bert_position(c: dict[str, Any]) -> str:
+    pe = c.get("position_embedding_type", "absolute")
+    return "absolute" if pe == "absolute" else pe
+
+_LLAMA_QKVO = _qkvo("layers.{i}.self_attn.", "q_proj", "k_proj", "v_proj", "o_proj")
 
 LAYOUTS: tuple[Layout, ...] = (
-    _row(("bert", "roberta", "xlm-roberta", "camembert", "electra"),
-         tensors=_qkvo("encoder.layer.{i}.attention.", "self.query", "self.key", "self.value", "output.dense"),
-         dims=_hf_dims,
-         position=lambda c: "absolute" if c.get("position_embedding_type", "absolute") == "absolute"
-         else c["position_embedding_type"]),
+    _row(("bert", "roberta", "xlm-roberta", "electra"),
+         tensors=_BERT_QKVO, dims=_hf_dims, position=_bert_position, modules=_BERT_MODULES),
+    _row(("camembert",), tensors=_BERT_QKVO, dims=_hf_dims, position=_bert_position),
     _row(("vit", "deit"),
          tensors=_qkvo("encoder.layer.{i}.attention.", "attention.query", "attention.key", "attention.value",
                        "output.dense"),
@@ -276,7 +324,8 @@ LAYOUTS: tuple[Layout, ...] = (
     _row(("distilbert",), tensors=_qkvo("transformer.layer.{i}.attention.", "q_lin", "k_lin", "v_lin", "out_lin"),
          dims=_distilbert_dims),
     _row(("gpt2",), split="conv1d_fused",
-         tensors={"qkv": "h.{i}.attn.c_attn.weight", "o": "h.{i}.attn.c_proj.weight"}, dims=_gpt2_dims),
+         tensors={"qkv": "h.{i}.attn.c_attn.weight", "o": "h.{i}.attn.c_proj.weight"}, dims=_gpt2_dims,
+         modules=_GPT2_MODULES),
     _row(("gpt_neox",), split="interleaved",
          tensors={"qkv": "layers.{i}.attention.query_key_value.weight", "o": "layers.{i}.attention.dense.weight"},
          dims=_hf_dims, position=_ROTARY),
@@ -286,9 +335,11 @@ LAYOUTS: tuple[Layout, ...] = (
     _row(("falcon",), split=_falcon_split,
          tensors={"qkv": "h.{i}.self_attention.query_key_value.weight", "o": "h.{i}.self_attention.dense.weight"},
          dims=_falcon_dims, position=lambda c: "alibi" if c.get("alibi") else "rotary"),
-    _row(("llama", "mistral", "mixtral", "qwen2", "gemma", "gemma2"), tensors=_LLAMA, dims=_hf_dims,
-         position=_ROTARY),
-    _row(("qwen3", "gemma3_text", "olmo2"), tensors=_LLAMA, dims=_hf_dims, position=_ROTARY,
+    _row(("llama", "mistral", "qwen2"), tensors=_LLAMA_QKVO, dims=_hf_dims, position=_ROTARY,
+         modules=_LLAMA_MODULES),
+    # Same attention tensors; layer surgery not supported (MoE MLP, extra norms around sublayers).
+    _row(("mixtral", "gemma", "gemma2"), tensors=_LLAMA_QKVO, dims=_hf_dims, position=_ROTARY),
+    _row(("qwen3", "gemma3_text", "olmo2"), tensors=_LLAMA_QKVO, dims=_hf_dims, position=_ROTARY,
          qk_norm=lambda c: True),
     _row(("opt",), tensors=_qkvo("decoder.layers.{i}.self_attn.", "q_proj", "k_proj", "v_proj", "out_proj"),
          dims=_hf_dims),
@@ -305,6 +356,11 @@ LAYOUTS: tuple[Layout, ...] = (
 
 def supported_model_types() -> list[str]:
     return sorted(t for lay in LAYOUTS for t in lay.model_types)
+
+
+def surgery_model_types() -> list[str]:
+    """model_types whose row names the live modules that layer surgery needs."""
+    return sorted(t for lay in LAYOUTS if lay.modules is not None for t in lay.model_types)
 
 
 def layout_for(config: dict[str, Any]) -> Layout:
