@@ -30,12 +30,25 @@ def _fit(r2_exp, r2_dexp, r2_3):
             "dexp3": {"r2": r2_3}}
 
 
+def _curves(last: float, spread: float = 0.05, seqs: int = 3) -> list[list[float]]:
+    """Per-sentence residual by layer: from 1 down to about ``last`` (varying by ± spread)."""
+    return [[1.0, 0.9, 0.8, last * (1 + spread * (s - 1))] for s in range(seqs)]
+
+
+def _by_seq(pure=1e-16, mlp=1e-12, skip=0.7, full=0.85, spread=0.05):
+    out = {}
+    for i in ("pretrained", "random"):
+        for v, last in (("skip", skip), ("full", full)):
+            out[f"{i}/{v}"] = _curves(last, spread)
+        out[f"{i}/pure"] = [[1.0, 1e-1, 1e-3, 1e-7, 1e-15, 1e-16, pure]] * 3
+        out[f"{i}/mlp"] = [[1.0, 2e-1, 1e-2, 1e-5, 1e-9, 1e-12, mlp]] * 3
+    return out
+
+
 def _data():
     """Synthetic data shaped like experiment.run's, where every claim holds."""
     seqs = 3
-    pure = [[1.0, 1e-1, 1e-3, 1e-7, 1e-15, 1e-16, 1e-16]] * seqs
-    mlp = [[1.0, 2e-1, 1e-2, 1e-5, 1e-9, 1e-12, 1e-13]] * seqs
-    by_seq = {f"{i}/{v}": c for i in ("pretrained", "random") for v, c in (("pure", pure), ("mlp", mlp))}
+    by_seq = _by_seq()
     curve = {"geo_mean": [1.0, 0.1, 1e-3], "n_fit": 6, "fit": _fit(0.8, 0.99, 0.97)}
     restricted = {"norm=none, init std 0.02": {"geo_mean": [1.0, 1e-5, 1e-11, 1e-16, 1e-16],
                                                "sum_rel_error": 1e-15, "spearman_k_vs_log_residual": -1.0},
@@ -65,11 +78,13 @@ def test_all_hold_on_collapsing_data():
                         "collapse.mlp_does_not_prevent", "collapse.doubly_exponential", "collapse.path_products",
                         "collapse.path_restricted", "collapse.path_sum_exact", "collapse.path_counts"]
     assert all(c.verdict == "held" for c in by.values()), {n: c.measured for n, c in by.items() if not c.held}
+    assert [n for n, c in by.items() if c.kind == "identity"] == ["collapse.path_sum_exact", "collapse.path_counts"]
 
 
 def test_pure_attention_and_mlp_collapse_fail_without_collapse():
     d = _data()
     d["summary"] = _summary(pure=0.5, mlp=0.05)
+    d["primary_by_seq"] = _by_seq(pure=0.5, mlp=0.05)
     by = _by_name(d)
     assert by["collapse.pure_attention"].verdict == "not held"
     assert by["collapse.mlp_does_not_prevent"].verdict == "not held"
@@ -77,8 +92,17 @@ def test_pure_attention_and_mlp_collapse_fail_without_collapse():
 
 def test_skip_prevents_fails_when_skips_collapse():
     d = _data()
-    d["summary"] = _summary(skip=0.1)
-    assert _by_name(d)["collapse.skip_prevents"].verdict == "not held"
+    d["primary_by_seq"] = _by_seq(skip=0.1)
+    c = _by_name(d)["collapse.skip_prevents"]
+    assert c.verdict == "not held" and "pretrained/skip" in c.reason
+
+
+def test_skip_prevents_inconclusive_when_the_spread_straddles_the_threshold():
+    d = _data()
+    d["primary_by_seq"] = _by_seq(skip=0.52, spread=0.5)  # per sentence 0.26, 0.52, 0.78
+    c = _by_name(d)["collapse.skip_prevents"]
+    assert c.verdict == "inconclusive" and "straddles" in c.reason
+    assert c.measured["random/skip"]["2 SE"] > 0.02
 
 
 def test_mlp_slows_fails_when_mlp_is_lower():
@@ -92,16 +116,39 @@ def test_mlp_slows_fails_when_mlp_is_lower():
 def test_mlp_slows_judges_only_layers_above_the_floor():
     d = _data()
     c = _by_name(d)["collapse.mlp_slows"]
-    assert set(c.measured["pretrained"]) == {"mean log10(mlp/pure)", "layer 1", "layer 2", "layer 3"}
+    assert set(c.measured["pretrained"]) == {"mean log10(mlp/pure)", "2 SE over sentences", "layer 1", "layer 2",
+                                             "layer 3"}
+
+
+def test_mlp_slows_inconclusive_inside_the_spread_and_without_layers():
+    d = _data()
+    for i in ("pretrained", "random"):  # sentence 0: MLP higher, sentence 1: lower, sentence 2: equal
+        pure = d["primary_by_seq"][f"{i}/pure"] = [[1.0, 1e-1, 1e-3] for _ in range(3)]
+        d["primary_by_seq"][f"{i}/mlp"] = [[1.0, 2e-1, 2e-3], [1.0, 0.5e-1, 0.5e-3], pure[2]]
+    c = _by_name(d)["collapse.mlp_slows"]
+    assert c.verdict == "inconclusive"
+    for i in ("pretrained", "random"):
+        d["primary_by_seq"][f"{i}/pure"] = [[1.0, 1e-16, 1e-16]] * 3
+    c = _by_name(d)["collapse.mlp_slows"]
+    assert c.verdict == "inconclusive" and "no layer above the floor" in c.reason
 
 
 def test_doubly_exponential_fails_when_the_exponential_fits_better():
     d = _data()
     d["depth_sweep"]["curves"]["0.3"]["fit"] = _fit(0.99, 0.99, 0.90)
-    assert _by_name(d)["collapse.doubly_exponential"].verdict == "not held"
+    c = _by_name(d)["collapse.doubly_exponential"]
+    assert c.verdict == "not held" and "SAN init std 0.3" in c.reason
     d = _data()
     d["pure_fits"]["pretrained"]["fit"] = _fit(0.5, 0.90, 0.89)  # R2 below 0.95
     assert _by_name(d)["collapse.doubly_exponential"].verdict == "not held"
+
+
+def test_doubly_exponential_inconclusive_when_nothing_can_be_fitted():
+    d = _data()
+    d["depth_sweep"]["curves"]["0.3"]["fit"] = {"n_points": 2, "fitted": False}
+    d["pure_fits"]["pretrained"]["fit"] = {"n_points": 3, "fitted": False}
+    c = _by_name(d)["collapse.doubly_exponential"]
+    assert c.verdict == "inconclusive" and c.reason
 
 
 def test_path_products_fails_when_not_decreasing():
@@ -123,11 +170,18 @@ def test_path_sum_and_counts_fail_on_a_bug():
     d["path_restricted"]["norm=pre, init std 0.02"]["sum_rel_error"] = 1e-6
     d["path_enumeration"][0]["counts"] = [1, 4, 3]
     by = _by_name(d)
-    assert by["collapse.path_sum_exact"].verdict == "not held"
-    assert by["collapse.path_counts"].verdict == "not held"
+    assert by["collapse.path_sum_exact"].verdict == "not held" and by["collapse.path_sum_exact"].kind == "identity"
+    assert by["collapse.path_counts"].verdict == "not held" and by["collapse.path_counts"].kind == "identity"
     d2 = copy.deepcopy(_data())
     d2["path_restricted"]["norm=none, init std 0.02"]["sum_rel_error"] = None  # NaN read back from JSON
     assert _by_name(d2)["collapse.path_sum_exact"].verdict == "not held"
+
+
+def test_side_and_combine():
+    assert K.side(0.1, 0.05, 0.5, below=True) == "held" and K.side(0.9, 0.05, 0.5, below=True) == "not held"
+    assert K.side(0.5, 0.1, 0.5, below=False) == "inconclusive" and K.side(float("nan"), 0, 1, True) == "not held"
+    assert K.combine({"a": "held", "b": "inconclusive"})[0] == "inconclusive"
+    assert K.combine({"a": "not held", "b": "inconclusive"}) == ("not held", "not held for: a")
 
 
 def test_strictly_decreasing_to_floor():

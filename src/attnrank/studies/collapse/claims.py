@@ -65,59 +65,126 @@ def _meta(data: dict[str, Any]) -> dict[str, Any]:
     return data.get("minilm_meta", {})
 
 
+def mean_2se(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and twice its standard error (sample std / √n; 0 for one value)."""
+    v = np.asarray(values, dtype=float)
+    se = float(np.std(v, ddof=1) / np.sqrt(v.size)) if v.size > 1 else 0.0
+    return float(np.mean(v)), 2.0 * se
+
+
+def side(mean: float, two_se: float, threshold: float, below: bool) -> str:
+    """``held`` when the whole interval mean ± 2 SE is on the claimed side of ``threshold``
+    (``below``: ≤ it, else ≥ it), ``not held`` when it is wholly on the other side, else
+    ``inconclusive`` (NaN: not held)."""
+    if not math.isfinite(mean) or not math.isfinite(two_se):
+        return "not held"
+    lo, hi = mean - two_se, mean + two_se
+    if (hi <= threshold) if below else (lo >= threshold):
+        return "held"
+    if (lo > threshold) if below else (hi < threshold):
+        return "not held"
+    return "inconclusive"
+
+
+def combine(verdicts: dict[str, str]) -> tuple[str, str]:
+    """One verdict from several parts (any not held → not held; all held → held), and the reason."""
+    vals = set(verdicts.values())
+    if "not held" in vals:
+        return "not held", "not held for: " + ", ".join(k for k, v in verdicts.items() if v == "not held")
+    if vals == {"held"}:
+        return "held", ""
+    return "inconclusive", ("the interval mean ± 2 SE over sentences straddles the threshold for: "
+                            + ", ".join(k for k, v in verdicts.items() if v == "inconclusive"))
+
+
+def per_sentence_ratio(data: dict[str, Any], key: str) -> list[float]:
+    """Per sentence: last-layer over first-layer residual of ``init/variant`` ``key``."""
+    rows = data["primary_by_seq"][key]
+    return [math.nan if (r[0] in (None, 0) or r[-1] is None) else r[-1] / r[0] for r in rows]
+
+
+def threshold_claim(data: dict[str, Any], keys: Sequence[str], threshold: float, below: bool
+                    ) -> tuple[dict[str, Any], str, str]:
+    """Measured ratios (summary and per-sentence mean ± 2 SE) of ``keys``, the verdict and its reason."""
+    measured, verdicts = {}, {}
+    for key in keys:
+        init, variant = key.split("/")
+        m, two_se = mean_2se(per_sentence_ratio(data, key))
+        measured[key] = {**ratios(data["summary"], init, variant), "per-sentence last/first": m, "2 SE": two_se}
+        verdicts[key] = side(m, two_se, threshold, below)
+    verdict, reason = combine(verdicts)
+    return measured, verdict, reason
+
+
+SPREAD = ("verdict per part on the per-sentence ratio last/first: held when mean ± 2 SE lies wholly on the "
+          "claimed side of the threshold, not held when wholly on the other side, else inconclusive")
+
+
 def pure_attention(data: dict[str, Any], p: CollapseParams) -> Claim:
-    """Pure attention: last/first ≤ ratio_collapse for both inits."""
-    pure = {i: ratios(data["summary"], i, "pure") for i in INITS}
+    """Pure attention: last/first ≤ ratio_collapse for both inits (per sentence, mean ± 2 SE)."""
+    measured, verdict, reason = threshold_claim(data, [f"{i}/pure" for i in INITS], p.ratio_collapse, below=True)
     return Claim(
         name="collapse.pure_attention", source=SRC_PURE, statement=ST_PURE,
-        measured=pure, expected={i: f"last/first <= {p.ratio_collapse:g}" for i in INITS},
-        tolerance=f"'much smaller' taken as two orders of magnitude ({p.ratio_collapse:g})",
-        held=all(pure[i]["last/first"] <= p.ratio_collapse for i in INITS),
-        detail=f"MiniLM-L6, {_meta(data).get('n_seqs')} sentences, res_composite (x = mean row), mean over "
-               "sentences; first = embedding output, last = after layer 6. float64: values near 1e-16 are the "
-               "rounding floor.")
+        measured=measured, expected={f"{i}/pure": f"last/first <= {p.ratio_collapse:g}" for i in INITS},
+        tolerance=f"'much smaller' taken as two orders of magnitude ({p.ratio_collapse:g}); {SPREAD}",
+        verdict=verdict, reason=reason,
+        detail=f"MiniLM-L6, {_meta(data).get('n_seqs')} sentences, res_composite (x = mean row); first = embedding "
+               "output, last = after layer 6; 'first', 'last', 'last/first' are the means over sentences. float64: "
+               "values near 1e-16 are the rounding floor.")
 
 
 def skip_prevents(data: dict[str, Any], p: CollapseParams) -> Claim:
-    """With skips: last/first ≥ ratio_prevent for skip and full, both inits."""
-    skip = {f"{i}/{v}": ratios(data["summary"], i, v) for i in INITS for v in ("skip", "full")}
+    """With skips: last/first ≥ ratio_prevent for skip and full, both inits (mean ± 2 SE)."""
+    keys = [f"{i}/{v}" for i in INITS for v in ("skip", "full")]
+    measured, verdict, reason = threshold_claim(data, keys, p.ratio_prevent, below=False)
     return Claim(
         name="collapse.skip_prevents", source=SRC_SKIP, statement=ST_SKIP,
-        measured=skip, expected=f"last/first >= {p.ratio_prevent:g} for every variant with skips and both inits",
+        measured=measured, expected=f"last/first >= {p.ratio_prevent:g} for every variant with skips and both inits",
         tolerance=f"'does not collapse' taken as keeping at least half ({p.ratio_prevent:g}) of the first layer's "
-                  "ratio",
-        held=all(v["last/first"] >= p.ratio_prevent for v in skip.values()),
-        detail="Same batch and measure as above.")
+                  f"residual; {SPREAD}",
+        verdict=verdict, reason=reason,
+        detail="Same batch and measure as collapse.pure_attention.")
 
 
 def mlp_slows(data: dict[str, Any], p: CollapseParams) -> Claim:
-    """Paired per sentence: mean over layers above the floor of log10(res with MLP / pure) > 0."""
-    per_layer, ok = {}, True
+    """Paired per sentence: mean over the layers where pure attention is above the floor of
+    log10(res with MLP / pure), judged by mean ± 2 SE over sentences against 0."""
+    per_layer, verdicts = {}, {}
     for i in INITS:
         a = np.asarray(data["primary_by_seq"][f"{i}/mlp"], dtype=float)
         b = np.asarray(data["primary_by_seq"][f"{i}/pure"], dtype=float)
         gp = geo_curve(data["primary_by_seq"][f"{i}/pure"])
         layers = [layer for layer in range(1, a.shape[1]) if gp[layer] > p.floor]
         d = {f"layer {layer}": float(np.mean(np.log10(a[:, layer] / b[:, layer]))) for layer in layers}
-        per_layer[i] = {"mean log10(mlp/pure)": float(np.mean(list(d.values()))) if d else math.nan, **d}
-        ok &= bool(d) and per_layer[i]["mean log10(mlp/pure)"] > 0
+        m, two_se = mean_2se(np.log10(a[:, layers] / b[:, layers]).mean(1)) if layers else (math.nan, math.nan)
+        per_layer[i] = {"mean log10(mlp/pure)": float(np.mean(list(d.values()))) if d else math.nan,
+                        "2 SE over sentences": two_se, **d}
+        verdicts[i] = side(m, two_se, 0.0, below=False) if layers else "inconclusive"
+        if verdicts[i] == "held" and m - two_se <= 0:  # a difference of exactly 0 is no slowing
+            verdicts[i] = "inconclusive"
+    verdict, reason = combine(verdicts)
+    empty = [i for i in INITS if len(per_layer[i]) == 2]
+    if empty:
+        reason = f"no layer above the floor to compare for: {', '.join(empty)}"
     return Claim(
         name="collapse.mlp_slows", source=SRC_MLP, statement=ST_MLP,
         measured=per_layer, expected="mean over layers of log10(residual with MLP / without) > 0, for both inits",
-        tolerance="sign only", held=ok,
-        detail="Paired per sentence: log10 of res_composite with MLP over without, averaged over sentences, at "
-               f"every layer >= 1 where pure attention is still above the float64 floor ({p.floor:g}); their mean "
-               "is the verdict. Per-layer values show where the MLP helps and where it does not.")
+        tolerance="sign, beyond the spread: per sentence the mean over judged layers of log10(mlp/pure); held when "
+                  "mean - 2 SE > 0, not held when mean + 2 SE < 0, else inconclusive",
+        verdict=verdict, reason=reason,
+        detail="Paired per sentence: log10 of res_composite with MLP over without, at every layer >= 1 where pure "
+               f"attention is still above the float64 floor ({p.floor:g}) in the geometric mean over sentences. "
+               "Per-layer values (means over sentences) show where the MLP helps and where it does not.")
 
 
 def mlp_does_not_prevent(data: dict[str, Any], p: CollapseParams) -> Claim:
-    """Attention + MLP without skips: last/first ≤ ratio_collapse for both inits."""
-    mlp = {i: ratios(data["summary"], i, "mlp") for i in INITS}
+    """Attention + MLP without skips: last/first ≤ ratio_collapse for both inits (mean ± 2 SE)."""
+    measured, verdict, reason = threshold_claim(data, [f"{i}/mlp" for i in INITS], p.ratio_collapse, below=True)
     return Claim(
         name="collapse.mlp_does_not_prevent", source=SRC_MLP_NOT, statement=ST_MLP_NOT,
-        measured=mlp, expected={i: f"last/first <= {p.ratio_collapse:g}" for i in INITS}, tolerance=p.ratio_collapse,
-        held=all(mlp[i]["last/first"] <= p.ratio_collapse for i in INITS),
-        detail="Same batch and measure.")
+        measured=measured, expected={f"{i}/mlp": f"last/first <= {p.ratio_collapse:g}" for i in INITS},
+        tolerance=f"{p.ratio_collapse:g}; {SPREAD}", verdict=verdict, reason=reason,
+        detail="Same batch and measure as collapse.pure_attention.")
 
 
 def _fit_row(fit: dict[str, Any], n_fit: int) -> dict[str, Any]:
@@ -140,14 +207,18 @@ def doubly_exponential(data: dict[str, Any], p: CollapseParams) -> Claim:
     """Every fitted curve: R²(doubly exponential) ≥ 0.95 and κ = 3 form beats the exponential."""
     fits = depth_fits(data)
     fitted = {k: v for k, v in fits.items() if v.get("R2 dexp") is not None}
-    held = bool(fitted) and all(v["R2 dexp"] >= 0.95 and v["R2 dexp kappa=3"] > v["R2 exp"] for v in fitted.values())
+    bad = [k for k, v in fitted.items() if not (v["R2 dexp"] >= 0.95 and v["R2 dexp kappa=3"] > v["R2 exp"])]
     unfitted = [k for k, v in fits.items() if "R2 dexp" not in v]
+    verdict = "inconclusive" if not fitted else ("not held" if bad else "held")
+    reason = ("no curve has 4 depths above the float64 floor to fit" if not fitted
+              else f"not doubly exponential by the criterion: {', '.join(bad)}" if bad else "")
     sw = data["depth_sweep"]
     return Claim(
         name="collapse.doubly_exponential", source=SRC_DEXP, statement=ST_DEXP, measured=fits,
         expected="for every curve with >= 4 depths above the floor: R2(a + b kappa^L) >= 0.95, and the "
                  "two-parameter kappa = 3 form fits better than the two-parameter exponential",
-        tolerance="R2 on log r over the depths before the curve first reaches the float64 floor", held=held,
+        tolerance="R2 on log r over the depths before the curve first reaches the float64 floor",
+        verdict=verdict, reason=reason,
         detail="Depth sweep: the project's Transformer with no skip, no MLP, no norm, random init N(0, std^2) for "
                f"every weight, {len(sw['seeds'])} seeds x {sw['n_seqs']} byte sequences; geometric mean of "
                "res_composite per depth. kappa fitted by profile least squares on [1.01, 10]. Not fitted (fewer "
@@ -197,7 +268,7 @@ def path_sum_exact(data: dict[str, Any], p: CollapseParams) -> Claim:
     err = max(math.inf if e is None else e for e in errs)
     return Claim(
         name="collapse.path_sum_exact", source=SRC_SUM, statement=ST_SUM,
-        measured=err, expected=0.0, tolerance=SUM_TOL, held=err <= SUM_TOL,
+        measured=err, expected=0.0, tolerance=SUM_TOL, held=err <= SUM_TOL, kind="identity",
         detail="max over settings and seeds of |sum_k Y_k - X_L|_F / |X_L|_F, float64, against the model's own "
                "forward.")
 
@@ -213,7 +284,7 @@ def path_counts_claim(data: dict[str, Any], p: CollapseParams) -> Claim:
                   "sums equal (H+1)^L for the table": sums_ok,
                   "mean path length MiniLM (L=6, H=12)": path_length_stats(6, 12)["mean_length"]},
         expected=f"enumeration = formula for L <= 4, H <= 3 ({len(rows)} configs)", tolerance="exact integers",
-        held=brute_ok and sums_ok,
+        held=brute_ok and sums_ok, kind="identity",
         detail="Every path enumerated (skip or one head per layer). The table of well-known configurations is in "
                "data.json.")
 
