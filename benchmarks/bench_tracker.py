@@ -27,7 +27,8 @@ import torch
 from attnrank.analysis.tracker import RankTracker
 from attnrank.models.tasks import RecallStream, recall_loss_and_accuracy
 from attnrank.models.transformer import Transformer
-from attnrank.training.loop import TrainConfig, lr_at, recall_config, train
+from attnrank.training.config import TrainConfig, lr_at, recall_config
+from attnrank.training.loop import train
 from attnrank.training.optim import param_groups
 
 

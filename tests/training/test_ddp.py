@@ -12,7 +12,8 @@ import pytest
 from safetensors.numpy import load_file
 
 from attnrank.io.rundir import latest_checkpoint, read_metrics
-from attnrank.training.loop import lm_config, train
+from attnrank.training.config import lm_config
+from attnrank.training.loop import train
 
 ARGS = dict(steps=12, max_chars=20000, seq_len=16, batch_size=8, n_layers=2, d_model=16, n_heads=2,
             eval_tokens=512, lr=1e-2, warmup=0, log_every=1, track_every=6, checkpoint_every=6)
@@ -40,7 +41,8 @@ def test_torchrun_two_processes_match_one_process(tmp_path):
     script = tmp_path / "ddp_run.py"
     script.write_text(
         "import sys\n"
-        "from attnrank.training.loop import lm_config, train\n"
+        "from attnrank.training.config import lm_config\n"
+        "from attnrank.training.loop import train\n"
         f"train(sys.argv[1], lm_config(**{ARGS!r}), device='cpu', tensorboard=False, threads=1)\n")
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     ddp = tmp_path / "ddp"

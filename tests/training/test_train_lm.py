@@ -11,7 +11,8 @@ from attnrank import analyze
 from attnrank.analysis.tracker import tracker_table
 from attnrank.errors import AttnRankError
 from attnrank.io.rundir import read_metrics
-from attnrank.training.loop import lm_config, train, vit_config
+from attnrank.training.config import lm_config, vit_config
+from attnrank.training.loop import train
 
 from .test_loop import assert_tables_equal, run_cli
 

@@ -25,8 +25,8 @@ layout: ``DIR/<class>/<image>`` (split by ``split_of`` of the relative path), or
 read with Pillow, converted to grey (``L``) when every image is grey and to ``RGB`` otherwise,
 resized to ``image_size`` squared (bilinear), scaled to [0, 1] and centred (−0.5).
 
-Streams (:class:`TokenStream`, :class:`ImageStream`) draw from their own seeded
-``torch.Generator``, never the global RNG, and their state is plain tensors and ints, so a
+Streams (:class:`TokenStream`, :class:`ImageStream`; :class:`attnrank.models.stream.SeededStream`)
+draw from their own seeded ``torch.Generator``, never the global RNG, and their state is plain tensors and ints, so a
 resumed run sees exactly the batches of an uninterrupted one. Every step draws the *global*
 batch; a DDP rank keeps its own slice of it.
 """
@@ -48,8 +48,8 @@ import torch.nn.functional as F
 
 from attnrank.errors import AttnRankError
 from attnrank.models import corpus as stdlib_corpus
+from attnrank.models.stream import SeededStream
 
-SPLITS = stdlib_corpus.SPLITS
 TEXT_SUFFIXES = (".txt", ".jsonl", ".jsonl.zst")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".pgm", ".ppm")
 TOKENIZERS = ("byte", "bpe")
@@ -131,8 +131,8 @@ def corpus_files(path: str | os.PathLike) -> tuple[Path, list[str]]:
 
 def read_corpus(path: str | os.PathLike, split: str | None = None) -> list[str]:
     """Documents of a user corpus (all, or one split), in file order then document order."""
-    if split is not None and split not in SPLITS:
-        raise AttnRankError(f"unknown split {split!r}; use one of {', '.join(SPLITS)}")
+    if split is not None and split not in stdlib_corpus.SPLITS:
+        raise AttnRankError(f"unknown split {split!r}; use one of {', '.join(stdlib_corpus.SPLITS)}")
     root, rels = corpus_files(path)
     out = []
     for rel in rels:
@@ -149,23 +149,23 @@ def text_splits(corpus: str | None = None, max_chars: int | None = None) -> dict
     if max_chars is not None and max_chars < 1:
         raise AttnRankError(f"max_chars must be >= 1, got {max_chars}")
     if corpus is None:
-        out = {s: stdlib_corpus.text(s, max_chars=max_chars) for s in SPLITS}
+        out = {s: stdlib_corpus.text(s, max_chars=max_chars) for s in stdlib_corpus.SPLITS}
         where = "the standard-library corpus"
     else:
         root, rels = corpus_files(corpus)
-        parts: dict[str, list[str]] = {s: [] for s in SPLITS}
-        sizes = dict.fromkeys(SPLITS, 0)
+        parts: dict[str, list[str]] = {s: [] for s in stdlib_corpus.SPLITS}
+        sizes = dict.fromkeys(stdlib_corpus.SPLITS, 0)
         for rel in rels:
             for i, doc in enumerate(read_file_documents(root / rel)):
                 s = stdlib_corpus.split_of(f"{rel}#{i}")
                 if max_chars is None or sizes[s] < max_chars:
                     parts[s].append(doc)
                     sizes[s] += len(doc) + 2
-        out = {s: "\n\n".join(d for d in parts[s] if d) for s in SPLITS}
+        out = {s: "\n\n".join(d for d in parts[s] if d) for s in stdlib_corpus.SPLITS}
         if max_chars is not None:
             out = {s: t[:max_chars] for s, t in out.items()}
         where = f"--corpus {corpus}"
-    empty = [s for s in SPLITS if not out[s].strip()]
+    empty = [s for s in stdlib_corpus.SPLITS if not out[s].strip()]
     if empty:
         raise AttnRankError(f"{where} has no text in the {' and '.join(empty)} split"
                             f"{'s' if len(empty) > 1 else ''} (documents are split 80/10/10 by a hash of "
@@ -301,7 +301,7 @@ def lm_tokens(cfg: LMTaskConfig, run_dir: str | os.PathLike | None = None
         if tok.vocab_size > cfg.bpe_vocab:
             raise AttnRankError(f"tokenizer has {tok.vocab_size} tokens > bpe_vocab={cfg.bpe_vocab}")
     out = {}
-    for s in SPLITS:
+    for s in stdlib_corpus.SPLITS:
         ids = torch.from_numpy(tok.encode(texts[s]))
         if ids.numel() < cfg.seq_len + 1:
             raise AttnRankError(f"the {s} split has {ids.numel()} tokens, fewer than seq_len + 1 = "
@@ -310,32 +310,19 @@ def lm_tokens(cfg: LMTaskConfig, run_dir: str | os.PathLike | None = None
     return out, tok
 
 
-class TokenStream:
+class TokenStream(SeededStream):
     """Random windows of ``seq_len + 1`` tokens from one token array: (x, y) = (w[:-1], w[1:])."""
 
     def __init__(self, tokens: torch.Tensor, seq_len: int, batch_size: int, seed: int):
-        if batch_size <= 0:
-            raise AttnRankError(f"batch size must be positive, got {batch_size}")
-        self.tokens, self.seq_len, self.batch_size, self.seed = tokens, seq_len, batch_size, seed
-        self.generator = torch.Generator().manual_seed(seed)
-        self.batches = 0
+        super().__init__(batch_size, seed)
+        self.tokens, self.seq_len = tokens, seq_len
         self._offsets = torch.arange(seq_len + 1)
 
-    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
-        self.batches += 1
-        starts = torch.randint(0, self.tokens.numel() - self.seq_len, (self.batch_size,), generator=self.generator)
+    def draw(self, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """``batch_size`` windows starting at uniform random offsets."""
+        starts = torch.randint(0, self.tokens.numel() - self.seq_len, (self.batch_size,), generator=generator)
         w = self.tokens[starts[:, None] + self._offsets]
         return w[:, :-1], w[:, 1:]
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"generator": self.generator.get_state(), "batches": self.batches, "seed": self.seed,
-                "batch_size": self.batch_size}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("seed") != self.seed or state.get("batch_size") != self.batch_size:
-            raise AttnRankError("data-stream state belongs to another seed or batch size")
-        self.generator.set_state(state["generator"])
-        self.batches = int(state["batches"])
 
 
 def lm_loss_and_accuracy(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -420,7 +407,7 @@ def _digits(image_size: int | None) -> ImageData:
         x = F.interpolate(x, size=(image_size, image_size), mode="bilinear", align_corners=False)
     y = torch.from_numpy(labels)
     which = np.array([stdlib_corpus.split_of(f"digits/{i}") for i in range(len(y))])
-    splits = {s: (x[torch.from_numpy(which == s)], y[torch.from_numpy(which == s)]) for s in SPLITS}
+    splits = {s: (x[torch.from_numpy(which == s)], y[torch.from_numpy(which == s)]) for s in stdlib_corpus.SPLITS}
     return ImageData(splits, [str(c) for c in range(10)], 1, image_size or 8)
 
 
@@ -429,7 +416,7 @@ def _image_files(root: Path) -> dict[str, list[tuple[str, str]]]:
     split_dirs = {"train": root / "train", "validation": root / "validation", "test": root / "test"}
     if not split_dirs["validation"].is_dir() and (root / "val").is_dir():
         split_dirs["validation"] = root / "val"
-    out: dict[str, list[tuple[str, str]]] = {s: [] for s in SPLITS}
+    out: dict[str, list[tuple[str, str]]] = {s: [] for s in stdlib_corpus.SPLITS}
 
     def scan(d: Path) -> list[tuple[str, str]]:
         found = []
@@ -440,7 +427,7 @@ def _image_files(root: Path) -> dict[str, list[tuple[str, str]]]:
         return found
 
     if split_dirs["train"].is_dir():
-        for s in SPLITS:
+        for s in stdlib_corpus.SPLITS:
             if not split_dirs[s].is_dir():
                 raise AttnRankError(f"--images {root}: has train/ but no {s}/ directory")
             out[s] = scan(split_dirs[s])
@@ -455,17 +442,17 @@ def _image_folder(root: Path, image_size: int | None) -> ImageData:
 
     size = image_size or 32
     files = _image_files(root)
-    classes = sorted({c for s in SPLITS for _, c in files[s]})
+    classes = sorted({c for s in stdlib_corpus.SPLITS for _, c in files[s]})
     if not classes:
         raise AttnRankError(f"--images {root}: no images found (layout: DIR/<class>/<image>, "
                             f"extensions {', '.join(IMAGE_SUFFIXES)})")
-    empty = [s for s in SPLITS if not files[s]]
+    empty = [s for s in stdlib_corpus.SPLITS if not files[s]]
     if empty:
         raise AttnRankError(f"--images {root}: no images in the {', '.join(empty)} split(s)")
     index = {c: i for i, c in enumerate(classes)}
     images = {}
     grey = True
-    for s in SPLITS:
+    for s in stdlib_corpus.SPLITS:
         for rel, _ in files[s]:
             try:
                 with Image.open(root / rel) as im:
@@ -476,7 +463,7 @@ def _image_folder(root: Path, image_size: int | None) -> ImageData:
                 raise AttnRankError(f"--images: cannot read {root / rel}: {' '.join(str(e).split())[:160]}") from None
     mode, channels = ("L", 1) if grey else ("RGB", 3)
     splits = {}
-    for s in SPLITS:
+    for s in stdlib_corpus.SPLITS:
         arrs = []
         for rel, _ in files[s]:
             im = images[rel].convert(mode).resize((size, size), Image.Resampling.BILINEAR)
@@ -499,31 +486,17 @@ def load_images(images: str | None = None, image_size: int | None = None) -> Ima
     return _image_folder(root, image_size)
 
 
-class ImageStream:
+class ImageStream(SeededStream):
     """Random minibatches (drawn with replacement) of a labelled image set."""
 
     def __init__(self, data: tuple[torch.Tensor, torch.Tensor], batch_size: int, seed: int):
-        if batch_size <= 0:
-            raise AttnRankError(f"batch size must be positive, got {batch_size}")
+        super().__init__(batch_size, seed)
         self.x, self.y = data
-        self.batch_size, self.seed = batch_size, seed
-        self.generator = torch.Generator().manual_seed(seed)
-        self.batches = 0
 
-    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
-        self.batches += 1
-        idx = torch.randint(0, self.y.numel(), (self.batch_size,), generator=self.generator)
+    def draw(self, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """``batch_size`` labelled images drawn uniformly with replacement."""
+        idx = torch.randint(0, self.y.numel(), (self.batch_size,), generator=generator)
         return self.x[idx], self.y[idx]
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"generator": self.generator.get_state(), "batches": self.batches, "seed": self.seed,
-                "batch_size": self.batch_size}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("seed") != self.seed or state.get("batch_size") != self.batch_size:
-            raise AttnRankError("data-stream state belongs to another seed or batch size")
-        self.generator.set_state(state["generator"])
-        self.batches = int(state["batches"])
 
 
 def classification_loss_and_accuracy(logits: torch.Tensor, targets: torch.Tensor

@@ -19,7 +19,7 @@ Every batch is new, so training accuracy is an unbiased estimate of test accurac
 
 The stream draws from its own ``torch.Generator`` (CPU), never from the global RNG, and its
 whole state (the generator state and the number of batches drawn) is a dict of plain
-tensors and ints (:meth:`RecallStream.state_dict`), so a run restarted from a checkpoint sees
+tensors and ints (:class:`attnrank.models.stream.SeededStream`), so a run restarted from a checkpoint sees
 exactly the batches an uninterrupted run would have seen.
 """
 
@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from attnrank.errors import AttnRankError
+from attnrank.models.stream import SeededStream
 
 
 @dataclass(frozen=True)
@@ -82,33 +83,16 @@ def make_recall_batch(cfg: RecallConfig, batch_size: int, generator: torch.Gener
     return x, (answers[:, 0] if m == 1 else answers)
 
 
-class RecallStream:
+class RecallStream(SeededStream):
     """An endless, seeded, resumable stream of fresh associative-recall batches."""
 
     def __init__(self, cfg: RecallConfig, batch_size: int, seed: int):
-        if batch_size <= 0:
-            raise AttnRankError(f"batch size must be positive, got {batch_size}")
-        self.cfg, self.batch_size, self.seed = cfg, batch_size, seed
-        self.generator = torch.Generator().manual_seed(seed)
-        self.batches = 0
+        super().__init__(batch_size, seed)
+        self.cfg = cfg
 
-    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
-        self.batches += 1
-        return make_recall_batch(self.cfg, self.batch_size, self.generator)
-
-    def __iter__(self):
-        while True:
-            yield self.next()
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"generator": self.generator.get_state(), "batches": self.batches, "seed": self.seed,
-                "batch_size": self.batch_size}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("seed") != self.seed or state.get("batch_size") != self.batch_size:
-            raise AttnRankError("data-stream state belongs to another seed or batch size")
-        self.generator.set_state(state["generator"])
-        self.batches = int(state["batches"])
+    def draw(self, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """One fresh batch (:func:`make_recall_batch`)."""
+        return make_recall_batch(self.cfg, self.batch_size, generator)
 
 
 def query_positions(cfg: RecallConfig) -> torch.Tensor:

@@ -2,7 +2,7 @@
 
 A sweep is a task ``kind`` (``lm``, ``vit``, ``recall``), ``base`` overrides shared by every
 run, a ``grid`` ``{field: [values]}`` (its Cartesian product) and ``seeds``. Fields are the
-flat override names of :func:`attnrank.training.loop.make_config` (e.g. ``attn_weight_decay``,
+flat override names of :func:`attnrank.training.config.make_config` (e.g. ``attn_weight_decay``,
 ``weight_decay``, ``steps``, ``d_model``, ``seq_len``, ``corpus``).
 
 Layout of ``OUT``::
@@ -45,7 +45,7 @@ from attnrank.errors import AttnRankError
 from attnrank.util.fileio import write_json, write_text
 
 #: final metrics copied into runs.csv (and aggregated in summary.csv) when a run has them
-METRICS = ("loss", "acc", "val_loss", "val_ppl", "val_acc", "test_loss", "test_ppl", "test_acc",
+FINAL_METRICS = ("loss", "acc", "val_loss", "val_ppl", "val_acc", "test_loss", "test_ppl", "test_acc",
            "qk_rank", "ov_rank", "qk_effective_rank", "ov_effective_rank")
 
 
@@ -57,7 +57,7 @@ class SweepSpec:
     seeds: list[int] = field(default_factory=lambda: [0])
 
     def __post_init__(self) -> None:
-        from attnrank.training.loop import CONFIG_BUILDERS
+        from attnrank.training.config import CONFIG_BUILDERS
 
         if self.kind not in CONFIG_BUILDERS:
             raise AttnRankError(f"unknown sweep task {self.kind!r}; use one of {', '.join(CONFIG_BUILDERS)}")
@@ -151,7 +151,7 @@ def load_spec(path: str | os.PathLike) -> SweepSpec:
 # -- one run (executed in a worker process or a Ray task) ------------------------------------------
 
 def _flat_final(final: dict[str, Any]) -> dict[str, Any]:
-    out = {k: final[k] for k in METRICS if k in final}
+    out = {k: final[k] for k in FINAL_METRICS if k in final}
     for prod in ("qk", "ov"):
         m = final.get("mean", {}).get(prod, {})
         for k in ("rank", "effective_rank"):
@@ -162,7 +162,8 @@ def _flat_final(final: dict[str, Any]) -> dict[str, Any]:
 
 def run_one(job: dict[str, Any]) -> dict[str, Any]:
     """Train one run of a sweep; never raises (errors are returned in the record)."""
-    from attnrank.training.loop import make_config, train
+    from attnrank.training.config import make_config
+    from attnrank.training.loop import train
 
     run = Path(job["run_dir"])
     rec = {"name": job["name"], "overrides": job["overrides"], "run_dir": str(run), "status": "failed",
@@ -181,14 +182,14 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
 
 def _finished(run: Path, kind: str, overrides: dict[str, Any]) -> dict[str, Any] | None:
     """The final metrics of a finished run with these settings, else None."""
-    from attnrank.training.loop import _comparable, _run_config, make_config
+    from attnrank.training.config import comparable, make_config, run_config
 
     if not (run / "summary.json").is_file() or not (run / "config.json").is_file():
         return None
     try:
         old = json.loads((run / "config.json").read_text())
         summary = json.loads((run / "summary.json").read_text())
-        same = _comparable(old) == _comparable(json.loads(json.dumps(_run_config(make_config(kind, **overrides)))))
+        same = comparable(old) == comparable(json.loads(json.dumps(run_config(make_config(kind, **overrides)))))
     except (OSError, ValueError, AttnRankError):
         return None
     if not same or summary.get("steps") != old.get("steps"):
@@ -268,7 +269,7 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike, *, workers: int | None = 
 
 def _check_field_names(spec: SweepSpec) -> None:
     """A misspelt field fails the sweep at once (a bad *value* fails only the runs that have it)."""
-    from attnrank.training.loop import make_config
+    from attnrank.training.config import make_config
 
     probe = {**spec.base, **{k: v[0] for k, v in spec.grid.items()}, "seed": spec.seeds[0]}
     try:
@@ -321,7 +322,7 @@ def aggregate(spec: SweepSpec, out: Path, records: list[dict[str, Any]]) -> Swee
         rows.append({**{k: ov.get(k) for k in spec.grid}, "seed": ov["seed"], "name": r["name"],
                      "status": r["status"], "error": r.get("error"), **r.get("final", {})})
     runs = pd.DataFrame(rows)
-    for m in METRICS:
+    for m in FINAL_METRICS:
         if m not in runs:
             runs[m] = np.nan
     keys = list(spec.grid)
@@ -331,7 +332,7 @@ def aggregate(spec: SweepSpec, out: Path, records: list[dict[str, Any]]) -> Swee
         key = key if isinstance(key, tuple) else (key,)
         ok = g[g["status"] == "ok"]
         row = {**dict(zip(keys, key, strict=True)), "runs": len(g), "failed": int((g["status"] != "ok").sum())}
-        for m in METRICS:
+        for m in FINAL_METRICS:
             v = pd.to_numeric(ok[m], errors="coerce").dropna()
             row[f"{m}_mean"] = float(v.mean()) if len(v) else math.nan
             row[f"{m}_std"] = float(v.std(ddof=1)) if len(v) > 1 else math.nan
@@ -339,7 +340,7 @@ def aggregate(spec: SweepSpec, out: Path, records: list[dict[str, Any]]) -> Swee
     summary = pd.DataFrame(summ)
     empty = [c for c in summary.columns if c.endswith(("_mean", "_std")) and summary[c].isna().all()]
     summary = summary.drop(columns=empty)
-    runs = runs.drop(columns=[m for m in METRICS if runs[m].isna().all()])
+    runs = runs.drop(columns=[m for m in FINAL_METRICS if runs[m].isna().all()])
     write_text(out / "runs.csv", runs.to_csv(index=False))
     write_text(out / "summary.csv", summary.to_csv(index=False))
     counts = {"runs": len(records), "ok": int((runs["status"] == "ok").sum()),
