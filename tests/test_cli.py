@@ -120,3 +120,16 @@ def test_layout_file_option(tmp_path, minilm_dir):
     layout.write_text('split = "sideways"\n')
     r = run("spectra", "minilm", "--layout", str(layout))
     assert r.returncode == 2 and "split must be one of" in r.stderr
+
+
+def test_square_brackets_in_user_text_are_printed_as_they_are(tmp_path, minilm_dir):
+    """Messages are not parsed as rich markup: a path with [/] or [red] is shown verbatim."""
+    r = run("spectra", str(tmp_path / "no[/]such[red]dir"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "no[/]such[red]dir" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    src = tmp_path / "m[bold]x"
+    shutil.copytree(minilm_dir, src)
+    out = tmp_path / "o[red]y"
+    r = run("spectra", str(src), "--out", str(out), "--no-plots", "--layers", "0")
+    assert r.returncode == 0, r.stderr
+    assert "m[bold]x" in r.stdout and "o[red]y" in r.stdout and (out / "heads.csv").exists()

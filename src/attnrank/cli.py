@@ -23,8 +23,15 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="How weight decay and architecture shape the rank of attention layers.",
 )
-out_console = Console(width=None if sys.stdout.isatty() else 120)
-err_console = Console(stderr=True)
+# markup off: paths, model types and messages come from the user and may hold square brackets;
+# styled parts are rich Text objects, never markup strings.
+out_console = Console(width=None if sys.stdout.isatty() else 120, markup=False)
+err_console = Console(stderr=True, markup=False)
+
+
+def styled(style: str, head: str, rest: str = "") -> Text:
+    """``head`` in ``style`` followed by plain ``rest`` (no markup is parsed in either)."""
+    return Text.assemble((head, style), rest)
 
 
 @app.callback()
@@ -40,7 +47,7 @@ def user_errors(fn):
         try:
             return fn(*args, **kwargs)
         except AttnRankError as e:
-            err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+            err_console.print(styled("bold red", "error: ", str(e)), highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
 
     return wrapper
@@ -79,8 +86,8 @@ def spectra(
         result = analyze(path, config=config, tol=tol, layers=layers, layout=layout,
                          progress=lambda done, total: bar.update(task, completed=done, total=total))
     for rec in result.meta["nonfinite_heads"]:
-        err_console.print(f"[yellow]warning:[/] NaN/Inf weights in layer {rec['layer']} head {rec['head']} "
-                          f"({rec['product']}): metrics set to NaN", highlight=False)
+        err_console.print(styled("yellow", "warning: ", f"NaN/Inf weights in layer {rec['layer']} head {rec['head']} "
+                                                       f"({rec['product']}): metrics set to NaN"), highlight=False)
     written = save(result, out, plots=plots) if out is not None else []
     summary = result.summary()
     if as_json:
@@ -93,10 +100,10 @@ def spectra(
     if quiet:
         return
     c = result.meta["config"]
-    out_console.print(
-        f"[bold]{result.meta['source']}[/]  model_type={result.meta['model_type']}  layers={c['n_layers']}  "
+    out_console.print(styled(
+        "bold", str(result.meta["source"]), f"  model_type={result.meta['model_type']}  layers={c['n_layers']}  "
         f"d={c['d_model']}  heads={c['n_heads']} (kv {c['n_kv_heads']})  dh={c['head_dim']}  "
-        f"dtype={','.join(result.meta['dtype_read'])}  tau={tol:g}", highlight=False)
+        f"dtype={','.join(result.meta['dtype_read'])}  tau={tol:g}"), highlight=False)
     table = Table(title="mean over heads per layer",
                   caption="r/dh = numerical rank / head dim; eff = effective rank; "
                           "gap = (bound - nuclear) / bound; bal = relative balance discrepancy")
@@ -148,7 +155,7 @@ def reproduce(
             sys.stdout.write(json.dumps([{"name": n, "title": t} for n, t in rows], indent=2) + "\n")
         else:
             for n, t in rows:
-                out_console.print(f"[bold]{n}[/]  {t}", highlight=False, soft_wrap=True)
+                out_console.print(styled("bold", n, f"  {t}"), highlight=False, soft_wrap=True)
         return
     if name is None:
         raise AttnRankError("give a reproduction NAME, 'all', or --list")
@@ -259,7 +266,7 @@ def train_recall(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar, no summary")] = False,
 ) -> None:
     """Associative recall (k1 v1 ... kn vn q -> v(q)), AdamW with its own decay on attention."""
-    from attnrank.training.loop import recall_config
+    from attnrank.training.config import recall_config
 
     cfg = recall_config(attn_weight_decay=attn_wd, weight_decay=wd, steps=steps, seed=seed, lr=lr,
                         batch_size=batch_size, track_every=track_every, checkpoint_every=checkpoint_every)
@@ -350,7 +357,7 @@ def train_lm(
 ) -> None:
     """Autoregressive LM (validation/test loss and perplexity). Under `torchrun --nproc-per-node N -m attnrank
     train lm ...` it trains with DDP (gloo on the CPU), each process taking 1/N of the global batch."""
-    from attnrank.training.loop import lm_config
+    from attnrank.training.config import lm_config
 
     cfg = lm_config(corpus=corpus, tokenizer=tokenizer, bpe_vocab=bpe_vocab, seq_len=seq_len, max_chars=max_chars,
                     eval_tokens=eval_tokens, eval_every=eval_every, attn_weight_decay=attn_wd, weight_decay=wd,
@@ -386,7 +393,7 @@ def train_vit(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar, no summary")] = False,
 ) -> None:
     """Vision transformer classifying images (validation/test loss and accuracy)."""
-    from attnrank.training.loop import vit_config
+    from attnrank.training.config import vit_config
 
     cfg = vit_config(images=images, image_size=image_size, patch_size=patch_size, eval_every=eval_every,
                      attn_weight_decay=attn_wd, weight_decay=wd, steps=steps, seed=seed, n_layers=n_layers,
@@ -427,8 +434,8 @@ def collapse(
     if quiet:
         return
     m = result.meta
-    out_console.print(f"[bold]{m['source']}[/]  model_type={m['model_type']}  layers={m['n_layers']}  "
-                      f"heads={m['n_heads']}  sequences={m['n_seqs']}  dtype={m['dtype']}", highlight=False)
+    out_console.print(styled("bold", str(m["source"]), f"  model_type={m['model_type']}  layers={m['n_layers']}  "
+                             f"heads={m['n_heads']}  sequences={m['n_seqs']}  dtype={m['dtype']}"), highlight=False)
     table = Table(title=f"{m['primary']} = |X - 1x^T| / |X|, mean ± std over sequences",
                   caption="composite l1,inf norm, x = mean row; first = embedding output, last = after the last layer")
     for col in ("init", "variant", "first", "last", "last / first"):
@@ -479,8 +486,8 @@ def scale(
     if quiet:
         return
     m = result.meta
-    out_console.print(f"[bold]{m['source']}[/]  model_type={m['model_type']}  inputs: {m['inputs']}  "
-                      f"c in {m['scales']}  tol={tol:g}  eps {'kept' if with_eps else '0 for verdicts'}",
+    out_console.print(styled("bold", str(m["source"]), f"  model_type={m['model_type']}  inputs: {m['inputs']}  "
+                             f"c in {m['scales']}  tol={tol:g}  eps {'kept' if with_eps else '0 for verdicts'}"),
                       highlight=False, soft_wrap=True)
     out_console.print("tensors: " + ", ".join(f"{v} {n}" for v, n in result.counts().items()), highlight=False)
     table = Table(title="tensors and groups that are not 'neither'",
@@ -526,7 +533,7 @@ def sweep(
 ) -> None:
     """A grid of training runs (e.g. attention decay x MLP decay x seeds): local pool or Ray; resumable;
     failures recorded; mean and std over seeds in summary.csv."""
-    from attnrank.training.loop import CONFIG_BUILDERS
+    from attnrank.training.config import CONFIG_BUILDERS
     from attnrank.training.sweep import (
         SweepSpec,
         load_spec,
@@ -553,8 +560,8 @@ def sweep(
         def progress(rec: dict, done: int, total: int) -> None:
             bar.update(task, completed=done, total=total)
             if rec["status"] != "ok" and not (quiet or as_json):
-                err_console.print(f"[yellow]run {rec['name']} failed:[/] {rec['error']}", highlight=False,
-                                  soft_wrap=True)
+                err_console.print(styled("yellow", f"run {rec['name']} failed: ", str(rec["error"])),
+                                  highlight=False, soft_wrap=True)
 
         res = run_sweep(s, out, workers=workers, ray=ray, threads=threads, device=device, progress=progress)
     if as_json:
