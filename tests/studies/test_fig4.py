@@ -1,11 +1,19 @@
 """fig4 reproduction: its numbers come from the spectra table, and its claims can hold."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import torch
 import transformers as tf
 
 from attnrank.analysis.scan import analyze
-from attnrank.studies.fig4 import _random_baseline, fig4_result
+from attnrank.studies import fig4
+from attnrank.studies.fig4 import _random_baseline
+
+
+def fig4_result(model):
+    p = fig4.Fig4Params(model=model)
+    return SimpleNamespace(claims=fig4.claims(fig4.run(p), p))
 
 
 def _balanced_pair(d, dh, g):

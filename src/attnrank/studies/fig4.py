@@ -6,27 +6,55 @@ coincides with the nuclear norm ‖ABᵀ‖_* for every head. Here the same anal
 (``attnrank spectra minilm``); on any other checkpoint use ``attnrank spectra PATH --out DIR``,
 which writes the same figures.
 
-What "close to balance" means needs a baseline: tall random factors are already close to
-balanced (their Gram matrices are nearly multiples of the identity). The baseline here keeps
-every head's factor norms ‖A‖_F, ‖B‖_F and draws random directions (seeded Gaussian), so it
-separates what training did to the *directions* from the norm (im)balance of each head.
+The baseline keeps every head's factor norms ‖A‖_F, ‖B‖_F and draws random directions
+(seeded Gaussian).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
 import numpy as np
+import pandas as pd
 import torch
 
-from attnrank.analysis.scan import analyze
-from attnrank.core.linalg import product_metrics
-from attnrank.studies.registry import CATALOGUE, Claim, FigureOut, Result, register
+from attnrank.studies.registry import CATALOGUE, Claim, FigureOut, Study, register_study
 
 SOURCE = "Kobayashi et al. 2024, Fig. 4 (seed 000); REFERENCE.md §1"
 COINCIDE = 0.99  # "the two norms almost perfectly coincide": median nuclear / bound at least this
+PRODUCTS = {"qk": ("W_K^T W_Q", "k", "q", "W_Q vs W_K"), "ov": ("P W_V", "p", "v", "W_V vs columns of P")}
+ST_BOUND = ("For every head of a model trained with weight decay, the Frobenius bound of {label} almost coincides "
+            "with its nuclear norm (paper: LLaMA-2 7B; here: MiniLM-L6).")
+ST_RANDOM = ("Training brought the {label} factors closer to balance than random directions with the same per-head "
+             "factor norms.")
+ST_ROWS = "Squared row norms of {rows} lie near the diagonal (the balance condition)."
 
 
-def _random_baseline(result, seed: int = 0) -> dict[str, dict[str, np.ndarray]]:
+@dataclass(frozen=True)
+class Fig4Params:
+    """The checkpoint analysed and the baseline's seed (one profile: the analysis takes seconds)."""
+
+    model: str = "minilm"
+    baseline_seed: int = 0
+    coincide: float = COINCIDE
+
+    @classmethod
+    def quick(cls) -> Fig4Params:
+        """Same as full."""
+        return cls()
+
+    @classmethod
+    def full(cls) -> Fig4Params:
+        """MiniLM-L6."""
+        return cls()
+
+
+def _random_baseline(result: Any, seed: int = 0) -> dict[str, dict[str, np.ndarray]]:
     """Per head: Gaussian factors with the trained head's ‖A‖_F, ‖B‖_F; their metrics and row norms."""
+    from attnrank.core.linalg import product_metrics
+
     cfg = result.meta["config"]
     d, dh = cfg["d_model"], cfg["head_dim"]
     rn = result.row_norms
@@ -40,85 +68,104 @@ def _random_baseline(result, seed: int = 0) -> dict[str, dict[str, np.ndarray]]:
         A *= (na / torch.linalg.matrix_norm(A))[..., None, None]
         B *= (nb / torch.linalg.matrix_norm(B))[..., None, None]
         m = product_metrics(A, B)
-        out[product] = {
-            "ratio": (m.nuclear / m.frob_bound).numpy(),
-            "row_a": (A**2).sum(-2).numpy(),  # squared norms of A's columns = rows of W_K (or columns of P)
-            "row_b": (B**2).sum(-2).numpy(),
-        }
+        out[product] = {"ratio": (m.nuclear / m.frob_bound).numpy(), "row_a": (A**2).sum(-2).numpy(),
+                        "row_b": (B**2).sum(-2).numpy()}
     return out
 
 
-def _row_spread(a: np.ndarray, b: np.ndarray) -> float:
+def run(params: Fig4Params) -> dict[str, Any]:
+    """Spectra table, row norms and the random baseline of the checkpoint."""
+    from attnrank.analysis.scan import analyze
+
+    res = analyze(params.model)
+    base = _random_baseline(res, params.baseline_seed)
+    return {"heads": res.table[["layer", "head", "product", "nuclear", "frob_bound", "gap", "balance_rel", "finite"]]
+            .to_dict("list"),
+            "row_norms": {k: v.tolist() for k, v in res.row_norms.items()},
+            "random": {p: {k: v.tolist() for k, v in b.items()} for p, b in base.items()},
+            "meta": {k: res.meta[k] for k in ("source", "path", "config", "layers")}}
+
+
+# -- claims ----------------------------------------------------------------------------------------
+
+def row_spread(a: Any, b: Any) -> float:
     """Median over heads of the median |log10(row_b / row_a)|: 0 when every pair is on the diagonal."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     return float(np.median(np.median(np.abs(np.log10(b / a)), axis=-1)))
 
 
-def fig4_result(source: str = "minilm") -> Result:
+def _ratio(data: dict[str, Any], product: str) -> np.ndarray:
+    t = pd.DataFrame(data["heads"])
+    s = t[t["product"] == product]
+    return (s["nuclear"] / s["frob_bound"]).to_numpy(dtype=float)
+
+
+def bound_coincides(data: dict[str, Any], product: str, threshold: float = COINCIDE) -> Claim:
+    """``fig4.bound_coincides_P``: median nuclear / bound ≥ threshold."""
+    ratio = _ratio(data, product)
+    med = float(np.median(ratio))
+    med_base = float(np.median(data["random"][product]["ratio"]))
+    return Claim(name=f"fig4.bound_coincides_{product}", source=SOURCE,
+                 statement=ST_BOUND.format(label=PRODUCTS[product][0]),
+                 measured={"median_nuclear_over_bound": med, "min_nuclear_over_bound": float(ratio.min())},
+                 expected=f"median >= {threshold}", held=med >= threshold, tolerance=threshold,
+                 detail=f"{len(ratio)} heads. Random directions with the same factor norms give a median of "
+                        f"{med_base:.4f}.")
+
+
+def closer_than_random(data: dict[str, Any], product: str) -> Claim:
+    """``fig4.closer_than_random_P``: trained median nuclear / bound above the random baseline's."""
+    ratio = _ratio(data, product)
+    base = np.asarray(data["random"][product]["ratio"], dtype=float).ravel()
+    med, med_base = float(np.median(ratio)), float(np.median(base))
+    return Claim(name=f"fig4.closer_than_random_{product}", source=SOURCE,
+                 statement=ST_RANDOM.format(label=PRODUCTS[product][0]),
+                 measured={"median_nuclear_over_bound": med, "random_baseline_median": med_base,
+                           "fraction_of_heads_above_their_baseline": float(np.mean(ratio > base))},
+                 expected="trained median > baseline median", held=med > med_base,
+                 detail="Baseline: per head, Gaussian A and B rescaled to the trained ‖A‖_F and ‖B‖_F (seed 0).")
+
+
+def rows_on_diagonal(data: dict[str, Any], product: str) -> Claim:
+    """``fig4.rows_on_diagonal_P``: row-norm pairs closer to the diagonal than the random baseline's."""
+    _, a_key, b_key, rows = PRODUCTS[product]
+    sp = row_spread(data["row_norms"][a_key], data["row_norms"][b_key])
+    sp_base = row_spread(data["random"][product]["row_a"], data["random"][product]["row_b"])
+    return Claim(name=f"fig4.rows_on_diagonal_{product}", source=SOURCE, statement=ST_ROWS.format(rows=rows),
+                 measured={"median_abs_log10_ratio": sp, "random_baseline": sp_base},
+                 expected="closer to the diagonal than the random baseline", held=sp < sp_base,
+                 detail="Per head, the median over its dh rows of |log10(‖row_b‖² / ‖row_a‖²)|; then the median over "
+                        "heads. 0 means every point on the diagonal.")
+
+
+def claims(data: dict[str, Any], params: Fig4Params) -> list[Claim]:
+    """Per product: bound coincides, closer than random, rows on the diagonal."""
+    return [c for p in PRODUCTS for c in (bound_coincides(data, p, params.coincide), closer_than_random(data, p),
+                                          rows_on_diagonal(data, p))]
+
+
+def _as_result(data: dict[str, Any]) -> SimpleNamespace:
+    """What the analysis figures read (table, row_norms, meta), rebuilt from the data."""
+    return SimpleNamespace(table=pd.DataFrame(data["heads"]), meta=data["meta"],
+                           row_norms={k: np.asarray(v, dtype=float) for k, v in data["row_norms"].items()})
+
+
+def figures(data: dict[str, Any], params: Fig4Params) -> list[FigureOut]:
+    """Row norms of head 0 per layer; bound against nuclear norm for every head."""
     from attnrank.analysis.plots import fig4_norms, fig4_rows
 
-    res = analyze(source)
-    t = res.table
-    base = _random_baseline(res)
-    claims: list[Claim] = []
-    data: dict = {"heads": t[["layer", "head", "product", "nuclear", "frob_bound", "gap", "balance_rel"]]
-                  .to_dict("list")}
-    pairs = {"qk": ("k", "q", "W_Q vs W_K"), "ov": ("p", "v", "W_V vs columns of P")}
-    for product, label in (("qk", "W_K^T W_Q"), ("ov", "P W_V")):
-        s = t[t["product"] == product]
-        ratio = (s["nuclear"] / s["frob_bound"]).to_numpy()
-        med, worst = float(np.median(ratio)), float(ratio.min())
-        med_base = float(np.median(base[product]["ratio"]))
-        claims.append(Claim(
-            name=f"fig4.bound_coincides_{product}",
-            source=SOURCE,
-            statement=f"For every head of a model trained with weight decay, the Frobenius bound of {label} "
-                      "almost coincides with its nuclear norm (paper: LLaMA-2 7B; here: MiniLM-L6).",
-            measured={"median_nuclear_over_bound": med, "min_nuclear_over_bound": worst},
-            expected=f"median >= {COINCIDE}",
-            held=med >= COINCIDE,
-            tolerance=COINCIDE,
-            detail=f"{len(ratio)} heads. Random directions with the same factor norms give a median of "
-                   f"{med_base:.4f}.",
-        ))
-        frac = float(np.mean(ratio > base[product]["ratio"].ravel()))
-        claims.append(Claim(
-            name=f"fig4.closer_than_random_{product}",
-            source=SOURCE,
-            statement=f"Training brought the {label} factors closer to balance than random directions with "
-                      "the same per-head factor norms.",
-            measured={"median_nuclear_over_bound": med, "random_baseline_median": med_base,
-                      "fraction_of_heads_above_their_baseline": frac},
-            expected="trained median > baseline median",
-            held=med > med_base,
-            detail="Baseline: per head, Gaussian A and B rescaled to the trained ‖A‖_F and ‖B‖_F (seed 0).",
-        ))
-        a_key, b_key, rows_label = pairs[product]
-        spread = _row_spread(res.row_norms[a_key], res.row_norms[b_key])
-        spread_base = _row_spread(base[product]["row_a"], base[product]["row_b"])
-        claims.append(Claim(
-            name=f"fig4.rows_on_diagonal_{product}",
-            source=SOURCE,
-            statement=f"Squared row norms of {rows_label} lie near the diagonal (the balance condition).",
-            measured={"median_abs_log10_ratio": spread, "random_baseline": spread_base},
-            expected="closer to the diagonal than the random baseline",
-            held=spread < spread_base,
-            detail="Per head, the median over its dh rows of |log10(‖row_b‖² / ‖row_a‖²)|; then the median over "
-                   "heads. 0 means every point on the diagonal.",
-        ))
-        data[f"random_ratio_{product}"] = base[product]["ratio"].ravel()
-    figures = [
-        FigureOut("fig4_rows", fig4_rows(res), "Squared row norms, head 0 of each layer (cf. paper Fig. 4 left)."),
-        FigureOut("fig4_norms", fig4_norms(res), "Frobenius bound vs nuclear norm, every head (cf. Fig. 4 right)."),
-    ]
-    params = {"model": source, "model_path": res.meta["path"], "config": res.meta["config"],
-              "coincide_threshold": COINCIDE, "baseline_seed": 0}
-    notes = ["The paper's model (LLaMA-2 7B) cannot be downloaded here; MiniLM-L6 ships offline. Its training "
-             "recipe (optimizer, weight decay) is not recorded in the checkpoint: the claims test the paper's "
-             "observation on a different model, not a prediction about this one.",
-             "Raw weights: no LayerNorm gain folded in; biases excluded from the products."]
-    return Result(claims=claims, figures=figures, data=data, params=params, notes=notes)
+    res = _as_result(data)
+    return [FigureOut("fig4_rows", fig4_rows(res), "Squared row norms, head 0 of each layer (cf. paper Fig. 4 left)."),
+            FigureOut("fig4_norms", fig4_norms(res), "Frobenius bound vs nuclear norm, every head (cf. Fig. 4 right).")]
 
 
-@register("fig4", title=CATALOGUE["fig4"][1], source=SOURCE)
-def reproduce_fig4(quick: bool = False) -> Result:
-    return fig4_result("minilm")
+def notes(data: dict[str, Any], params: Fig4Params) -> list[str]:
+    """What the model is and is not."""
+    return ["The paper's model (LLaMA-2 7B) cannot be downloaded here; MiniLM-L6 ships offline. Its training "
+            "recipe (optimizer, weight decay) is not recorded in the checkpoint: the claims test the paper's "
+            "observation on a different model, not a prediction about this one.",
+            "Raw weights: no LayerNorm gain folded in; biases excluded from the products."]
+
+
+STUDY = register_study(Study(name="fig4", title=CATALOGUE["fig4"][1], source=SOURCE, params=Fig4Params, run=run,
+                             claims=claims, figures=figures, notes=notes))

@@ -6,7 +6,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from attnrank.studies.lm import fig3_claims, rank_rows, table1_claims
+from attnrank.studies.fig3 import model_claims as fig3_claims
+from attnrank.studies.lm_common import rank_rows
+from attnrank.studies.table1 import attn_decay_hurts, decoupling_helps
+
+
+def table1_claims(runs):
+    return [attn_decay_hurts(runs), decoupling_helps(runs)]
 
 
 def _heads(rank_of_lam, seeds=(0,), noise=0.0, n_heads=4):
@@ -99,15 +105,17 @@ def test_table1_differences_within_spread_do_not_hold():
 
 @pytest.mark.slow
 def test_fig3_and_table1_end_to_end_tiny():
-    from attnrank.studies.lm import fig3_result, table1_result
+    from attnrank.studies import fig3, table1
     from attnrank.studies.registry import get
 
-    assert get("fig3").fn.__module__ == get("table1").fn.__module__ == "attnrank.studies.lm"
-    res = fig3_result([0.0, 1.0], lm_steps=20, vit_steps=20, seeds=[0], workers=1, profile="test")
-    assert len(res.claims) == 8 and len(res.figures) == 1
-    lm = pd.DataFrame(res.data["lm"]["heads"])
+    assert get("fig3").study is fig3.STUDY and get("table1").study is table1.STUDY
+    p = fig3.Fig3Params(lambdas=(0.0, 1.0), lm_steps=20, vit_steps=20, seeds=(0,), workers=1, profile="test")
+    data = fig3.run(p)
+    assert len(fig3.claims(data, p)) == 8 and len(fig3.figures(data, p)) == 1
+    lm = pd.DataFrame(data["lm"]["heads"])
     assert set(lm["layer"]) == {2} and len(lm) == 2 * 2 * 4  # 2 lambdas x 2 products x 4 heads, middle layer
-    assert len(pd.DataFrame(res.data["vit"]["heads"])) == 2 * 2 * 4 * 4  # all 4 layers
-    res = table1_result([0.0, 1.0], [0.0], steps=20, seeds=[0], workers=1, profile="test")
-    assert [c.name for c in res.claims] == ["table1.attn_decay_hurts", "table1.decoupling_helps"]
-    assert len(res.data["runs"]["test_ppl"]) == 2 and all(np.isfinite(res.data["runs"]["test_ppl"]))
+    assert len(pd.DataFrame(data["vit"]["heads"])) == 2 * 2 * 4 * 4  # all 4 layers
+    p = table1.Table1Params(attn_lambdas=(0.0, 1.0), mlp_lambdas=(0.0,), steps=20, seeds=(0,), workers=1)
+    data = table1.run(p)
+    assert [c.name for c in table1.claims(data, p)] == ["table1.attn_decay_hurts", "table1.decoupling_helps"]
+    assert len(data["runs"]["test_ppl"]) == 2 and all(np.isfinite(data["runs"]["test_ppl"]))
