@@ -4,6 +4,7 @@ import json
 import shutil
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -92,3 +93,26 @@ def test_nan_weights_flagged_per_head(tmp_path, minilm_dir):
     assert r.meta["nonfinite_heads"] == [{"layer": 1, "head": 3, "product": "ov"}]
     good = r.table[r.table["finite"]]
     assert good["nuclear"].notna().all()
+
+
+def test_results_identical_under_a_concurrent_cpu_bound_process():
+    """Heads are split into fixed chunks, each reduced by one single-threaded worker: neither a
+    busy core nor the number of workers changes a bit of the result."""
+    import subprocess
+    import sys
+
+    idle = analyze("minilm", layers="0-2", threads=2)
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        loaded = [analyze("minilm", layers="0-2", threads=n) for n in (2, 1, 3)]
+        assert busy.poll() is None  # the other process really ran throughout
+    finally:
+        busy.kill()
+        busy.wait()
+    for r in loaded:
+        pd.testing.assert_frame_equal(r.table, idle.table, check_exact=True)
+        for p in ("qk", "ov"):
+            assert np.array_equal(r.sv[p], idle.sv[p])
+        for k in ("q", "k", "v", "p"):
+            assert np.array_equal(r.row_norms[k], idle.row_norms[k])
+    assert torch.get_num_threads() >= 1 and idle.table["finite"].all()

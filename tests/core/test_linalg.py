@@ -190,3 +190,33 @@ def test_chunked_reduction_matches_dense(monkeypatch):
     torch.testing.assert_close(chunked.sv, whole.sv, rtol=1e-12, atol=1e-12 * float(whole.sv.max()))
     A[0, 3, 5, 5] = float("nan")
     assert product_metrics(A, B).finite.reshape(-1).tolist() == [i != 3 for i in range(12)]
+
+
+def test_workers_change_no_bit():
+    """Heads shared among threads (fixed chunks) give exactly the serial result."""
+    from attnrank.util.threads import torch_threads
+
+    g = torch.Generator().manual_seed(9)
+    A = torch.randn(5, 40, 10, generator=g).to(torch.bfloat16)
+    B = torch.randn(5, 40, 10, generator=g).to(torch.bfloat16)
+    A[3] = A[3].double().mul(torch.logspace(0, -6, 10, dtype=torch.float64)).to(torch.bfloat16)  # QR path
+    serial = product_metrics(A, B)
+    with torch_threads(1):
+        par = product_metrics(A, B, workers=3)
+    for k in ("sv", *METRIC_COLUMNS, "finite"):
+        assert torch.equal(getattr(par, k), getattr(serial, k)), k
+    assert_matches_dense(A, B)
+
+
+@pytest.mark.parametrize("decades, certified", [(0.0, True), (3.0, True), (4.5, False), (6.0, False)])
+def test_gram_condition_certificate(decades, certified):
+    """The Gram path is taken only where λ_min ≥ 1e-8 λ_max is proven (κ(X)² = 10^(2·decades))."""
+    from attnrank.core.linalg import _gram_certified
+
+    g = torch.Generator().manual_seed(10)
+    Q, _ = torch.linalg.qr(torch.randn(64, 8, generator=g, dtype=torch.float64))
+    X = Q * torch.logspace(0, -decades, 8, dtype=torch.float64)  # singular values exactly these
+    G = X.mT @ X
+    R = torch.linalg.cholesky(G).mT
+    assert bool(_gram_certified(G, R)) is certified
+    assert not bool(_gram_certified(torch.zeros(8, 8, dtype=torch.float64), torch.zeros(8, 8, dtype=torch.float64)))

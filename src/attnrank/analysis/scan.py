@@ -20,7 +20,7 @@ from attnrank.core.linalg import (
     DEFAULT_TOL,
     METRIC_COLUMNS,
     ProductMetrics,
-    factor_root,
+    factor_roots,
     metrics_from_roots,
 )
 from attnrank.errors import AttnRankError
@@ -28,6 +28,7 @@ from attnrank.io.checkpoint import Checkpoint
 from attnrank.io.layouts import AttentionReader, HeadWeights, Layout, layout_from_toml
 from attnrank.util.env import versions
 from attnrank.util.fileio import prepare_out_dir, write_atomic, write_json
+from attnrank.util.threads import torch_threads
 
 PRODUCTS = ("qk", "ov")
 TABLE_COLUMNS = ("layer", "head", "kv_head", "product", *METRIC_COLUMNS, "head_dim", "finite")
@@ -68,19 +69,42 @@ def _rows(layer: int, product: str, m: ProductMetrics, group: int, head_dim: int
     return pd.DataFrame(cols, columns=list(TABLE_COLUMNS))
 
 
-def layer_metrics(hw: HeadWeights, tol: float = DEFAULT_TOL) -> tuple[dict[str, ProductMetrics], dict[str, torch.Tensor]]:
+def layer_metrics(hw: HeadWeights, tol: float = DEFAULT_TOL, *,
+                  workers: int = 1) -> tuple[dict[str, ProductMetrics], dict[str, torch.Tensor]]:
     """QK and OV metrics of every query head of one layer, plus the Figure 4 row norms.
 
     Each distinct factor is reduced once (a kv head shared by a group of query heads too).
     The squared row norms of W_Q, W_K, W_V and column norms of P are the diagonals of the
-    factors' Gram matrices ``RᵀR``, so they cost nothing extra.
+    factors' Gram matrices ``RᵀR`` (column sums of ``R²``), so they cost nothing extra.
+    ``workers`` > 1 shares the heads among that many threads (run under ``torch_threads(1)``;
+    the result is the same for any number).
     """
-    rq, rk, rv, rp = (factor_root(x) for x in (hw.wq.mT, hw.wk.mT, hw.wv.mT, hw.p))
+    rq, rk, rv, rp = factor_roots(hw.wq.mT, hw.wk.mT, hw.wv.mT, hw.p, workers=workers)
     rk, rv = hw.kv_for_query_heads(rk), hw.kv_for_query_heads(rv)
-    metrics = {"qk": metrics_from_roots(rk, rq, tol), "ov": metrics_from_roots(rp, rv, tol)}
-    gram_diag = lambda r: torch.diagonal(r.mT @ r, dim1=-2, dim2=-1)  # noqa: E731
+    metrics = {"qk": metrics_from_roots(rk, rq, tol, workers=workers),
+               "ov": metrics_from_roots(rp, rv, tol, workers=workers)}
+    gram_diag = lambda r: (r * r).sum(-2)  # noqa: E731
     norms = {"q": gram_diag(rq), "k": gram_diag(rk), "v": gram_diag(rv), "p": gram_diag(rp)}
     return metrics, norms
+
+
+def _stream(reader: AttentionReader, sel: list[int], tol: float, threads: int | None):
+    """Yield ``(i, hw, metrics, row_norms)`` per selected layer; layer i+1 is read meanwhile.
+
+    The checkpoint is touched by one thread at a time (the reader thread; ``release`` only
+    between reads), so resident memory stays about two layers' stored weights.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    workers = max(1, threads if threads is not None else torch.get_num_threads())
+    with ThreadPoolExecutor(1, thread_name_prefix="attnrank-read") as io, torch_threads(1):
+        nxt = io.submit(reader.read_layer, sel[0]) if sel else None
+        for k, i in enumerate(sel):
+            hw = nxt.result()
+            reader.ckpt.release()  # unmap what the read touched (tensors read are copies)
+            nxt = io.submit(reader.read_layer, sel[k + 1]) if k + 1 < len(sel) else None
+            metrics, row_norms = layer_metrics(hw, tol, workers=workers)
+            yield i, hw, metrics, row_norms
 
 
 def parse_layers(spec: str | None, n_layers: int) -> list[int]:
@@ -111,11 +135,16 @@ def analyze(
     layers: Iterable[int] | str | None = None,
     layout: str | os.PathLike | Layout | None = None,
     progress: Callable[[int, int], None] | None = None,
+    threads: int | None = None,
 ) -> SpectraResult:
     """Exact per-head QK and OV spectra of every (or the selected) attention layer.
 
     ``layout``: a TOML layout file (or a :class:`Layout`) for a model_type not in the table;
     the config then may be absent. ``progress(done, total)`` is called after each layer.
+    ``threads``: worker threads (default: torch's current thread count). Each runs single-
+    threaded torch over its own heads while a background thread reads the next layer, so a
+    core taken by another process slows the scan in proportion, and results are bit-identical
+    whatever the load.
     """
     if not tol > 0 or not tol < 1:
         raise AttnRankError(f"tolerance must lie in (0, 1); got {tol}")
@@ -133,16 +162,13 @@ def analyze(
     frames: list[pd.DataFrame] = []
     sv: dict[str, list[np.ndarray]] = {p: [] for p in PRODUCTS}
     norms: dict[str, list[np.ndarray]] = {k: [] for k in ("q", "k", "v", "p")}
-    for done, i in enumerate(sel, 1):
-        hw = reader.read_layer(i)
-        metrics, row_norms = layer_metrics(hw, tol)
+    for done, (i, hw, metrics, row_norms) in enumerate(_stream(reader, sel, tol, threads), 1):
         for product, m in metrics.items():
             frames.append(_rows(i, product, m, hw.group, dims.head_dim))
             sv[product].append(m.sv.numpy())
         for k, v in row_norms.items():
             norms[k].append(v.numpy())
         del hw, metrics
-        ckpt.release()  # unmap what this layer touched: resident memory stays about one layer
         if progress:
             progress(done, len(sel))
 

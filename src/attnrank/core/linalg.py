@@ -23,8 +23,10 @@ effective rank ``exp(H(p))``, ``p = σ/Σσ`` (Roy & Vetterli); stable rank ``Σ
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch is imported where used: ``attnrank --help`` reads DEFAULT_TOL without it
+    import torch
 
 DEFAULT_TOL = 1e-3
 METRIC_COLUMNS = (
@@ -83,6 +85,39 @@ GRAM_MIN_RATIO = 1e-8  # heads with λ_min(XᵀX) below this times λ_max take t
 
 
 CHUNK_BYTES = 16 * 2**20  # float64 copies of at most this size: glibc then reuses the memory
+METRIC_CHUNK = 8  # heads per task in metrics_from_roots (fixed: results never depend on workers)
+
+
+def _chunks(X: torch.Tensor, per: int) -> list[torch.Tensor]:
+    flat = X.reshape(-1, *X.shape[-2:])
+    return [flat[s:s + per] for s in range(0, flat.shape[0], per)]
+
+
+def factor_roots(*Xs: torch.Tensor, workers: int = 1) -> list[torch.Tensor]:
+    """:func:`factor_root` of each factor, the chunks of all of them shared by ``workers`` threads.
+
+    Each chunk is reduced by one thread, so run it under ``torch_threads(1)`` (as
+    :func:`attnrank.analysis.scan.analyze` does): a core taken by another process then slows
+    one worker, not a barrier every small factorisation waits at. Chunks are fixed by
+    CHUNK_BYTES alone, so the result is bit-identical whatever ``workers`` and the load.
+    """
+    import torch
+
+    from attnrank.util.threads import parallel_map
+
+    jobs, spans = [], []
+    for X in Xs:
+        X = X.detach()
+        d, dh = X.shape[-2:]
+        parts = _chunks(X, max(1, CHUNK_BYTES // max(1, 8 * d * dh))) or [X.reshape(-1, d, dh)]
+        spans.append((len(jobs), len(jobs) + len(parts), X.shape[:-2]))
+        jobs += parts
+    done = parallel_map(_factor_root, jobs, workers)
+    out = []
+    for a, b, batch in spans:
+        R = done[a] if b - a == 1 else torch.cat(done[a:b])
+        out.append(R.reshape((*batch, *R.shape[-2:])))
+    return out
 
 
 def factor_root(X: torch.Tensor) -> torch.Tensor:
@@ -90,39 +125,51 @@ def factor_root(X: torch.Tensor) -> torch.Tensor:
 
     Shape ``(..., min(d, dh), dh)``. Any input dtype; upcast to float64 before arithmetic.
     Well-conditioned heads: ``R`` is the Cholesky factor of the float64 Gram matrix (one GEMM
-    and a dh × dh factorisation). Heads with ``λ_min(XᵀX) < GRAM_MIN_RATIO · λ_max`` (where
-    squaring the condition number would cost accuracy), or whose Gram matrix is not
-    numerically positive definite: ``R`` from a float64 QR of X. Non-finite heads give NaN.
+    and a dh × dh factorisation). Heads not certified well-conditioned (:func:`_gram_certified`:
+    ``λ_min(XᵀX) ≥ GRAM_MIN_RATIO · λ_max`` proven from ``R⁻¹``, else squaring the condition
+    number could cost accuracy), or whose Gram matrix is not numerically positive definite:
+    ``R`` from a float64 QR of X. Non-finite heads give NaN.
 
     Heads are upcast and reduced a few at a time (float64 copies of at most CHUNK_BYTES): one
     fresh 128 MiB float64 copy of a 4096-wide layer costs more in page faults than its Gram
     products cost in arithmetic.
     """
-    X = X.detach()
-    d, dh = X.shape[-2:]
-    per = max(1, CHUNK_BYTES // max(1, 8 * d * dh))
-    if X.shape[:-2].numel() <= per:
-        return _factor_root(X)
-    flat = X.reshape(-1, d, dh)
-    R = torch.cat([_factor_root(flat[s:s + per]) for s in range(0, flat.shape[0], per)])
-    return R.reshape(*X.shape[:-2], *R.shape[-2:])
+    return factor_roots(X)[0]
+
+
+def _gram_certified(G: torch.Tensor, R: torch.Tensor) -> torch.Tensor:
+    """True where ``λ_min(G) ≥ GRAM_MIN_RATIO · λ_max(G)`` is proven, for ``RᵀR = G`` (Cholesky).
+
+    Upper bounds only: ``λ_max ≤ min(trace G, ‖G‖₁)`` and ``1/λ_min = ‖R⁻¹‖₂² ≤
+    min(‖R⁻¹‖²_F, ‖R⁻¹‖₁‖R⁻¹‖_∞)``; ``R⁻¹`` is one triangular solve (dh³/3 multiply-adds,
+    about 1/(3d) of the Gram's), where an eigendecomposition of G cost more than the Cholesky
+    it guarded. Conservative: a head just inside the ratio may take the (exact) QR path too.
+    """
+    import torch
+
+    eye = torch.eye(R.shape[-1], dtype=R.dtype).expand_as(R)
+    Ri = torch.linalg.solve_triangular(R, eye, upper=True).abs_()
+    inv_sq = torch.minimum((Ri * Ri).sum((-2, -1)), Ri.sum(-2).amax(-1) * Ri.sum(-1).amax(-1))
+    lam_max = torch.minimum(torch.diagonal(G, dim1=-2, dim2=-1).sum(-1), G.abs().sum(-2).amax(-1))
+    return GRAM_MIN_RATIO * lam_max * inv_sq <= 1.0  # NaN/Inf (a singular R) is not certified
 
 
 def _factor_root(X: torch.Tensor) -> torch.Tensor:
+    import torch
+
     X = X.to(device="cpu", dtype=torch.float64)
     d, dh = X.shape[-2:]
     if d < dh:
-        G = None
         R = torch.linalg.qr(torch.nan_to_num(X, nan=0.0, posinf=0.0, neginf=0.0), mode="r").R
         finite = torch.isfinite(X).all(-1).all(-1)
     else:
         G = X.mT @ X
         finite = torch.isfinite(torch.diagonal(G, dim1=-2, dim2=-1)).all(-1)  # G_jj = Σ_i X_ij²: NaN/Inf land here
-        G = torch.where(finite[..., None, None], G, torch.eye(dh, dtype=G.dtype))
-        evals = torch.linalg.eigvalsh(G)
+        if not bool(finite.all()):
+            G = torch.where(finite[..., None, None], G, torch.eye(dh, dtype=G.dtype))
         L, info = torch.linalg.cholesky_ex(G)
         R = L.mT
-        bad = (evals[..., 0] < GRAM_MIN_RATIO * evals[..., -1]) | (info != 0)
+        bad = ~_gram_certified(G, R) | (info != 0)
         bad &= finite
         if bool(bad.any()):
             R[bad] = torch.linalg.qr(X[bad], mode="r").R
@@ -139,6 +186,8 @@ def singular_values(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
 
 def rank_measures(sv: torch.Tensor, tol: float = DEFAULT_TOL) -> dict[str, torch.Tensor]:
     """Numerical, effective and stable rank from descending singular values ``(..., k)``."""
+    import torch
+
     if not tol > 0:
         raise ValueError(f"tolerance must be > 0, got {tol}")
     sv = sv.to(torch.float64)
@@ -154,20 +203,46 @@ def rank_measures(sv: torch.Tensor, tol: float = DEFAULT_TOL) -> dict[str, torch
     return {"rank": rank, "effective_rank": effective, "stable_rank": stable}
 
 
-def product_metrics(A: torch.Tensor, B: torch.Tensor, tol: float = DEFAULT_TOL) -> ProductMetrics:
+def product_metrics(A: torch.Tensor, B: torch.Tensor, tol: float = DEFAULT_TOL, *, workers: int = 1) -> ProductMetrics:
     """All metrics of ``A Bᵀ`` for factors ``A, B`` of shape ``(..., d, dh)`` (any float dtype).
 
     Inputs are upcast to float64 before any arithmetic, so float16/bfloat16 weights are
-    analysed exactly as stored.
+    analysed exactly as stored. ``workers`` > 1 shares the heads among that many threads
+    (see :func:`factor_roots`; same result).
     """
     _check_factors(A, B)
-    return metrics_from_roots(factor_root(A), factor_root(B), tol)
+    Ra, Rb = factor_roots(A, B, workers=workers)
+    return metrics_from_roots(Ra, Rb, tol, workers=workers)
 
 
-def metrics_from_roots(Ra: torch.Tensor, Rb: torch.Tensor, tol: float = DEFAULT_TOL) -> ProductMetrics:
-    """All metrics of ``A Bᵀ`` from roots ``Ra = factor_root(A)``, ``Rb = factor_root(B)``."""
+def metrics_from_roots(Ra: torch.Tensor, Rb: torch.Tensor, tol: float = DEFAULT_TOL, *,
+                       workers: int = 1) -> ProductMetrics:
+    """All metrics of ``A Bᵀ`` from roots ``Ra = factor_root(A)``, ``Rb = factor_root(B)``.
+
+    Heads are taken METRIC_CHUNK at a time, on ``workers`` threads (same result for any number).
+    """
+    import torch
+
+    from attnrank.util.threads import parallel_map
+
     if not tol > 0:
         raise ValueError(f"tolerance must be > 0, got {tol}")
+    batch = Ra.shape[:-2]
+    pairs = list(zip(_chunks(Ra, METRIC_CHUNK), _chunks(Rb, METRIC_CHUNK), strict=True))
+    if not pairs:
+        pairs = [(Ra.reshape(-1, *Ra.shape[-2:]), Rb.reshape(-1, *Rb.shape[-2:]))]
+    parts = parallel_map(lambda ab: _metrics(ab[0], ab[1], tol), pairs, workers)
+    out = {}
+    for key in parts[0]:
+        v = parts[0][key] if len(parts) == 1 else torch.cat([q[key] for q in parts])
+        out[key] = v.reshape((*batch, *v.shape[1:]))
+    return ProductMetrics(**out, tol=tol)
+
+
+def _metrics(Ra: torch.Tensor, Rb: torch.Tensor, tol: float) -> dict[str, torch.Tensor]:
+    """The metrics of a flat batch of heads ``(n, k, dh)`` (see :func:`metrics_from_roots`)."""
+    import torch
+
     finite = torch.isfinite(Ra).all(-1).all(-1) & torch.isfinite(Rb).all(-1).all(-1)
     if not bool(finite.all()):
         keep = finite[..., None, None]
@@ -204,4 +279,4 @@ def metrics_from_roots(Ra: torch.Tensor, Rb: torch.Tensor, tol: float = DEFAULT_
             if key == "sv":
                 mask = mask[..., None]
             out[key] = torch.where(mask, nan, val.to(torch.float64))
-    return ProductMetrics(**out, finite=finite, tol=tol)
+    return {**out, "finite": finite}

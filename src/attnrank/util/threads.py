@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
 import torch
 
 from attnrank.errors import AttnRankError
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 class torch_threads:
@@ -37,3 +43,17 @@ class torch_threads:
         if self.prev is not None:
             torch.set_num_threads(self.prev)
         return False
+
+
+def parallel_map(fn: Callable[[T], R], items: Sequence[T], workers: int = 1) -> list[R]:
+    """``[fn(x) for x in items]``, on up to ``workers`` threads when ``workers`` > 1.
+
+    For torch work that releases the GIL: run it under ``torch_threads(1)`` so that each task
+    is one thread's, and a core taken by another process delays one task, not every one.
+    """
+    if workers <= 1 or len(items) <= 1:
+        return [fn(x) for x in items]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(min(workers, len(items)), thread_name_prefix="attnrank") as ex:
+        return list(ex.map(fn, items))
