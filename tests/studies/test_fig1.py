@@ -171,3 +171,132 @@ def test_quick_run_and_replot_give_the_same_claims(tmp_path):
     runner.run("fig1", tmp_path, replot=True)
     assert json.loads((tmp_path / "claims.json").read_text()) == before
     assert all(c["verdict"] in ("held", "not held", "inconclusive") for c in before)
+
+
+# --------------------------------------------------------------------------- per-mode rates
+
+
+def test_mode_rates_follow_reference_section_2():
+    eta, lam = 0.1, 1.0
+    rates = gd.mode_rates(D1, lam, eta)
+    assert [r["mode"] for r in rates] == ["thresholded", "thresholded", "active", "active", "active"]
+    assert rates[0]["factor"] == pytest.approx((1 - eta * lam) ** 2 - 4 * eta**2 * 0.2**2)
+    assert rates[4]["factor"] == pytest.approx(1 - 2 * eta * lam)
+    assert gd.mode_rates(D1, 0.4, eta)[0]["mode"] == "threshold"
+    slow = gd.predicted_slope(D1, lam, eta)
+    assert slow["mode"] == "thresholded" and slow["d"] == 0.2 and slow["slope"] == pytest.approx(math.log(0.8084))
+    assert gd.predicted_slope(D1, 0.4, eta)["slope"] is None
+
+
+def test_thresholded_row_discrepancy_contracts_at_its_own_factor():
+    """The row of a thresholded mode: a_i^T a_i - b_i^T b_i shrinks by (1 - eta lam)^2 - 4 eta^2 d_i^2 per step."""
+    lam, eta = 1.0, 0.1
+    run = gd.run_fig1_gd([lam], d=D1, eta=eta, steps=200, init_scale=0.5, seed=0)
+    a, b = run.A[:, 0, 1], run.B[:, 0, 1]  # row of d = 0.4
+    c = np.linalg.norm(a[:, :, None] * a[:, None, :] - b[:, :, None] * b[:, None, :], axis=(1, 2))
+    slope = np.polyfit(np.arange(120, 161), np.log(c[120:161]), 1)[0]
+    assert slope == pytest.approx(math.log((1 - eta * lam) ** 2 - 4 * eta**2 * 0.4**2), rel=1e-3)
+
+
+def test_per_mode_prediction_matches_the_measured_late_slope_where_one_rate_does_not():
+    lams = np.array([0.6, 1.0])
+    fits = gd.balance_fits(lams, d=D1, eta=0.1, steps=400, init_scale=0.5, seeds=[1, 4])
+    single = max(abs(f[1]["slope"] / math.log(1 - 0.2) - 1) for f in fits)
+    assert single > 0.01  # one rate for every mode misses lam = 1 by more than the tolerance
+    for row in fits:
+        for f in row:
+            assert f["slope"] == pytest.approx(f["predicted"]["slope"], rel=3e-3)
+
+
+# --------------------------------------------------------------------------- claims on synthetic data
+
+from attnrank.studies.fig1 import claims as C  # noqa: E402
+
+
+def _rate_data(measured: float, lam: float = 0.25, predicted: float | None = None) -> dict:
+    pred = math.log(1 - 0.2 * lam) if predicted is None else predicted
+    fit = {"slope": measured, "t_first": 10, "t_last": 100, "points": 91,
+           "predicted": {"slope": pred, "shares": {"active": 1.0}, "setting": "active"}}
+    return {"d": list(D1), "eta": 0.1, "rates": {"lambdas": [lam], "seeds": [0], "window": [1e-10, 1e-4],
+                                                 "eta": 0.1, "fits": [[fit]]}}
+
+
+def test_balance_rate_holds_at_prediction_and_fails_off_it():
+    good = C.balance_rate(_rate_data(math.log(0.95) * 1.002))
+    assert good.verdict == "held" and good.kind == "finding"
+    assert good.expected["lam=0.25"]["set by"] == "active"
+    assert C.balance_rate(_rate_data(math.log(0.95) * 1.03)).verdict == "not held"
+    assert C.balance_rate(_rate_data(None)).verdict == "not held"  # no fit: not a pass
+
+
+def test_balance_rate_excludes_the_exact_threshold_with_its_reason():
+    d = _rate_data(-0.08, lam=0.4)
+    d["rates"]["fits"][0][0]["predicted"] = {"slope": None, "shares": {}, "setting": "threshold"}
+    c = C.balance_rate(d)
+    assert c.verdict == "not held" and c.measured == {}  # nothing judged is not a pass
+    assert "Not judged: lam=0.4" in c.detail and "algebraically" in c.detail
+
+
+def _gap_data(decay: float) -> dict:
+    t = np.arange(1001)
+    return {"lambdas": [0.0, 0.5], "steps": 1000, "gap": [np.full(t.size, 2.0).tolist(), (2.0 * decay**t).tolist()]}
+
+
+def test_gap_decay_both_ways():
+    assert C.gap_decay(_gap_data(0.95)).verdict == "held"
+    assert C.gap_decay(_gap_data(0.9999)).verdict == "not held"  # lam > 0 but the gap barely moves
+
+
+def test_gd_recursion_identity_both_ways():
+    assert C.gd_recursion({"recursion_error": 3e-16}).verdict == "held"
+    c = C.gd_recursion({"recursion_error": 1e-6})
+    assert c.kind == "identity" and c.verdict == "not held"
+    assert C.gd_recursion({"recursion_error": None}).verdict == "not held"
+
+
+def _sv_data(noise: float) -> dict:
+    lambdas, sweep = [0.0, 0.6], [0.0, 0.6, 1.0]
+    cf = [gd.soft_threshold_sv(D1, lam).tolist() for lam in lambdas]
+    sw = [gd.soft_threshold_sv(D1, lam).tolist() for lam in sweep]
+    final = (np.asarray(cf) + noise).tolist()
+    return {"lambdas": lambdas, "d": list(D1), "steps": 1000, "sv_closed_form": cf, "sv_final": final,
+            "lambda_sweep": sweep, "sv_sweep_final": sw, "sv_sweep_closed_form": sw}
+
+
+def test_soft_threshold_both_ways():
+    assert C.soft_threshold(_sv_data(1e-9)).verdict == "held"
+    assert C.soft_threshold(_sv_data(1e-3)).verdict == "not held"
+
+
+def _threshold_data(rate: float) -> dict:
+    t = np.arange(1001)
+    s = 1.0 / (5.0 + rate * t)
+    traj = np.tile(np.array([0.8, 0.6, 0.4, 0.2, 0.0]), (t.size, 1))
+    traj[:, 4] = s
+    cf = gd.soft_threshold_sv(D1, 0.4).tolist()
+    return {"sv_traj_lambda": 0.4, "eta": 0.1, "steps": 1000, "lambdas": [0.4], "d": list(D1),
+            "sv_closed_form": [cf], "sv_traj": traj.tolist()}
+
+
+def test_threshold_algebraic_both_ways():
+    c = C.threshold_algebraic(_threshold_data(0.4))
+    assert c.verdict == "held" and c.kind == "identity" and c.measured == pytest.approx(0.4)
+    assert C.threshold_algebraic(_threshold_data(0.5)).verdict == "not held"
+
+
+def _pairs(gap: float) -> dict:
+    n = 4
+    bound = np.full(n, 3.0)
+    return {"bound_bal": bound.tolist(), "nuclear_bal": (bound - gap).tolist(), "c": [2.0] * n,
+            "gap_scaled": [1.0] * n, "gap_scaled_closed": [1.0 + gap] * n, "bound_scaled": [4.0] * n,
+            "gap_indep": [0.5] * n, "bound_indep": [4.0] * n}
+
+
+def test_prop31_identities_both_ways():
+    ok, bad = {"prop31": _pairs(0.0)}, {"prop31": _pairs(1e-6)}
+    for fn in (C.prop31_balanced_equality, C.prop31_unbalanced_gap):
+        assert fn(ok).verdict == "held" and fn(ok).kind == "identity"
+        assert fn(bad).verdict == "not held"
+    zero_gap = _pairs(0.0)
+    zero_gap["gap_indep"] = [0.0] * 4  # an "unbalanced" pair without a gap
+    assert C.prop31_unbalanced_gap({"prop31": zero_gap}).verdict == "not held"

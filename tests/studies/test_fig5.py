@@ -125,3 +125,86 @@ def test_quick_run_and_replot_give_the_same_claims(tmp_path):
     runner.run("fig5", tmp_path, replot=True)
     assert json.loads((tmp_path / "claims.json").read_text()) == before
     assert all(c["verdict"] in ("held", "not held", "inconclusive") for c in before)
+
+
+# --------------------------------------------------------------------------- claims on synthetic data
+
+from attnrank.studies.fig5 import claims as C  # noqa: E402
+
+Q = Fig5Params(eps_sweep=(0.1, 0.01, 1e-3, 1e-4), wd_sweep=(0.1, 0.5), schedules=((1e-2, 100, 10),))
+
+
+def _row(kind, opt, eps, lam_wd, dist, spread=1e-7, fp_dist=1e-7):
+    target = [0.8, 0.0] if kind == "factorized" else [0.66, 0.25]
+    w = [target[0] + dist, target[1]]
+    row = {"kind": kind, "opt": opt, "eps": eps, "lam_wd": lam_wd, "lr": 1e-2, "w_final": w, "target": target,
+           "dist_target": dist, "tail_spread": spread}
+    if opt == "adamw":
+        row |= {"fixed_point": [w[0] + fp_dist, w[1]], "dist_fixed_point": fp_dist}
+    return row
+
+
+def _data(dist=lambda kind, opt, eps, lw: 1e-3, spread=lambda kind, eps, lw: 1e-7, fp=1e-7):
+    rows = []
+    for kind in ("direct", "factorized"):
+        for eps, lw in [(e, Q.lam_main) for e in Q.eps_sweep] + [(Q.eps_main, lw) for lw in Q.wd_sweep if lw != Q.lam_main]:
+            for opt in ("adamw", "adam_l2"):
+                rows.append(_row(kind, opt, eps, lw, dist(kind, opt, eps, lw), spread(kind, eps, lw), fp))
+    return {"runs": rows, "l2_optimum_main": [0.66, 0.25], "l1_optimum_main": [0.8, 0.0]}
+
+
+def test_reaches_optimum_both_ways_and_reports_the_other_end_point():
+    c = C.reaches_optimum(_data(), Q, "direct", "adamw")
+    assert c.verdict == "held" and "distance to the other optimiser's end point" in c.measured
+    far = _data(dist=lambda kind, opt, eps, lw: 0.05 if opt == "adamw" else 0.0)
+    c = C.reaches_optimum(far, Q, "direct", "adamw")
+    assert c.verdict == "not held" and c.measured["distance to the other optimiser's end point"] == pytest.approx(0.05)
+
+
+def test_factorized_sparse_both_ways():
+    assert C.factorized_sparse(_data(), Q).verdict == "held"
+    dense = _data()
+    for r in dense["runs"]:
+        if r["kind"] == "factorized":
+            r["w_final"] = [0.7, 0.05]
+    assert C.factorized_sparse(dense, Q).verdict == "not held"
+
+
+def test_eps_sweep_judges_converged_runs_only():
+    cycle = lambda kind, eps, lw: 5e-3 if eps == 1e-4 else 1e-7  # noqa: E731
+    off = lambda kind, opt, eps, lw: 0.3 if eps == 1e-4 else 1e-3  # noqa: E731
+    c = C.eps_sweep(_data(dist=off, spread=cycle), Q)
+    assert c.verdict == "held"
+    assert len(c.measured["not converged"]) == 2 and "tail spread 5.0e-03" in c.detail
+
+
+def test_eps_sweep_fails_on_a_converged_run_off_the_optimum():
+    off = lambda kind, opt, eps, lw: 0.3 if eps == 1e-3 else 1e-3  # noqa: E731
+    c = C.eps_sweep(_data(dist=off), Q)
+    assert c.verdict == "not held" and "eps=0.001" in c.reason
+
+
+def test_eps_sweep_is_inconclusive_with_too_few_converged_runs():
+    cycle = lambda kind, eps, lw: 5e-3 if eps <= 1e-2 else 1e-7  # noqa: E731
+    c = C.eps_sweep(_data(spread=cycle), Q)
+    assert c.verdict == "inconclusive" and "fewer than" in c.reason
+
+
+def test_wd_sweep_both_ways():
+    assert C.wd_sweep(_data(), Q).verdict == "held"
+    off = lambda kind, opt, eps, lw: 0.05 if lw == 0.5 else 1e-3  # noqa: E731
+    c = C.wd_sweep(_data(dist=off), Q)
+    assert c.verdict == "not held" and "first order in lam_wd*|theta|" in c.reason
+
+
+def test_adamw_fixed_point_identity_both_ways():
+    c = C.adamw_fixed_point(_data(), Q)
+    assert c.verdict == "held" and c.kind == "identity"
+    assert C.adamw_fixed_point(_data(fp=1e-3), Q).verdict == "not held"
+    never = C.adamw_fixed_point(_data(spread=lambda kind, eps, lw: 1.0), Q)
+    assert never.verdict == "not held"  # nothing converged: not verified
+
+
+def test_claims_list_has_no_duplicate_same_point_claims():
+    names = [c.name for c in C.claims(_data(), Q)]
+    assert not any(n.endswith("same_point") for n in names) and len(names) == len(set(names)) == 8

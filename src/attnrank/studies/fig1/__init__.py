@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from attnrank.studies.fig1.claims import claims
+from attnrank.studies.fig1.claims import claims as judge
 from attnrank.studies.fig1.experiment import run
-from attnrank.studies.fig1.figures import figures
+from attnrank.studies.fig1.figures import figures as draw
 from attnrank.studies.fig1.params import Fig1Params
 from attnrank.studies.registry import CATALOGUE, Study, register_study
 
@@ -29,6 +29,6 @@ def notes(data: dict[str, Any], params: Fig1Params) -> list[str]:
 
 
 STUDY = register_study(Study(name="fig1", title=CATALOGUE["fig1"][1], source=SOURCE, params=Fig1Params, run=run,
-                             claims=claims, figures=figures, notes=notes))
+                             claims=judge, figures=draw, notes=notes))
 
-__all__ = ["STUDY", "Fig1Params", "claims", "figures", "notes", "run"]
+__all__ = ["STUDY", "Fig1Params", "draw", "judge", "notes", "run"]

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from attnrank.studies.fig1.gd import fit_log_slope
+from attnrank.studies.fig1.gd import fit_log_slope, predicted_slope
 from attnrank.studies.fig1.params import Fig1Params
 from attnrank.studies.registry import Claim
 
@@ -21,8 +21,9 @@ SRC_PROP31_GAP = "paper Prop. 3.1 / REFERENCE.md §1"
 
 ST_GAP = ("For lam > 0 the gap between the Frobenius bound (1/2)(|A|^2+|B|^2) and the nuclear norm "
           "|AB^T|_* decays exponentially to 0; for lam = 0 it does not.")
-ST_RATE = ("|A^T A - B^T B| vanishes exponentially with a rate proportional to lam; per gradient-descent "
-           "step the predicted factor near stationarity is (1 - 2 eta lam).")
+ST_RATE = ("|A^T A - B^T B| vanishes exponentially with a time constant proportional to 1/lam; per "
+           "gradient-descent step each mode's discrepancy contracts by its REFERENCE.md §2 factor: 1 - 2 eta lam "
+           "(active modes), (1 - eta lam)^2 - 4 eta^2 d_i^2 (modes thresholded to zero).")
 ST_RECURSION = ("Under gradient descent, A^TA - B^TB <- (1 - eta lam)^2 (A^TA - B^TB) + eta^2 (B^T G^T G B - "
                 "A^T G G^T A), G = grad L(AB^T), holds exactly.")
 ST_SOFT = ("The singular values of AB^T at the end of training are s_i = max(d_i - lam/2, 0): "
@@ -71,41 +72,77 @@ def gap_decay(data: dict[str, Any]) -> Claim:
     )
 
 
-def _slopes(fits: list[list[dict[str, Any]]]) -> np.ndarray:
-    return np.array([[math.nan if f["slope"] is None else f["slope"] for f in row] for row in fits], dtype=np.float64)
+def _dev(fit: dict[str, Any]) -> float | None:
+    """|measured / predicted − 1| of one rate fit; None where nothing is predicted (λ = 2 d_i, no window)."""
+    pred = (fit.get("predicted") or {}).get("slope")
+    if pred is None:
+        return None
+    return math.inf if fit["slope"] is None else abs(fit["slope"] / pred - 1)
+
+
+def _rate_rows(r: dict[str, Any], fits: list[list[dict[str, Any]]]) -> tuple[dict, dict, dict, list[str]]:
+    """Per λ: the worst seed's measured slope, its per-mode prediction, the asymptotic mode; excluded λ."""
+    meas, exp, dev, excluded = {}, {}, {}, []
+    for k, lam in enumerate(r["lambdas"]):
+        col = [row[k] for row in fits]
+        slowest = predicted_slope(r["d"], lam, r["eta"])
+        devs = [_dev(f) for f in col]
+        if slowest["mode"] == "threshold" or any(x is None for x in devs):
+            excluded.append(f"{lam_key(lam)} (measured {[f['slope'] for f in col]}, active-mode rate "
+                            f"{math.log(1 - 2 * r['eta'] * lam):.6g})")
+            continue
+        w = int(np.argmax(devs))
+        pred = col[w]["predicted"]
+        meas[lam_key(lam)] = col[w]["slope"]
+        exp[lam_key(lam)] = {"slope": pred["slope"], "set by": pred["setting"],
+                             "shares at window end": {m: round(v, 3) for m, v in pred["shares"].items()},
+                             "asymptotic": {"slope": slowest["slope"], "mode": f"{slowest['mode']} d={slowest['d']:g}"}}
+        dev[lam_key(lam)] = devs[w]
+    return meas, exp, dev, excluded
+
+
+def _single_rate_dev(r: dict[str, Any]) -> float:
+    """Largest |measured / log(1 − 2ηλ) − 1| over seeds and judged λ (the old single-rate prediction)."""
+    out = 0.0
+    for k, lam in enumerate(r["lambdas"]):
+        if predicted_slope(r["d"], lam, r["eta"])["mode"] == "threshold":
+            continue
+        for row in r["fits"]:
+            if row[k]["slope"] is not None:
+                out = max(out, abs(row[k]["slope"] / math.log(1 - 2 * r["eta"] * lam) - 1))
+    return out
 
 
 def balance_rate(data: dict[str, Any]) -> Claim:
-    """fig1.balance_rate: fitted late slope of ‖AᵀA − BᵀB‖ against log(1 − 2ηλ), every seed, 1%."""
-    r = data["rates"]
-    eta, pos = r["eta"], np.asarray(r["lambdas"], dtype=np.float64)
-    slopes = _slopes(r["fits"])
-    preds = np.log(1 - 2 * eta * pos)
-    dev = np.abs(slopes / preds - 1)  # (seeds, lambdas)
-    worst = np.argmax(dev, axis=0)
+    """fig1.balance_rate: the fitted late slope of ‖AᵀA − BᵀB‖ against the per-mode GD rates, every seed, 1%."""
+    r = {**data["rates"], "d": data["d"]}
+    meas, exp, dev, excluded = _rate_rows(r, r["fits"])
     small = ""
     if "small_step" in r:
         s2 = r["small_step"]
-        dev2 = np.abs(_slopes(s2["fits"]) / np.log(1 - 2 * s2["eta"] * pos) - 1)
-        small = (f" With a 5x smaller step (eta = {s2['eta']:g}, {s2['steps']} steps, same seeds) the largest "
-                 f"deviation is {dev2.max():.2g} (at lam = {pos[int(np.argmax(dev2.max(axis=0)))]:g}): the excess "
-                 "shrinks with eta, as a discretisation effect should.")
-    dev_meas = {lam_key(lam): float(dev[:, k].max()) for k, lam in enumerate(pos)}
-    flow = {lam_key(lam): round(float(-2 * eta * lam), 6) for lam in pos}
+        _, _, dev2, _ = _rate_rows({**r, "eta": s2["eta"]}, s2["fits"])
+        small = (f" With a {data['eta'] / s2['eta']:g}x smaller step (eta = {s2['eta']:g}, {s2['steps']} steps, same "
+                 f"seeds) the largest deviation is {max(dev2.values(), default=math.nan):.2g}.")
     lo, hi = r["window"]
+    worst = max(dev.values(), default=math.inf)
     return Claim(
-        name="fig1.balance_rate", source=SRC_RATE, statement=ST_RATE,
-        measured={lam_key(lam): float(slopes[worst[k], k]) for k, lam in enumerate(pos)},
-        expected={lam_key(lam): float(preds[k]) for k, lam in enumerate(pos)},
-        tolerance="1% relative, every seed", held=bool(dev.max() <= RATE_TOL),
+        name="fig1.balance_rate", source=SRC_RATE, statement=ST_RATE, measured=meas, expected=exp,
+        tolerance=f"{RATE_TOL:.0%} relative, every seed", held=bool(dev) and worst <= RATE_TOL,
         detail=f"Measured: least-squares slope of log|A^TA - B^TB|_F per step over the steps where it is between "
-               f"{_e(lo)} and {_e(hi)} of its start, for init seeds {r['seeds']}; shown is the seed farthest from the "
-               f"prediction. Largest relative deviation per lam: {', '.join(f'{k}: {v:.2g}' for k, v in dev_meas.items())}. "
-               "Expected: log(1 - 2 eta lam), from the exact recursion "
-               "D' = (1-2 eta lam) D + eta^2 (gA^T gA - gB^T gB) (REFERENCE.md's form regrouped). Its driving term is "
-               "quadratic in the gradient, so the prediction is exact only once the loss has converged; where the "
-               "loss converges more slowly than the balance (large eta*lam, singular values close to a threshold) "
-               "the eta^2 term slows the decay." + small + f" Gradient-flow rate -2 eta lam for comparison: {flow}.",
+               f"{_e(lo)} and {_e(hi)} of its start, for init seeds {r['seeds']}; shown is the seed farthest from its "
+               f"prediction. Largest relative deviation per lam: {', '.join(f'{k}: {v:.2g}' for k, v in dev.items())}. "
+               "Predicted (REFERENCE.md §2): each mode's discrepancy contracts by its own factor per step, 1 - 2 eta lam "
+               "for a mode that stays active (d_i > lam/2), (1 - eta lam)^2 - 4 eta^2 d_i^2 for one thresholded to zero "
+               "(d_i < lam/2: a_i^T a_i - b_i^T b_i of its rows); Delta at the start of the window is split into those "
+               "parts, each is carried at its factor and the predicted |Delta| is fitted over the same window. 'set by' "
+               "names the part that dominates at the window's end; 'asymptotic' is the slowest mode, which sets the "
+               "slope only in the limit: the factors differ by < 1% and the thresholded parts start as a fraction of "
+               "|Delta| (shares above), so within the float64 range (|Delta| down to ~1e-16 |A^TA|) the late slope is "
+               "a mixture. A single rate log(1 - 2 eta lam) for every mode misses the measured slopes by up to "
+               f"{_single_rate_dev(r):.2g}."
+               + small + (" Not judged: " + "; ".join(excluded) + " - lam = 2 d_i exactly, where that mode's singular "
+                          "value vanishes algebraically (fig1.threshold_algebraic), so it has no geometric rate."
+                          if excluded else ""),
     )
 
 
@@ -115,7 +152,7 @@ def gd_recursion(data: dict[str, Any]) -> Claim:
     err = math.inf if err is None else float(err)
     return Claim(
         name="fig1.gd_recursion", source=SRC_RECURSION, statement=ST_RECURSION,
-        measured=err, expected=0.0, tolerance=RECURSION_TOL, held=err <= RECURSION_TOL,
+        measured=err, expected=0.0, tolerance=RECURSION_TOL, held=err <= RECURSION_TOL, kind="identity",
         detail="max over all steps and lam of |Delta_{t+1} - predicted|_F / |A^T A|_F, float64.",
     )
 
@@ -167,7 +204,7 @@ def threshold_algebraic(data: dict[str, Any]) -> Claim:
         statement=f"At the threshold lam = 2 d_i (lam = {lam:g}, d = {d_thr[0] if d_thr else float('nan'):g}) the "
                   "singular value vanishes only algebraically: 1/s grows by 4 eta per step.",
         measured=inv_slope, expected=4 * eta, tolerance="1% relative",
-        held=abs(inv_slope - 4 * eta) <= THRESHOLD_TOL * 4 * eta,
+        held=abs(inv_slope - 4 * eta) <= THRESHOLD_TOL * 4 * eta, kind="identity",
         detail=f"slope of 1/s_{k + 1}(t) over t in [{steps // 2}, {steps}]; s_{k + 1}({steps}) = {s[-1]:.3g} "
                f"(so the 1e-4 criterion of the previous claim cannot be met here at t = {steps}).",
     )
@@ -181,7 +218,7 @@ def prop31_balanced_equality(data: dict[str, Any]) -> Claim:
     worst = float(rel.max()) if np.isfinite(rel).all() else math.inf
     return Claim(
         name="prop31.balanced_equality", source=SRC_PROP31, statement=ST_BALANCED,
-        measured=worst, expected=0.0, tolerance=PROP31_TOL, held=worst <= PROP31_TOL,
+        measured=worst, expected=0.0, tolerance=PROP31_TOL, held=worst <= PROP31_TOL, kind="identity",
         detail=f"{rel.size} random balanced pairs B = QA (Q Haar orthogonal), shapes (d, dh) in "
                "(5,5), (16,4), (64,8), (8,6; rank 3), scales e^U(-2,2); max relative |bound - nuclear| / bound "
                "via linalg.product_metrics (float64).",
@@ -198,6 +235,7 @@ def prop31_unbalanced_gap(data: dict[str, Any]) -> Claim:
         measured={"min gap/bound": min_gap, "max |gap - closed form|/bound": float(gap_rel_err.max())},
         expected={"min gap/bound": "> 0", "max |gap - closed form|/bound": 0.0},
         tolerance="closed form to 1e-12 relative", held=bool(min_gap > 0 and gap_rel_err.max() <= PROP31_TOL),
+        kind="identity",
         detail=f"{p['c'].size} rescaled pairs (c ~ U(1.05, 3)) and {p['c'].size} independent Gaussian pairs.",
     )
 

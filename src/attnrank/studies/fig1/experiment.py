@@ -50,7 +50,7 @@ def run(p: Fig1Params) -> dict[str, Any]:
     pairs = prop31_pairs(shapes=p.prop31_shapes, per_shape=p.prop31_per_shape, seed=p.prop31_seed,
                          low_rank=p.prop31_low_rank)
     return {
-        "t": np.arange(p.steps + 1), "lambdas": lambdas, "d": d, "eta": p.eta, "steps": p.steps,
+        "t": np.arange(p.steps + 1), "lambdas": lambdas, "d": d, "eta": p.eta, "steps": p.steps, "seed": p.seed,
         "gap": met["gap"].T, "balance": met["balance"].T, "nuclear": met["nuclear"].T,
         "frob_bound": met["frob_bound"].T,
         "sv_final": met["sv"][-1], "sv_closed_form": np.stack([soft_threshold_sv(d, lam) for lam in lambdas]),

@@ -165,14 +165,53 @@ def discrepancy_norms(run: GDRun) -> np.ndarray:
     return np.linalg.norm(At @ run.A - Bt @ run.B, axis=(-2, -1))
 
 
+def mode_prediction(A: np.ndarray, B: np.ndarray, d, lam: float, eta: float, t1: int, t2: int) -> dict[str, Any]:
+    """The slope of log‖Δ‖ over steps [t1, t2] predicted from the per-mode rates (:func:`mode_rates`).
+
+    ``A``, ``B``: (T+1, n, n) with D = diag(d), so row i of A and B belongs to mode d_i. Δ(t1)
+    is split into each thresholded row's ``a_iᵀa_i − b_iᵀb_i`` and the rest (the active rows,
+    contracting by 1 − 2ηλ); each part is carried forward at its own factor and the predicted
+    ‖Δ(t)‖ is fitted over [t1, t2] like the measured one. Also returns each part's share of the
+    predicted ‖Δ(t2)‖ (``shares``, keyed ``active`` and ``thresholded d=…``). ``slope`` is None
+    at an exact threshold (no geometric rate for that mode).
+    """
+    rates = mode_rates(d, lam, eta)
+    if any(r["mode"] == "threshold" for r in rates):
+        return {"slope": None, "shares": {}, "setting": "threshold"}
+    delta = A[t1].T @ A[t1] - B[t1].T @ B[t1]
+    parts: dict[str, tuple[np.ndarray, float]] = {}
+    for i, r in enumerate(rates):
+        if r["mode"] == "thresholded":
+            di = np.outer(A[t1, i], A[t1, i]) - np.outer(B[t1, i], B[t1, i])
+            parts[f"thresholded d={r['d']:g}"] = (di, r["factor"])
+            delta = delta - di
+    parts["active"] = (delta, 1 - 2 * eta * lam)
+    t = np.arange(t1, t2 + 1)
+    pred = sum(m[None] * (f ** (t - t1))[:, None, None] for m, f in parts.values())
+    norms = np.linalg.norm(pred, axis=(-2, -1))
+    end = {k: float(np.linalg.norm(m) * abs(f) ** (t2 - t1)) for k, (m, f) in parts.items()}
+    total = sum(end.values()) or 1.0
+    shares = {k: v / total for k, v in end.items()}
+    return {"slope": float(np.polyfit(t, np.log(norms), 1)[0]), "shares": shares,
+            "setting": max(shares, key=shares.get)}
+
+
 def balance_fits(lambdas, *, d, eta: float, steps: int, init_scale: float, seeds, lo: float = 1e-10,
                  hi: float = 1e-4) -> list[list[dict[str, Any]]]:
-    """:func:`fit_log_slope` of ‖AᵀA − BᵀB‖_F (window ``[lo, hi]`` of its start), per seed and λ."""
+    """Per seed and λ: :func:`fit_log_slope` of ‖AᵀA − BᵀB‖_F (window ``[lo, hi]`` of its start),
+    with the per-mode prediction over the same window (:func:`mode_prediction`) under ``predicted``."""
     out = []
     for seed in seeds:
         run = run_fig1_gd(lambdas, d=d, eta=eta, steps=steps, init_scale=init_scale, seed=seed)
         bal = discrepancy_norms(run)
-        out.append([fit_log_slope(bal[:, j], lo, hi) for j in range(len(run.lambdas))])
+        row = []
+        for j, lam in enumerate(run.lambdas):
+            fit = fit_log_slope(bal[:, j], lo, hi)
+            if fit["t_first"] is not None and lam > 0:
+                fit["predicted"] = mode_prediction(run.A[:, j], run.B[:, j], d, float(lam), eta,
+                                                   fit["t_first"], fit["t_last"])
+            row.append(fit)
+        out.append(row)
     return out
 
 

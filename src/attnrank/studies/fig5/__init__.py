@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from attnrank.studies.fig5.claims import claims
+from attnrank.studies.fig5.claims import claims as judge
 from attnrank.studies.fig5.experiment import run
-from attnrank.studies.fig5.figures import figures
+from attnrank.studies.fig5.figures import figures as draw
 from attnrank.studies.fig5.params import Fig5Params
 from attnrank.studies.registry import CATALOGUE, Study, register_study
 
@@ -30,6 +30,6 @@ def notes(data: dict[str, Any], params: Fig5Params) -> list[str]:
 
 
 STUDY = register_study(Study(name="fig5", title=CATALOGUE["fig5"][1], source=SOURCE, params=Fig5Params, run=run,
-                             claims=claims, figures=figures, notes=notes))
+                             claims=judge, figures=draw, notes=notes))
 
-__all__ = ["STUDY", "Fig5Params", "claims", "figures", "notes", "run"]
+__all__ = ["STUDY", "Fig5Params", "draw", "judge", "notes", "run"]
