@@ -221,10 +221,12 @@ def test_norm_eps_zero_restores_and_finds_hf_style_norms():
 
 
 def test_minilm_pairs_hold_and_controls_do_not(minilm_dir):
-    from attnrank.analysis.scaling import open_probe
+    from attnrank.io.layouts import layout_for
+    from attnrank.models.opener import open_model
 
-    probe = open_probe("minilm")
-    pairs, extra = pair_symmetries(probe.model, probe.forward, probe.layout, probe.config, scales=(0.3, 4.1))
+    probe = open_model("minilm")
+    pairs, extra = pair_symmetries(probe.model, probe.forward, layout_for(probe.config), probe.config,
+                                   scales=(0.3, 4.1))
     assert len(pairs) == 6 * 12 * 2
     assert pairs["rerun_dev"].max() == 0.0
     assert pairs["pair_dev"].max() < 1e-13
@@ -278,7 +280,7 @@ def test_pair_symmetries_on_fused_interleaved_and_gqa_layouts(hf_dirs, name, kv_
     assert p["one_sided_dev"].min() > 1e-6
     assert res.meta["pairs"]["whole_model_qk"] < 1e-12 and res.meta["pairs"]["whole_model_ov"] < 1e-12
     assert res.meta["pairs"]["wrong_partner_qk_layer0"] > 1e-6
-    assert "random token ids" in res.meta["inputs"]  # no tokenizer.json in these directories
+    assert "no tokenizer.json" in res.meta["inputs"]  # corpus sentences as UTF-8 bytes modulo the vocabulary
 
 
 def test_live_vit_found_through_layout_aliases(tmp_path):
@@ -286,12 +288,14 @@ def test_live_vit_found_through_layout_aliases(tmp_path):
     row's alias, which AttentionReader resolves; the pair symmetries are found through it."""
     from transformers import ViTConfig
 
-    from attnrank.analysis.scaling import attention_sites, open_probe
+    from attnrank.analysis.scaling import attention_sites
+    from attnrank.io.layouts import layout_for
+    from attnrank.models.opener import open_model
 
     path = _save_hf(tmp_path, "vit", ViTConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4,
                                                intermediate_size=64, image_size=8, patch_size=4, num_channels=1))
-    probe = open_probe(path)
-    sites, dims = attention_sites(probe.model, probe.layout, probe.config)
+    probe = open_model(path)
+    sites, dims = attention_sites(probe.model, layout_for(probe.config), probe.config)
     names = {n for n, _ in probe.model.named_parameters()}
     assert len(sites) == dims.n_layers == 2
     for s in sites:

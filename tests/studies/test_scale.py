@@ -3,6 +3,7 @@ profile end to end, and its replot."""
 
 import json
 
+import numpy as np
 import pytest
 
 from attnrank.studies.scale import claims as C
@@ -13,7 +14,9 @@ P = ScaleParams.quick()
 
 def _row(v, lam, **kw):
     base = {"variant": v, "optimizer": "sgd", "lam": lam, "lr": 0.05, "seed": 0, "group": "grid", "norm": 1.0,
-            "eff_lr": 0.05, "cos_gw_max": 1e-7, "train_loss": 0.1, "test_acc": 0.9}
+            "eff_lr": 0.05, "cos_gw_max": 1e-7, "train_loss": 0.1, "train_loss_sem": 1e-4, "test_acc": 0.9,
+            "exposure": 1.0, "exposure_needed": 0.3, "equilibrated": True, "drift": 0.01,
+            "angle_ratio": 1.0, "norm_ratio": 1.0}
     return {**base, **kw}
 
 
@@ -23,6 +26,60 @@ def test_params_profiles_are_frozen_tuples():
     assert q.steps < f.steps
     with pytest.raises(AttributeError):
         q.steps = 1
+
+
+def test_identities_are_marked_as_such():
+    good = {"rel_change_eps0": 1e-16, "rel_change_eps": 1e-4, "loss": 0.1, "rel_change_eps_all_runs_max": 1e-3}
+    assert C.shrink_free({"none": good}, "none", P).kind == "identity"
+    summ = {"none": [_row("none", 0.0)], "post": [_row("post", 0.0)], "pre": [_row("pre", 0.0, cos_gw_max=0.03)]}
+    assert C.gradient_orthogonal(summ).kind == "identity"
+
+
+def test_norm_drift_and_exposure():
+    from attnrank.studies.scale.summary import exposure_needed, norm_drift
+
+    steps = np.arange(1, 101) * 10.0
+    flat = np.full((100, 3), 5.0)
+    assert norm_drift(flat, steps) == (0.0, 240.0)
+    falling = 5.0 * np.exp(-steps / 2000.0)[:, None] * np.ones(3)
+    drift, span = norm_drift(falling, steps)
+    assert drift == pytest.approx(span / 2000.0, rel=0.05)  # relative change over the tail
+    assert exposure_needed("sgd", 0.9) == pytest.approx(0.3) and exposure_needed("adamw", None) == 3.0
+
+
+def test_summary_judges_equilibrium_from_the_data():
+    from attnrank.studies.scale.summary import run_summary
+
+    T = 40
+    steps = list(range(50, 50 * T + 1, 50))
+    flat = [[[4.0] * 2] * 2 for _ in range(T)]
+    falling = [[[4.0] * 2, [8.0 * np.exp(-t / 1000.0)] * 2] for t in steps]  # run 1 still descending
+    r = {"variant": "none", "optimizer": "sgd", "lams": [1e-2, 1e-2], "lrs": [0.05, 0.05], "seeds": [0, 0],
+         "momentum": 0.9, "steps": steps[-1], "n_entries": [16, 16], "step": steps,
+         "angle": [[[0.03] * 2] * 2] * T, "grad_sq": [[[1.0] * 2] * 2] * T, "update_sq": [[[1.0] * 2] * 2] * T,
+         "cos_gw": [[[0.0] * 2] * 2] * T, "eff_lr": flat, "loss": [[0.1, 0.1]] * T,
+         **{k: [[0.1, 0.1]] * 5 for k in ("train_loss", "train_acc", "test_loss", "test_acc")}}
+    rows = run_summary({**r, "norm": flat})
+    assert all(x["equilibrated"] for x in rows) and rows[0]["exposure"] == pytest.approx(1e-2 * 0.05 * 2000)
+    r["norm"] = falling
+    rows = run_summary(r)
+    assert rows[0]["equilibrated"] and not rows[1]["equilibrated"]
+    assert rows[1]["drift"] == pytest.approx(rows[1]["tau"] / 1000.0, rel=0.05)  # |d ln|W|/dt| tau
+
+
+def test_equilibrium_claims_three_ways():
+    def summ(**kw):
+        rows = [_row(v, lam, **kw) for v in ("none", "post") for lam in (0.0, 1e-2)]
+        return {"none": rows[:2], "post": rows[2:], "pre": [_row("pre", 1e-2, angle_ratio=0.9)]}
+
+    assert C.angular_update_sgd(summ(), P).verdict == "held"
+    assert C.angular_update_sgd(summ(angle_ratio=0.6), P).verdict == "not held"
+    c = C.angular_update_sgd(summ(equilibrated=False, drift=0.2), P)
+    assert c.verdict == "inconclusive" and "not at equilibrium" in c.reason
+    c = C.equilibrium_norm_sgd(summ(exposure=0.1))
+    assert c.verdict == "inconclusive" and "exposure 0.1 < 0.3" in c.reason
+    assert c.exposure["needed"] == pytest.approx(0.3) and len(c.exposure["got"]) == 2
+    assert C.equilibrium_norm_sgd(summ(norm_ratio=1.5)).verdict == "not held"
 
 
 def test_shrink_claims_both_ways():
@@ -45,34 +102,44 @@ def test_norm_and_effective_lr_both_ways():
     rows = [_row("none", lam, norm=n, eff_lr=0.05 / n**2) for lam, n in ((0.0, 10.0), (1e-3, 5.0), (1e-2, 2.0))]
     summ = {"none": rows, "pre": rows}
     assert C.norm_and_effective_lr(summ, "none").held
+    rows[1]["exposure"] = 0.05
+    assert C.norm_and_effective_lr(summ, "none").verdict == "inconclusive"
     rows[2]["norm"], rows[2]["eff_lr"] = 6.0, 0.05 / 36
-    assert not C.norm_and_effective_lr(summ, "none").held
+    assert C.norm_and_effective_lr(summ, "none").verdict == "not held"
 
 
-def _product_rows(v, losses):
-    return [_row(v, lam, lr=e, group="product", train_loss=x) for (e, lam), x in zip(P.product, losses, strict=True)]
+def _product_rows(v, losses, sem=1e-4):
+    return [_row(v, lam, lr=e, group="product", train_loss=x, train_loss_sem=sem)
+            for (e, lam), x in zip(P.product, losses, strict=True)]
 
 
-def test_lambda_only_through_product_both_ways():
+def test_lambda_only_through_product_three_ways():
     summ = {"none": _product_rows("none", (0.1, 0.1, 0.105)), "post": _product_rows("post", (0.1, 0.102, 0.1)),
             "pre": _product_rows("pre", (0.1, 0.2, 0.4))}
     assert C.lambda_only_through_product(summ, P).held
     summ["none"] = _product_rows("none", (0.1, 0.2, 0.3))
-    assert not C.lambda_only_through_product(summ, P).held
+    c = C.lambda_only_through_product(summ, P)
+    assert c.verdict == "not held" and "none spread" in c.reason
+    summ["none"] = _product_rows("none", (0.1, 0.2, 0.3), sem=0.1)  # the same spread inside the noise
+    c = C.lambda_only_through_product(summ, P)
+    assert c.verdict == "inconclusive" and "within noise" in c.reason
 
 
-def _adamw_rows(norms):
+def _adamw_rows(norms, **kw):
     out = []
     for (e, lam), n in zip(P.adamw_grid, norms, strict=True):
-        out.append({"lr": e, "lam": lam, "norm": n, "equilibrated": True, "norm_ratio": 1.0, "angle_ratio": 1.0,
-                    "angle_over_sqrt_2_eta_lam": 0.3})
+        out.append({"variant": "none", "seed": 0, "lr": e, "lam": lam, "norm": n, "equilibrated": True,
+                    "drift": 0.01, "norm_ratio": 1.0, "angle_ratio": 1.0, "angle_over_sqrt_2_eta_lam": 0.3,
+                    "exposure": e * lam * 2000, "exposure_needed": 3.0, **kw})
     return out
 
 
-def test_adamw_norm_scaling_both_ways():
+def test_adamw_norm_scaling_three_ways():
     good = [(e / lam) ** 0.5 for e, lam in P.adamw_grid]
     assert C.adamw_norm_scaling(_adamw_rows(good)).held
-    assert not C.adamw_norm_scaling(_adamw_rows([(e / lam) ** 0.25 for e, lam in P.adamw_grid])).held
+    assert C.adamw_norm_scaling(_adamw_rows([(e / lam) ** 0.25 for e, lam in P.adamw_grid])).verdict == "not held"
+    c = C.adamw_norm_scaling(_adamw_rows(good, equilibrated=False, drift=0.3))
+    assert c.verdict == "inconclusive" and c.exposure["needed"] == 3.0
 
 
 def test_verdicts_trained_both_ways():
@@ -93,8 +160,10 @@ def test_reproduction_quick_and_replot(tmp_path):
     for name in ("scale.shrink_free_none", "scale.shrink_free_post", "scale.shrink_costly_pre",
                  "scale.verdicts_trained"):
         assert claims[name].held, (name, claims[name].measured)
-    for c in s.claims:  # every claim carries numbers
+    for c in s.claims:  # every claim carries numbers; every finding its exposure
         assert c.measured is not None and c.expected is not None
+        assert c.kind == "identity" or c.exposure["needed"] is not None
+        assert c.kind == "finding" or c.verdict == "held"
     data = json.loads((tmp_path / "data.json").read_text())
     for v in ("none", "post", "pre"):
         runs = data["runs"][v]

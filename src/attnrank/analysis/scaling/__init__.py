@@ -5,14 +5,20 @@
   neither, no effect, zero), measured with normalisation epsilon 0 for the verdicts;
 - :mod:`.symmetries`: the per-head attention pair symmetries (W_Q ↔ W_K, W_V ↔ P), found through
   the layout table's :class:`~attnrank.io.layouts.AttentionReader` (aliases included);
-- :mod:`.probe`: a model opened in float64 with fixed real inputs;
-- :mod:`.analyze`: the analysis of one model and its files.
+- :mod:`.analyze`: the analysis of one model (opened in float64 with fixed real inputs by
+  :func:`attnrank.models.opener.open_model`) and its files.
 
 The training experiment on ReLU + LayerNorm MLPs lives in :mod:`attnrank.training.batched`
 and the reproduction in :mod:`attnrank.studies.scale`.
 """
 
-from attnrank.analysis.scaling.analyze import ScaleResult, analyze_scaling, parse_group, save
+from attnrank.analysis.scaling.analyze import (
+    ScaleResult,
+    analyze_scaling,
+    layout_or_note,
+    parse_group,
+    save,
+)
 from attnrank.analysis.scaling.invariance import (
     DEFAULT_SCALES,
     INVARIANCE_TOL,
@@ -27,7 +33,6 @@ from attnrank.analysis.scaling.invariance import (
     scaled,
     verdict_counts,
 )
-from attnrank.analysis.scaling.probe import Probe, open_probe
 from attnrank.analysis.scaling.symmetries import (
     AttentionSite,
     attention_sites,
@@ -36,8 +41,8 @@ from attnrank.analysis.scaling.symmetries import (
 )
 
 __all__ = [
-    "DEFAULT_SCALES", "INVARIANCE_TOL", "TENSOR_VERDICTS", "AttentionSite", "Probe", "ScaleResult",
-    "analyze_scaling", "attention_sites", "check_scales", "classify_outputs", "norm_eps_zero", "open_probe",
+    "DEFAULT_SCALES", "INVARIANCE_TOL", "TENSOR_VERDICTS", "AttentionSite", "ScaleResult",
+    "analyze_scaling", "attention_sites", "check_scales", "classify_outputs", "layout_or_note", "norm_eps_zero",
     "pair_edits", "pair_symmetries", "parse_group", "parse_scales", "perturbed", "resolve_groups", "save",
     "scale_test", "scaled", "verdict_counts",
 ]

@@ -19,9 +19,9 @@ from attnrank.analysis.scaling.invariance import (
     scale_test,
     verdict_counts,
 )
-from attnrank.analysis.scaling.probe import open_probe
 from attnrank.analysis.scaling.symmetries import pair_symmetries
 from attnrank.errors import AttnRankError
+from attnrank.io.layouts import Layout, layout_for
 from attnrank.util.threads import torch_threads
 
 
@@ -77,27 +77,38 @@ def analyze_scaling(source: str | os.PathLike, *, scales: Iterable[float] = DEFA
         return _analyze_scaling(source, scales, tol, groups, pairs, seed, exhaustive, structural, progress)
 
 
+def layout_or_note(config: dict[str, Any]) -> tuple[Layout | None, str]:
+    """The layout row of ``config``'s model_type, or None and why the pair symmetries are skipped."""
+    try:
+        return layout_for(config), ""
+    except AttnRankError as e:
+        return None, f"pair symmetries skipped: {e}"
+
+
 def _analyze_scaling(source, scales, tol, groups, pairs, seed, exhaustive, structural, progress) -> ScaleResult:
-    probe = open_probe(source, seed=seed)
+    from attnrank.models.opener import open_model
+
+    probe = open_model(source, dtype=torch.float64, seed=seed, what="scale")
+    kind = "huggingface" if probe.kind == "hf" else probe.kind
+    layout, note = layout_or_note(probe.config)
     table = scale_test(probe.model, probe.forward, groups=groups, scales=scales, tol=tol, seed=seed,
                        exhaustive=exhaustive, structural=structural, progress=(lambda d, t: progress("tensors", d, t)) if progress else None)
     pair_table = pd.DataFrame(columns=["layer", "kv_head", "heads", "product", "pair_dev", "one_sided_dev",
                                        "rerun_dev"])
     extra: dict[str, Any] = {}
-    note = probe.layout_note
-    if pairs and probe.layout is not None:
-        pair_table, extra = pair_symmetries(probe.model, probe.forward, probe.layout, probe.config, scales=scales,
+    if pairs and layout is not None:
+        pair_table, extra = pair_symmetries(probe.model, probe.forward, layout, probe.config, scales=scales,
                                             seed=seed,
                                             progress=(lambda d, t: progress("heads", d, t)) if progress else None)
     elif not pairs:
         note = "pair symmetries not requested"
     meta = {
-        "source": probe.source, "kind": probe.kind, "model_type": probe.config.get("model_type"),
-        "inputs": probe.inputs, "dtype": "float64", "scales": list(scales), "tol": tol, "seed": seed,
+        "source": probe.source, "kind": kind, "model_type": probe.config.get("model_type"),
+        "inputs": probe.input_note, "dtype": "float64", "scales": list(scales), "tol": tol, "seed": seed,
         "exhaustive": exhaustive, "structural": bool(table.attrs.get("structural")),
         "torch_threads": torch.get_num_threads(),
         "norm_eps": table.attrs.get("norm_eps", []),
-        "function": ("final hidden states at the valid token positions" if probe.kind == "huggingface"
+        "function": ("final hidden states at the valid token positions" if kind == "huggingface"
                      else "logits"),
         "groups": {g: list(p) for g, p in (groups or {}).items()},
         "counts": verdict_counts(table), "group_counts": verdict_counts(table, "group"),

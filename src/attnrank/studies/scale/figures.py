@@ -78,8 +78,8 @@ def scale_equilibrium(summ: dict, adamw: list, variants, beta: float) -> plt.Fig
         ax.set_ylabel(lab)
         ax.legend(fontsize=7)
     axes[1].set_yscale("log")
-    axes[1].set_title("final training loss against λ", fontsize=10)
-    axes[2].set_title("final test accuracy against λ", fontsize=10)
+    axes[1].set_title("what SGD reached: training loss (not judged)", fontsize=10)
+    axes[2].set_title("what SGD reached: test accuracy (not judged)", fontsize=10)
     if adamw:
         xs = np.array([r["lr"] / r["lam"] for r in adamw])
         ys = np.array([r["norm"] for r in adamw])
@@ -115,6 +115,6 @@ def figures(data: dict, p) -> list:
                   f"noise) against step, per variant (rows) and lam (colours); seed {p.seeds[0]}, lr_W = {p.lr:g}."),
         FigureOut("scale_equilibrium", scale_equilibrium(summ, asum, variants, beta=p.momentum),
                   "Left: angular update per step against the SGD prediction sqrt(2 eta lam/(1+beta)) (equilibrated runs "
-                  "filled). Centre: final clean training loss and test accuracy against lam. Right: AdamW equilibrium "
+                  "filled). Centre: final clean training loss and test accuracy against lam (what SGD reached; the article leaves it open, so not judged). Right: AdamW equilibrium "
                   "norm against eta/lam, with a slope-1/2 reference line."),
     ]

@@ -1,4 +1,5 @@
-"""Prose for the scale report: the no-noise control (full profile)."""
+"""Prose for the scale report: what SGD reached against λ (the article leaves it open), and the
+no-noise control (full profile)."""
 
 from __future__ import annotations
 
@@ -7,21 +8,37 @@ from typing import Any
 import numpy as np
 
 from attnrank.studies.scale.params import ScaleParams
-from attnrank.studies.scale.summary import run_summary
+from attnrank.studies.scale.summary import run_summary, summaries
 
 
 def _fmt(x: float) -> str:
     return f"{x:.3g}"
 
 
+def reached(data: dict[str, Any], p: ScaleParams) -> str:
+    """Final clean training loss and test accuracy against λ, per variant: descriptive only."""
+    from attnrank.studies.scale.claims import by_lam
+
+    summ = summaries(data, p.tail)
+    parts = []
+    for v, rows in summ.items():
+        tl, acc = by_lam(rows, "train_loss"), by_lam(rows, "test_acc")
+        parts.append(f"{v}: " + ", ".join(f"lam={lam:g}: loss {_fmt(tl[lam])}, acc {_fmt(acc[lam])}" for lam in tl))
+    return ("What SGD reached (not judged: the article claims only that the optimum does not move with lam and "
+            "leaves open what gradient descent finds). Clean training loss and test accuracy, tail means over "
+            "seeds: " + "; ".join(parts) + ". Larger lam raises the effective learning rate eta/|W|^2 of the "
+            "invariant W, so SGD settles at a noisier point even where the optimum is unchanged.")
+
+
 def notes(data: dict[str, Any], p: ScaleParams) -> list[str]:
-    """What the runs without input noise show (when the profile trained them)."""
+    """What SGD reached against λ, and what the runs without input noise show (when trained)."""
+    out = [reached(data, p)]
     clean = data.get("no_noise")
     if not clean:
-        return []
+        return out
     cs = run_summary(clean, p.tail)
     norm = np.asarray(clean["norm"], float)
-    return ["Without input noise (variant none, same grid): clean training loss "
+    return out + ["Without input noise (variant none, same grid): clean training loss "
             + ", ".join(f"lam={r['lam']:g}: {_fmt(r['train_loss'])}" for r in cs)
             + "; angular update / prediction "
             + ", ".join(f"lam={r['lam']:g}: {_fmt(r['angle_ratio'])}" for r in cs if r["lam"] > 0)

@@ -11,7 +11,8 @@ class ScaleParams:
     a λ grid and an η·λ = const group, AdamW over an (η, λ) grid (variant none)."""
 
     steps: int = 4000
-    lams: tuple[float, ...] = (0.0, 3e-4, 1e-3, 3e-3, 1e-2)
+    # λ grid of the SGD runs: every λ > 0 reaches λ·η·steps ≥ 3 (1 − β), three time constants
+    lams: tuple[float, ...] = (0.0, 2e-3, 4e-3, 8e-3, 1.6e-2)
     seeds: tuple[int, ...] = (0, 1)
     lr: float = 0.05  # SGD learning rate of the block matrices W
     momentum: float = 0.9
@@ -19,8 +20,8 @@ class ScaleParams:
     batch: int = 128
     input_noise: float = 1.0  # std of fresh Gaussian noise on every minibatch's standardised pixels
     depth: int = 3
-    # (η_W, λ) with η·λ = 1e-4: same init, same batches
-    product: tuple[tuple[float, float], ...] = ((0.025, 4e-3), (0.05, 2e-3), (0.1, 1e-3))
+    # (η_W, λ) with η·λ = 4e-4: same init, same batches
+    product: tuple[tuple[float, float], ...] = ((0.025, 1.6e-2), (0.05, 8e-3), (0.1, 4e-3))
     adamw_grid: tuple[tuple[float, float], ...] = ((0.01, 0.1), (0.01, 0.3), (0.01, 1.0), (0.01, 3.0),
                                                    (0.003, 0.3), (0.003, 1.0), (0.003, 3.0))
     adamw_lr_other: float = 0.003
@@ -30,14 +31,14 @@ class ScaleParams:
     n_test: int = 497
     data_seed: int = 0
     windows: int = 100  # logging windows per run
-    evals: int = 20  # full evaluations per run
+    evals: int = 80  # full evaluations per run (the tail's 20 average out SGD's fluctuations)
     tail: float = 0.25  # fraction of the run the tail means are taken over
     verdict_inputs: int = 64  # test images the per-tensor scale test runs on
 
     @classmethod
     def quick(cls) -> ScaleParams:
         """A few minutes' worth on 2 cores (tests, --quick)."""
-        return cls(steps=1500, lams=(0.0, 1e-3, 1e-2), seeds=(0,),
+        return cls(steps=2000, lams=(0.0, 4e-3, 1.6e-2), seeds=(0,), evals=160,
                    adamw_grid=((0.01, 0.3), (0.01, 1.0), (0.01, 3.0)), no_noise_control=False)
 
     @classmethod
