@@ -14,15 +14,31 @@ from attnrank.errors import AttnRankError
 from attnrank.util.env import __version__
 
 if TYPE_CHECKING:  # pragma: no cover
-    from attnrank.analysis.scan import SpectraResult, analyze, spectra
+    from attnrank.analysis.scan import SpectraResult, analyze, save, spectra
+    from attnrank.analysis.tracker import RankTracker
+    from attnrank.training.optim import param_groups
 
-__all__ = ["AttnRankError", "SpectraResult", "analyze", "spectra", "__version__"]
-_LAZY = {"SpectraResult", "analyze", "spectra"}
+__all__ = ["AttnRankError", "RankTracker", "SpectraResult", "analyze", "param_groups", "save", "spectra",
+           "__version__"]
+# public name -> module that defines it, imported on first use (importing attnrank stays cheap:
+# no torch, pandas or matplotlib until one of these is touched)
+_LAZY = {
+    "SpectraResult": "attnrank.analysis.scan",
+    "analyze": "attnrank.analysis.scan",
+    "spectra": "attnrank.analysis.scan",
+    "save": "attnrank.analysis.scan",
+    "RankTracker": "attnrank.analysis.tracker",
+    "param_groups": "attnrank.training.optim",
+}
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        from attnrank.analysis import scan
+        import importlib
 
-        return getattr(scan, name)
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'attnrank' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

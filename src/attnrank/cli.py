@@ -34,8 +34,19 @@ def styled(style: str, head: str, rest: str = "") -> Text:
     return Text.assemble((head, style), rest)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from attnrank.util.env import __version__
+
+        sys.stdout.write(f"attnrank {__version__}\n")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: Annotated[bool, typer.Option("--version", help="print the version and exit", is_eager=True,
+                                          callback=_print_version)] = False,
+) -> None:
     """How weight decay and architecture shape the rank of attention layers."""
 
 
@@ -68,9 +79,15 @@ def progress_bar(quiet: bool) -> Progress:
 @app.command()
 @user_errors
 def spectra(
-    path: Annotated[str, typer.Argument(help="checkpoint directory (config.json + weights), a weights file, or 'minilm' (shipped)")],
+    path: Annotated[str, typer.Argument(help="checkpoint directory (config.json + weights), a weights file, 'minilm' (shipped), a Hugging Face id in the local cache, a .gguf file, a LoRA adapter directory, a training run or Trainer directory")],
     out: Annotated[Path | None, typer.Option("--out", help="write heads.csv, summary.csv, spectra.npz, meta.json and PNG figures here")] = None,
     config: Annotated[Path | None, typer.Option("--config", help="config.json for a single weights file")] = None,
+    revision: Annotated[str | None, typer.Option("--revision", help="Hub id: branch, tag or commit in the cache (default main)")] = None,
+    download: Annotated[bool, typer.Option("--download", help="Hub id: fetch config and weights into the Hugging Face cache first (needs the network; not with HF_HUB_OFFLINE)")] = False,
+    base: Annotated[str | None, typer.Option("--base", help="LoRA adapter: base model path or Hub id (default: the adapter's base_model_name_or_path)")] = None,
+    delta: Annotated[bool, typer.Option("--delta", help="LoRA adapter: spectra of the change of the products (adapted minus base)")] = False,
+    fold_norm: Annotated[bool, typer.Option("--fold-norm", help="fold the norm before attention into W_Q, W_K, W_V (TransformerLens' fold_ln)")] = False,
+    fmt: Annotated[str, typer.Option("--format", help="stdout: table (summary per layer), csv (the per-head table) or json (= --json)")] = "table",
     tol: Annotated[float, typer.Option("--tol", help="relative threshold tau of the numerical rank #{s_i > tau s_1}")] = DEFAULT_TOL,
     layers: Annotated[str | None, typer.Option("--layers", help="layers to analyse, e.g. 0,3,5-7 (0-based)")] = None,
     layout: Annotated[Path | None, typer.Option("--layout", help="TOML file naming the attention tensors and sizes, for a model_type not in the table")] = None,
@@ -81,14 +98,21 @@ def spectra(
     """Exact per-head spectra of W_K^T W_Q and P W_V, with balance and nuclear-norm diagnostics."""
     from attnrank.analysis.scan import analyze, overall, save
 
-    with progress_bar(quiet or as_json) as bar:
+    if fmt not in ("table", "csv", "json"):
+        raise AttnRankError(f"--format must be table, csv or json; got {fmt!r}")
+    as_json = as_json or fmt == "json"
+    with progress_bar(quiet or as_json or fmt == "csv") as bar:
         task = bar.add_task("layers", total=None)
-        result = analyze(path, config=config, tol=tol, layers=layers, layout=layout,
+        result = analyze(path, config=config, tol=tol, layers=layers, layout=layout, revision=revision,
+                         base=base, delta=delta, fold_norm=fold_norm, download=download,
                          progress=lambda done, total: bar.update(task, completed=done, total=total))
     for rec in result.meta["nonfinite_heads"]:
         err_console.print(styled("yellow", "warning: ", f"NaN/Inf weights in layer {rec['layer']} head {rec['head']} "
                                                        f"({rec['product']}): metrics set to NaN"), highlight=False)
     written = save(result, out, plots=plots) if out is not None else []
+    if fmt == "csv":
+        result.table.to_csv(sys.stdout, index=False)
+        return
     summary = result.summary()
     if as_json:
         payload = {"meta": result.meta, "overall": overall(result.table),

@@ -179,7 +179,7 @@ def test_wrong_split_is_caught(tmp_path, monkeypatch):
 
     model = _build("gpt_neox", tmp_path)
     caps = _run("gpt_neox", model)
-    monkeypatch.setitem(L.SPLITS, "interleaved", L.SPLITS["fused"])
+    monkeypatch.setitem(L.SPLITS, "fused_per_head", L.SPLITS["fused"])
     with Checkpoint(tmp_path) as ckpt:
         hw = AttentionReader(ckpt).read_layer(0)
         a, b = (t.double() for t in hw.qk_factors())

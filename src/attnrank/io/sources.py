@@ -1,0 +1,176 @@
+"""One door for every kind of source: whatever the user holds → an :class:`AttentionReader`
+whose ``origin`` says what it was (for meta.json).
+
+Sources (:func:`open_reader`):
+
+- a live ``nn.Module`` (a Hugging Face ``PreTrainedModel``: its config gives the layout; the
+  project's models; any module with ``layout=``) or a ``state_dict`` with ``config=``/``layout=``;
+- a :class:`~attnrank.io.checkpoint.Checkpoint` object;
+- ``minilm`` (shipped), a checkpoint directory, a single weights file (``config=``), a training
+  run directory or a Trainer ``output_dir`` / ``checkpoint-N`` (weights chosen by Hugging Face's
+  file names, optimizer and RNG states ignored);
+- a Hugging Face Hub id in the local cache (``revision=``; ``download=True`` fetches config and
+  weights where the network is allowed);
+- a ``.gguf`` file (llama.cpp, Ollama), sizes from its own metadata;
+- a PEFT LoRA adapter directory, merged onto ``base=`` (default: the adapter's
+  ``base_model_name_or_path``); ``delta=True`` analyses the change of the products.
+
+``fold_norm=True`` folds the pre-attention norm gain into W_Q, W_K, W_V (TransformerLens' fold_ln).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from attnrank.errors import AttnRankError
+from attnrank.io.checkpoint import SHIPPED, Checkpoint, local_path, resolve_dir
+from attnrank.io.layouts import AttentionReader, Layout, layout_from_toml
+
+_TRAINER_FILES = ("trainer_state.json", "optimizer.pt", "training_args.bin")
+
+
+def open_reader(source: Any, *, config: str | os.PathLike | dict[str, Any] | None = None,
+                layout: str | os.PathLike | Layout | None = None, revision: str | None = None,
+                base: str | os.PathLike | None = None, delta: bool = False, fold_norm: bool = False,
+                download: bool = False) -> AttentionReader:
+    """An :class:`AttentionReader` over ``source`` (see the module docstring); its ``origin``
+    dict holds ``input`` (the kind of source), ``source``, ``path``, ``files`` and details."""
+    if layout is not None and not isinstance(layout, Layout):
+        layout = layout_from_toml(layout)
+    if (base is not None or delta) and not _is_adapter_source(source, revision):
+        raise AttnRankError("--base and --delta apply to a LoRA adapter directory (adapter_config.json)")
+    if isinstance(source, Checkpoint):
+        ckpt, origin = source, _origin("checkpoint", source)
+    elif isinstance(source, (str, os.PathLike)):
+        return _open_path(source, config=config, layout=layout, revision=revision, base=base, delta=delta,
+                          fold_norm=fold_norm, download=download)
+    else:
+        ckpt, origin = _open_live(source, config, layout)
+    if revision is not None:
+        raise AttnRankError("--revision applies to a Hugging Face Hub id")
+    return AttentionReader(ckpt, layout, fold_norm=fold_norm, origin=origin)
+
+
+def _open_live(obj: Any, config: Any, layout: Layout | None) -> tuple[Checkpoint, dict[str, Any]]:
+    import torch.nn as nn
+
+    from attnrank.io.live import LiveCheckpoint
+
+    if not isinstance(obj, (nn.Module, Mapping)):
+        raise AttnRankError(f"cannot analyse a {type(obj).__module__}.{type(obj).__qualname__}: pass a path, a "
+                            "Hub id, a GGUF file, an nn.Module or a state_dict (name -> tensor)")
+    ckpt = LiveCheckpoint(obj, config, require_config=layout is None)
+    if layout is None and not ckpt.config.get("model_type"):
+        raise AttnRankError(f"{type(obj).__name__}: its config has no model_type; pass config= or layout=")
+    origin = {"input": ckpt.kind, "source": ckpt.source, "path": None, "files": [],
+              "live": {"class": f"{type(obj).__module__}.{type(obj).__qualname__}",
+                       "note": "read from memory (parameters and buffers), nothing on disk"}}
+    return ckpt, origin
+
+
+def _is_adapter_source(source: Any, revision: str | None) -> bool:
+    if not isinstance(source, (str, os.PathLike)):
+        return False
+    try:
+        p = local_path(source, revision)
+    except AttnRankError:
+        return False
+    from attnrank.io.adapters import is_adapter_dir
+
+    return is_adapter_dir(p)
+
+
+def _open_path(source: str | os.PathLike, *, config: Any, layout: Layout | None, revision: str | None,
+               base: Any, delta: bool, fold_norm: bool, download: bool) -> AttentionReader:
+    from attnrank.io import hub
+
+    s = str(source)
+    if download and not Path(s).exists() and s not in SHIPPED:
+        path, kind = hub.cached_snapshot(s, revision, download=True), "hub"
+    else:
+        if revision is not None and (Path(s).exists() or s in SHIPPED):
+            raise AttnRankError("--revision applies to a Hugging Face Hub id, not to a local path")
+        path = local_path(source, revision)
+        kind = "shipped" if s in SHIPPED else "hub" if not Path(s).exists() else "directory" if path.is_dir() else "file"
+    extra: dict[str, Any] = {}
+    if kind == "hub":
+        extra["hub"] = {"repo_id": s, "revision": revision or "main", "commit": path.name,
+                        "cache": str(hub.cache_dir())}
+    from attnrank.io.adapters import is_adapter_dir
+
+    if is_adapter_dir(path):
+        return _open_adapter(path, base, delta=delta, layout=layout, fold_norm=fold_norm, extra=extra, source=s)
+    gguf_file = _gguf_in(path)
+    if gguf_file is not None:
+        from attnrank.io.gguf import GGUFCheckpoint, gguf_origin
+
+        g = GGUFCheckpoint(gguf_file)
+        origin = {**_origin(kind, g, s), **extra, **gguf_origin(g)}
+        return AttentionReader(g, layout or g.layout, fold_norm=fold_norm, origin=origin)
+    if path.is_dir():
+        resolved = resolve_dir(path)
+        if resolved != path:
+            kind = "run" if (path / "checkpoints").is_dir() else "trainer"
+            extra["resolved_from"] = str(path.resolve())
+            path = resolved
+        if kind == "directory" and any((path / f).exists() for f in _TRAINER_FILES):
+            kind = "trainer"
+    ckpt = Checkpoint(path, config=config if not isinstance(config, dict) else None,
+                      require_config=layout is None and not isinstance(config, dict))
+    if isinstance(config, dict):
+        ckpt.config = dict(config)
+    ckpt.source = s
+    origin = {**_origin(kind, ckpt, s), **extra}
+    if kind == "trainer":
+        origin["ignored_files"] = sorted(p.name for p in path.iterdir() if p.is_file() and p not in ckpt.files
+                                         and p.suffix in (".pt", ".pth", ".bin"))
+    return AttentionReader(ckpt, layout, fold_norm=fold_norm, origin=origin)
+
+
+def _open_adapter(path: Path, base: Any, *, delta: bool, layout: Layout | None, fold_norm: bool,
+                  extra: dict[str, Any], source: str) -> AttentionReader:
+    from attnrank.io.adapters import (
+        AdaptedCheckpoint,
+        DeltaReader,
+        adapter_origin,
+        read_adapter_config,
+    )
+
+    cfg = read_adapter_config(path)
+    base = base if base is not None else cfg.get("base_model_name_or_path")
+    if not base:
+        raise AttnRankError(f"{path}: the adapter names no base model; pass --base PATH|ID")
+    base_path = local_path(base)
+    base_ckpt = Checkpoint(resolve_dir(base_path) if base_path.is_dir() else base_path,
+                           require_config=layout is None)
+    base_ckpt.source = str(base)
+    ckpt = AdaptedCheckpoint(path, base_ckpt)
+    origin = {**_origin("adapter", ckpt, source), **extra, **adapter_origin(ckpt, delta)}
+    origin["path"] = str(path.resolve())
+    cls = DeltaReader if delta else AttentionReader
+    return cls(ckpt, layout, fold_norm=fold_norm, origin=origin)
+
+
+def _gguf_in(path: Path) -> Path | None:
+    """``path`` itself if it is a GGUF file; the one ``*.gguf`` of a directory without config.json."""
+    from attnrank.io.gguf import is_gguf
+
+    if path.is_file():
+        return path if is_gguf(path) else None
+    if path.is_dir() and not (path / "config.json").exists():
+        found = sorted(path.glob("*.gguf"))
+        if len(found) == 1:
+            return found[0]
+        if len(found) > 1:
+            raise AttnRankError(f"{path} holds {len(found)} .gguf files: name one")
+    return None
+
+
+def _origin(kind: str, ckpt: Checkpoint, source: str | None = None) -> dict[str, Any]:
+    path = getattr(ckpt, "path", None)
+    return {"input": kind, "source": source if source is not None else ckpt.source,
+            "path": str(Path(path).resolve()) if path is not None and kind not in ("live", "state_dict") else None,
+            "files": [p.name for p in ckpt.files]}
