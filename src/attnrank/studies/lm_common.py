@@ -1,7 +1,8 @@
 """Shared by the fig3 and table1 studies (and fig4's own LMs): the CPU-scale LM and ViT
 configurations (*our choice*; the paper's Pile LMs and ImageNet ViTs are far beyond this
-scale), one sweep call through :func:`attnrank.training.sweep.run_sweep`, the final tracker
-measurement of a run, and the seed-spread arithmetic the claims use.
+scale), one sweep call through :func:`attnrank.training.sweep.run_sweep`, decay exposure and
+the λ that gives a target exposure, paired (same-seed) comparisons with three-way verdicts,
+the tie-aware trend test, ranks from exact spectra, and the AdamW noise floor.
 
 With ``workers > 1`` the sweeps go to spawned processes: a calling script needs the usual
 ``if __name__ == "__main__":`` guard.
@@ -14,11 +15,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 OTHER_WD = 0.1
 PRODUCTS = ("qk", "ov")
-RANK_KINDS = {"effective": "effective_rank", "numerical": "rank"}
+LOW_TOL = 1e-3  # the tracker's numerical-rank threshold
+FLOOR_FACTOR = 2.0  # τ above the noise floor: this many times the largest measured relative floor
+#: decay exposure λ·Σlr of λ = 0.1 in LLaMA-2-7B pretraining (peak lr 3e-4, cosine, ~500k steps;
+#: REFERENCE.md §3): the exposure "λ = 0.1" stands for in the paper's setting
+PRETRAIN_EXPOSURE = 8.0
+#: time constants a decay effect needs before it is judged (issue 16)
+MIN_EXPOSURE = 3.0
 
 
 def lm_base(steps: int, max_chars: int = 200_000, eval_tokens: int = 16_384) -> dict[str, Any]:
@@ -50,45 +56,137 @@ def sweep(kind: str, base: dict[str, Any], grid: dict[str, list[Any]], seeds: li
 
 def exposure(kind: str, overrides: dict[str, Any]) -> dict[str, float]:
     """Decay exposure λ·Σlr per group (``attn``, ``other``, ``lr_sum``) of one run's config."""
-    from attnrank.training.loop import decay_exposure, make_config
+    from attnrank.training.config import decay_exposure, make_config
 
     return decay_exposure(make_config(kind, **overrides))
 
 
-def final_heads(run_dir: str | Path) -> dict[str, Any]:
-    """The per-head metrics of a run's last tracker row (metrics.jsonl)."""
-    from attnrank.io.rundir import read_metrics
-
-    rows = [r for r in read_metrics(run_dir) if "heads" in r]
-    return rows[-1]["heads"]
+def lr_sum(kind: str, overrides: dict[str, Any]) -> float:
+    """Σ_t lr_t of a run with these overrides (the λ that gives exposure E is E / lr_sum)."""
+    return exposure(kind, overrides)["lr_sum"]
 
 
-def spread(sa: float | None, sb: float | None) -> float:
-    """Seed spread of a difference of two means: ``sqrt(s_a² + s_b²)`` (NaN if either is unknown)."""
-    if sa is None or sb is None or not (math.isfinite(sa) and math.isfinite(sb)):
-        return float("nan")
-    return float(math.sqrt(sa ** 2 + sb ** 2))
+def lambdas_for(exposures: tuple[float, ...] | list[float], lrsum: float) -> list[float]:
+    """The attention λ of each target exposure, rounded to 4 significant digits."""
+    return [float(f"{e / lrsum:.4g}") for e in exposures]
 
 
-def rank_rows(heads: dict[str, Any], lam: float, seed: int, layers: list[int] | None) -> list[dict[str, Any]]:
-    """Per-head rows (lam, seed, product, layer, head, rank, effective_rank) of one run's final
-    tracker measurement, restricted to ``layers`` (None: all)."""
-    out = []
-    for product in PRODUCTS:
-        r = np.asarray(heads[product]["rank"], dtype=float)
-        e = np.asarray(heads[product]["effective_rank"], dtype=float)
-        for layer in range(r.shape[0]) if layers is None else layers:
-            for h in range(r.shape[1]):
-                out.append({"lam": float(lam), "seed": int(seed), "product": product, "layer": layer, "head": h,
-                            "rank": float(r[layer, h]), "effective_rank": float(e[layer, h])})
+# -- paired comparisons over seeds -------------------------------------------------------------------
+
+def paired(a: dict[int, float], b: dict[int, float]) -> dict[str, Any]:
+    """``a − b`` paired by seed (runs that share initialisation and data order): mean, spread
+    (std of the per-seed differences, ddof 1; NaN with one seed), and the seeds used."""
+    seeds = sorted(set(a) & set(b))
+    d = np.array([a[s] - b[s] for s in seeds], dtype=float)
+    sd = float(d.std(ddof=1)) if len(d) >= 2 else float("nan")
+    return {"diff": float(d.mean()) if len(d) else float("nan"), "spread": sd, "n_seeds": len(seeds)}
+
+
+def sign_verdict(diff: float, sp: float) -> str:
+    """``held`` if ``diff`` > spread; ``not held`` if ``diff`` ≤ −spread (a zero difference with zero
+    spread is an absent effect); else ``inconclusive`` (inside the spread, or spread unmeasured)."""
+    if not (math.isfinite(diff) and math.isfinite(sp)):
+        return "inconclusive"
+    if diff > sp:
+        return "held"
+    if diff <= -sp:
+        return "not held"
+    return "inconclusive"
+
+
+def trend(values: dict[float, dict[int, float]]) -> dict[str, Any]:
+    """Tie-aware test that a per-run value falls with λ: ``values[λ][seed]``.
+
+    Non-increasing within the seed spread (no step between neighbouring λ rises by more than
+    the spread of its paired differences) and a strict drop end to end (first λ minus last λ,
+    paired, above its spread). ``verdict``: held; not held (a step rises beyond its spread, or
+    the end-to-end change is ≤ −spread); inconclusive (end-to-end drop inside the spread)."""
+    lams = sorted(values)
+    steps = [{"from": lo, "to": hi, **paired(values[hi], values[lo])} for lo, hi in zip(lams, lams[1:], strict=False)]
+    end = paired(values[lams[0]], values[lams[-1]])
+    rises = [s for s in steps if sign_verdict(s["diff"], s["spread"]) == "held"]
+    if rises:
+        verdict, why = "not held", f"rises beyond the seed spread from lambda {rises[0]['from']:g} to {rises[0]['to']:g}"
+    else:
+        verdict = sign_verdict(end["diff"], end["spread"])
+        why = {"held": "", "not held": "no drop from the first to the last lambda beyond the seed spread",
+               "inconclusive": "end-to-end drop inside the seed spread" if math.isfinite(end["spread"])
+               else "one seed: the spread is not measured"}[verdict]
+    means = {f"{lam:g}": float(np.mean(list(values[lam].values()))) for lam in lams}
+    return {"means": means, "steps_up": [s["diff"] for s in steps], "steps_spread": [s["spread"] for s in steps],
+            "end_to_end_drop": end["diff"], "end_to_end_spread": end["spread"], "verdict": verdict, "reason": why}
+
+
+def combine(verdicts: list[str]) -> str:
+    """Several parts of one claim: not held if any part is, held if all are, else inconclusive."""
+    if "not held" in verdicts:
+        return "not held"
+    return "held" if verdicts and all(v == "held" for v in verdicts) else "inconclusive"
+
+
+# -- ranks from exact spectra ------------------------------------------------------------------------
+
+def numerical_rank(sv: Any, tol: float) -> np.ndarray:
+    """``#{σ_i > tol·σ_1}`` over the last axis of singular values (descending)."""
+    s = np.asarray(sv, dtype=float)
+    return (s > tol * s[..., :1]).sum(-1).astype(float)
+
+
+def effective_rank(sv: Any) -> np.ndarray:
+    """``exp(H(p))``, ``p_i = σ_i / Σσ`` over the last axis."""
+    s = np.asarray(sv, dtype=float)
+    p = s / s.sum(-1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        h = -np.where(p > 0, p * np.log(p), 0.0).sum(-1)
+    return np.exp(h)
+
+
+def noise_floors(kind: str, overrides: dict[str, Any], attn_lambdas: list[float], seed: int = 0) -> list[float]:
+    """σ_1 of ``W_Kᵀ W_Q`` for a head pair that gets no gradient in expectation, per attention λ:
+    AdamW (decoupled, as torch's: ``w ← w(1 − lr λ)``, then the bias-corrected Adam step) with the
+    run's learning-rate schedule, β, ε and steps on a (dh × d) W_Q, W_K drawn like the model's
+    (std ``init_std``), fed i.i.d. zero-mean Gaussian gradients every step. Adam normalises the
+    noise to steps of about lr, so such weights random-walk to a floor that decay pulls down; a
+    real head's unused directions share their coordinates with gradient signal, so their floor is
+    at most this."""
+    from attnrank.training.config import lr_at, make_config
+
+    cfg = make_config(kind, **overrides)
+    dh, d = cfg.model.d_model // cfg.model.n_heads, cfg.model.d_model
+    rng = np.random.default_rng(seed)
+    lam = np.asarray(attn_lambdas, dtype=float)[:, None, None, None]
+    w = np.broadcast_to(rng.standard_normal((1, 2, dh, d)) * cfg.model.init_std, (lam.shape[0], 2, dh, d)).copy()
+    m, v = np.zeros_like(w), np.zeros_like(w)
+    b1, b2 = cfg.beta1, cfg.beta2
+    for t in range(1, cfg.steps + 1):
+        lr = lr_at(cfg, t)
+        g = rng.standard_normal(w.shape) * 1e-2
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g * g
+        w *= 1 - lr * lam
+        w -= lr * (m / (1 - b1 ** t)) / (np.sqrt(v / (1 - b2 ** t)) + cfg.eps)
+    return [float(np.linalg.norm(np.swapaxes(x[1], 0, 1) @ x[0], ord=2)) for x in w]
+
+
+def floor_tol(m: dict[str, Any]) -> dict[str, Any]:
+    """τ above the AdamW noise floor of one model's sweep: per product and λ, the simulated floor
+    σ_1 (:func:`noise_floors`) over the median σ_1 of the trained heads of that λ; τ =
+    FLOOR_FACTOR × the largest of them, over both products (capped at 0.5)."""
+    rel: dict[str, dict[str, float]] = {}
+    for p in PRODUCTS:
+        rel[p] = {}
+        for lam, fl in m["noise_floor_sigma1"].items():
+            s1 = [np.asarray(r["sv"][p], dtype=float)[..., 0].ravel() for r in m["runs"] if f"{r['lam']:g}" == lam]
+            rel[p][lam] = float(fl / np.median(np.concatenate(s1)))
+    top = max(v for d in rel.values() for v in d.values())
+    return {"relative_floor": rel, "tol": float(min(FLOOR_FACTOR * top, 0.5))}
+
+
+def per_run(m: dict[str, Any], product: str, measure: str, tol: float = LOW_TOL) -> dict[float, dict[int, float]]:
+    """values[λ][seed]: a rank measure averaged over the selected heads of each run."""
+    out: dict[float, dict[int, float]] = {}
+    for r in m["runs"]:
+        sv = r["sv"][product]
+        v = effective_rank(sv) if measure == "effective" else numerical_rank(sv, tol)
+        out.setdefault(float(r["lam"]), {})[int(r["seed"])] = float(np.mean(v))
     return out
-
-
-def rank_summary(heads: pd.DataFrame, cols: tuple[str, ...] = ("rank", "effective_rank")) -> pd.DataFrame:
-    """Per (product, lam): mean and std over seeds of the per-run mean over the selected heads."""
-    per_run = heads.groupby(["product", "lam", "seed"], as_index=False)[list(cols)].mean()
-    g = per_run.groupby(["product", "lam"])
-    s = g[list(cols)].agg(["mean", "std"])
-    s.columns = [f"{a}_{b}" for a, b in s.columns]
-    s["n_seeds"] = g.size()
-    return s.reset_index()

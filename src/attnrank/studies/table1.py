@@ -1,12 +1,15 @@
-"""Table 1 of the paper at CPU scale: test perplexity of the byte-level LM over attention λ ×
-MLP λ (``weight_decay``: every matrix outside attention, embeddings included), mean ± std over
+"""Table 1 of the paper at CPU scale: test perplexity of the byte-level LM over attention decay ×
+MLP decay (``weight_decay``: every matrix outside attention, embeddings included), over ≥ 5
 seeds. Sizes: :func:`attnrank.studies.lm_common.lm_base`.
 
-Claims: ``attn_decay_hurts`` (perplexity at the largest attention λ above attention λ = 0 at
-the same MLP λ, by more than the spread) and ``decoupling_helps`` (at each coupled point,
-attention λ = MLP λ, the best attention λ ≠ MLP λ of the grid beats it by more than the
-spread). "Spread" of a difference: ``sqrt(s_a² + s_b²)`` with ``s`` the std over seeds (ddof 1)
-of each point; with one seed it is not measured and a claim needs only the sign.
+The grid is set in decay exposure ``λ·Σlr`` (REFERENCE.md §3): each λ is a target exposure
+divided by the run's Σlr. Every cell runs the same seeds (same initialisation and data order),
+so differences between cells are paired by seed; the spread of a difference is the std over
+seeds of the per-seed differences (ddof 1).
+
+Claims: ``attn_decay_hurts`` (at every MLP λ, the largest attention λ gives a higher perplexity
+than attention λ = 0) and ``decoupling_helps`` (at the coupled λ with ≥ 3 time constants, the
+best cell of that MLP column lies where attention decay is lower than MLP decay).
 """
 
 from __future__ import annotations
@@ -17,54 +20,70 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
-from attnrank.studies.lm_common import lm_base, spread, sweep
+from attnrank.studies.lm_common import (
+    MIN_EXPOSURE,
+    combine,
+    exposure,
+    lambdas_for,
+    lm_base,
+    lr_sum,
+    paired,
+    sign_verdict,
+    sweep,
+)
 from attnrank.studies.registry import CATALOGUE, Claim, FigureOut, Study, register_study
 
 SOURCE = "Kobayashi et al. 2024, Table 1 (seed 000); REFERENCE.md §3"
 SRC_HURTS = "paper Table 1; REFERENCE.md §3 (low rank in attention can hurt LMs)"
 SRC_DECOUPLE = "paper Table 1 (decoupling attention decay helps)"
-ST_HURTS = ("Attention decay hurts test perplexity: attention lambda {a:g} gives higher perplexity than 0 "
-            "at the same MLP lambda.")
-ST_DECOUPLE = ("Decoupling helps: at each coupled point (attention lambda = MLP lambda) some other attention "
-               "lambda of the grid gives lower test perplexity.")
+ST_HURTS = ("Attention decay hurts test perplexity: attention decay exposure {e:g} gives a higher perplexity than "
+            "no attention decay, at every MLP decay of the grid.")
+ST_DECOUPLE = ("Decoupling helps: at a coupled lambda with >= {e:g} time constants, the best cell of the attention x "
+               "MLP grid lies where attention decay is lower than MLP decay.")
 
 
 @dataclass(frozen=True)
 class Table1Params:
-    """What shapes table1: the attention × MLP λ grid, seeds, steps."""
+    """What shapes table1: attention and MLP decay exposures (λ = E / Σlr), seeds, steps."""
 
-    attn_lambdas: tuple[float, ...] = (0.0, 0.1, 1.0)
-    mlp_lambdas: tuple[float, ...] = (0.0, 0.1)
-    seeds: tuple[int, ...] = (0, 1, 2)
-    steps: int = 1000
+    attn_exposures: tuple[float, ...] = (0.0, 1.0, 3.0)
+    mlp_exposures: tuple[float, ...] = (0.0, 3.0)
+    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+    steps: int = 600
     workers: int = 2
     profile: str = "full"
 
     @classmethod
     def quick(cls) -> Table1Params:
-        """Same grid, two seeds, 150 steps."""
-        return cls(seeds=(0, 1), steps=150, profile="quick")
+        """Same grid and seeds, 150 steps."""
+        return cls(steps=150, profile="quick")
 
     @classmethod
     def full(cls) -> Table1Params:
-        """Three seeds, 1,000 steps."""
+        """600 steps."""
         return cls()
 
 
 def run(params: Table1Params) -> dict[str, Any]:
-    """Train the grid; the runs table (λs, seed, perplexities, final loss)."""
+    """Train the grid; one row per run (λs, exposures, seed, perplexities, final loss)."""
     t0 = time.perf_counter()
     base = lm_base(params.steps)
+    lrs = lr_sum("lm", base)
+    attn, mlp = lambdas_for(params.attn_exposures, lrs), lambdas_for(params.mlp_exposures, lrs)
     with tempfile.TemporaryDirectory() as tmp:
-        res = sweep("lm", base, {"attn_weight_decay": [float(v) for v in params.attn_lambdas],
-                                 "weight_decay": [float(v) for v in params.mlp_lambdas]}, list(params.seeds),
-                    Path(tmp), params.workers)
+        res = sweep("lm", base, {"attn_weight_decay": attn, "weight_decay": mlp}, list(params.seeds), Path(tmp),
+                    params.workers)
     runs = res.runs[["attn_weight_decay", "weight_decay", "seed", "test_ppl", "val_ppl", "loss"]].copy()
-    return {"attn_lambdas": list(params.attn_lambdas), "mlp_lambdas": list(params.mlp_lambdas),
-            "seeds": list(params.seeds), "runs": runs.to_dict("list"), "table": ppl_table(runs).to_dict("list"),
-            "overrides": base, "runtime_s": time.perf_counter() - t0}
+    ex = [exposure("lm", {**base, "attn_weight_decay": a, "weight_decay": m})
+          for a, m in zip(runs["attn_weight_decay"], runs["weight_decay"], strict=True)]
+    runs["exposure_attn"] = [e["attn"] for e in ex]
+    runs["exposure_other"] = [e["other"] for e in ex]
+    return {"attn_lambdas": attn, "mlp_lambdas": mlp, "lr_sum": lrs, "seeds": list(params.seeds),
+            "runs": runs.to_dict("list"), "table": ppl_table(runs).to_dict("list"), "overrides": base,
+            "runtime_s": time.perf_counter() - t0}
 
 
 # -- claims ----------------------------------------------------------------------------------------
@@ -76,68 +95,78 @@ def ppl_table(runs: pd.DataFrame) -> pd.DataFrame:
     return t.rename(columns={"mean": "ppl_mean", "std": "ppl_std", "count": "n_seeds"})
 
 
-def _cells(runs: pd.DataFrame) -> tuple[dict[tuple[float, float], tuple[float, float]], int]:
-    t = ppl_table(runs)
-    idx = {(float(a), float(m)): (float(mu), float(sd)) for a, m, mu, sd in
-           zip(t["attn_weight_decay"], t["weight_decay"], t["ppl_mean"], t["ppl_std"], strict=True)}
-    return idx, int(t["n_seeds"].min())
+def cells(runs: pd.DataFrame) -> dict[tuple[float, float], dict[int, float]]:
+    """(attn λ, MLP λ) → {seed: test perplexity}."""
+    out: dict[tuple[float, float], dict[int, float]] = {}
+    for a, m, s, p in zip(runs["attn_weight_decay"], runs["weight_decay"], runs["seed"], runs["test_ppl"], strict=True):
+        out.setdefault((float(a), float(m)), {})[int(s)] = float(p)
+    return out
 
 
-def _compare(idx: dict, hi: tuple[float, float], lo: tuple[float, float], n_seeds: int) -> dict[str, Any]:
-    """hi minus lo: difference of seed means, spread, whether it exceeds the spread."""
-    (mh, sh), (ml, sl) = idx[hi], idx[lo]
-    sp = spread(sh, sl) if n_seeds >= 2 else float("nan")
-    d = mh - ml
-    return {"diff": d, "spread": sp, "exceeds_spread": bool(abs(d) > sp) if n_seeds >= 2 else None,
-            "positive_beyond_spread": bool(d > 0 and (n_seeds < 2 or d > sp))}
+def _exp(runs: pd.DataFrame, col: str, lam_col: str, lam: float) -> float:
+    return float(runs.loc[runs[lam_col] == lam, col].max())
 
 
 def attn_decay_hurts(runs: pd.DataFrame) -> Claim:
-    """``table1.attn_decay_hurts``: ppl(largest attention λ) > ppl(attention 0) at every MLP λ."""
-    idx, n_seeds = _cells(runs)
-    a_max = max(a for a, _ in idx)
-    hurt: dict[str, Any] = {}
-    for m in sorted({m for _, m in idx}):
-        if (0.0, m) in idx and (a_max, m) in idx and a_max > 0:
-            c = _compare(idx, (a_max, m), (0.0, m), n_seeds)
-            hurt[f"mlp_lambda={m:g}"] = {"ppl_attn0": idx[(0.0, m)][0], f"ppl_attn{a_max:g}": idx[(a_max, m)][0], **c}
-    return _ppl_claim("table1.attn_decay_hurts", SRC_HURTS, ST_HURTS.format(a=a_max), hurt, n_seeds,
-                      "ppl(attn max) - ppl(attn 0) > 0", "at every MLP lambda",
-                      "test perplexity (exp of mean test loss) on the held-out split, mean over seeds; diff > 0 means "
-                      "decay hurt.")
+    """``table1.attn_decay_hurts``: ppl(largest attention λ) − ppl(attention 0) > spread, paired, at
+    every MLP λ; needs exposure ≥ 3 at the largest attention λ."""
+    c = cells(runs)
+    a_max = max(a for a, _ in c)
+    e_max = _exp(runs, "exposure_attn", "attn_weight_decay", a_max)
+    per: dict[str, Any] = {}
+    for m in sorted({m for _, m in c}):
+        if (0.0, m) in c and (a_max, m) in c and a_max > 0:
+            d = paired(c[(a_max, m)], c[(0.0, m)])
+            per[f"mlp_lambda={m:g}"] = {"ppl_attn0": float(np.mean(list(c[(0.0, m)].values()))),
+                                        "ppl_attn_max": float(np.mean(list(c[(a_max, m)].values()))), **d,
+                                        "verdict": sign_verdict(d["diff"], d["spread"])}
+    verdict = combine([v["verdict"] for v in per.values()])
+    reason = "" if verdict == "held" else ("a difference is inside the seed spread" if verdict == "inconclusive"
+                                           else "attention decay did not raise perplexity beyond the spread")
+    if e_max < MIN_EXPOSURE:
+        verdict, reason = "inconclusive", f"largest attention exposure {e_max:.3g} < {MIN_EXPOSURE:g}"
+    return Claim(name="table1.attn_decay_hurts", source=SRC_HURTS, statement=ST_HURTS.format(e=round(e_max, 2)),
+                 measured={"attn_lambda_max": a_max, "per_mlp_lambda": per}, verdict=verdict, reason=reason,
+                 expected="ppl(attn max) - ppl(attn 0) > seed spread (paired), at every MLP lambda",
+                 tolerance="spread: std over seeds of the per-seed differences, ddof 1",
+                 detail="test perplexity (exp of mean test loss) on the held-out split; diff > 0 means decay hurt.",
+                 exposure={"needed": MIN_EXPOSURE, "got_attn": e_max})
 
 
 def decoupling_helps(runs: pd.DataFrame) -> Claim:
-    """``table1.decoupling_helps``: at each coupled point the best other attention λ is lower in ppl."""
-    idx, n_seeds = _cells(runs)
-    attn = sorted({a for a, _ in idx})
-    dec: dict[str, Any] = {}
-    for m in sorted({m for _, m in idx}):
-        others = [(a, m) for a in attn if a != m and (a, m) in idx]
-        if (m, m) not in idx or not others:
+    """``table1.decoupling_helps``: in the MLP column(s) whose coupled λ has ≥ 3 time constants, the
+    best cell has attention λ < MLP λ, beyond the paired spread against the best cell with
+    attention λ ≥ MLP λ. The best cell of the whole grid is reported too."""
+    c = cells(runs)
+    mean = {k: float(np.mean(list(v.values()))) for k, v in c.items()}
+    cols = [m for m in sorted({m for _, m in c}) if (m, m) in c
+            and _exp(runs, "exposure_other", "weight_decay", m) >= MIN_EXPOSURE]
+    measured: dict[str, Any] = {"grid_best_cell": list(min(mean, key=mean.get)), "cells_mean_ppl": {
+        f"attn={a:g},mlp={m:g}": v for (a, m), v in sorted(mean.items())}}
+    verdicts = []
+    for m in cols:
+        lower = [k for k in c if k[1] == m and k[0] < m]
+        other = [k for k in c if k[1] == m and k[0] >= m]
+        if not lower:
             continue
-        best = min(others, key=lambda k: idx[k][0])
-        c = _compare(idx, (m, m), best, n_seeds)
-        dec[f"mlp_lambda={m:g}"] = {"ppl_coupled": idx[(m, m)][0], "best_decoupled_attn_lambda": best[0],
-                                    "ppl_best_decoupled": idx[best][0], **c}
-    return _ppl_claim("table1.decoupling_helps", SRC_DECOUPLE, ST_DECOUPLE, dec, n_seeds,
-                      "ppl(coupled) - ppl(best decoupled) > 0", "at every coupled point of the grid",
-                      "diff > 0 means the best decoupled setting beat the coupled one; picking the best of several "
-                      "settings favours decoupling slightly (selection), which the spread test does not correct for.")
-
-
-def _ppl_claim(name: str, source: str, statement: str, per_mlp: dict[str, Any], n_seeds: int,
-               inequality: str, where: str, detail: str) -> Claim:
-    """A Table 1 claim: it holds when every comparison in ``per_mlp`` is positive beyond the seed spread."""
-    sp = n_seeds >= 2
-    return Claim(
-        name=name, source=source, statement=statement,
-        measured={"per_mlp_lambda": per_mlp, "n_seeds": n_seeds},
-        expected=inequality + (", beyond the seed spread, " if sp else " ") + where,
-        held=bool(per_mlp) and all(v["positive_beyond_spread"] for v in per_mlp.values()),
-        tolerance="spread = sqrt(std_a^2 + std_b^2) over seeds (ddof 1)" if sp
-        else "one seed: sign only, spread not measured",
-        detail=detail)
+        bl, bo = min(lower, key=mean.get), min(other, key=mean.get)
+        d = paired(c[bo], c[bl])
+        verdicts.append(sign_verdict(d["diff"], d["spread"]))
+        measured[f"mlp_lambda={m:g}"] = {"best_lower_attn": bl[0], "best_other_attn": bo[0], **d,
+                                         "verdict": verdicts[-1]}
+    verdict = combine(verdicts)
+    reason = "" if verdict == "held" else ("the two best cells are inside the seed spread" if verdict == "inconclusive"
+                                           else "the best cell has attention decay >= MLP decay, beyond the spread")
+    got = max((_exp(runs, "exposure_other", "weight_decay", m) for m in cols), default=0.0)
+    if not verdicts:
+        verdict, reason = "inconclusive", f"no coupled lambda with exposure >= {MIN_EXPOSURE:g} in the grid"
+    return Claim(name="table1.decoupling_helps", source=SRC_DECOUPLE, statement=ST_DECOUPLE.format(e=MIN_EXPOSURE),
+                 measured=measured, verdict=verdict, reason=reason,
+                 expected="ppl(best cell with attn >= MLP) - ppl(best cell with attn < MLP) > seed spread (paired)",
+                 tolerance="spread: std over seeds of the per-seed differences, ddof 1",
+                 detail="Picking the best of several cells favours the side with more cells slightly (selection); "
+                        "the spread test does not correct for it.",
+                 exposure={"needed_coupled": MIN_EXPOSURE, "got_coupled": got})
 
 
 def claims(data: dict[str, Any], params: Table1Params) -> list[Claim]:
@@ -154,13 +183,16 @@ def figures(data: dict[str, Any], params: Table1Params) -> list[FigureOut]:
 
 
 def notes(data: dict[str, Any], params: Table1Params) -> list[str]:
-    """Sizes, what 'MLP λ' means here, runtime."""
+    """Sizes, what 'MLP λ' means here, the λ grid, runtime."""
     return [
         "Sizes are our choice (the paper's Pile LMs are far larger; it used 5 seeds): LM = 4 pre-norm causal layers, "
         "width 64, 4 heads of 16, MLP 256, byte tokens, context 64, batch 32, lr 3e-3, first 200,000 characters of "
         "each stdlib-corpus split, 16,384 test tokens scored.",
         "'MLP lambda' here is weight_decay: every matrix outside attention (MLP, embeddings, output head), not the "
         "MLP alone; biases and norm gains are not decayed.",
+        f"Lambdas from exposures (sum lr = {data['lr_sum']:.4g} over {params.steps} steps): attention "
+        f"{data['attn_lambdas']} (exposures {list(params.attn_exposures)}), MLP {data['mlp_lambdas']} (exposures "
+        f"{list(params.mlp_exposures)}).",
         f"Measured runtime of the training: {data.get('runtime_s', float('nan')):.0f} s ({params.profile} profile, "
         f"{params.workers} workers, 1 thread per run).",
     ]
