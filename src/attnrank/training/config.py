@@ -55,7 +55,8 @@ class TrainConfig:
     Optimizer: AdamW, decoupled decay per :func:`attnrank.training.optim.param_groups` group
     (``attn_weight_decay`` on Q/K/V/O, ``weight_decay`` on every other matrix and on the
     embeddings, none on biases and norm gains); learning rate warmed up linearly over
-    ``warmup`` steps, then constant.
+    ``warmup`` steps, then constant (``schedule="constant"``, the default) or cosine-decayed to 0
+    at the last step (``schedule="cosine"``); :func:`lr_at` is the schedule.
     """
 
     task: RecallConfig = field(default_factory=RecallConfig)
@@ -76,6 +77,7 @@ class TrainConfig:
     checkpoint_every: int = 500
     keep_checkpoints: int = 2
     tol: float = DEFAULT_TOL
+    schedule: str = "constant"
 
     TASK_NAME: ClassVar[str] = "recall"
 
@@ -109,6 +111,8 @@ class TrainConfig:
         for name in ("steps", "batch_size", "log_every", "track_every", "checkpoint_every", "keep_checkpoints"):
             positive_int(name)
         positive_int("warmup", allow_zero=True)
+        if self.schedule not in SCHEDULES:
+            raise AttnRankError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
         positive_int("seed", allow_zero=True)
 
         def number(name: str, lo: float, hi: float = math.inf, lo_open: bool = False, hi_open: bool = False):
@@ -142,6 +146,8 @@ class TrainConfig:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["task"] = self.task.to_dict()
         d["model"] = self.model.to_dict()
+        if d["schedule"] == "constant":
+            del d["schedule"]  # the default is left out: config.json of a constant-lr run stays as before
         return d
 
     @classmethod
@@ -152,9 +158,13 @@ class TrainConfig:
 
 
 def lr_at(cfg: TrainConfig, step: int) -> float:
-    """Learning rate of update number ``step`` (1-based): linear warmup, then constant."""
+    """Learning rate of update number ``step`` (1-based): linear warmup over ``warmup`` steps,
+    then constant, or (``schedule="cosine"``) ``lr·½(1 + cos(π·(step − warmup)/(steps − warmup)))``,
+    which reaches 0 at the last step."""
     if cfg.warmup and step <= cfg.warmup:
         return cfg.lr * step / cfg.warmup
+    if cfg.schedule == "cosine" and cfg.steps > cfg.warmup:
+        return cfg.lr * 0.5 * (1.0 + math.cos(math.pi * (step - cfg.warmup) / (cfg.steps - cfg.warmup)))
     return cfg.lr
 
 
@@ -180,6 +190,8 @@ def comparable(d: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in d.items() if k not in ("versions", "device")}
 
 
+#: learning-rate schedules after the warmup (see :func:`lr_at`)
+SCHEDULES = ("constant", "cosine")
 #: the model fields a flat override may set (recall, LM and ViT builders alike)
 MODEL_KEYS = frozenset({"n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "mlp", "skip", "norm",
                         "learned_positions", "bias", "d_mlp", "init_std", "tie_embeddings"})

@@ -22,8 +22,14 @@ def notes(data: dict[str, Any], p: Fig2Params) -> list[str]:
     return [
         "Sizes are our choice; the paper's are not available. Attention-only blocks: with MLPs (or init std "
         "0.02) the recall circuit did not form within 6,000 steps on this machine.",
-        "Rank = numerical rank with relative threshold 1e-3; AdamW leaves small singular values at a noise "
-        "floor rather than at exactly 0, so the effective rank is reported beside it.",
+        "Rank: effective rank is judged; AdamW leaves singular values of directions the task does not drive at a "
+        "noise floor rather than at 0, so numerical rank at tau = 1e-3 barely moves; it is reported with a "
+        "second threshold above the floor measured in the lambda = 0 runs.",
+        f"Learning rate {p.lr:g} peak, {p.schedule} after 100 warmup steps: the loss reaches 0 within a few hundred "
+        "steps, after which Adam's normalised steps on a vanishing gradient spike; the cosine schedule lets those "
+        "late steps shrink. Decay exposure lambda * sum(lr) per lambda: "
+        + ", ".join(f"{k}: {v['attn']:.2g}" for k, v in data["exposure"].items())
+        + f"; lambdas below {p.min_exposure:g} are reported, not judged.",
     ]
 
 

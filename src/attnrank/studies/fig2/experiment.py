@@ -19,35 +19,41 @@ import numpy as np
 
 from attnrank.io.rundir import read_metrics
 from attnrank.studies.fig2.params import Fig2Params
-from attnrank.training.config import TrainConfig, recall_config
+from attnrank.training.config import TrainConfig, decay_exposure, recall_config
 from attnrank.training.loop import train
 
 SERIES_KEYS = ("rank", "effective_rank", "balance", "balance_rel", "gap", "nuclear", "frob_bound")
 
 
-def fig2_config(attn_wd: float, steps: int, seed: int = 0, other_wd: float = 0.1) -> TrainConfig:
+def fig2_config(attn_wd: float, steps: int, seed: int = 0, other_wd: float = 0.1, lr: float = 3e-3,
+                schedule: str = "constant") -> TrainConfig:
     """One Figure 2 run: the default recall task (4 pairs, 8 keys, 8 values, one query) and
-    model (2 layers, width 64, 4 heads of width 16, no MLP), AdamW lr 3e-3 (100 warmup steps),
-    β = (0.9, 0.99), batch 64, weight decay ``other_wd`` on everything but Q/K/V/O, λ on those."""
-    return recall_config(steps=steps, attn_weight_decay=attn_wd, weight_decay=other_wd, seed=seed,
-                         track_every=max(steps // 40, 10), log_every=max(steps // 40, 10),
+    model (2 layers, width 64, 4 heads of width 16, no MLP), AdamW at peak ``lr`` (100 warmup
+    steps, then ``schedule``), β = (0.9, 0.99), batch 64, weight decay ``other_wd`` on everything
+    but Q/K/V/O, λ on those."""
+    return recall_config(steps=steps, attn_weight_decay=attn_wd, weight_decay=other_wd, seed=seed, lr=lr,
+                         schedule=schedule, track_every=max(steps // 40, 10), log_every=max(steps // 40, 10),
                          checkpoint_every=steps)
 
 
-def _run_one(args: tuple[TrainConfig, str, str]) -> list[dict[str, Any]]:
+def _run_one(args: tuple[TrainConfig, str, str]) -> tuple[list[dict[str, Any]], dict[str, list]]:
     import torch
+
+    from attnrank.analysis.scan import analyze
+    from attnrank.io.rundir import latest_checkpoint
 
     cfg, name, root = args
     torch.set_num_threads(1)  # runs go side by side, one core each; deterministic either way
     run = Path(root) / name
     train(run, cfg, device="cpu", tensorboard=False)
-    return read_metrics(run)
+    sv = analyze(latest_checkpoint(run), threads=1).sv  # final singular values, (layers, heads, k)
+    return read_metrics(run), {product: np.asarray(sv[product]).tolist() for product in ("ov", "qk")}
 
 
-def run_configs(configs: dict[str, TrainConfig], workers: int = 1,
-                keep: str | os.PathLike | None = None) -> dict[str, list[dict[str, Any]]]:
-    """Train every config (in parallel spawned processes, one thread each); their metrics rows
-    by name. With ``workers > 1`` a calling script needs the ``if __name__ == "__main__":``
+def run_configs(configs: dict[str, TrainConfig], workers: int = 1, keep: str | os.PathLike | None = None
+                ) -> dict[str, tuple[list[dict[str, Any]], dict[str, list]]]:
+    """Train every config (in parallel spawned processes, one thread each); by name, their
+    metrics rows and the final singular values of both products (``{product: [layer][head][i]}``). With ``workers > 1`` a calling script needs the ``if __name__ == "__main__":``
     guard. Results do not depend on ``workers``."""
     with tempfile.TemporaryDirectory() as tmp:
         root = str(keep) if keep is not None else tmp
@@ -89,14 +95,19 @@ def training_curve(rows: list[dict[str, Any]]) -> dict[str, list[float]]:
 
 
 def run(p: Fig2Params) -> dict[str, Any]:
-    """Train one run per λ and keep, per λ, the training curve and the per-layer series of both
-    products (what the claims and the figure need)."""
-    configs = {f"{lam:g}": fig2_config(lam, p.steps, p.seed, p.other_weight_decay) for lam in p.lambdas}
-    runs = run_configs(configs, workers=p.workers)
-    data: dict[str, Any] = {"lambdas": list(p.lambdas), "ov": {}, "qk": {}, "training": {},
+    """Train one run per λ and seed; keep, per λ and seed, the training curve, the per-layer series
+    of both products, the final singular values, and per λ the decay exposure (what the claims
+    and the figure need). Keys: ``f"{λ:g}"`` then ``str(seed)``."""
+    configs = {(f"{lam:g}", str(seed)): fig2_config(lam, p.steps, seed, p.other_weight_decay, p.lr, p.schedule)
+               for lam in p.lambdas for seed in p.seeds}
+    runs = run_configs({f"lam={k[0]},seed={k[1]}": c for k, c in configs.items()}, workers=p.workers)
+    data: dict[str, Any] = {"lambdas": list(p.lambdas), "seeds": list(p.seeds), "ov": {}, "qk": {}, "training": {},
+                            "sv": {"ov": {}, "qk": {}}, "exposure": {},
                             "config": next(iter(configs.values())).to_dict()}
-    for key, rows in runs.items():
-        data["training"][key] = training_curve(rows)
+    for (lam, seed), (rows, sv) in zip(configs, runs.values(), strict=True):
+        data["exposure"][lam] = decay_exposure(configs[lam, seed])
+        data["training"].setdefault(lam, {})[seed] = training_curve(rows)
         for product in ("ov", "qk"):
-            data[product][key] = {str(layer): series(rows, product, layer) for layer in (0, 1)}
+            data[product].setdefault(lam, {})[seed] = {str(layer): series(rows, product, layer) for layer in (0, 1)}
+            data["sv"][product].setdefault(lam, {})[seed] = sv[product]
     return data
