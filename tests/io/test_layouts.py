@@ -107,3 +107,47 @@ def test_prefixed_checkpoint_is_found(tmp_path, minilm_dir):
         r = AttentionReader(ckpt)
         assert r.prefix == "bert."
         torch.testing.assert_close(r.read_layer(2).wq, AttentionReader(Checkpoint(minilm_dir)).read_layer(2).wq)
+
+
+# -- the TOML escape hatch: renamed split names, error texts ----------------------------------------
+_FUSED_TOML = ('split = "{split}"\n[tensors]\nqkv = "h.{{i}}.qkv.weight"\no = "h.{{i}}.o.weight"\n'
+               '[sizes]\nn_layers = 2\nd_model = 64\nn_heads = 4\nn_kv_heads = 2\n')
+
+
+@pytest.mark.parametrize("old,new", [("grouped", "fused_per_kv_group"), ("interleaved", "fused_per_head")])
+def test_old_split_names_are_aliases_with_a_warning(tmp_path, old, new):
+    from attnrank.io.layouts import layout_from_toml
+
+    p = tmp_path / "l.toml"
+    p.write_text(_FUSED_TOML.format(split=old))
+    with pytest.warns(FutureWarning, match=f"now called '{new}'"):
+        lay = layout_from_toml(p)
+    assert lay.split == new
+    p.write_text(_FUSED_TOML.format(split=new))
+    assert layout_from_toml(p).split == new
+
+
+def test_toml_error_texts_name_the_table(tmp_path):
+    from attnrank.io.layouts import layout_from_toml
+
+    p = tmp_path / "layout.toml"
+    p.write_text('split = "fused"\n[tensors]\nq = "a.{i}"\nk = "b.{i}"\n[sizes]\nn_layers = 1\n')
+    with pytest.raises(AttnRankError) as e:
+        layout_from_toml(p)
+    assert "the [tensors] table must name exactly qkv, o for split 'fused'" in str(e.value)
+    assert "(got k, q)" in str(e.value)
+    p.write_text(_FUSED_TOML.format(split="fused").replace("d_model = 64\n", ""))
+    with pytest.raises(AttnRankError, match=r"the \[sizes\] table needs integers"):
+        layout_from_toml(p)
+
+
+def test_fold_norm_from_a_toml_norm_table(tmp_path):
+    from attnrank.io.layouts import layout_from_toml
+
+    p = tmp_path / "l.toml"
+    p.write_text(_FUSED_TOML.format(split="fused") + '[norm]\nname = "h.{i}.ln.weight"\nkind = "rmsnorm"\n')
+    lay = layout_from_toml(p)
+    assert lay.norm({}).name == "h.{i}.ln.weight" and lay.norm({}).kind == "rmsnorm"
+    p.write_text(_FUSED_TOML.format(split="fused") + '[norm]\nname = "h.ln.weight"\n')
+    with pytest.raises(AttnRankError, match=r"the \[norm\] table needs name"):
+        layout_from_toml(p)

@@ -85,13 +85,13 @@ def dequantizable() -> set[str]:
     from gguf import GGMLQuantizationType
     from gguf.quants import _type_traits
 
-    ok = {t.name for t in _type_traits} | {"F32", "F16"}
+    ok = {t.name for t in _type_traits} | {"F32", "F16", "F64"}
     return {t.name for t in GGMLQuantizationType if t.name in ok}
 
 
 class GGUFCheckpoint(Checkpoint):
     """A :class:`Checkpoint` over a GGUF file: ``config`` from its metadata, tensors
-    dequantized to float32 one at a time; :attr:`layout` is the matching :class:`Layout`."""
+    dequantized to float32 (F64 kept) one at a time; :attr:`layout` is the matching :class:`Layout`."""
 
     def __init__(self, source: str | os.PathLike):
         try:
@@ -195,8 +195,10 @@ class GGUFCheckpoint(Checkpoint):
         except KeyError:
             raise AttnRankError(f"tensor {name!r} not found in {self.path}") from None
         try:
-            if t.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
-                arr = np.asarray(t.data, dtype=np.float32).copy()
+            if t.tensor_type == GGMLQuantizationType.F64:
+                arr = np.array(t.data, dtype=np.float64)
+            elif t.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+                arr = np.array(t.data, dtype=np.float32)
             else:
                 arr = np.ascontiguousarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
         except NotImplementedError:

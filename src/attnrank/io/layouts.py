@@ -385,6 +385,8 @@ LAYOUTS: tuple[Layout, ...] = (
     # OLMo-2 normalises after the sublayers: no norm in front of attention to fold
     _row(("qwen3", "gemma3_text", "olmo2"), tensors=_LLAMA_QKVO, dims=_hf_dims, position=_ROTARY,
          qk_norm=lambda c: True, norm=lambda c: None if c.get("model_type") == "olmo2" else _rms_input(c)),
+    _row(("starcoder2",), tensors=_LLAMA_QKVO, dims=_hf_dims, position=_ROTARY,
+         norm=_const(NormSpec(_INPUT_LN, "layernorm"))),
     _row(("opt",), tensors=_qkvo("decoder.layers.{i}.self_attn.", "q_proj", "k_proj", "v_proj", "out_proj"),
          dims=_hf_dims, norm=lambda c: NormSpec("decoder.layers.{i}.self_attn_layer_norm.weight", "layernorm")
          if c.get("do_layer_norm_before", True) else None),
