@@ -102,7 +102,7 @@ def generate(path: Path, n_kv: int, mlp: bool, shape: tuple = SHAPES["llama2-7b"
         fname = f"model-{j + 1:05d}-of-{len(shards):05d}.safetensors"
         save_file(sd, path / fname, metadata={"format": "pt"})
         weight_map.update(dict.fromkeys(sd, fname))
-    (path / "config.json").write_text(json.dumps(config(n_kv, shape)))
+    (path / "config.json").write_text(json.dumps(config(n_kv, shape if written is None else (written, *shape[1:]))))
     (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
 
 
