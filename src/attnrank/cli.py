@@ -50,18 +50,49 @@ def _root(
     """How weight decay and architecture shape the rank of attention layers."""
 
 
+def print_error(message: str) -> None:
+    """``error: MESSAGE`` as one line on stderr (newlines in the message folded into spaces)."""
+    err_console.print(styled("bold red", "error: ", " ".join(str(message).split())), highlight=False,
+                      soft_wrap=True)
+
+
 def user_errors(fn):
-    """Turn an AttnRankError into one line on stderr and exit status 2."""
+    """Turn an AttnRankError into one line on stderr and exit status 2.
+
+    The library names paths in its errors; what it could not foresee from a user's input still
+    becomes one line: an OSError (a file system refusing, named with its path), a MemoryError
+    (sizes this machine cannot hold) or a RecursionError (an input nested too deeply).
+    """
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
         except AttnRankError as e:
-            err_console.print(styled("bold red", "error: ", str(e)), highlight=False, soft_wrap=True)
-            raise typer.Exit(2) from None
+            print_error(str(e))
+        except OSError as e:
+            where = f" {e.filename}" if getattr(e, "filename", None) else ""
+            print_error(f"{e.strerror or type(e).__name__}:{where}" if where else
+                        (e.strerror or " ".join(str(e).split())[:200] or type(e).__name__))
+        except MemoryError:
+            print_error("out of memory: the input asks for more than this machine can hold")
+        except RecursionError:
+            print_error("an input is nested too deeply to read")
+        raise typer.Exit(2)
 
     return wrapper
+
+
+def _save_set(save, out: Path | None) -> list[Path]:
+    """``save(directory)`` into a fresh staging directory inside ``out``, moved in only when
+    every file is written (a failure leaves the previous set as it was); the final paths."""
+    if out is None:
+        return []
+    from attnrank.util.fileio import moved, staged_output
+
+    with staged_output(out) as stage:
+        files = save(stage)
+    return moved(files, stage, out)
 
 
 def progress_bar(quiet: bool) -> Progress:
@@ -97,10 +128,13 @@ def spectra(
 ) -> None:
     """Exact per-head spectra of W_K^T W_Q and P W_V, with balance and nuclear-norm diagnostics."""
     from attnrank.analysis.scan import analyze, overall, save
+    from attnrank.util.fileio import check_writable
 
     if fmt not in ("table", "csv", "json"):
         raise AttnRankError(f"--format must be table, csv or json; got {fmt!r}")
     as_json = as_json or fmt == "json"
+    if out is not None:
+        check_writable(out)  # before the analysis, not after it
     with progress_bar(quiet or as_json or fmt == "csv") as bar:
         task = bar.add_task("layers", total=None)
         result = analyze(path, config=config, tol=tol, layers=layers, layout=layout, revision=revision,
@@ -109,7 +143,7 @@ def spectra(
     for rec in result.meta["nonfinite_heads"]:
         err_console.print(styled("yellow", "warning: ", f"NaN/Inf weights in layer {rec['layer']} head {rec['head']} "
                                                        f"({rec['product']}): metrics set to NaN"), highlight=False)
-    written = save(result, out, plots=plots) if out is not None else []
+    written = _save_set(lambda d: save(result, d, plots=plots), out)
     if fmt == "csv":
         result.table.to_csv(sys.stdout, index=False)
         return
@@ -189,6 +223,10 @@ def reproduce(
         raise AttnRankError("--replot keeps the stored run's profile: drop --quick/--full/--force")
     if name == "all" and model is not None:
         raise AttnRankError("--model applies to one reproduction (e.g. fig4), not to 'all'")
+    from attnrank.util.fileio import check_writable
+
+    if not replot:
+        check_writable(out or Path("out") / name)  # before any training, not after it
     if name == "all":
         _reproduce_all(out or Path("out") / "all", quick=quick, force=force, strict=strict, as_json=as_json,
                        quiet=quiet, replot=replot)
@@ -440,12 +478,15 @@ def collapse(
 ) -> None:
     """Rank collapse by layer: pure attention, + MLP, + skip, full; pretrained and re-initialised."""
     from attnrank.analysis.collapse import analyze, save
+    from attnrank.util.fileio import check_writable
 
+    if out is not None:
+        check_writable(out)
     with progress_bar(quiet or as_json) as bar:
         task = bar.add_task("sequences", total=None)
         result = analyze(model, n_seqs=seqs, max_tokens=max_tokens, seed=seed, threads=threads,
                          progress=lambda done, total: bar.update(task, completed=done, total=total))
-    written = save(result, out) if out is not None else []
+    written = _save_set(lambda d: save(result, d), out)
     summary = result.summary()
     if as_json:
         meta = {k: v for k, v in result.meta.items() if k != "texts"}
@@ -491,15 +532,17 @@ def scale(
     """Which tensors are scale-invariant (weight decay cannot change the function), homogeneous
     or neither, measured on real inputs; and the per-head attention rescaling symmetries."""
     from attnrank.analysis.scaling import analyze_scaling, parse_group, parse_scales, save
-    from attnrank.util.fileio import jsonable
+    from attnrank.util.fileio import check_writable, jsonable
 
+    if out is not None:
+        check_writable(out)
     groups = dict(parse_group(g) for g in group or [])
     with progress_bar(quiet or as_json) as bar:
         task = bar.add_task("tensors", total=None)
         result = analyze_scaling(model, scales=parse_scales(scales), tol=tol, groups=groups, pairs=pairs,
                                  exhaustive=exhaustive, structural=not with_eps, threads=threads,
                                  progress=lambda stage, d, t: bar.update(task, description=stage, completed=d, total=t))
-    written = save(result, out) if out is not None else []
+    written = _save_set(lambda d: save(result, d), out)
     if as_json:
         payload = {"meta": result.meta, "counts": result.counts(), "pair_summary": result.pair_summary(),
                    "tensors": result.table.to_dict(orient="records")}
@@ -610,7 +653,29 @@ def sweep(
 
 
 def main() -> None:
-    app()
+    """The ``attnrank`` entry point: a usage error (bad option value, unknown option) is one line
+    on stderr and exit status 2, like every other user error."""
+    try:
+        from typer._click import exceptions as ex  # typer >= 0.25 vendors click
+    except ImportError:  # pragma: no cover - older typer on click
+        from click import exceptions as ex
+
+    try:
+        code = app(standalone_mode=False)
+    except ex.NoArgsIsHelpError:
+        app()  # shows the help as typer does
+        return
+    except ex.UsageError as e:
+        cmd = e.ctx.command_path if e.ctx is not None else "attnrank"
+        print_error(f"{e.format_message()} (see '{cmd} --help')")
+        sys.exit(2)
+    except ex.ClickException as e:
+        print_error(e.format_message())
+        sys.exit(e.exit_code)
+    except (ex.Abort, typer.Abort):
+        print_error("aborted")
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -113,23 +113,61 @@ def _stream(reader: AttentionReader, sel: list[int], tol: float, threads: int | 
 
 
 def parse_layers(spec: str | None, n_layers: int) -> list[int]:
-    """``None`` → all; ``"0,3,5-7"`` → those layers (0-based, inclusive ranges)."""
-    if spec is None or spec == "":
+    """``None`` → all; ``"0,3,5-7"`` → those layers (0-based, inclusive ranges, in range, non-empty).
+
+    Bounds are checked before any range is expanded, so ``0-1e20`` or ``3-1`` is one line.
+    """
+    if spec is None:
         return list(range(n_layers))
-    out: list[int] = []
-    try:
-        for part in spec.split(","):
-            if "-" in part.strip()[1:]:
-                a, b = part.split("-", 1)
-                out.extend(range(int(a), int(b) + 1))
+    if not isinstance(spec, str):
+        raise AttnRankError(f"--layers must be a string like 0,2,5-7; got {type(spec).__name__}")
+    if not spec.strip():
+        raise AttnRankError("--layers is empty: give layers like 0,2,5-7 (or leave it out for all)")
+    out: set[int] = set()
+    for part in spec.split(","):
+        part = part.strip()
+        try:
+            dash = part.find("-", 1)  # a leading minus is a (negative, out of range) number
+            if dash > 0:
+                a, b = int(part[:dash]), int(part[dash + 1:])
             else:
-                out.append(int(part))
-    except ValueError:
-        raise AttnRankError(f"--layers must look like 0,2,5-7; got {spec!r}") from None
-    bad = [i for i in out if not 0 <= i < n_layers]
-    if bad:
-        raise AttnRankError(f"--layers {spec!r}: layer {bad[0]} out of range 0..{n_layers - 1}")
-    return sorted(set(out))
+                a = b = int(part)
+        except ValueError:
+            raise AttnRankError(f"--layers must look like 0,2,5-7; got {spec!r}"[:300]) from None
+        if b < a:
+            raise AttnRankError(f"--layers {spec!r}: the range {part} is empty (write low-high)"[:300])
+        for i in (a, b):
+            if not 0 <= i < n_layers:
+                shown = str(i) if len(str(i)) <= 20 else str(i)[:17] + "..."
+                raise AttnRankError(f"--layers {spec[:60]!r}: layer {shown} out of range 0..{n_layers - 1}")
+        out.update(range(a, b + 1))
+    return sorted(out)
+
+
+def _check_args(tol: Any, layers: Any, threads: Any, progress: Any) -> list[int] | str | None:
+    """Types and ranges of analyze's arguments (an API caller may pass anything); the layer
+    selection as a spec string or a list of ints."""
+    if isinstance(tol, bool) or not isinstance(tol, (int, float, np.integer, np.floating)):
+        raise AttnRankError(f"tolerance must be a number in (0, 1); got {type(tol).__name__} {str(tol)[:40]!r}")
+    if not tol > 0 or not tol < 1:
+        raise AttnRankError(f"tolerance must lie in (0, 1); got {tol}")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, (int, np.integer))
+                                or not 1 <= threads <= 4096):
+        raise AttnRankError(f"threads must be an integer from 1 to 4096; got {str(threads)[:40]!r}")
+    if progress is not None and not callable(progress):
+        raise AttnRankError(f"progress must be a callable (done, total); got {type(progress).__name__}")
+    if layers is None or isinstance(layers, str):
+        return layers
+    if isinstance(layers, (bytes, dict)) or not isinstance(layers, Iterable):
+        raise AttnRankError(f"layers must be a spec string like '0,2,5-7' or a list of layer indices; got "
+                            f"{type(layers).__name__} {str(layers)[:40]!r}")
+    sel = list(layers)
+    if not sel:
+        raise AttnRankError("layers is empty: select at least one layer (or pass None for all)")
+    if not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in sel):
+        bad = next(i for i in sel if isinstance(i, bool) or not isinstance(i, (int, np.integer)))
+        raise AttnRankError(f"layers must be integers; got {type(bad).__name__} {str(bad)[:40]!r}")
+    return [int(i) for i in sel]
 
 
 def analyze(
@@ -158,8 +196,7 @@ def analyze(
     core taken by another process slows the scan in proportion, and results are bit-identical
     whatever the load.
     """
-    if not tol > 0 or not tol < 1:
-        raise AttnRankError(f"tolerance must lie in (0, 1); got {tol}")
+    layers = _check_args(tol, layers, threads, progress)
     reader = open_reader(source, config=config, layout=layout, revision=revision, base=base, delta=delta,
                          fold_norm=fold_norm, download=download)
     dims = reader.dims
@@ -167,6 +204,7 @@ def analyze(
         sel = parse_layers(layers, dims.n_layers)
     else:
         sel = parse_layers(",".join(str(i) for i in layers), dims.n_layers)
+    tol = float(tol)
 
     frames: list[pd.DataFrame] = []
     sv: dict[str, list[np.ndarray]] = {p: [] for p in PRODUCTS}

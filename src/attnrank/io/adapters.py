@@ -14,7 +14,6 @@ as products of stacked factors ``[W_K', −W_K]ᵀ [W_Q', W_Q]`` (inner size 2·
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ import torch
 from attnrank.errors import AttnRankError
 from attnrank.io.checkpoint import Checkpoint, _TorchFile
 from attnrank.io.layouts import AttentionReader, HeadWeights
+from attnrank.io.validate import as_float, check_dtype, check_readable, read_json
 
 ADAPTER_CONFIG = "adapter_config.json"
 _PREFIX = "base_model.model."
@@ -37,10 +37,7 @@ def is_adapter_dir(path: Path) -> bool:
 def read_adapter_config(path: Path) -> dict[str, Any]:
     """``adapter_config.json`` as a dict, checked to be a LoRA adapter attnrank can merge."""
     p = path / ADAPTER_CONFIG
-    try:
-        cfg = json.loads(p.read_text())
-    except (OSError, ValueError) as e:
-        raise AttnRankError(f"cannot parse {p}: {' '.join(str(e).split())[:200]}") from None
+    cfg = read_json(p, "adapter config")
     if not isinstance(cfg, dict):
         raise AttnRankError(f"{p} is not a JSON object")
     if str(cfg.get("peft_type", "LORA")).upper() != "LORA":
@@ -57,6 +54,7 @@ def _adapter_tensors(path: Path) -> dict[str, torch.Tensor]:
     if st.is_file():
         from safetensors import safe_open
 
+        check_readable(st, "adapter weights file")
         try:
             with safe_open(str(st), framework="pt") as h:
                 return {k: h.get_tensor(k) for k in h.keys()}
@@ -80,7 +78,7 @@ class AdaptedCheckpoint(Checkpoint):
         tensors = _adapter_tensors(adapter)
         self.fan_in_fan_out = bool(cfg.get("fan_in_fan_out", False))
         self.rslora = bool(cfg.get("use_rslora", False))
-        self.alpha = float(cfg.get("lora_alpha", cfg.get("r", 8)))
+        self.alpha = as_float(cfg.get("lora_alpha", cfg.get("r", 8)), "lora_alpha", str(adapter / ADAPTER_CONFIG))
         self._lora: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.ignored: list[str] = []
         base_keys = base.keys()
@@ -91,7 +89,10 @@ class AdaptedCheckpoint(Checkpoint):
                 continue
             module = key[: -len(".lora_A.weight")]
             b = tensors.get(module + ".lora_B.weight")
-            if b is None or a.ndim != 2 or b.ndim != 2 or a.shape[0] != b.shape[1]:
+            for t, n in ((a, key), (b, module + ".lora_B.weight")):
+                if t is not None:
+                    check_dtype(n, t.dtype, adapter)
+            if b is None or a.ndim != 2 or b.ndim != 2 or a.shape[0] != b.shape[1] or a.shape[0] == 0:
                 raise AttnRankError(f"{adapter}: {module} has no matching lora_B of rank {a.shape[0]}")
             self._lora[self._base_name(module, base_keys)] = (a, b)
         if not self._lora:

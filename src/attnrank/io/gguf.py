@@ -33,6 +33,15 @@ import torch
 from attnrank.errors import AttnRankError
 from attnrank.io.checkpoint import Checkpoint
 from attnrank.io.layouts import Dims, Layout, NormSpec
+from attnrank.io.validate import (
+    MAX_HEAD_DIM,
+    MAX_HEADS,
+    MAX_LAYERS,
+    MAX_WIDTH,
+    as_int,
+    check_readable,
+    is_regular_file,
+)
 
 
 @dataclass(frozen=True)
@@ -73,9 +82,11 @@ def is_gguf(path: str | os.PathLike) -> bool:
     p = Path(path)
     if p.suffix.lower() == ".gguf":
         return True
+    if not is_regular_file(p):  # never open a FIFO or a device to sniff it
+        return False
     try:
         with open(p, "rb") as fh:
-            return p.is_file() and fh.read(4) == b"GGUF"
+            return fh.read(4) == b"GGUF"
     except OSError:
         return False
 
@@ -98,9 +109,7 @@ class GGUFCheckpoint(Checkpoint):
             from gguf import GGUFReader
         except ImportError:
             raise AttnRankError("reading GGUF files needs the package gguf (pip install gguf)") from None
-        p = Path(source)
-        if not p.is_file():
-            raise AttnRankError(f"no such file: {p}")
+        p = check_readable(source, "GGUF file")
         try:
             self._reader = GGUFReader(p)
         except Exception as e:  # bad magic, version, truncated header, bad alignment
@@ -109,7 +118,7 @@ class GGUFCheckpoint(Checkpoint):
         self.source, self.path, self.config_path = str(source), p, p
         self._tensors = {t.name: t for t in self._reader.tensors}
         self._index, self._handles = {}, {}
-        self.arch_name = str(self._field("general.architecture"))
+        self.arch_name = str(self._field("general.architecture"))[:100]
         self.arch = ARCHS.get(self.arch_name)
         if self.arch is None:
             raise AttnRankError(f"{p}: GGUF architecture {self.arch_name!r} is not supported; supported: "
@@ -135,16 +144,24 @@ class GGUFCheckpoint(Checkpoint):
         return value
 
     def _dims(self) -> Dims:
-        a = self.arch_name
-        d = int(self._field(f"{a}.embedding_length"))
-        H = int(self._field(f"{a}.attention.head_count"))
-        Hkv = int(self._field(f"{a}.attention.head_count_kv", H))
-        dk = self._field(f"{a}.attention.key_length", None)
-        dv = self._field(f"{a}.attention.value_length", None)
-        if dk is not None and dv is not None and int(dk) != int(dv):
+        a, where = self.arch_name, f"{self.path}"
+
+        def size(key: str, hi: int, default: Any = ...) -> int | None:
+            v = self._field(key, default)
+            return None if v is None else as_int(v, key, where, hi=hi)
+
+        d = size(f"{a}.embedding_length", MAX_WIDTH)
+        H = size(f"{a}.attention.head_count", MAX_HEADS)
+        Hkv = size(f"{a}.attention.head_count_kv", MAX_HEADS, H)
+        dk = size(f"{a}.attention.key_length", MAX_HEAD_DIM, None)
+        dv = size(f"{a}.attention.value_length", MAX_HEAD_DIM, None)
+        if dk is not None and dv is not None and dk != dv:
             raise AttnRankError(f"{self.path}: key length {dk} differs from value length {dv}: not supported")
-        dh = int(dk if dk is not None else dv if dv is not None else d // max(H, 1))
-        return Dims(int(self._field(f"{a}.block_count")), d, H, Hkv, dh)
+        dh = dk if dk is not None else dv if dv is not None else max(d // H, 1)
+        try:
+            return Dims(size(f"{a}.block_count", MAX_LAYERS), d, H, Hkv, dh)
+        except AttnRankError as e:
+            raise AttnRankError(f"{self.path}: {e}") from None
 
     def _layout(self) -> Layout:
         fused = "blk.0.attn_qkv.weight" in self._tensors

@@ -51,6 +51,18 @@ import torch
 
 from attnrank.errors import AttnRankError
 from attnrank.io.checkpoint import Checkpoint
+from attnrank.io.validate import (
+    MAX_HEAD_DIM,
+    MAX_HEADS,
+    MAX_LAYERS,
+    MAX_WIDTH,
+    as_float,
+    as_int,
+    check_dtype,
+    check_fits,
+    read_text,
+    tensor_pattern,
+)
 
 
 @dataclass(frozen=True)
@@ -62,8 +74,9 @@ class Dims:
     head_dim: int
 
     def __post_init__(self):
-        if min(self.n_layers, self.d, self.n_heads, self.n_kv_heads, self.head_dim) <= 0:
-            raise AttnRankError(f"config gives non-positive sizes: {self}")
+        for name, hi in (("n_layers", MAX_LAYERS), ("d", MAX_WIDTH), ("n_heads", MAX_HEADS),
+                         ("n_kv_heads", MAX_HEADS), ("head_dim", MAX_HEAD_DIM)):
+            as_int(getattr(self, name), name, "", lo=1, hi=hi)
         if self.n_heads % self.n_kv_heads:
             raise AttnRankError(f"{self.n_heads} query heads do not divide into {self.n_kv_heads} kv heads")
 
@@ -178,12 +191,21 @@ def _get(c: dict[str, Any], *keys: str, default: Any = None) -> Any:
     raise KeyError(" or ".join(keys))
 
 
+_LIMITS = {"layers": MAX_LAYERS, "width": MAX_WIDTH, "heads": MAX_HEADS, "head_dim": MAX_HEAD_DIM}
+
+
+def _size(c: dict[str, Any], keys: tuple[str, ...], kind: str, default: Any = None) -> int:
+    """The first present of ``keys`` as a checked size (an integer in range, not a bool)."""
+    name = next((k for k in keys if c.get(k) is not None), keys[0])
+    return as_int(_get(c, *keys, default=default), name, "", lo=1, hi=_LIMITS[kind])
+
+
 def _dims(c: dict[str, Any], layers: tuple[str, ...], width: tuple[str, ...], heads: tuple[str, ...],
           kv: tuple[str, ...] = ()) -> Dims:
-    d, H = int(_get(c, *width)), int(_get(c, *heads))
-    Hkv = int(_get(c, *kv, default=H)) if kv else H
-    dh = int(c.get("head_dim") or d // H)
-    return Dims(int(_get(c, *layers)), d, H, Hkv, dh)
+    d, H = _size(c, width, "width"), _size(c, heads, "heads")
+    Hkv = _size(c, kv, "heads", default=H) if kv else H
+    dh = _size(c, ("head_dim",), "head_dim") if c.get("head_dim") is not None else max(d // H, 1)
+    return Dims(_size(c, layers, "layers"), d, H, Hkv, dh)
 
 
 def _hf_dims(c):  # bert, roberta, vit, gpt_neox, opt, phi, llama family
@@ -205,7 +227,7 @@ def _bloom_dims(c):
 def _falcon_dims(c):
     base = _dims(c, ("num_hidden_layers", "n_layer"), ("hidden_size",), ("num_attention_heads", "n_head"))
     if c.get("new_decoder_architecture"):
-        kv = int(_get(c, "num_kv_heads", "n_head_kv", default=base.n_heads))
+        kv = _size(c, ("num_kv_heads", "n_head_kv"), "heads", default=base.n_heads)
     elif c.get("multi_query", True):
         kv = 1
     else:
@@ -220,8 +242,10 @@ def _falcon_split(c):
 
 
 def _attnrank_dims(c):
-    return Dims(int(c["n_layers"]), int(c["d_model"]), int(c["n_heads"]),
-                int(c.get("n_kv_heads") or c["n_heads"]), int(c["head_dim"]))
+    H = _size(c, ("n_heads",), "heads")
+    return Dims(_size(c, ("n_layers",), "layers"), _size(c, ("d_model",), "width"), H,
+                _size(c, ("n_kv_heads",), "heads") if c.get("n_kv_heads") else H,
+                _size(c, ("head_dim",), "head_dim"))
 
 
 # -- the table -------------------------------------------------------------------------------
@@ -448,10 +472,15 @@ def layout_from_toml(path: str | os.PathLike) -> Layout:
     """
     p = Path(path)
     try:
-        spec = tomllib.loads(p.read_text())
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise AttnRankError(f"cannot read layout file {p}: {' '.join(str(e).split())}") from None
+        spec = tomllib.loads(read_text(p, "layout file"))
+    except (tomllib.TOMLDecodeError, RecursionError) as e:
+        raise AttnRankError(f"cannot read layout file {p}: {' '.join(str(e).split())[:200] or 'nested too deeply'}"
+                            ) from None
+    where = f"layout {p}"
+    _only_keys(spec, _TOML_KEYS, where)
     split = spec.get("split", "separate")
+    if not isinstance(split, str):
+        raise AttnRankError(f"{where}: split must be a string, one of {', '.join(SPLITS)}; got {split!r}"[:300])
     if split in SPLIT_ALIASES:
         warnings.warn(f"layout {p}: split {split!r} is now called {SPLIT_ALIASES[split]!r} (grouped-query "
                       "attention with separate q, k, v tensors is split = \"separate\" with n_kv_heads)",
@@ -461,35 +490,73 @@ def layout_from_toml(path: str | os.PathLike) -> Layout:
         raise AttnRankError(f"layout {p}: split must be one of {', '.join(SPLITS)}; got {split!r}")
     tensors = spec.get("tensors", {})
     need = SPLIT_ROLES[split]
-    if not isinstance(tensors, dict) or set(tensors) != set(need) or not all(
-            isinstance(t, str) and "{i}" in t for t in tensors.values()):
-        got = ", ".join(sorted(tensors)) if isinstance(tensors, dict) and tensors else "nothing"
+    if not isinstance(tensors, dict) or set(tensors) != set(need):
+        got = ", ".join(sorted(map(str, tensors))) if isinstance(tensors, dict) and tensors else "nothing"
         raise AttnRankError(f"layout {p}: the [tensors] table must name exactly {', '.join(need)} for split "
                             f"{split!r}, each a tensor name containing {{i}} (got {got})")
-    sizes = spec.get("sizes", {})
-    try:
-        d, H = int(sizes["d_model"]), int(sizes["n_heads"])
-        dims = Dims(int(sizes["n_layers"]), d, H, int(sizes.get("n_kv_heads", H)), int(sizes.get("head_dim", d // H)))
-    except (KeyError, TypeError, ValueError) as e:
-        raise AttnRankError(f"layout {p}: the [sizes] table needs integers n_layers, d_model and n_heads "
-                            f"(missing or not an integer: {e})") from None
+    for role, t in tensors.items():
+        tensor_pattern(t, f"{where} [tensors] {role}")
+    dims = _toml_sizes(spec.get("sizes"), where)
     norm = _toml_norm(p, spec.get("norm"))
-    position = str(spec.get("position", "none"))
+    position = spec.get("position", "none")
+    if position not in _POSITIONS:
+        raise AttnRankError(f"{where}: position must be one of {', '.join(_POSITIONS)}; got {position!r}"[:300])
+    qk_norm = spec.get("qk_norm", False)
+    if not isinstance(qk_norm, bool):
+        raise AttnRankError(f"{where}: qk_norm must be true or false; got {qk_norm!r}"[:300])
     return Layout(model_types=(f"layout:{p.name}",), tensors=dict(tensors), dims=lambda c: dims, split=split,
                   biases=_bias_names(tensors), position=lambda c: position,
-                  qk_norm=lambda c: bool(spec.get("qk_norm", False)), norm=lambda c: norm)
+                  qk_norm=lambda c: qk_norm, norm=lambda c: norm)
+
+
+_TOML_KEYS = ("split", "position", "qk_norm", "tensors", "sizes", "norm")
+_POSITIONS = ("absolute", "rotary", "alibi", "none")
+
+
+def _only_keys(table: dict[str, Any], allowed: tuple[str, ...], where: str) -> None:
+    extra = sorted(str(k) for k in table if k not in allowed)
+    if extra:
+        raise AttnRankError(f"{where}: unknown key {extra[0]!r}; allowed: {', '.join(allowed)}"[:300])
+
+
+def _toml_sizes(sizes: Any, where: str) -> Dims:
+    """The [sizes] table: integers n_layers, d_model, n_heads (n_kv_heads, head_dim optional)."""
+    if not isinstance(sizes, dict):
+        raise AttnRankError(f"{where}: the [sizes] table needs integers n_layers, d_model and n_heads")
+    for k in ("n_layers", "d_model", "n_heads"):
+        if k not in sizes:
+            raise AttnRankError(f"{where}: the [sizes] table needs integers n_layers, d_model and n_heads "
+                                f"(missing {k})")
+    where = f"{where} [sizes]"
+    _only_keys(sizes, ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim"), where)
+    d = as_int(sizes["d_model"], "d_model", where, hi=MAX_WIDTH)
+    H = as_int(sizes["n_heads"], "n_heads", where, hi=MAX_HEADS)
+    Hkv = as_int(sizes.get("n_kv_heads", H), "n_kv_heads", where, hi=MAX_HEADS)
+    dh = as_int(sizes.get("head_dim", max(d // H, 1)), "head_dim", where, hi=MAX_HEAD_DIM)
+    n = as_int(sizes["n_layers"], "n_layers", where, hi=MAX_LAYERS)
+    try:
+        return Dims(n, d, H, Hkv, dh)
+    except AttnRankError as e:
+        raise AttnRankError(f"{where}: {e}") from None
 
 
 def _toml_norm(p: Path, norm: Any) -> NormSpec | None:
     if norm is None:
         return None
+    where = f"layout {p} [norm]"
+    if not isinstance(norm, dict) or "name" not in norm:
+        raise AttnRankError(f"{where}: the [norm] table needs name (with {{i}}), kind = layernorm|rmsnorm "
+                            "and an optional offset")
+    _only_keys(norm, ("name", "kind", "offset"), where)
+    kind = norm.get("kind", "rmsnorm")
+    if kind not in ("layernorm", "rmsnorm"):
+        raise AttnRankError(f"{where}: kind must be layernorm or rmsnorm; got {kind!r}"[:300])
     try:
-        if not isinstance(norm, dict) or "{i}" not in str(norm["name"]):
-            raise ValueError("name must contain {i}")
-        return NormSpec(str(norm["name"]), str(norm.get("kind", "rmsnorm")), float(norm.get("offset", 0.0)))
-    except (KeyError, TypeError, ValueError) as e:
-        raise AttnRankError(f"layout {p}: the [norm] table needs name (with {{i}}), kind = layernorm|rmsnorm "
-                            f"and an optional offset ({e})") from None
+        name = tensor_pattern(norm["name"], f"{where} name")
+    except AttnRankError as e:
+        raise AttnRankError(f"{where}: the [norm] table needs name (with {{i}}): {e}") from None
+    return NormSpec(name, kind,
+                    as_float(norm.get("offset", 0.0), "offset", where))
 
 
 class AttentionReader:
@@ -511,10 +578,16 @@ class AttentionReader:
         self.layout = layout or layout_for(ckpt.config)
         try:
             self.dims = self.layout.dims(ckpt.config)
-        except (KeyError, TypeError, ValueError) as e:
+        except AttnRankError as e:
+            raise AttnRankError(f"config {ckpt.config_path}: {e}") from None
+        except (KeyError, TypeError, ValueError, ArithmeticError) as e:
             raise AttnRankError(f"config {ckpt.config_path} lacks or garbles a size field: {e}") from None
         self.split = self.layout.split_for(ckpt.config)
+        if self.split not in SPLITS:
+            raise AttnRankError(f"config {ckpt.config_path}: unknown attention split {self.split!r}")
+        self._check_memory()
         self.prefix = self._find_prefix()
+        self._check_last_layer()
         self.norm: NormSpec | None = None
         if fold_norm:
             self.norm = self.layout.norm(ckpt.config)
@@ -522,6 +595,21 @@ class AttentionReader:
                 raise AttnRankError(f"--fold-norm: no norm precedes attention in {self.layout.model_types[0]!r} "
                                     "(post-norm, no norm, or not described in its layout)")
             self.norm_name(0)  # fails now, before any work, when the tensor is missing
+
+    def _check_memory(self) -> None:
+        """One layer's attention weights in float64 (stored, split and reduced copies) must fit."""
+        d = self.dims
+        elems = (2 * d.n_heads + 2 * d.n_kv_heads) * d.head_dim * d.d
+        check_fits(3 * 8 * elems, f"one attention layer of {d.n_heads} heads x {d.head_dim} x {d.d} "
+                                  f"(config {self.ckpt.config_path})")
+
+    def _check_last_layer(self) -> None:
+        """The config's layer count must match the checkpoint: its last layer must be there."""
+        last = self.dims.n_layers - 1
+        missing = [n for n in self.tensor_names(last).values() if n not in self.ckpt]
+        if missing:
+            raise AttnRankError(f"config {self.ckpt.config_path} gives {self.dims.n_layers} layers but the checkpoint "
+                                f"has no tensor {missing[0]} (layer {last})")
 
     def _find_prefix(self) -> str:
         keys = list(self.ckpt.keys())
@@ -556,6 +644,8 @@ class AttentionReader:
             raise AttnRankError(f"layer {i} out of range 0..{self.dims.n_layers - 1}")
         names = self.tensor_names(i)
         raw = {role: self.ckpt.get(name) for role, name in names.items()}
+        for role, t in raw.items():
+            check_dtype(names[role], t.dtype, self.ckpt.path)
         try:
             hw = SPLITS[self.split](raw, self.dims)
         except _Shape as e:

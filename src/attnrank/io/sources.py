@@ -38,6 +38,7 @@ def open_reader(source: Any, *, config: str | os.PathLike | dict[str, Any] | Non
                 download: bool = False) -> AttentionReader:
     """An :class:`AttentionReader` over ``source`` (see the module docstring); its ``origin``
     dict holds ``input`` (the kind of source), ``source``, ``path``, ``files`` and details."""
+    _check_options(config=config, layout=layout, revision=revision, base=base)
     if layout is not None and not isinstance(layout, Layout):
         layout = layout_from_toml(layout)
     if (base is not None or delta) and not _is_adapter_source(source, revision):
@@ -52,6 +53,18 @@ def open_reader(source: Any, *, config: str | os.PathLike | dict[str, Any] | Non
     if revision is not None:
         raise AttnRankError("--revision applies to a Hugging Face Hub id")
     return AttentionReader(ckpt, layout, fold_norm=fold_norm, origin=origin)
+
+
+def _check_options(*, config: Any, layout: Any, revision: Any, base: Any) -> None:
+    """Types of the options (an API caller may pass anything): one line for a wrong one."""
+    path_like = (str, os.PathLike)
+    for name, value, ok, want in (
+            ("config", config, (*path_like, dict), "a path or a dict"),
+            ("layout", layout, (*path_like, Layout), "a path to a TOML file or a Layout"),
+            ("revision", revision, (str,), "a string"),
+            ("base", base, path_like, "a path or a Hub id")):
+        if value is not None and (isinstance(value, bytes) or not isinstance(value, ok) or value == ""):
+            raise AttnRankError(f"{name} must be {want}; got {type(value).__name__} {str(value)[:40]!r}")
 
 
 def _open_live(obj: Any, config: Any, layout: Layout | None) -> tuple[Checkpoint, dict[str, Any]]:

@@ -1,28 +1,76 @@
-"""Atomic writes: every output file appears whole or not at all."""
+"""Atomic writes: every output file appears whole or not at all, and a set of files together.
+
+- :func:`atomic_path` / :func:`write_atomic`: one file written beside its target under a hidden
+  temporary name (``.NAME.PID.XXXX.tmpSUFFIX``) and renamed onto it only when complete.
+- :func:`staged_output`: a whole output set (heads.csv, meta.json, figures, ...) written into a
+  fresh hidden directory inside ``--out`` (``.attnrank-staging-PID-XXXX``) and moved in only
+  when every file is written, so a failure (a full disk, a kill) never leaves new files beside
+  the previous run's.
+- :func:`check_writable`: ``--out`` created and probed before an analysis starts.
+- :func:`clean_stale`: temporaries of killed runs (their PID no longer alive) are removed.
+
+Errors while writing (no space left, permission denied, read-only file system) become one
+:class:`~attnrank.errors.AttnRankError` naming the path.
+"""
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
+import re
+import shutil
 import tempfile
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from attnrank.errors import AttnRankError
+
+STAGING_PREFIX = ".attnrank-staging-"
+_TMP_RE = re.compile(r"^\..+\.(\d+)\.[^.]+\.tmp")  # .NAME.PID.XXXX.tmpSUFFIX
+_STAGING_RE = re.compile(r"^" + re.escape(STAGING_PREFIX) + r"(\d+)-")
+_LEGACY_TMP_RE = re.compile(r"^\..+\.[A-Za-z0-9_]{8}\.tmp")  # before the PID was in the name
+_LEGACY_AGE_S = 3600.0
+
+
+def write_error(e: OSError, path: str | os.PathLike, doing: str = "write") -> AttnRankError:
+    """One line for an OSError met while writing ``path``."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return AttnRankError(f"no space left on the device: cannot {doing} {path}")
+    if isinstance(e, PermissionError) or e.errno in (errno.EACCES, errno.EPERM):
+        return AttnRankError(f"permission denied: cannot {doing} {path}")
+    if e.errno == errno.EROFS:
+        return AttnRankError(f"read-only file system: cannot {doing} {path}")
+    reason = e.strerror or " ".join(str(e).split())[:200] or type(e).__name__
+    return AttnRankError(f"cannot {doing} {path}: {reason}")
+
 
 @contextmanager
-def atomic_path(path: str | os.PathLike):
-    """Yield a temporary path beside ``path``; rename it onto ``path`` only on success."""
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; rename it onto ``path`` only on success.
+
+    An OSError (no space, permission) becomes an AttnRankError naming ``path``; the temporary
+    file is removed either way.
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp" + path.suffix, dir=path.parent)
-    os.close(fd)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp" + path.suffix,
+                                   dir=path.parent)
+        os.close(fd)
+    except OSError as e:
+        raise write_error(e, path) from None
     try:
         yield Path(tmp)
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file ordinary permissions
         os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise write_error(e, path) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -30,8 +78,6 @@ def atomic_path(path: str | os.PathLike):
 
 def prepare_out_dir(out: str | os.PathLike) -> Path:
     """Create the output directory ``out`` (and parents); one clear error if it cannot be."""
-    from attnrank.errors import AttnRankError
-
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise AttnRankError(f"--out {out} exists and is not a directory")
@@ -40,6 +86,89 @@ def prepare_out_dir(out: str | os.PathLike) -> Path:
     except OSError as e:
         raise AttnRankError(f"cannot create output directory {out}: {e.strerror}") from None
     return out
+
+
+def check_writable(out: str | os.PathLike) -> Path:
+    """Create ``out`` and probe that a file can be written in it (before any long analysis);
+    temporaries left there by killed runs are cleaned. One line naming ``out`` otherwise."""
+    out = prepare_out_dir(out)
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".attnrank-probe.{os.getpid()}.", suffix=".tmp", dir=out)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise write_error(e, out, "write into") from None
+    clean_stale(out)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return pid > 0  # someone else's live process (or a number too large to be a PID: dead)
+    return True
+
+
+def clean_stale(out: str | os.PathLike) -> list[str]:
+    """Remove temporaries of killed runs from ``out``: ``.NAME.PID.XXXX.tmp*`` files and
+    staging directories whose process is gone, and old-style temporaries older than an hour.
+    Returns the names removed; errors removing them are ignored (a later run tries again)."""
+    removed = []
+    try:
+        entries = list(os.scandir(out))
+    except OSError:
+        return removed
+    now = time.time()
+    for e in entries:
+        m = _STAGING_RE.match(e.name) or _TMP_RE.match(e.name)
+        try:
+            if m:
+                stale = not _alive(int(m.group(1)))
+            elif _LEGACY_TMP_RE.match(e.name):
+                stale = now - e.stat(follow_symlinks=False).st_mtime > _LEGACY_AGE_S
+            else:
+                continue
+            if not stale:
+                continue
+            if e.is_dir(follow_symlinks=False):
+                shutil.rmtree(e.path)
+            else:
+                os.unlink(e.path)
+            removed.append(e.name)
+        except OSError:
+            continue
+    return removed
+
+
+@contextmanager
+def staged_output(out: str | os.PathLike) -> Iterator[Path]:
+    """Write a set of output files together: yields a fresh hidden directory inside ``out``;
+    when the block ends without error every file in it is moved onto ``out`` (renames within
+    one directory tree: no new data is written, so a full disk cannot leave half a set), else
+    the directory is removed and ``out`` keeps the previous set untouched."""
+    out = check_writable(out)
+    try:
+        stage = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-", dir=out))
+    except OSError as e:
+        raise write_error(e, out, "write into") from None
+    try:
+        yield stage
+        for p in sorted(stage.iterdir()):
+            os.replace(p, out / p.name)
+    except OSError as e:
+        raise write_error(e, getattr(e, "filename", None) or out) from None
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def moved(paths: list[Path], stage: Path, out: str | os.PathLike) -> list[Path]:
+    """The final paths in ``out`` of files written under ``stage`` (for messages)."""
+    return [Path(out) / Path(p).relative_to(stage) for p in paths]
 
 
 def _umask() -> int:
