@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_OUT ?= demo-out
 
-.PHONY: venv demo test lint bench gallery gallery-full reproduce-full clean
+.PHONY: venv demo test fuzz lint bench gallery gallery-full reproduce-full clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+
+# The fuzz suite with many random inputs (make test runs a few fixed ones): FUZZ_EXAMPLES per test.
+FUZZ_EXAMPLES ?= 400
+fuzz: $(STAMP)
+	HF_HUB_OFFLINE=1 ATTNRANK_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q tests/fuzz \
+		--hypothesis-profile=fuzz --hypothesis-show-statistics
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

@@ -133,3 +133,111 @@ def test_square_brackets_in_user_text_are_printed_as_they_are(tmp_path, minilm_d
     r = run("spectra", str(src), "--out", str(out), "--no-plots", "--layers", "0")
     assert r.returncode == 0, r.stderr
     assert "m[bold]x" in r.stdout and "o[red]y" in r.stdout and (out / "heads.csv").exists()
+
+
+# -- hostile inputs and failing file systems (issue 20) ------------------------------------------
+def _one_error_line(r_code, err, needle=""):
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert r_code == 2 and "Traceback" not in err, err
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], err
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "config.json"])
+def test_a_fifo_in_the_checkpoint_does_not_hang(tmp_path, name):
+    from .fuzz.harness import write_tiny
+
+    src = write_tiny(tmp_path / "m")
+    (src / name).unlink()
+    os.mkfifo(src / name)
+    r = run("spectra", str(src))  # a hang would hit run()'s timeout
+    _one_error_line(r.returncode, r.stderr, "is not a regular file (a FIFO)")
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["spectra", "minilm", "--tol", "abc"], "Invalid value for '--tol'"),
+    (["spectra"], "Missing argument"),
+    (["spectra", "minilm", "--no-such-option"], "No such option"),
+    (["spectra", "minilm", "--layers", "3-1"], "the range 3-1 is empty"),
+    (["spectra", "minilm", "--layers", "0-1e20"], "--layers must look like"),
+    (["spectra", "minilm", "--layers", "0-100000000000000000000"], "out of range"),
+    (["train", "recall", "--out", "x", "--seed", "1e23"], "Invalid value for '--seed'"),
+])
+def test_usage_errors_are_one_line(tmp_path, args, needle):
+    r = run(*args, cwd=tmp_path)
+    _one_error_line(r.returncode, r.stderr, needle)
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("command", ["spectra", "collapse", "scale"])
+def test_out_is_checked_before_the_analysis(tmp_path, monkeypatch, command):
+    from .fuzz.harness import run_cli, write_tiny
+
+    def must_not_run(*a, **k):
+        raise AssertionError("the analysis ran before --out was checked")
+
+    for mod, fn in (("attnrank.analysis.scan", "analyze"), ("attnrank.analysis.collapse", "analyze"),
+                    ("attnrank.analysis.scaling", "analyze_scaling")):
+        monkeypatch.setattr(f"{mod}.{fn}", must_not_run)
+    (tmp_path / "f").write_text("a file\n")
+    src = write_tiny(tmp_path / "m")
+    code, _, err = run_cli(command, str(src), "--out", str(tmp_path / "f" / "sub"))
+    _one_error_line(code, err, "cannot create output directory")
+    code, _, err = run_cli(command, str(src), "--out", str(tmp_path / "f"))
+    _one_error_line(code, err, "exists and is not a directory")
+
+
+def test_reproduce_checks_out_before_running(tmp_path):
+    (tmp_path / "f").write_text("a file\n")
+    r = run("reproduce", "fig1", "--quick", "--out", str(tmp_path / "f" / "sub"))
+    _one_error_line(r.returncode, r.stderr, "cannot create output directory")
+
+
+def test_a_full_disk_leaves_the_previous_set_whole(tmp_path, monkeypatch):
+    import errno
+
+    from .fuzz.harness import run_cli, snapshot, write_tiny
+
+    src, out = write_tiny(tmp_path / "m"), tmp_path / "out"
+    code, _, err = run_cli("spectra", str(src), "--out", str(out), "--no-plots", "--quiet", "--layers", "0")
+    assert code == 0, err
+    before = snapshot(out)
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(np, "savez_compressed", full)
+    code, _, err = run_cli("spectra", str(src), "--out", str(out), "--no-plots", "--quiet")
+    _one_error_line(code, err, "no space left on the device: cannot write")
+    assert "spectra.npz" in err
+    assert snapshot(out) == before  # the old heads.csv and meta.json, nothing new beside them
+
+
+def test_temporaries_of_a_killed_run_are_cleaned(tmp_path):
+    from attnrank.util.fileio import STAGING_PREFIX
+
+    from .fuzz.harness import run_cli, write_tiny
+
+    out = tmp_path / "out"
+    out.mkdir()
+    dead = 4_000_000  # above pid_max: a process that cannot be alive
+    (out / f".fig4_rows.png.{dead}.a1b2c3d4.tmp.png").write_bytes(b"half a png")
+    (out / f"{STAGING_PREFIX}{dead}-q1w2").mkdir()
+    code, _, err = run_cli("spectra", str(write_tiny(tmp_path / "m")), "--out", str(out), "--no-plots", "--quiet")
+    assert code == 0, err
+    assert sorted(p.name for p in out.iterdir()) == ["heads.csv", "meta.json", "spectra.npz", "summary.csv"]
+
+
+@pytest.mark.parametrize("exc, needle", [
+    (OSError(5, "Input/output error", "/dev/sdz/model.safetensors"), "Input/output error: /dev/sdz/model.safetensors"),
+    (MemoryError(), "out of memory"),
+    (RecursionError(), "nested too deeply"),
+])
+def test_unforeseen_errors_are_still_one_line(tmp_path, monkeypatch, exc, needle):
+    from .fuzz.harness import run_cli
+
+    def fail(*a, **k):
+        raise exc
+
+    monkeypatch.setattr("attnrank.analysis.scan.analyze", fail)
+    code, _, err = run_cli("spectra", "minilm")
+    _one_error_line(code, err, needle)

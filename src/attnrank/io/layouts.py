@@ -481,11 +481,8 @@ def layout_from_toml(path: str | os.PathLike) -> Layout:
     split = spec.get("split", "separate")
     if not isinstance(split, str):
         raise AttnRankError(f"{where}: split must be a string, one of {', '.join(SPLITS)}; got {split!r}"[:300])
-    if split in SPLIT_ALIASES:
-        warnings.warn(f"layout {p}: split {split!r} is now called {SPLIT_ALIASES[split]!r} (grouped-query "
-                      "attention with separate q, k, v tensors is split = \"separate\" with n_kv_heads)",
-                      FutureWarning, stacklevel=2)
-        split = SPLIT_ALIASES[split]
+    alias = split if split in SPLIT_ALIASES else None
+    split = SPLIT_ALIASES.get(split, split)
     if split not in SPLITS:
         raise AttnRankError(f"layout {p}: split must be one of {', '.join(SPLITS)}; got {split!r}")
     tensors = spec.get("tensors", {})
@@ -504,6 +501,9 @@ def layout_from_toml(path: str | os.PathLike) -> Layout:
     qk_norm = spec.get("qk_norm", False)
     if not isinstance(qk_norm, bool):
         raise AttnRankError(f"{where}: qk_norm must be true or false; got {qk_norm!r}"[:300])
+    if alias is not None:  # warned only once the file is valid: an error stays one line
+        warnings.warn(f"layout {p}: split {alias!r} is now called {split!r} (grouped-query attention with "
+                      "separate q, k, v tensors is split = \"separate\" with n_kv_heads)", FutureWarning, stacklevel=2)
     return Layout(model_types=(f"layout:{p.name}",), tensors=dict(tensors), dims=lambda c: dims, split=split,
                   biases=_bias_names(tensors), position=lambda c: position,
                   qk_norm=lambda c: qk_norm, norm=lambda c: norm)

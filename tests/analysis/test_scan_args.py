@@ -1,0 +1,71 @@
+"""attnrank.analyze / attnrank.spectra called with anything: one AttnRankError line, never a
+raw TypeError, never a silent 'all layers' or 'the current directory'."""
+
+import numpy as np
+import pytest
+
+import attnrank
+from attnrank.analysis.scan import parse_layers
+from attnrank.errors import AttnRankError
+
+from ..fuzz.harness import write_tiny
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return write_tiny(tmp_path_factory.mktemp("tiny") / "m")
+
+
+@pytest.mark.parametrize("source, needle", [
+    (None, "cannot analyse a builtins.NoneType"),
+    (123, "cannot analyse a builtins.int"),
+    (b"minilm", "cannot analyse a builtins.bytes"),
+    ("", "not a path: ''"),
+])
+def test_bad_sources(source, needle):
+    with pytest.raises(AttnRankError, match=needle):
+        attnrank.spectra(source)
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    ({"layers": 5}, "layers must be a spec string"),
+    ({"layers": []}, "layers is empty"),
+    ({"layers": ""}, "--layers is empty"),
+    ({"layers": [0, "1"]}, "layers must be integers"),
+    ({"layers": [True]}, "layers must be integers"),
+    ({"layers": "3-1"}, "the range 3-1 is empty"),
+    ({"layers": "0-100000000000000000000"}, "out of range 0..1"),
+    ({"layers": [0, 7]}, "layer 7 out of range 0..1"),
+    ({"tol": "abc"}, "tolerance must be a number"),
+    ({"tol": True}, "tolerance must be a number"),
+    ({"tol": float("nan")}, "tolerance must lie in"),
+    ({"threads": 0}, "threads must be an integer"),
+    ({"threads": "2"}, "threads must be an integer"),
+    ({"progress": 3}, "progress must be a callable"),
+    ({"config": 3}, "config must be a path or a dict"),
+    ({"layout": 3}, "layout must be a path"),
+    ({"revision": 1}, "revision must be a string"),
+])
+def test_bad_arguments(tiny, kwargs, needle):
+    with pytest.raises(AttnRankError) as e:
+        attnrank.spectra(str(tiny), **kwargs)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_good_arguments_of_every_accepted_type(tiny):
+    t = attnrank.spectra(tiny, layers=(np.int64(1),), tol=np.float32(0.01), threads=1)
+    assert set(t["layer"]) == {1}
+    assert set(attnrank.spectra(str(tiny), layers=" 0 - 1 ")["layer"]) == {0, 1}
+
+
+@pytest.mark.parametrize("spec, want", [(None, [0, 1, 2, 3]), ("2", [2]), ("3,0-1", [0, 1, 3]), ("1-1", [1]),
+                                        (" 0 , 2-3 ", [0, 2, 3])])
+def test_parse_layers(spec, want):
+    assert parse_layers(spec, 4) == want
+
+
+@pytest.mark.parametrize("spec", ["3-1", "-1", "0-4", "0-1e20", "0-" + "9" * 40, "a", "1-", "-", ",", "1,,2", ""])
+def test_parse_layers_refuses(spec):
+    with pytest.raises(AttnRankError) as e:
+        parse_layers(spec, 4)
+    assert len(str(e.value)) < 200
