@@ -71,9 +71,18 @@ def test_check_writable_names_a_directory_it_cannot_write(tmp_path, monkeypatch)
 
     monkeypatch.setattr(tempfile, "mkstemp", lambda **k: (_ for _ in ()).throw(
         PermissionError(13, "Permission denied", k.get("dir"))))
+    (tmp_path / "out").mkdir()
     with pytest.raises(AttnRankError) as e:
         fileio.check_writable(tmp_path / "out")
     assert str(e.value) == f"permission denied: cannot write into {tmp_path / 'out'}"
+
+
+def test_check_writable_does_not_create_out(tmp_path, monkeypatch):
+    assert fileio.check_writable(tmp_path / "a" / "b") == tmp_path / "a" / "b"
+    assert not (tmp_path / "a").exists()  # created only when the files are written
+    monkeypatch.setattr(os, "access", lambda p, mode: False)
+    with pytest.raises(AttnRankError, match=f"permission denied: cannot create output directory .* \\(in {tmp_path}\\)"):
+        fileio.check_writable(tmp_path / "a" / "b")
 
 
 def _dead_pid() -> int:

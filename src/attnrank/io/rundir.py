@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from attnrank.errors import AttnRankError
+from attnrank.io.validate import os_error, regular_file
 
 METRICS = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
@@ -26,8 +27,13 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
     p = Path(run_dir) / METRICS
     if not p.exists():
         raise AttnRankError(f"no {METRICS} in {run_dir}")
+    regular_file(p, "metrics file")
+    try:
+        text = p.read_text(errors="replace")
+    except OSError as e:
+        raise os_error(e, p) from None
     rows = []
-    for line in p.read_text().splitlines():
+    for line in text.splitlines():
         try:
             rows.append(json.loads(line))
         except ValueError:

@@ -89,16 +89,30 @@ def prepare_out_dir(out: str | os.PathLike) -> Path:
 
 
 def check_writable(out: str | os.PathLike) -> Path:
-    """Create ``out`` and probe that a file can be written in it (before any long analysis);
-    temporaries left there by killed runs are cleaned. One line naming ``out`` otherwise."""
-    out = prepare_out_dir(out)
-    try:
-        fd, probe = tempfile.mkstemp(prefix=f".attnrank-probe.{os.getpid()}.", suffix=".tmp", dir=out)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as e:
-        raise write_error(e, out, "write into") from None
-    clean_stale(out)
+    """Check, before any long analysis, that files can be written in ``out``: an existing
+    directory is probed with a temporary file (and temporaries left there by killed runs are
+    cleaned); a missing one is not created yet (a run that fails leaves nothing behind), but its
+    nearest existing ancestor must be a directory the user may write. One line naming ``out``
+    otherwise."""
+    out = Path(out)
+    if out.exists():
+        if not out.is_dir():
+            raise AttnRankError(f"--out {out} exists and is not a directory")
+        try:
+            fd, probe = tempfile.mkstemp(prefix=f".attnrank-probe.{os.getpid()}.", suffix=".tmp", dir=out)
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as e:
+            raise write_error(e, out, "write into") from None
+        clean_stale(out)
+        return out
+    parent = out.absolute().parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise AttnRankError(f"cannot create output directory {out}: {parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise AttnRankError(f"permission denied: cannot create output directory {out} (in {parent})")
     return out
 
 
@@ -151,7 +165,7 @@ def staged_output(out: str | os.PathLike) -> Iterator[Path]:
     when the block ends without error every file in it is moved onto ``out`` (renames within
     one directory tree: no new data is written, so a full disk cannot leave half a set), else
     the directory is removed and ``out`` keeps the previous set untouched."""
-    out = check_writable(out)
+    out = check_writable(prepare_out_dir(out))
     try:
         stage = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-", dir=out))
     except OSError as e:
