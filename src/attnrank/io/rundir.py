@@ -4,12 +4,20 @@
     RUN/metrics.jsonl                one JSON object per logged step, append-only
     RUN/checkpoints/step-00000500/   config.json + model.safetensors + state.pt
     RUN/summary.json                 written when the run finishes
+    RUN/.lock                        held (flock) by the one process writing the run
+
+One writer per run: :func:`locked_run` takes an exclusive ``flock`` on ``RUN/.lock`` for as long
+as a process writes the run (``train``, ``--resume``, a sweep worker). A second writer gets one
+line (the holder's PID) instead of interleaving its rows into ``metrics.jsonl``. The kernel
+drops the lock when its holder exits or is killed, so a crash never leaves a stale lock.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +28,7 @@ METRICS = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
 STATE = "state.pt"
 STEP_DIR = "step-{:08d}"
+LOCK = ".lock"
 
 
 def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
@@ -63,3 +72,62 @@ def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
     """The newest complete checkpoint directory of a run (readable by ``attnrank spectra``)."""
     dirs = checkpoint_dirs(Path(run_dir))
     return dirs[-1][1] if dirs else None
+
+
+@contextmanager
+def locked_run(run_dir: str | os.PathLike) -> Iterator[Path]:
+    """Hold the exclusive writer's lock of ``run_dir`` (created if missing) for the block.
+
+    Another live process holding it: AttnRankError naming the run and that process's PID, at
+    once (no waiting). Where ``fcntl`` is missing (Windows) the block runs unlocked.
+    """
+    run = Path(run_dir)
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield run
+        return
+    try:
+        run.mkdir(parents=True, exist_ok=True)
+        fd = os.open(run / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise os_error(e, run / LOCK, "lock the run directory") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise AttnRankError(f"run directory {run} is being written by another process ({_holder(fd)}): one "
+                                "writer per run; wait for it to finish or stop it") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield run
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _holder(fd: int) -> str:
+    try:
+        pid = os.pread(fd, 32, 0).decode().strip()
+    except (OSError, UnicodeDecodeError):
+        pid = ""
+    return f"pid {pid}" if pid.isdigit() else "pid unknown"
+
+
+def run_locked(run_dir: str | os.PathLike) -> bool:
+    """Whether a live process holds the writer's lock of ``run_dir`` now."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover
+        return False
+    p = Path(run_dir) / LOCK
+    try:
+        fd = os.open(p, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
