@@ -16,9 +16,10 @@ from attnrank.util.env import __version__
 if TYPE_CHECKING:  # pragma: no cover
     from attnrank.analysis.scan import SpectraResult, analyze, save, spectra
     from attnrank.analysis.tracker import RankTracker
+    from attnrank.training.integrations import RankCallback
     from attnrank.training.optim import param_groups
 
-__all__ = ["AttnRankError", "RankTracker", "SpectraResult", "analyze", "param_groups", "save", "spectra",
+__all__ = ["AttnRankError", "RankCallback", "RankTracker", "SpectraResult", "analyze", "param_groups", "save", "spectra",
            "__version__"]
 # public name -> module that defines it, imported on first use (importing attnrank stays cheap:
 # no torch, pandas or matplotlib until one of these is touched)
@@ -28,6 +29,7 @@ _LAZY = {
     "spectra": "attnrank.analysis.scan",
     "save": "attnrank.analysis.scan",
     "RankTracker": "attnrank.analysis.tracker",
+    "RankCallback": "attnrank.training.integrations",
     "param_groups": "attnrank.training.optim",
 }
 

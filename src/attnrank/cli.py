@@ -124,6 +124,7 @@ def spectra(
     layout: Annotated[Path | None, typer.Option("--layout", help="TOML file naming the attention tensors and sizes, for a model_type not in the table")] = None,
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="draw figures into --out")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON on stdout")] = False,
+    threads: Annotated[int | None, typer.Option("--threads", min=1, max=256, help="worker threads over heads (default: torch's thread count); results are identical for any value")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress, no table")] = False,
 ) -> None:
     """Exact per-head spectra of W_K^T W_Q and P W_V, with balance and nuclear-norm diagnostics."""
@@ -137,7 +138,7 @@ def spectra(
         check_writable(out)  # before the analysis, not after it
     with progress_bar(quiet or as_json or fmt == "csv") as bar:
         task = bar.add_task("layers", total=None)
-        result = analyze(path, config=config, tol=tol, layers=layers, layout=layout, revision=revision,
+        result = analyze(path, config=config, tol=tol, layers=layers, layout=layout, threads=threads, revision=revision,
                          base=base, delta=delta, fold_norm=fold_norm, download=download,
                          progress=lambda done, total: bar.update(task, completed=done, total=total))
     for rec in result.meta["nonfinite_heads"]:
@@ -309,6 +310,16 @@ train_app = typer.Typer(no_args_is_help=True, help="Train the project's transfor
 app.add_typer(train_app, name="train")
 
 
+_OUT = Annotated[Path, typer.Option("--out", help="run directory (config.json, metrics.jsonl, checkpoints/, summary.json)")]
+_ATTN_WD = Annotated[float, typer.Option("--attn-wd", help="AdamW weight decay of the attention projections Q, K, V, O")]
+_WD = Annotated[float, typer.Option("--wd", help="AdamW weight decay of every other matrix and the embeddings (biases, norms: 0)")]
+_SEED = Annotated[int, typer.Option("--seed", help="seed of the initialisation and the data stream")]
+_DEVICE = Annotated[str, typer.Option("--device", help="auto (CUDA when present), cpu, cuda, cuda:N")]
+_RESUME = Annotated[bool, typer.Option("--resume", help="continue the run in --out from its newest checkpoint (with a larger --steps: extend it, when its schedule allows)")]
+_THREADS = Annotated[int, typer.Option("--threads", help="torch threads per process, recorded in config.json (1: fastest for these small models on a 2-core machine, idle or busy: benchmarks/THREADS.md; resume with the same value)")]
+_LOG = Annotated[str | None, typer.Option("--log", help="also log every row to tensorboard, wandb, mlflow (comma-separated) or none; metrics.jsonl is always written [default: tensorboard when installed]")]
+
+
 @train_app.command("recall")
 @user_errors
 def train_recall(
@@ -323,20 +334,25 @@ def train_recall(
     batch_size: Annotated[int | None, typer.Option("--batch-size", help="sequences per step [default: 64]")] = None,
     track_every: Annotated[int | None, typer.Option("--track-every", help="steps between rank measurements [default: 100]")] = None,
     checkpoint_every: Annotated[int | None, typer.Option("--checkpoint-every", help="steps between checkpoints [default: 500]")] = None,
-    threads: Annotated[int | None, typer.Option("--threads", help="torch threads (1 is often faster for this small model on a busy machine; resume with the same value)")] = None,
+    threads: _THREADS = 1,
+    log: _LOG = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the final summary as JSON on stdout")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar, no summary")] = False,
 ) -> None:
-    """Associative recall (k1 v1 ... kn vn q -> v(q)), AdamW with its own decay on attention."""
+    """Associative recall (k1 v1 ... kn vn q -> v(q)), AdamW with its own decay on attention.
+
+    `--resume --steps N` with a larger N extends a finished run (constant learning rate after the
+    warmup; a cosine run cannot be extended)."""
     from attnrank.training.config import recall_config
 
     cfg = recall_config(attn_weight_decay=attn_wd, weight_decay=wd, steps=steps, seed=seed, lr=lr,
                         batch_size=batch_size, track_every=track_every, checkpoint_every=checkpoint_every)
-    _run_training(cfg, out, "recall", resume=resume, device=device, threads=threads, as_json=as_json, quiet=quiet)
+    _run_training(cfg, out, "recall", resume=resume, device=device, threads=threads, as_json=as_json, quiet=quiet,
+                  log=log)
 
 
 def _run_training(cfg, out: Path, label: str, *, resume: bool, device: str, threads: int | None,
-                  as_json: bool, quiet: bool) -> None:
+                  as_json: bool, quiet: bool, log: str | None = None) -> None:
     """Train with a progress bar and print the final summary (rank 0 only under torchrun)."""
     import os
 
@@ -359,7 +375,7 @@ def _run_training(cfg, out: Path, label: str, *, resume: bool, device: str, thre
 
     with bar:
         task = bar.add_task(label, total=cfg.steps, info="")
-        result = train(out, cfg, resume=resume, device=device, progress=progress, threads=threads)
+        result = train(out, cfg, resume=resume, device=device, progress=progress, threads=threads, log=log)
     if result.rank != 0:
         return
     f = result.final
@@ -378,14 +394,6 @@ def _run_training(cfg, out: Path, label: str, *, resume: bool, device: str, thre
             out_console.print("  ".join(evals), highlight=False)
         out_console.print(f"run in {result.run_dir}; checkpoint {result.checkpoint} "
                           f"(attnrank spectra {result.checkpoint})", highlight=False)
-
-
-_OUT = Annotated[Path, typer.Option("--out", help="run directory (config.json, metrics.jsonl, checkpoints/, summary.json)")]
-_ATTN_WD = Annotated[float, typer.Option("--attn-wd", help="AdamW weight decay of the attention projections Q, K, V, O")]
-_WD = Annotated[float, typer.Option("--wd", help="AdamW weight decay of every other matrix and the embeddings (biases, norms: 0)")]
-_SEED = Annotated[int, typer.Option("--seed", help="seed of the initialisation and the data stream")]
-_DEVICE = Annotated[str, typer.Option("--device", help="auto (CUDA when present), cpu, cuda, cuda:N")]
-_RESUME = Annotated[bool, typer.Option("--resume", help="continue the run in --out from its newest checkpoint")]
 
 
 @train_app.command("lm")
@@ -413,7 +421,8 @@ def train_lm(
     checkpoint_every: Annotated[int | None, typer.Option("--checkpoint-every", help="steps between checkpoints [default: 500]")] = None,
     device: _DEVICE = "auto",
     resume: _RESUME = False,
-    threads: Annotated[int | None, typer.Option("--threads", help="torch threads per process (resume with the same value)")] = None,
+    threads: _THREADS = 1,
+    log: _LOG = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the final summary as JSON on stdout")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar, no summary")] = False,
 ) -> None:
@@ -426,7 +435,8 @@ def train_lm(
                     steps=steps, seed=seed, n_layers=n_layers, d_model=d_model, n_heads=n_heads, lr=lr,
                     batch_size=batch_size, track_every=track_every, log_every=log_every,
                     checkpoint_every=checkpoint_every)
-    _run_training(cfg, out, "lm", resume=resume, device=device, threads=threads, as_json=as_json, quiet=quiet)
+    _run_training(cfg, out, "lm", resume=resume, device=device, threads=threads, as_json=as_json, quiet=quiet,
+                  log=log)
 
 
 @train_app.command("vit")
@@ -450,7 +460,8 @@ def train_vit(
     checkpoint_every: Annotated[int | None, typer.Option("--checkpoint-every", help="steps between checkpoints [default: 500]")] = None,
     device: _DEVICE = "auto",
     resume: _RESUME = False,
-    threads: Annotated[int | None, typer.Option("--threads", help="torch threads per process")] = None,
+    threads: _THREADS = 1,
+    log: _LOG = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the final summary as JSON on stdout")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar, no summary")] = False,
 ) -> None:
@@ -461,7 +472,8 @@ def train_vit(
                      attn_weight_decay=attn_wd, weight_decay=wd, steps=steps, seed=seed, n_layers=n_layers,
                      d_model=d_model, n_heads=n_heads, lr=lr, batch_size=batch_size, track_every=track_every,
                      checkpoint_every=checkpoint_every)
-    _run_training(cfg, out, "vit", resume=resume, device=device, threads=threads, as_json=as_json, quiet=quiet)
+    _run_training(cfg, out, "vit", resume=resume, device=device, threads=threads, as_json=as_json, quiet=quiet,
+                  log=log)
 
 
 @app.command()
@@ -585,6 +597,53 @@ def scale(
 
 @app.command()
 @user_errors
+def track(
+    series: Annotated[list[str], typer.Argument(help="a training run directory (checkpoints/step-N), a Trainer output_dir (checkpoint-N), several checkpoint directories, or a Hub id with --revisions")],
+    out: Annotated[Path, typer.Option("--out", help="write table.csv (one row per checkpoint, step, layer, head, product), summary.csv, over_training.png, checkpoints/*.csv here (resumable)")],
+    revisions: Annotated[str | None, typer.Option("--revisions", help="Hub id: comma-separated revisions in the local cache, e.g. step1000,step2000 (step = the trailing number)")] = None,
+    tol: Annotated[float, typer.Option("--tol", help="relative threshold tau of the numerical rank #{s_i > tau s_1}")] = DEFAULT_TOL,
+    workers: Annotated[int | None, typer.Option("--workers", help="local worker processes, one checkpoint each [default: cores]")] = None,
+    ray: Annotated[str | None, typer.Option("--ray", help="analyse the checkpoints as Ray tasks: a cluster ADDRESS, 'auto', or 'local' (start one here)")] = None,
+    plots: Annotated[bool, typer.Option("--plots/--no-plots", help="draw over_training.png")] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="print the per-checkpoint means as JSON on stdout")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress, no table")] = False,
+) -> None:
+    """Rank over training: per-head QK/OV spectra of every checkpoint of a series, and a figure of
+    rank, gap/bound and balance against step. Finished checkpoints are not redone."""
+    from attnrank.analysis.series import track as run_track
+
+    with progress_bar(quiet or as_json) as bar:
+        task = bar.add_task("checkpoints", total=None)
+        res = run_track(series if len(series) > 1 else series[0], out, revisions=revisions, tol=tol,
+                        workers=workers, ray=ray, plots=plots,
+                        progress=lambda done, total: bar.update(task, completed=done, total=total))
+    s = res.summary
+    means = (s.groupby(["checkpoint", "step", "product"], sort=False)[["rank", "effective_rank", "gap_rel", "balance_rel"]]
+             .mean().reset_index())
+    if as_json:
+        sys.stdout.write(json.dumps({"out": str(out), "architecture": res.architecture, "computed": res.computed,
+                                     "skipped": res.skipped, "files": [str(f) for f in res.files],
+                                     "checkpoints": json.loads(means.to_json(orient="records"))}, indent=2) + "\n")
+        return
+    if quiet:
+        return
+    table = Table(title=f"{len(res.computed) + len(res.skipped)} checkpoints ({len(res.skipped)} already done)",
+                  caption="means over layers and heads; gap = (bound - nuclear) / bound; bal = relative balance")
+    for col in ("checkpoint", "step", *(f"{p.upper()} {k}" for p in ("qk", "ov") for k in ("rank", "eff", "gap", "bal"))):
+        table.add_column(col, justify="left" if col == "checkpoint" else "right")
+    piv = means.set_index(["checkpoint", "product"])
+    for ck, step in means[["checkpoint", "step"]].drop_duplicates().itertuples(index=False):
+        cells = []
+        for p in ("qk", "ov"):
+            r = piv.loc[(ck, p)]
+            cells += [f"{r['rank']:.2f}", f"{r['effective_rank']:.2f}", f"{r['gap_rel']:.4f}", f"{r['balance_rel']:.4f}"]
+        table.add_row(Text(str(ck)), str(step), *cells)
+    out_console.print(table)
+    out_console.print(f"wrote {len(res.files)} files to {out}: " + ", ".join(p.name for p in res.files), highlight=False)
+
+
+@app.command()
+@user_errors
 def sweep(
     spec: Annotated[str, typer.Argument(help="a task (lm, vit, recall) or a JSON/TOML spec file with kind, base, grid, seeds")],
     out: Annotated[Path, typer.Option("--out", help="sweep directory: runs/<name>/, results/, runs.csv, summary.csv")],
@@ -638,18 +697,30 @@ def sweep(
     if quiet:
         return
     c = res.counts
+    many = len(s.seeds) > 1
     table = Table(title=f"{c['runs']} runs: {c['ok']} ok ({c['skipped']} already finished), {c['failed']} failed",
-                  caption="mean ± std over seeds")
+                  caption="mean ± std over seeds" if many else "one seed: the run's value")
     keys = list(s.grid)
     metrics = [m for m in ("test_ppl", "test_loss", "test_acc", "val_loss", "loss", "acc", "qk_rank", "ov_rank")
-               if f"{m}_mean" in res.summary]
+               if f"{m}_mean" in res.summary or m in res.summary]
     for col in (*keys, "runs", "failed", *metrics):
         table.add_column(col, justify="right")
     for r in res.summary.to_dict(orient="records"):
         table.add_row(*[str(r[k]) for k in keys], str(r["runs"]), str(r["failed"]),
-                      *[f"{r[m + '_mean']:.4g} ± {r[m + '_std']:.2g}" for m in metrics])
+                      *[_mean_std(r, m) for m in metrics])
     out_console.print(table)
     out_console.print(f"wrote {out / 'runs.csv'} and {out / 'summary.csv'}", highlight=False)
+
+
+def _mean_std(r: dict, m: str) -> str:
+    """``mean ± std`` of a summary row where it has both, the single value where it has one."""
+    if f"{m}_mean" not in r:
+        v = r.get(m)
+        return "—" if v is None or v != v else f"{v:.4g}"
+    mean, std = r[f"{m}_mean"], r.get(f"{m}_std")
+    if mean != mean:
+        return "—"
+    return f"{mean:.4g}" if std is None or std != std else f"{mean:.4g} ± {std:.2g}"
 
 
 def main() -> None:

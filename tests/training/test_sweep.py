@@ -112,3 +112,20 @@ def test_ray_local_sweep(tmp_path):
     a = (tmp_path / "r" / "runs" / "attn_weight_decay=0,seed=0" / "metrics.jsonl").read_bytes()
     b = (tmp_path / "p" / "runs" / "attn_weight_decay=0,seed=0" / "metrics.jsonl").read_bytes()
     assert a == b and pool.counts["ok"] == 1
+
+
+def test_cli_sweep_with_every_default_one_seed(tmp_path):
+    """`attnrank sweep recall` with every default but the length: one seed, the local pool, the table.
+    One seed has no std: summary.csv holds the run's values, and the table prints them."""
+    rc, out, err = run_cli("sweep", "recall", "--out", str(tmp_path / "s"), "--grid", "attn_weight_decay=0,1",
+                           "--set", "steps=4", "--set", "d_model=16", "--set", "n_heads=2", timeout=300)
+    assert rc == 0, err
+    assert "Traceback" not in err and "2 runs: 2 ok" in out
+    summ = pd.read_csv(tmp_path / "s" / "summary.csv")
+    assert not any(c.endswith(("_mean", "_std")) for c in summ.columns)
+    runs = pd.read_csv(tmp_path / "s" / "runs.csv")
+    for lam in (0, 1):
+        assert summ.loc[summ["attn_weight_decay"] == lam, "loss"].item() == \
+            pytest.approx(runs.loc[runs["attn_weight_decay"] == lam, "loss"].item())
+    # the printed table shows the value of each run (no "±")
+    assert "±" not in out and f"{summ['loss'].iloc[0]:.4g}" in out

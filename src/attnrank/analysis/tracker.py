@@ -3,6 +3,7 @@ linear-algebra path as ``attnrank spectra``."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -44,10 +45,16 @@ class RankTracker:
         self.n_layers = self.reader.dims.n_layers
 
     def due(self, step: int) -> bool:
+        """Whether ``step`` is a measurement step (a multiple of ``every``)."""
         return step % self.every == 0
 
     @torch.no_grad()
-    def measure(self) -> dict[str, Any]:
+    def measure(self, step: int | None = None) -> dict[str, Any]:
+        """The tracker fields ``{"mean", "heads"}`` of the model as it is now; with ``step``, the
+        whole row ``{"step", "mean", "heads"}`` (as in a run's metrics.jsonl, readable by
+        :func:`tracker_table`; :func:`scalars` flattens it, :func:`log_to` sends it to a logger)."""
+        if step is not None:
+            return {"step": int(step), **self.measure()}
         # One thread: the float64 LAPACK calls then round the same way in every process
         # whatever the machine's load, so a resumed run logs bit-identical rows.
         with torch_threads(1):
@@ -82,3 +89,61 @@ def tracker_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
         return pd.DataFrame(columns=["step", "layer", "head", "product", *METRIC_COLUMNS])
     return pd.concat(frames, ignore_index=True)
 
+
+
+#: the per-head metrics :func:`scalars` averages (``gap_rel`` = gap / bound, per head first)
+SCALAR_METRICS = ("effective_rank", "rank", "gap_rel", "balance_rel")
+
+
+def _head_mean(values: list[float]) -> float:
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    return math.fsum(finite) / len(finite) if finite else math.nan
+
+
+def scalars(row: dict[str, Any], prefix: str = "rank", per_layer: bool = True) -> dict[str, float]:
+    """The scalars of a tracker row for a logger: ``{prefix}/{product}/{metric}`` (mean over every
+    layer and head) and ``{prefix}/layer_{i}/{product}/{metric}`` (mean over the heads of layer
+    ``i``), for ``effective_rank``, numerical ``rank``, ``gap_rel`` (the nuclear-norm gap over
+    its bound, (bound − nuclear) / bound, per head) and ``balance_rel``. Non-finite heads are
+    left out of the means."""
+    out: dict[str, float] = {}
+    for product, metrics in row.get("heads", {}).items():
+        gap, bound = metrics["gap"], metrics["frob_bound"]
+        per = {
+            "effective_rank": metrics["effective_rank"],
+            "rank": metrics["rank"],
+            "gap_rel": [[g / b if b and b > 0 else math.nan for g, b in zip(gl, bl, strict=True)]
+                        for gl, bl in zip(gap, bound, strict=True)],
+            "balance_rel": metrics["balance_rel"],
+        }
+        for k in SCALAR_METRICS:
+            out[f"{prefix}/{product}/{k}"] = _head_mean([v for layer in per[k] for v in layer])
+            if per_layer:
+                for i, layer in enumerate(per[k]):
+                    out[f"{prefix}/layer_{i}/{product}/{k}"] = _head_mean(layer)
+    return out
+
+
+def log_to(sink: Any, row: dict[str, Any], prefix: str = "rank", per_layer: bool = True) -> dict[str, float]:
+    """Send the :func:`scalars` of a tracker row (``{"step", "mean", "heads"}``, as
+    :meth:`RankTracker.measure` returns with a step) to ``sink`` at ``row["step"]``, and return them.
+
+    ``sink``: a TensorBoard ``SummaryWriter`` (``add_scalar``), the ``mlflow`` module or anything
+    with ``log_metrics(dict, step=)`` (non-finite values left out: MLflow refuses them), a W&B
+    run or the ``wandb`` module (``log(dict, step=)``), or any callable ``f(values, step)``.
+    """
+    step = int(row["step"])
+    values = scalars(row, prefix=prefix, per_layer=per_layer)
+    if hasattr(sink, "add_scalar"):
+        for k, v in values.items():
+            sink.add_scalar(k, v, step)
+    elif hasattr(sink, "log_metrics"):
+        sink.log_metrics({k: v for k, v in values.items() if math.isfinite(v)}, step=step)
+    elif hasattr(sink, "log"):
+        sink.log(values, step=step)
+    elif callable(sink):
+        sink(values, step)
+    else:
+        raise AttnRankError(f"cannot log to a {type(sink).__name__}: pass a SummaryWriter, a W&B run, "
+                            "mlflow, or a callable f(values, step)")
+    return values

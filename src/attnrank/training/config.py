@@ -186,8 +186,9 @@ def run_config(cfg: TrainConfig) -> dict[str, Any]:
 
 
 def comparable(d: dict[str, Any]) -> dict[str, Any]:
-    """The part of a run's ``config.json`` that must match for a resume (not versions, not device)."""
-    return {k: v for k, v in d.items() if k not in ("versions", "device")}
+    """The part of a run's ``config.json`` that must match for a resume (not versions, device or
+    the threads it started with)."""
+    return {k: v for k, v in d.items() if k not in ("versions", "device", "threads")}
 
 
 #: learning-rate schedules after the warmup (see :func:`lr_at`)

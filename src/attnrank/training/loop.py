@@ -12,7 +12,8 @@ A **run directory** holds everything needed to redo or continue a run::
                                      ``attnrank spectra``) + state.pt (optimizer, RNG,
                                      data stream, loop counters: plain tensors/primitives)
     RUN/summary.json                 written when the run finishes
-    RUN/tb/                          TensorBoard events, when tensorboard is installed
+    RUN/tb/                          TensorBoard events (``log``: by default when tensorboard
+                                     is installed); RUN/wandb/, RUN/mlruns/ with ``log``
 
 Rows of ``metrics.jsonl``: ``{"step", "loss", "acc", "lr"}`` every ``log_every`` steps (means
 over the steps since the previous row) and ``"mean"`` / ``"heads"`` (see
@@ -35,7 +36,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,7 @@ from attnrank.training.config import (
     vit_config,
 )
 from attnrank.training.distributed import Dist, join, resolve_device
+from attnrank.training.integrations import open_loggers, parse_log, require
 from attnrank.training.optim import param_groups
 from attnrank.training.state import load_checkpoint, save_checkpoint
 from attnrank.util.env import versions
@@ -91,8 +93,11 @@ def _prepare_run_dir(run: Path, cfg: TrainConfig, resume: bool) -> None:
             raise AttnRankError(f"cannot read {cfg_path}: {e}") from None
         new = run_config(cfg)
         if comparable(old) != comparable(new):
-            diff = sorted(k for k in set(old) | set(new)
-                          if k not in ("versions", "device") and old.get(k) != new.get(k))
+            diff = sorted(k for k in set(comparable(old)) | set(comparable(new)) if old.get(k) != new.get(k))
+            if diff == ["steps"] and isinstance(old.get("steps"), int) and cfg.steps > old["steps"]:
+                _check_extension(cfg, old["steps"])
+                write_json(cfg_path, {**old, "steps": cfg.steps})
+                return
             raise AttnRankError(f"--resume with settings that differ from {cfg_path} ({', '.join(diff)}); "
                                 "use the same options or another --out")
         return
@@ -104,6 +109,16 @@ def _prepare_run_dir(run: Path, cfg: TrainConfig, resume: bool) -> None:
         raise AttnRankError(f"cannot create --out {run}: {e.strerror or e}") from None
     if not os.access(run, os.W_OK):
         raise AttnRankError(f"--out {run} is not writable")
+
+
+def _check_extension(cfg: TrainConfig, old_steps: int) -> None:
+    """A finished (or unfinished) run of ``old_steps`` may continue to ``cfg.steps`` only when its
+    learning rate up to ``old_steps`` does not depend on the horizon: warmup then constant. A
+    cosine schedule was declared for its horizon (it reaches 0 at the last step)."""
+    if cfg.schedule != "constant":
+        raise AttnRankError(f"cannot extend this run from {old_steps} to {cfg.steps} steps: its {cfg.schedule} "
+                            f"learning-rate schedule was declared for {old_steps} steps (it decays to 0 there); "
+                            "start a new run with the longer --steps")
 
 
 @dataclass
@@ -118,31 +133,6 @@ class RunResult:
     rank: int = 0
 
 
-def _open_tensorboard(run: Path, enabled: bool | None, purge_step: int | None):
-    if enabled is False:
-        return None
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        if enabled:
-            raise AttnRankError("tensorboard logging needs the tensorboard package: pip install tensorboard") from None
-        return None
-    return SummaryWriter(log_dir=str(run / "tb"), purge_step=purge_step)
-
-
-def _tb_log(writer, row: dict[str, Any]) -> None:
-    if writer is None:
-        return
-    s = row["step"]
-    for k in ("loss", "acc", "lr"):
-        if k in row:
-            writer.add_scalar(f"train/{k}", row[k], s)
-    for product, m in row.get("mean", {}).items():
-        for k in ("rank", "effective_rank", "balance_rel", "gap"):
-            writer.add_scalar(f"{product}/{k}", m[k], s)
-
-
-
 
 # -- the loop ------------------------------------------------------------------------------------
 
@@ -155,15 +145,28 @@ def train(
     progress: Callable[[int, int, dict[str, Any] | None], None] | None = None,
     tensorboard: bool | None = None,
     threads: int | None = None,
+    log: str | Sequence[str] | None = None,
 ) -> RunResult:
     """Train on associative recall and log to ``run_dir`` (see the module docstring).
 
     ``progress(step, total, row)`` is called after every step (``row`` is the logged row or
-    None). ``tensorboard``: None = when installed, True = required, False = off.
-    ``threads``: torch intra-op threads for this run (default: torch's); small models on a
-    busy machine are often faster with 1. Resume with the same value: the rounding of
-    multi-threaded kernels may depend on it.
+    None). ``log``: backends that receive every row besides metrics.jsonl (``tensorboard``,
+    ``wandb``, ``mlflow``, a comma-separated string or a sequence; ``"none"``: none; see
+    :mod:`attnrank.training.integrations`). When ``log`` is None, ``tensorboard`` decides:
+    None = TensorBoard when installed, True = required, False = off.
+    ``threads``: torch intra-op threads for this run (default: torch's; recorded in config.json);
+    small models on a busy machine are often faster with 1 (benchmarks/THREADS.md). Resume with
+    the same value: the rounding of multi-threaded kernels may depend on it.
+
+    ``resume`` with a larger ``cfg.steps`` than the run's extends it when the learning-rate
+    schedule allows (warmup then constant; a cosine schedule decays to 0 at the horizon it was
+    declared for, so such a run cannot be extended): the result equals a run declared for the
+    longer horizon, provided the old last step fell on the ``log_every``/``track_every`` grid
+    and had no evaluation (the old final row stays in metrics.jsonl otherwise).
     """
+    backends = parse_log(log)
+    for b in backends or ():
+        require(b)
     if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
         raise AttnRankError(f"threads must be a positive integer, got {threads!r}")
     before = torch.get_num_threads()
@@ -171,7 +174,7 @@ def train(
         torch.set_num_threads(threads)
     try:
         return _train(Path(run_dir), cfg, resume=resume, device=device, progress=progress,
-                      tensorboard=tensorboard)
+                      loggers=(backends, tensorboard))
     finally:
         torch.set_num_threads(before)
 
@@ -211,7 +214,7 @@ class _Session:
 
 
 def _train(run: Path, cfg: TrainConfig, *, resume: bool, device: str, progress: Progress | None,
-           tensorboard: bool | None) -> RunResult:
+           loggers: tuple[tuple[str, ...] | None, bool | None]) -> RunResult:
     dev = resolve_device(device)
     dist = join(dev)
     try:
@@ -219,7 +222,7 @@ def _train(run: Path, cfg: TrainConfig, *, resume: bool, device: str, progress: 
             raise AttnRankError(f"batch size {cfg.batch_size} is not divisible by the {dist.world} processes: "
                                 "every process takes an equal slice of the global batch")
         s = _open_session(run, cfg, resume=resume, dev=dev, dist=dist)
-        _run_steps(s, progress, tensorboard)
+        _run_steps(s, progress, loggers)
         return _finish(s)
     finally:
         dist.close()
@@ -234,7 +237,8 @@ def _open_session(run: Path, cfg: TrainConfig, *, resume: bool, dev: torch.devic
     if dist.main:
         _prepare_run_dir(run, cfg, resume)
         if not (run / "config.json").exists():
-            write_json(run / "config.json", {**run_config(cfg), "versions": versions()})
+            write_json(run / "config.json", {**run_config(cfg), "threads": torch.get_num_threads(),
+                                             "versions": versions()})
         for stale in (run / CHECKPOINTS).glob(".tmp-*") if (run / CHECKPOINTS).is_dir() else []:
             shutil.rmtree(stale, ignore_errors=True)
         job = cfg.job(run, dev)  # a BPE tokeniser is trained and saved here, once
@@ -316,16 +320,17 @@ def _row(s: _Session, step: int, lr: float) -> dict[str, Any] | None:
     return row
 
 
-def _run_steps(s: _Session, progress: Progress | None, tensorboard: bool | None) -> None:
+def _run_steps(s: _Session, progress: Progress | None,
+               loggers: tuple[tuple[str, ...] | None, bool | None]) -> None:
     cfg, dist = s.cfg, s.dist
-    writer = (_open_tensorboard(s.run, tensorboard, purge_step=s.start + 1 if s.resumed_from else None)
-              if dist.main else None)
+    writer = (open_loggers(s.run, loggers[0], run_config(cfg), tensorboard=loggers[1],
+                           purge_step=s.start + 1 if s.resumed_from else None) if dist.main else None)
     fh = open(s.run / METRICS, "ab") if dist.main else None
     try:
         def emit(row: dict[str, Any]) -> None:
             fh.write((json.dumps(row, separators=(",", ":")) + "\n").encode())
             fh.flush()
-            _tb_log(writer, row)
+            writer.log(row)
 
         if s.start == 0 and dist.main:
             row = {"step": 0, **s.tracker.measure()}

@@ -12,6 +12,7 @@ Layout of ``OUT``::
     OUT/results/<name>.json        status (ok / failed + error and traceback) and final metrics
     OUT/runs.csv                   one row per run
     OUT/summary.csv                per grid point: runs, failures, mean and std over seeds
+                                   (with one seed: the run's values, no mean/std columns)
 
 **Resumable.** A run whose directory holds ``summary.json`` and the same settings is finished
 and skipped; an unfinished one is resumed from its newest checkpoint; a failed one is tried
@@ -315,7 +316,9 @@ def _run_on_ray(jobs: list[dict[str, Any]], address: str, threads: int,
 
 
 def aggregate(spec: SweepSpec, out: Path, records: list[dict[str, Any]]) -> SweepResult:
-    """Write runs.csv (one row per run) and summary.csv (mean and std over seeds per grid point)."""
+    """Write runs.csv (one row per run) and summary.csv: per grid point, ``METRIC_mean`` and
+    ``METRIC_std`` (ddof 1) over the seeds when the sweep has more than one seed, else the one
+    run's ``METRIC`` itself."""
     rows = []
     for r in records:
         ov = r["overrides"]
@@ -326,6 +329,7 @@ def aggregate(spec: SweepSpec, out: Path, records: list[dict[str, Any]]) -> Swee
         if m not in runs:
             runs[m] = np.nan
     keys = list(spec.grid)
+    many = len(spec.seeds) > 1
     groups = runs.groupby(keys, sort=False, dropna=False) if keys else [((), runs)]
     summ = []
     for key, g in groups:
@@ -334,11 +338,15 @@ def aggregate(spec: SweepSpec, out: Path, records: list[dict[str, Any]]) -> Swee
         row = {**dict(zip(keys, key, strict=True)), "runs": len(g), "failed": int((g["status"] != "ok").sum())}
         for m in FINAL_METRICS:
             v = pd.to_numeric(ok[m], errors="coerce").dropna()
-            row[f"{m}_mean"] = float(v.mean()) if len(v) else math.nan
-            row[f"{m}_std"] = float(v.std(ddof=1)) if len(v) > 1 else math.nan
+            if many:
+                row[f"{m}_mean"] = float(v.mean()) if len(v) else math.nan
+                row[f"{m}_std"] = float(v.std(ddof=1)) if len(v) > 1 else math.nan
+            else:  # one seed: the run's own value, no mean and no std
+                row[m] = float(v.iloc[0]) if len(v) else math.nan
         summ.append(row)
     summary = pd.DataFrame(summ)
     empty = [c for c in summary.columns if c.endswith(("_mean", "_std")) and summary[c].isna().all()]
+    empty += [m for m in FINAL_METRICS if m in summary and summary[m].isna().all()]
     summary = summary.drop(columns=empty)
     runs = runs.drop(columns=[m for m in FINAL_METRICS if runs[m].isna().all()])
     write_text(out / "runs.csv", runs.to_csv(index=False))

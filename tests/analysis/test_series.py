@@ -1,0 +1,133 @@
+"""Rank over training (`attnrank track`): a run directory's checkpoints, a list of checkpoint
+directories and Hub revisions in the local cache give the tracker's own numbers; resumable;
+local pool and a local Ray started here agree; mixed architectures and missing revisions are
+one line, exit 2."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from attnrank.analysis.series import resolve_series, track
+from attnrank.analysis.tracker import tracker_table
+from attnrank.core.linalg import METRIC_COLUMNS
+from attnrank.errors import AttnRankError
+from attnrank.io.rundir import read_metrics
+
+TINY = dict(n_pairs=3, n_keys=6, n_values=6, d_model=16, n_heads=2, batch_size=8)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    from attnrank.training.config import recall_config
+    from attnrank.training.loop import train
+
+    d = tmp_path_factory.mktemp("series") / "run"
+    train(d, recall_config(steps=12, track_every=4, checkpoint_every=4, keep_checkpoints=10, lr=1e-2,
+                           attn_weight_decay=0.5, **TINY), device="cpu", tensorboard=False, threads=1)
+    return d
+
+
+def same_as_tracker(table: pd.DataFrame, run) -> None:
+    """The rows of every checkpoint equal the live tracker's rows at that step (metrics.jsonl)."""
+    live = tracker_table(read_metrics(run))
+    key = ["step", "layer", "head", "product"]
+    m = table.merge(live, on=key, suffixes=("", "_live"))
+    assert len(m) == len(table) > 0 and sorted(table["step"].unique()) == [4, 8, 12]
+    assert (m["rank"] == m["rank_live"]).all()
+    for c in METRIC_COLUMNS:
+        np.testing.assert_allclose(m[c], m[f"{c}_live"], rtol=1e-12, atol=1e-15, err_msg=c)
+
+
+def test_run_directory_equals_the_tracker_and_resumes(run, tmp_path):
+    out = tmp_path / "t"
+    res = track(run, out, workers=2)
+    same_as_tracker(res.table, run)
+    assert res.computed and not res.skipped
+    assert list(res.table.columns[:6]) == ["checkpoint", "step", "layer", "head", "kv_head", "product"]
+    assert len(res.table) == 3 * 2 * 2 * 2  # checkpoints x layers x heads x products
+    s = res.summary
+    assert len(s) == 3 * 2 * 2 and {"rank", "effective_rank", "gap_rel", "balance_rel"} <= set(s.columns)
+    assert (out / "over_training.png").stat().st_size > 10_000
+    # resumable: a finished checkpoint is not redone, a missing one is
+    first = (out / "table.csv").read_bytes()
+    os.remove(out / "checkpoints" / "step-00000008.csv")
+    mtime = (out / "checkpoints" / "step-00000004.csv").stat().st_mtime_ns
+    res2 = track(run, out, workers=1, plots=False)
+    assert res2.computed == ["step-00000008"] and res2.skipped == ["step-00000004", "step-00000012"]
+    assert (out / "checkpoints" / "step-00000004.csv").stat().st_mtime_ns == mtime
+    assert (out / "table.csv").read_bytes() == first
+    with pytest.raises(AttnRankError, match="other settings"):
+        track(run, out, tol=1e-2)
+
+
+def lay_out_cache(cache, repo_id, src, commit, ref):
+    root = cache / ("models--" + repo_id.replace("/", "--"))
+    (root / "refs").mkdir(parents=True, exist_ok=True)
+    (root / "refs" / ref).write_text(commit)
+    shutil.copytree(src, root / "snapshots" / commit)
+
+
+def test_checkpoint_list_and_hub_revisions(run, tmp_path, monkeypatch):
+    ckpts = sorted((run / "checkpoints").iterdir())
+    items = resolve_series([str(c) for c in ckpts])
+    assert [it.step for it in items] == [4, 8, 12]
+    cache = tmp_path / "hub"
+    for i, c in enumerate(ckpts):
+        lay_out_cache(cache, "org/tiny", c, f"{i:040x}", f"step{4 * (i + 1)}")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    res = track("org/tiny", tmp_path / "h", revisions="step12,step4,step8", workers=1, plots=False)
+    same_as_tracker(res.table, run)
+    assert sorted(res.table["checkpoint"].unique()) == ["step12", "step4", "step8"]
+    with pytest.raises(AttnRankError):
+        track("org/tiny", tmp_path / "h2", revisions="step4,step999", workers=1)
+    assert not (tmp_path / "h2").exists()  # refused before any work
+
+
+def test_bad_series_one_line_exit_2(run, tmp_path):
+    from attnrank.training.config import recall_config
+    from attnrank.training.loop import train
+
+    other = tmp_path / "other"
+    train(other, recall_config(steps=2, checkpoint_every=2, **dict(TINY, d_model=32)), device="cpu",
+          tensorboard=False)
+    mixed = [str(sorted((run / "checkpoints").iterdir())[0]), str(sorted((other / "checkpoints").iterdir())[0])]
+    with pytest.raises(AttnRankError, match="mixed architectures.*d_model 32 vs 16"):
+        track(mixed, tmp_path / "m")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tmp_path / "empty"))
+    for args in (["track", *mixed, "--out", str(tmp_path / "m2")],
+                 ["track", "org/none", "--revisions", "step1,step2", "--out", str(tmp_path / "m3")],
+                 ["track", str(tmp_path / "nothing"), "--out", str(tmp_path / "m4")],
+                 ["track", str(run), "--out", str(tmp_path / "m5"), "--tol", "2"]):
+        p = subprocess.run([sys.executable, "-m", "attnrank", *args, "--quiet"], capture_output=True, text=True,
+                           env=env, timeout=120)
+        lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+        assert p.returncode == 2 and len(lines) == 1 and "error" in lines[0], (args, p.stderr)
+
+
+def test_cli_track_json(run, tmp_path):
+    p = subprocess.run([sys.executable, "-m", "attnrank", "track", str(run), "--out", str(tmp_path / "c"),
+                        "--workers", "1", "--json"], capture_output=True, text=True,
+                       env=dict(os.environ, HF_HUB_OFFLINE="1"), timeout=120)
+    assert p.returncode == 0, p.stderr
+    payload = json.loads(p.stdout)
+    assert [c["step"] for c in payload["checkpoints"] if c["product"] == "qk"] == [4, 8, 12]
+    assert payload["architecture"]["n_layers"] == 2 and (tmp_path / "c" / "over_training.png").exists()
+
+
+@pytest.mark.slow
+def test_ray_tasks_on_a_local_ray_equal_the_pool(run, tmp_path):
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        res = track(run, tmp_path / "r", ray="auto", plots=False)
+    finally:
+        ray.shutdown()
+    same_as_tracker(res.table, run)
+    pool = track(run, tmp_path / "p", workers=1, plots=False)
+    pd.testing.assert_frame_equal(res.table, pool.table)
