@@ -315,7 +315,7 @@ _ATTN_WD = Annotated[float, typer.Option("--attn-wd", help="AdamW weight decay o
 _WD = Annotated[float, typer.Option("--wd", help="AdamW weight decay of every other matrix and the embeddings (biases, norms: 0)")]
 _SEED = Annotated[int, typer.Option("--seed", help="seed of the initialisation and the data stream")]
 _DEVICE = Annotated[str, typer.Option("--device", help="auto (CUDA when present), cpu, cuda, cuda:N")]
-_RESUME = Annotated[bool, typer.Option("--resume", help="continue the run in --out from its newest checkpoint (with a larger --steps: extend it, when its schedule allows)")]
+_RESUME = Annotated[bool, typer.Option("--resume", help="continue the run in --out from its newest checkpoint (with a larger --steps: extend it, when its schedule allows); one writer per run: while another process writes the run, this stops with one line and exit 2")]
 _THREADS = Annotated[int, typer.Option("--threads", help="torch threads per process, recorded in config.json (1: fastest for these small models on a 2-core machine, idle or busy: benchmarks/THREADS.md; resume with the same value)")]
 _LOG = Annotated[str | None, typer.Option("--log", help="also log every row to tensorboard, wandb, mlflow (comma-separated) or none; metrics.jsonl is always written [default: tensorboard when installed]")]
 
@@ -646,7 +646,7 @@ def track(
 @user_errors
 def sweep(
     spec: Annotated[str, typer.Argument(help="a task (lm, vit, recall) or a JSON/TOML spec file with kind, base, grid, seeds")],
-    out: Annotated[Path, typer.Option("--out", help="sweep directory: runs/<name>/, results/, runs.csv, summary.csv")],
+    out: Annotated[Path, typer.Option("--out", help="sweep directory: runs/<name>/, results/, runs.csv, summary.csv (one sweep per directory at a time; a run still written by another process is recorded as failed; local workers die with the sweep)")],
     grid: Annotated[list[str] | None, typer.Option("--grid", help="FIELD=V1,V2,...: sweep this config field (repeatable; e.g. attn_weight_decay=0,0.1,1)")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="FIELD=V: fix a config field for every run (repeatable; e.g. steps=500)")] = None,
     seeds: Annotated[str | None, typer.Option("--seeds", help="comma-separated seeds [default: 0, or the spec's]")] = None,

@@ -27,6 +27,9 @@ from attnrank.models.data import ImageTaskConfig, LMTaskConfig
 from attnrank.models.tasks import RecallConfig, RecallStream, recall_loss_and_accuracy
 from attnrank.models.transformer import ModelConfig, Transformer, ViT, ViTConfig
 
+#: the largest seed accepted (torch's generators take 64-bit seeds; offsets stay below the limit)
+MAX_SEED = 2**63 - 1
+
 
 @dataclass
 class Job:
@@ -114,6 +117,8 @@ class TrainConfig:
         if self.schedule not in SCHEDULES:
             raise AttnRankError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
         positive_int("seed", allow_zero=True)
+        if self.seed > MAX_SEED:
+            raise AttnRankError(f"seed must lie in 0..{MAX_SEED} (a 63-bit generator seed), got {self.seed!r}")
 
         def number(name: str, lo: float, hi: float = math.inf, lo_open: bool = False, hi_open: bool = False):
             v = getattr(self, name)
@@ -135,6 +140,24 @@ class TrainConfig:
             raise AttnRankError(f"lr * weight decay = {self.lr * max(self.weight_decay, self.attn_weight_decay):g} "
                                 ">= 1: AdamW's decoupled step would flip the weights' sign")
         self._validate_task()
+        self._check_memory()
+
+    def _check_memory(self) -> None:
+        """Refuse, before anything is written, a batch whose activations (float32, kept for the
+        backward pass) cannot fit in this machine's memory: a lower bound per token of the residual
+        stream, q/k/v, attention scores and probabilities, MLP and output logits per layer."""
+        from attnrank.io.validate import check_fits
+
+        m = self.model
+        if hasattr(m, "max_seq_len"):
+            tokens = int(m.max_seq_len)
+        else:  # a ViT: its patches and the class token
+            tokens = (int(m.image_size) // int(m.patch_size)) ** 2 + 1
+        heads, d = int(m.n_heads), int(m.d_model)
+        per_layer = 8 * d + 2 * heads * tokens + (2 * int(m.d_mlp or 0) if getattr(m, "mlp", True) else 0)
+        per_token = int(m.n_layers) * per_layer + int(getattr(m, "vocab_size", 0) or getattr(m, "n_classes", 0))
+        check_fits(4 * self.batch_size * tokens * per_token,
+                   f"a batch of {self.batch_size} x {tokens} tokens (batch_size {self.batch_size})")
 
     def _validate_task(self) -> None:
         if self.model.vocab_size < self.task.vocab_size:

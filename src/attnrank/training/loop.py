@@ -37,6 +37,7 @@ import json
 import os
 import shutil
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,14 @@ import torch.nn as nn
 
 from attnrank.analysis.tracker import RankTracker
 from attnrank.errors import AttnRankError
-from attnrank.io.rundir import CHECKPOINTS, METRICS, latest_checkpoint, read_metrics
+from attnrank.io.rundir import (
+    CHECKPOINTS,
+    LOCK,
+    METRICS,
+    latest_checkpoint,
+    locked_run,
+    read_metrics,
+)
 from attnrank.training.config import (
     CONFIG_BUILDERS,
     Job,
@@ -101,7 +109,7 @@ def _prepare_run_dir(run: Path, cfg: TrainConfig, resume: bool) -> None:
             raise AttnRankError(f"--resume with settings that differ from {cfg_path} ({', '.join(diff)}); "
                                 "use the same options or another --out")
         return
-    if run.is_dir() and any(run.iterdir()):
+    if run.is_dir() and any(p.name != LOCK for p in run.iterdir()):
         raise AttnRankError(f"--out {run} is a non-empty directory that holds no run; choose another --out")
     try:
         run.mkdir(parents=True, exist_ok=True)
@@ -221,9 +229,19 @@ def _train(run: Path, cfg: TrainConfig, *, resume: bool, device: str, progress: 
         if cfg.batch_size % dist.world:
             raise AttnRankError(f"batch size {cfg.batch_size} is not divisible by the {dist.world} processes: "
                                 "every process takes an equal slice of the global batch")
-        s = _open_session(run, cfg, resume=resume, dev=dev, dist=dist)
-        _run_steps(s, progress, loggers)
-        return _finish(s)
+        if run.exists() and not run.is_dir():
+            raise AttnRankError(f"--out {run} exists and is not a directory")
+        created = not run.exists()
+        try:
+            # one writer per run (rank 0 writes): a second train / --resume / sweep worker gets one line
+            with locked_run(run) if dist.main else nullcontext():
+                s = _open_session(run, cfg, resume=resume, dev=dev, dist=dist)
+                _run_steps(s, progress, loggers)
+                return _finish(s)
+        except BaseException:
+            if created and dist.main and run.is_dir() and {p.name for p in run.iterdir()} <= {LOCK}:
+                shutil.rmtree(run, ignore_errors=True)  # a run that never started leaves nothing behind
+            raise
     finally:
         dist.close()
 

@@ -23,6 +23,12 @@ the others go on.
 ``threads`` torch threads each). With ``ray=ADDRESS`` (``auto`` for the cluster this machine
 belongs to, ``local`` to start a private one) every run is a Ray task (``num_cpus=threads``)
 scheduled by Ray; ``OUT`` must then be on a file system every node sees.
+
+**One writer.** The sweep holds ``OUT/.lock`` and every run holds its own ``RUN/.lock``
+(:func:`attnrank.io.rundir.locked_run`): a second sweep on the same ``OUT`` stops with one line,
+and a run still written by a live process (an earlier sweep's worker) is recorded as failed
+rather than written twice. Local pool workers die with the sweep (Linux: ``PR_SET_PDEATHSIG``),
+so killing the sweep leaves no worker writing on.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ import numpy as np
 import pandas as pd
 
 from attnrank.errors import AttnRankError
+from attnrank.io.rundir import locked_run
 from attnrank.util.fileio import write_json, write_text
 
 #: final metrics copied into runs.csv (and aggregated in summary.csv) when a run has them
@@ -221,6 +228,14 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike, *, workers: int | None = 
         raise AttnRankError(f"--out {out} exists and is not a directory")
     runs = spec.runs()
     _check_field_names(spec)
+    with locked_run(out):  # one sweep per OUT at a time
+        return _run_sweep(spec, out, runs, workers=workers, ray=ray, threads=threads, device=device,
+                          progress=progress)
+
+
+def _run_sweep(spec: SweepSpec, out: Path, runs: list[tuple[str, dict[str, Any]]], *, workers: int | None,
+               ray: str | None, threads: int, device: str,
+               progress: Callable[[dict[str, Any], int, int], None] | None) -> SweepResult:
     (out / "runs").mkdir(parents=True, exist_ok=True)
     (out / "results").mkdir(exist_ok=True)
     write_json(out / "sweep.json", asdict(spec))
@@ -258,7 +273,8 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike, *, workers: int | None = 
         else:
             import multiprocessing as mp
 
-            with ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context("spawn")) as pool:
+            with ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context("spawn"),
+                                     initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
                 futures = {pool.submit(run_one, j): j for j in jobs}
                 for fut in as_completed(futures):
                     try:
@@ -266,6 +282,26 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike, *, workers: int | None = 
                     except Exception as e:  # noqa: BLE001 - a dead worker: record it, go on
                         collect(_crashed(futures[fut], e))
     return aggregate(spec, out, [records[name] for name, _ in runs])
+
+
+def die_with_parent(parent: int) -> None:
+    """In a pool worker: be killed when the process that started it dies (Linux
+    ``prctl(PR_SET_PDEATHSIG, SIGKILL)``), so no orphan goes on writing a run; exit at once if
+    the parent ``parent`` is already gone. Elsewhere a no-op (the run locks still keep a re-run
+    from sharing a run with an orphan)."""
+    import ctypes
+    import signal
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        os._exit(1)
 
 
 def _check_field_names(spec: SweepSpec) -> None:
