@@ -162,10 +162,18 @@ def test_a_fifo_in_the_checkpoint_does_not_hang(tmp_path, name):
     (["spectra", "minilm", "--layers", "0-100000000000000000000"], "out of range"),
     (["train", "recall", "--out", "x", "--seed", "1e23"], "Invalid value for '--seed'"),
 ])
-def test_usage_errors_are_one_line(tmp_path, args, needle):
-    r = run(*args, cwd=tmp_path)
-    _one_error_line(r.returncode, r.stderr, needle)
+def test_usage_errors_are_one_line(tmp_path, monkeypatch, args, needle):
+    from .fuzz.harness import run_cli
+
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(*args)  # attnrank.cli.main in this process: the entry point's own handling
+    _one_error_line(code, err, needle)
     assert not (tmp_path / "x").exists()
+
+
+def test_a_usage_error_from_the_installed_command(tmp_path):
+    r = run("spectra", "minilm", "--tol", "abc", cwd=tmp_path)
+    _one_error_line(r.returncode, r.stderr, "Invalid value for '--tol'")
 
 
 @pytest.mark.parametrize("command", ["spectra", "collapse", "scale"])
