@@ -316,7 +316,7 @@ _WD = Annotated[float, typer.Option("--wd", help="AdamW weight decay of every ot
 _SEED = Annotated[int, typer.Option("--seed", help="seed of the initialisation and the data stream")]
 _DEVICE = Annotated[str, typer.Option("--device", help="auto (CUDA when present), cpu, cuda, cuda:N")]
 _RESUME = Annotated[bool, typer.Option("--resume", help="continue the run in --out from its newest checkpoint (with a larger --steps: extend it, when its schedule allows); one writer per run: while another process writes the run, this stops with one line and exit 2")]
-_THREADS = Annotated[int, typer.Option("--threads", help="torch threads per process, recorded in config.json (1: fastest for these small models on a 2-core machine, idle or busy: benchmarks/THREADS.md; resume with the same value)")]
+_THREADS = Annotated[int, typer.Option("--threads", help="torch threads per process, recorded in config.json (1: within 15% of 2 threads on a quiet 2-core machine, 2-15x faster when anything else runs: benchmarks/THREADS.md; resume with the same value)")]
 _LOG = Annotated[str | None, typer.Option("--log", help="also log every row to tensorboard, wandb, mlflow (comma-separated) or none; metrics.jsonl is always written [default: tensorboard when installed]")]
 
 

@@ -290,7 +290,8 @@ def _combine(out: Path, items: list[SeriesItem], arch: dict[str, Any], computed:
 
 
 def _title(items: list[SeriesItem], arch: dict[str, Any]) -> str:
-    src = items[0].source if items[0].revision else str(Path(items[0].source).parent)
+    parent = Path(items[0].source).parent
+    src = items[0].source if items[0].revision else str(parent.parent if parent.name == "checkpoints" else parent)
     return (f"{src}: {len(items)} checkpoints, {arch['model_type']} {arch['n_layers']} layers x "
             f"{arch['n_heads']} heads (dh {arch['head_dim']})")
 
