@@ -33,10 +33,11 @@ def _model(rank_of_exposure, seeds=(0, 1), lr_sum=1.0, jitter=0.0, n_layers=4, h
             "noise_floor_sigma1": {f"{lam:g}": 1e-3 for lam in lams}}
 
 
-def test_floor_tol_is_twice_the_largest_relative_floor():
+def test_floor_tol_is_twice_the_tail_floor_at_the_largest_lambda():
     m = _model({0.0: 16, 8.0: 4})
     t = floor_tol(m)
-    assert t["relative_floor"]["ov"]["0"] == pytest.approx(1e-3 / 2.0) and t["tol"] == pytest.approx(1e-3)
+    assert t["tail_floor"]["qk"] == pytest.approx(1e-4 / 2.0) and t["tol"] == pytest.approx(1e-4)
+    assert t["simulated_floor"]["ov"]["0"] == pytest.approx(1e-3 / 2.0)
     v = per_run(m, "qk", "numerical", t["tol"])
     assert v[0.0] == {0: 16.0, 1: 16.0} and v[8.0] == {0: 4.0, 1: 4.0}
 

@@ -71,3 +71,9 @@ def test_lambdas_for_exposure_and_noise_floor_falls_with_decay():
     assert lams[0] == 0.0 and lams[1] * s == pytest.approx(8.0, rel=1e-3)
     f = noise_floors("lm", base, lams)
     assert f[0] > f[1] > 0
+
+
+def test_lambdas_round_up_so_the_exposure_is_reached():
+    for s in (0.7515, 0.30015, 0.2505, 2.85, 0.0063):
+        for e, lam in zip((1.0, 3.0, 8.0), lambdas_for((1.0, 3.0, 8.0), s), strict=True):
+            assert e <= lam * s < e * 1.002

@@ -20,8 +20,9 @@ CATALOGUE: dict[str, tuple[str, str]] = {
                               "factorized w = a*b (L1 optimum)"),
     "collapse": ("attnrank.studies.collapse", "Rank collapse: pure attention loses rank doubly exponentially with depth; "
                                       "skips prevent it, MLPs slow it (MiniLM surgery, depth sweep, paths)"),
-    "fig4": ("attnrank.studies.fig4", "Figure 4: balance of a pretrained model's attention factors (row norms, "
-                                       "Frobenius bound vs nuclear norm), MiniLM-L6 in place of LLaMA-2 7B"),
+    "fig4": ("attnrank.studies.fig4", "Figure 4: balance of attention factors (nuclear norm vs Frobenius bound, row "
+                                       "norms) against rotation and row-pairing nulls: our LMs at known decay exposure "
+                                       "(judged), MiniLM-L6 or --model PATH (described)"),
     "fig2": ("attnrank.studies.fig2", "Figure 2: 2-layer transformer on associative recall; attention weight decay "
                                      "lowers the rank of P W_V, balances the factors, closes the nuclear-norm gap"),
     "fig3": ("attnrank.studies.fig3", "Figure 3: rank of W_K^T W_Q and P W_V against attention weight decay; byte-level LM "
