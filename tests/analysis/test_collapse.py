@@ -306,7 +306,8 @@ def test_prenorm_full_variant_equals_hf(tmp_path, name):
 
 def test_training_run_directory_loads_its_newest_checkpoint(tmp_path):
     from attnrank.io.rundir import latest_checkpoint
-    from attnrank.training.loop import recall_config, train
+    from attnrank.training.config import recall_config
+    from attnrank.training.loop import train
 
     cfg = recall_config(steps=2, n_layers=1, d_model=16, n_heads=2, n_pairs=2, n_keys=4, n_values=4,
                         batch_size=4, checkpoint_every=1, track_every=1, log_every=1)

@@ -348,7 +348,8 @@ def test_project_model_pre_norm_residual_breaks_invariance_and_gqa_pairs(tmp_pat
 
 
 def test_training_run_directory_uses_newest_checkpoint_and_task_inputs(tmp_path):
-    from attnrank.training.loop import recall_config, train
+    from attnrank.training.config import recall_config
+    from attnrank.training.loop import train
 
     cfg = recall_config(steps=2, n_layers=1, d_model=16, n_heads=2, n_pairs=2, n_keys=4, n_values=4,
                         batch_size=4, checkpoint_every=1, track_every=1, log_every=1)

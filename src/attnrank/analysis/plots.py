@@ -233,3 +233,9 @@ def scale_pair_deviations(pairs, meta: dict, floor: float = 1e-18) -> plt.Figure
     fig.suptitle(f"{meta.get('source', '')}: per-head rescaling symmetries", fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def lam_colors(n: int) -> list:
+    """``n`` colours along viridis (0 to 0.9), one per λ (or any ordered setting); at least two."""
+    cmap = plt.get_cmap("viridis")
+    return [cmap(x) for x in np.linspace(0.0, 0.9, max(n, 2))]

@@ -42,6 +42,7 @@ import pandas as pd
 from attnrank.core.linalg import DEFAULT_TOL
 from attnrank.errors import AttnRankError
 from attnrank.util.fileio import write_atomic, write_json
+from attnrank.util.ray import ray_session
 
 KEY = ("checkpoint", "step")
 
@@ -240,27 +241,13 @@ def _on_pool(todo: list[dict[str, Any]], tol: float, workers: int | None,
 
 def _on_ray(todo: list[dict[str, Any]], tol: float, address: str,
             collect: Callable[[str, pd.DataFrame], None]) -> None:
-    try:
-        import ray
-    except ImportError:
-        raise AttnRankError("--ray needs Ray: pip install 'attnrank[ray]'") from None
-    started = not ray.is_initialized()
-    if started:
-        try:
-            ray.init(address=None if address == "local" else address, include_dashboard=False,
-                     log_to_driver=False, configure_logging=False)
-        except (ConnectionError, RuntimeError, ValueError) as e:
-            raise AttnRankError(f"cannot connect to Ray at {address!r}: {' '.join(str(e).split())[:200]}") from None
-    try:
+    with ray_session(address) as ray:
         task = ray.remote(num_cpus=1, max_retries=0)(analyse_checkpoint)
         pending = {task.remote(it, tol): it for it in todo}
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1)
             it = pending.pop(ready[0])
             collect(it["label"], ray.get(ready[0]))
-    finally:
-        if started:
-            ray.shutdown()
 
 
 def summarize_series(table: pd.DataFrame) -> pd.DataFrame:

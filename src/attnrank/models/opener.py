@@ -324,7 +324,7 @@ def _open_hf(path: Path, config: dict[str, Any], source: str, dtype: torch.dtype
     return Opened(model, config, path, source, "hf", dtype, hf_config=hf_config)
 
 
-def _first_tensor(out: Any) -> torch.Tensor:
+def first_tensor(out: Any) -> torch.Tensor:
     """The main tensor of a model output: ``last_hidden_state``, or the first entry."""
     while isinstance(out, list | tuple):
         out = out[0]
@@ -347,7 +347,7 @@ def _attach_inputs(op: Opened, n: int, max_tokens: int) -> None:
         size, ch = int(op.config.get("image_size", 224)), int(op.config.get("num_channels", 3))
         op.inputs = {"pixel_values": digits_images(n, size, ch).to(op.dtype)}
         op.input_note = f"{n} scikit-learn digits images resized to {size}x{size}, {ch} channels"
-        op._forward = lambda: _first_tensor(model(**op.inputs))
+        op._forward = lambda: first_tensor(model(**op.inputs))
         return
     if main not in ("input_ids", "idx"):
         raise AttnRankError(f"model input {main!r} is not supported (token ids or pixel values)")
@@ -367,7 +367,7 @@ def _attach_inputs(op: Opened, n: int, max_tokens: int) -> None:
     op.input_note = f"{len(seqs.ids)} English sentences of the stdlib corpus ({TEXT_SPLIT} split), {seqs.note}"
 
     def forward() -> torch.Tensor:
-        h = _first_tensor(model(**op.inputs))
+        h = first_tensor(model(**op.inputs))
         return h[mask.bool()]  # valid positions only, (tokens, d)
 
     op._forward = forward

@@ -8,8 +8,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from attnrank.analysis.plots import PRODUCT_LABEL  # noqa: E402
-from attnrank.studies.toys_plots import _lam_colors  # noqa: E402
+from attnrank.analysis.plots import (
+    PRODUCT_LABEL,  # noqa: E402
+    lam_colors,  # noqa: E402
+)
 
 
 def fig3_panels(data: dict) -> plt.Figure:
@@ -69,7 +71,7 @@ def table1_panels(data: dict) -> plt.Figure:
     axes[0].set_ylabel("attention weight decay")
     axes[0].set_title("test perplexity, mean ± std over seeds", fontsize=10)
     fig.colorbar(im, ax=axes[0])
-    for j, (m, c) in enumerate(zip(mlp, _lam_colors(len(mlp)), strict=False)):
+    for j, (m, c) in enumerate(zip(mlp, lam_colors(len(mlp)), strict=False)):
         axes[1].errorbar(attn, mean[:, j], yerr=np.nan_to_num(std[:, j]), color=c, marker="o", capsize=3,
                          label=f"MLP λ = {m:g}")
     axes[1].set_xscale("symlog", linthresh=0.1)

@@ -56,19 +56,12 @@ from attnrank.io.rundir import (
     read_metrics,
 )
 from attnrank.training.config import (
-    CONFIG_BUILDERS,
     Job,
-    LMTrainConfig,
     TrainConfig,
-    ViTTrainConfig,
     comparable,
     decay_exposure,
-    lm_config,
     lr_at,
-    make_config,
-    recall_config,
     run_config,
-    vit_config,
 )
 from attnrank.training.distributed import Dist, join, resolve_device
 from attnrank.training.integrations import open_loggers, parse_log, require
@@ -76,12 +69,6 @@ from attnrank.training.optim import param_groups
 from attnrank.training.state import load_checkpoint, save_checkpoint
 from attnrank.util.env import versions
 from attnrank.util.fileio import write_json
-
-# train/RunResult are this module's; the rest is re-exported from config/distributed, where it lives
-# (callers that imported it from here before the split keep working; new code imports it there)
-__all__ = ["CONFIG_BUILDERS", "Job", "LMTrainConfig", "RunResult", "TrainConfig", "ViTTrainConfig", "comparable",
-           "decay_exposure", "lm_config", "lr_at", "make_config", "recall_config", "resolve_device", "run_config",
-           "train", "vit_config"]
 
 Progress = Callable[[int, int, dict[str, Any] | None], None]
 

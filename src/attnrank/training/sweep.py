@@ -51,6 +51,7 @@ import pandas as pd
 from attnrank.errors import AttnRankError
 from attnrank.io.rundir import locked_run
 from attnrank.util.fileio import write_json, write_text
+from attnrank.util.ray import ray_session
 
 #: final metrics copied into runs.csv (and aggregated in summary.csv) when a run has them
 FINAL_METRICS = ("loss", "acc", "val_loss", "val_ppl", "val_acc", "test_loss", "test_ppl", "test_acc",
@@ -325,18 +326,7 @@ def _crashed(job: dict[str, Any], e: BaseException) -> dict[str, Any]:
 
 def _run_on_ray(jobs: list[dict[str, Any]], address: str, threads: int,
                 collect: Callable[[dict[str, Any]], None]) -> None:
-    try:
-        import ray
-    except ImportError:
-        raise AttnRankError("--ray needs Ray: pip install 'attnrank[ray]'") from None
-    started = not ray.is_initialized()
-    if started:
-        try:
-            ray.init(address=None if address == "local" else address, include_dashboard=False,
-                     log_to_driver=False, configure_logging=False)
-        except (ConnectionError, RuntimeError, ValueError) as e:
-            raise AttnRankError(f"cannot connect to Ray at {address!r}: {' '.join(str(e).split())[:200]}") from None
-    try:
+    with ray_session(address) as ray:
         task = ray.remote(num_cpus=threads, max_retries=0)(run_one)
         pending = {task.remote(j): j for j in jobs}
         while pending:
@@ -346,9 +336,6 @@ def _run_on_ray(jobs: list[dict[str, Any]], address: str, threads: int,
                 collect(ray.get(done[0]))
             except Exception as e:  # noqa: BLE001 - a task that died (worker crash, node lost)
                 collect(_crashed(job, e))
-    finally:
-        if started:
-            ray.shutdown()
 
 
 def aggregate(spec: SweepSpec, out: Path, records: list[dict[str, Any]]) -> SweepResult:

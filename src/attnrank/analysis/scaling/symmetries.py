@@ -29,6 +29,7 @@ from attnrank.analysis.scaling.invariance import DEFAULT_SCALES, _flat, check_sc
 from attnrank.errors import AttnRankError
 from attnrank.io.layouts import SPLITS, AttentionReader, Dims, Layout
 from attnrank.io.live import LiveCheckpoint
+from attnrank.models.opener import first_tensor
 
 
 @dataclass
@@ -142,14 +143,6 @@ def pair_edits(site: AttentionSite, params: dict[str, torch.Tensor], kv_head: in
     return e
 
 
-def _first_tensor(out: Any) -> torch.Tensor:
-    while isinstance(out, list | tuple):
-        out = out[0]
-    if hasattr(out, "last_hidden_state"):
-        out = out.last_hidden_state
-    return out
-
-
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = _flat(a), _flat(b)
     return float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b))
@@ -174,7 +167,7 @@ def pair_symmetries(model: nn.Module, forward: Callable[[], Any], layout: Layout
         mod = model.get_submodule(s.module_name)
 
         def hook(m, args, kwargs, out, i=s.layer):
-            captured[i] = (args, kwargs, _first_tensor(out).detach().clone())
+            captured[i] = (args, kwargs, first_tensor(out).detach().clone())
 
         hooks.append(mod.register_forward_hook(hook, with_kwargs=True))
     try:
@@ -193,7 +186,7 @@ def pair_symmetries(model: nn.Module, forward: Callable[[], Any], layout: Layout
             args, kwargs, ref = captured[s.layer]
 
             def local() -> torch.Tensor:
-                return _first_tensor(mod(*args, **kwargs))  # noqa: B023 - called within this iteration
+                return first_tensor(mod(*args, **kwargs))  # noqa: B023 - called within this iteration
 
             base_dev = _rel(local(), ref)  # re-running the module reproduces the captured output
             for j in range(dims.n_kv_heads):
@@ -230,7 +223,7 @@ def pair_symmetries(model: nn.Module, forward: Callable[[], Any], layout: Layout
             c = scales[-1]
             e = _edits(s, params, s.index.wq[g:2 * g], c, True) + _edits(s, params, s.index.wk[0], 1.0 / c, True)
             with _applied(e):
-                wrong = _rel(_first_tensor(mod(*args, **kwargs)), ref)
+                wrong = _rel(first_tensor(mod(*args, **kwargs)), ref)
     extra = {"whole_model_qk": whole["qk"], "whole_model_ov": whole["ov"], "wrong_partner_qk_layer0": wrong}
     cols = ["layer", "kv_head", "heads", "product", "pair_dev", "one_sided_dev", "rerun_dev"]
     return pd.DataFrame(rows, columns=cols), extra

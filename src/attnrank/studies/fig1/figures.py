@@ -10,11 +10,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from attnrank.analysis.plots import _diag  # noqa: E402
+from attnrank.analysis.plots import (
+    _diag,  # noqa: E402
+    lam_colors,  # noqa: E402
+)
 from attnrank.studies.fig1.gd import fit_log_slope  # noqa: E402
 from attnrank.studies.fig1.params import Fig1Params  # noqa: E402
 from attnrank.studies.registry import FigureOut  # noqa: E402
-from attnrank.studies.toys_plots import _lam_colors  # noqa: E402
 
 FLOOR = 1e-17  # plotting floor for log axes (gap/balance reach rounding level, can be <= 0)
 
@@ -45,7 +47,7 @@ def _series_panels(axes, data: dict[str, Any]) -> None:
     t, lambdas = np.asarray(data["t"]), data["lambdas"]
     gap, bal = np.asarray(data["gap"], dtype=np.float64), np.asarray(data["balance"], dtype=np.float64)
     pred = balance_prediction(data)
-    colors = _lam_colors(len(lambdas))
+    colors = lam_colors(len(lambdas))
     for j, lam in enumerate(lambdas):
         axes[0].plot(t, np.maximum(gap[j], FLOOR), color=colors[j], label=f"λ = {lam:g}")
         axes[1].plot(t, np.maximum(bal[j], FLOOR), color=colors[j], label=f"λ = {lam:g}")

@@ -8,7 +8,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from attnrank.studies.toys_plots import _lam_colors  # noqa: E402
+from attnrank.analysis.plots import lam_colors  # noqa: E402
 
 
 def scale_training_curves(runs: dict, variants, beta: float) -> plt.Figure:
@@ -19,7 +19,7 @@ def scale_training_curves(runs: dict, variants, beta: float) -> plt.Figure:
         r = {k: np.asarray(x) if k in ("norm", "eff_lr", "loss") else x for k, x in runs[v].items()}
         seed0 = r["seeds"][0]
         cols = [j for j, g in enumerate(r["group"]) if g == "grid" and r["seeds"][j] == seed0]
-        colors = _lam_colors(len(cols))
+        colors = lam_colors(len(cols))
         for c, j in zip(colors, cols, strict=True):
             lab = f"λ = {r['lams'][j]:g}"
             axes[i, 0].plot(r["step"], r["norm"][:, j].mean(1), color=c, label=lab)
