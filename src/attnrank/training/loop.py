@@ -33,6 +33,7 @@ A run killed before its first checkpoint restarts from scratch.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
@@ -219,6 +220,7 @@ def _train(run: Path, cfg: TrainConfig, *, resume: bool, device: str, progress: 
         if run.exists() and not run.is_dir():
             raise AttnRankError(f"--out {run} exists and is not a directory")
         created = not run.exists()
+        s = None
         try:
             # one writer per run (rank 0 writes): a second train / --resume / sweep worker gets one line
             with locked_run(run) if dist.main else nullcontext():
@@ -229,6 +231,12 @@ def _train(run: Path, cfg: TrainConfig, *, resume: bool, device: str, progress: 
             if created and dist.main and run.is_dir() and {p.name for p in run.iterdir()} <= {LOCK}:
                 shutil.rmtree(run, ignore_errors=True)  # a run that never started leaves nothing behind
             raise
+        finally:
+            if s is not None and dist.world > 1:
+                # DDP's reducer holds the process group: free it first, or gloo's threads may be torn
+                # down at interpreter exit (SIGABRT, "terminate called without an active exception")
+                s = None
+                gc.collect()
     finally:
         dist.close()
 
