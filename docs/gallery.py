@@ -17,7 +17,7 @@ from attnrank.studies.registry import tally
 from attnrank.util.fileio import write_text
 
 FIGURES = {"fig1/fig1.png": "gallery_fig1.png", "fig2/fig2.png": "gallery_fig2.png",
-           "collapse/collapse_layers.png": "gallery_collapse.png", "fig4/fig4_norms.png": "fig4_norms.png"}
+           "fig3/fig3.png": "gallery_fig3.png", "collapse/collapse_layers.png": "gallery_collapse.png"}
 
 
 def cell(v) -> str:
