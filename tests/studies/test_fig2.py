@@ -109,3 +109,13 @@ def test_real_runs_are_paired_and_claims_follow_from_them():
     claims = {c.name: c for c in C.claims(data, p)}
     assert claims["fig2.rank_falls"].verdict == "inconclusive"  # 60 steps: far below 5 time constants
     assert claims["fig2.rank_falls"].exposure["judged"] == ["0"]
+
+
+def test_late_spikes_reads_the_loss_after_it_first_fell_below_the_threshold():
+    from attnrank.studies.fig2 import late_spikes
+
+    data = {"training": {"0": {"0": {"loss": [2.0, 1e-2, 5e-4, 1e-4, 0.3, 1e-5]}, "1": {"loss": [2.0, 1e-4, 2e-4]}},
+                         "1": {"0": {"loss": [2.0, 0.5, 0.1]}}}}
+    out = late_spikes(data)
+    assert out["0"] == pytest.approx(0.3)  # the spike after the loss fell below 1e-3 (worst seed)
+    assert out["1"] == 0.0  # never fell below: nothing to report

@@ -30,7 +30,25 @@ def notes(data: dict[str, Any], p: Fig2Params) -> list[str]:
         "late steps shrink. Decay exposure lambda * sum(lr) per lambda: "
         + ", ".join(f"{k}: {v['attn']:.2g}" for k, v in data["exposure"].items())
         + f"; lambdas below {p.min_exposure:g} are reported, not judged.",
+        "Late spikes (the largest logged training loss after it first fell below 1e-3, worst seed; a spike undoes "
+        "the balancing, so a profile is sized to end before them): "
+        + ", ".join(f"lambda {k}: {v:.2g}" for k, v in late_spikes(data).items()) + ".",
     ]
+
+
+def late_spikes(data: dict[str, Any], below: float = 1e-3) -> dict[str, float]:
+    """Per λ: the largest logged loss after the loss first fell below ``below`` (worst seed; 0 when
+    it never did)."""
+    out = {}
+    for lam, seeds in data["training"].items():
+        worst = 0.0
+        for curve in seeds.values():
+            loss = curve["loss"]
+            first = next((i for i, v in enumerate(loss) if v < below), None)
+            if first is not None:
+                worst = max(worst, max(loss[first:]))
+        out[lam] = worst
+    return out
 
 
 STUDY = register_study(Study(name="fig2", title=CATALOGUE["fig2"][1], source=SOURCE, params=Fig2Params,
