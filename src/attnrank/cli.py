@@ -257,7 +257,7 @@ def reproduce(
                           Text(fmt_value(c["measured"], 3)), Text(fmt_value(c["expected"], 3)))
         out_console.print(table)
         out_console.print(f"wrote {out / 'report.html'} (+ claims.json, data.json, run.json, "
-                          f"{len(summary.files) - 4} PNG)", highlight=False)
+                          f"{sum(f.suffix == '.png' for f in summary.files)} PNG)", highlight=False)
     if strict and not summary.all_held:
         raise typer.Exit(1)
 
