@@ -12,7 +12,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from attnrank.report.html import brief, reading
+from attnrank.report.html import brief, measured_brief, reading
 from attnrank.studies.registry import tally
 from attnrank.util.fileio import write_text
 
@@ -20,8 +20,12 @@ FIGURES = {"fig1/fig1.png": "gallery_fig1.png", "fig2/fig2.png": "gallery_fig2.p
            "fig3/fig3.png": "gallery_fig3.png", "collapse/collapse_layers.png": "gallery_collapse.png"}
 
 
+def clean(text: str) -> str:
+    return text.replace("\n", "; ").replace("|", "/")
+
+
 def cell(v) -> str:
-    return brief(v).replace("\n", "; ").replace("|", "/")
+    return clean(brief(v))
 
 
 def markers(profile: str) -> tuple[str, str]:
@@ -57,7 +61,7 @@ def claims_table(claims: list[dict]) -> str:
             verdict = f"**{verdict}**"
         exp = cell(c["exposure"]) if c.get("exposure") not in (None, {}) else ""
         rows.append(f"| {c['reproduction']} | `{c['name']}` | {c.get('kind', 'finding')} | {verdict} | "
-                    f"{cell(c['measured'])} | {cell(c['expected'])} | {exp} |")
+                    f"{clean(measured_brief(c))} | {cell(c['expected'])} | {exp} |")
     return "\n".join(rows)
 
 

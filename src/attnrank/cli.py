@@ -242,7 +242,7 @@ def reproduce(
         sys.stdout.write(json.dumps({"name": name, "out": str(out), "runtime_s": summary.runtime_s,
                                      "claims": [c.to_json() for c in summary.claims]}, indent=2) + "\n")
     elif not quiet:
-        from attnrank.report.html import fmt_value
+        from attnrank.report.html import brief, measured_brief
         from attnrank.studies.registry import tally
 
         claims = [c.to_json() for c in summary.claims]
@@ -254,7 +254,7 @@ def reproduce(
         table.add_column("expected", overflow="fold")
         for c in claims:
             table.add_row(Text(c["name"]), c["kind"], verdict_badge(c),
-                          Text(fmt_value(c["measured"], 3)), Text(fmt_value(c["expected"], 3)))
+                          Text(measured_brief(c)), Text(brief(c["expected"])))
         out_console.print(table)
         out_console.print(f"wrote {out / 'report.html'} (+ claims.json, data.json, run.json, "
                           f"{sum(f.suffix == '.png' for f in summary.files)} PNG)", highlight=False)

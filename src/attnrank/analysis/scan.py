@@ -101,12 +101,15 @@ def _stream(reader: AttentionReader, sel: list[int], tol: float, threads: int | 
     """
     from concurrent.futures import ThreadPoolExecutor
 
+    from attnrank.util.memory import trim_heap
+
     workers = max(1, threads if threads is not None else torch.get_num_threads())
     with ThreadPoolExecutor(1, thread_name_prefix="attnrank-read") as io, torch_threads(1):
         nxt = io.submit(reader.read_layer, sel[0]) if sel else None
         for k, i in enumerate(sel):
             hw = nxt.result()
             reader.ckpt.release()  # unmap what the read touched (tensors read are copies)
+            trim_heap()  # the previous layer's temporaries, back to the OS (resident set stays flat)
             nxt = io.submit(reader.read_layer, sel[k + 1]) if k + 1 < len(sel) else None
             metrics, row_norms = layer_metrics(hw, tol, workers=workers)
             yield i, hw, metrics, row_norms

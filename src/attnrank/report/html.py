@@ -118,6 +118,12 @@ def brief(v: Any) -> str:
     return f"{fmt_value(lo, 3)} … {fmt_value(hi, 3)} ({len(nums)} values)"
 
 
+def measured_brief(c: dict[str, Any]) -> str:
+    """A claim's "measured" cell: its ``key`` (the decisive numbers, written by the claim) or, for
+    claims without one, :func:`brief` of everything it measured."""
+    return c.get("key") or brief(c.get("measured"))
+
+
 def value_html(v: Any) -> str:
     """A value for reading: scalars formatted, dicts as small tables (dicts of dicts as one
     table with a column per inner key), lists inline or one per line."""
@@ -183,7 +189,7 @@ def _claim_rows(claims: list[dict[str, Any]], with_exposure: bool) -> str:
         rows.append(
             f"<tr><td>{_badge(c)}</td><td class='st'><b>{escape(c['name'])}</b> {escape(short)}"
             f"<details><summary>details</summary><div>{''.join(fold)}</div></details></td>"
-            f"<td class='n'>{escape(brief(c.get('measured')))}</td><td class='n'>{escape(brief(c.get('expected')))}</td>"
+            f"<td class='n'>{escape(measured_brief(c))}</td><td class='n'>{escape(brief(c.get('expected')))}</td>"
             f"{exp}</tr>")
     head = "<tr><th>verdict</th><th>claim</th><th>measured</th><th>expected</th>" + \
         ("<th>exposure</th>" if with_exposure else "") + "</tr>"

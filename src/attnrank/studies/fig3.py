@@ -45,7 +45,7 @@ from attnrank.studies.lm_common import (
     trend,
     vit_base,
 )
-from attnrank.studies.registry import CATALOGUE, Claim, FigureOut, Study, register_study
+from attnrank.studies.registry import CATALOGUE, Claim, FigureOut, Study, arrow, g3, register_study
 
 SOURCE = "Kobayashi et al. 2024, Fig. 3 (seed 000); REFERENCE.md §3"
 SRC_TREND = "paper Fig. 3; REFERENCE.md §3"
@@ -165,7 +165,9 @@ def rank_falls(m: dict[str, Any], model: str, measure: str) -> Claim:
                "Adam's noise holds them). Also recorded (simulated_floor, an upper bound): sigma_1 of a W_Q, W_K pair "
                "fed only zero-mean Gaussian gradients by AdamW with the run's schedule, betas, eps, lambda and steps, "
                "over the median trained sigma_1.",
-        exposure={"needed_at_largest_lambda": MIN_EXPOSURE, "got_attn": got})
+        exposure={"needed_at_largest_lambda": MIN_EXPOSURE, "got_attn": got},
+        key="; ".join(f"{p.upper()} {arrow(t['means'])}" for p, t in tests.items()) + f" (lambda {m['lambdas'][0]:g} … "
+            f"{m['lambdas'][-1]:g})")
 
 
 def matched_exposure_lowers(m: dict[str, Any], model: str, steps: int) -> Claim:
@@ -194,7 +196,10 @@ def matched_exposure_lowers(m: dict[str, Any], model: str, steps: int) -> Claim:
         verdict=verdict, reason=reason, tolerance=SPREAD,
         detail="Effective rank per run averaged over the selected heads; the literal lambda = 0.1 has an exposure of "
                f"{0.1 * m['lr_sum']:.3g} here, a small fraction of one time constant.",
-        exposure={"needed": PRETRAIN_EXPOSURE, "got_attn": got[f"{lam_eq:g}"]})
+        exposure={"needed": PRETRAIN_EXPOSURE, "got_attn": got[f"{lam_eq:g}"]},
+        key=f"lambda 0 → {lam_eq:g}: " + "; ".join(
+            f"{p.upper()} {g3(measured[p]['rank_at_0'])} → {g3(measured[p]['rank_at_matched'])} "
+            f"(spread {g3(measured[p]['seed_spread'])})" for p in PRODUCTS))
 
 
 def claims(data: dict[str, Any], params: Fig3Params) -> list[Claim]:

@@ -35,7 +35,7 @@ from attnrank.studies.lm_common import (
     lr_sum,
     sweep,
 )
-from attnrank.studies.registry import CATALOGUE, Claim, FigureOut, Study, register_study
+from attnrank.studies.registry import CATALOGUE, Claim, FigureOut, Study, g3, register_study
 
 SOURCE = "Kobayashi et al. 2024, Fig. 4 (seed 000); REFERENCE.md §1, §3"
 COINCIDE = 0.99  # "the two norms almost perfectly coincide": median nuclear / bound at least this
@@ -191,7 +191,15 @@ def balanced_at_exposure(data: dict[str, Any], product: str, threshold: float = 
                  f"{MIN_EXPOSURE:g}; < {threshold} in every run at lambda 0", verdict=verdict, reason=reason,
                  tolerance=threshold, detail="Median over every head of all layers of each run; the nulls' medians "
                  "(rotation, row pairing) are reported beside it.",
-                 exposure={"needed": MIN_EXPOSURE, "got_attn": sorted({x["exposure_attn"] for x in per})})
+                 exposure={"needed": MIN_EXPOSURE, "got_attn": sorted({x["exposure_attn"] for x in per})},
+                 key=f"median nuclear/bound: lambda 0 {_range(undecayed)}; exposure >= {MIN_EXPOSURE:g} "
+                     f"{_range(decayed)}; nulls {_range(per, 'ratio_rotation', 'ratio_pairing')}")
+
+
+def _range(rows: list[dict[str, Any]], *cols: str) -> str:
+    """``lo–hi`` of ``cols`` (default the trained ratio) over rows, for a claim's key."""
+    v = [x[c] for x in rows for c in (cols or ("ratio_trained",))]
+    return "—" if not v else f"{g3(min(v))}–{g3(max(v))}"
 
 
 def nulls_keep_bound(data: dict[str, Any]) -> Claim:

@@ -87,7 +87,9 @@ class Claim:
     ``verdict == "held"``. ``measured`` and ``expected`` may be numbers, strings, lists or dicts
     (JSON-serialisable); ``tolerance`` says how close counts as agreement; ``detail`` says how
     it was measured; ``exposure`` records the decay exposure λ·Σlr a training finding got (and
-    needed).
+    needed); ``key`` is the decisive measured number(s) in one short line, as a reader compares
+    them with ``expected`` (the report's and the README's "measured" cell; ``measured`` holds
+    everything, in the fold).
     """
 
     name: str
@@ -102,6 +104,7 @@ class Claim:
     verdict: str | None = None
     reason: str = ""
     exposure: Any = None
+    key: str = ""
 
     def __post_init__(self) -> None:
         if self.verdict is None:
@@ -120,6 +123,22 @@ class Claim:
 
     def to_json(self) -> dict[str, Any]:
         return jsonable(asdict(self))
+
+
+def g3(x: Any) -> str:
+    """A number for a claim's ``key``: 3 significant digits (None as —)."""
+    return "—" if x is None else f"{float(x):.3g}"
+
+
+def series(values: dict[str, Any], name: str = "λ") -> str:
+    """``{λ: value}`` as one line for a claim's ``key``: ``λ 0: 14.6, 1: 7.74, …``."""
+    body = ", ".join(f"{k}: {g3(v)}" for k, v in values.items())
+    return f"{name} {body}" if name else body
+
+
+def arrow(values: Any) -> str:
+    """A sequence (or a dict's values, in order) as ``7.1 → 5.7 → 1.5`` for a claim's ``key``."""
+    return " → ".join(g3(v) for v in (values.values() if isinstance(values, dict) else values))
 
 
 def tally(claims: list[dict[str, Any]]) -> dict[str, Any]:

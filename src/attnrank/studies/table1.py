@@ -35,7 +35,7 @@ from attnrank.studies.lm_common import (
     sign_verdict,
     sweep,
 )
-from attnrank.studies.registry import CATALOGUE, Claim, FigureOut, Study, register_study
+from attnrank.studies.registry import CATALOGUE, Claim, FigureOut, Study, g3, register_study
 
 SOURCE = "Kobayashi et al. 2024, Table 1 (seed 000); REFERENCE.md §3"
 SRC_HURTS = "paper Table 1; REFERENCE.md §3 (low rank in attention can hurt LMs)"
@@ -136,7 +136,9 @@ def attn_decay_hurts(runs: pd.DataFrame) -> Claim:
                  reason=reason, tolerance=SPREAD,
                  expected="mean over MLP lambdas of ppl(attn max) - ppl(attn 0) > seed spread (paired by seed)",
                  detail="test perplexity (exp of mean test loss) on the held-out split; diff > 0 means decay hurt.",
-                 exposure={"needed": MIN_EXPOSURE, "got_attn": e_max})
+                 exposure={"needed": MIN_EXPOSURE, "got_attn": e_max},
+                 key=f"ppl {main['diff']:+.3g} at attention lambda {a_max:g} vs 0 (spread {g3(main['spread'])}, "
+                     f"{main['n_seeds']} seeds)")
 
 
 def decoupling_helps(runs: pd.DataFrame) -> Claim:
@@ -172,7 +174,10 @@ def decoupling_helps(runs: pd.DataFrame) -> Claim:
                  tolerance=SPREAD,
                  detail="Picking the best of several cells favours the side with more cells slightly (selection); "
                         "the spread test does not correct for it.",
-                 exposure={"needed_coupled": MIN_EXPOSURE, "got_coupled": got})
+                 exposure={"needed_coupled": MIN_EXPOSURE, "got_coupled": got},
+                 key="; ".join(f"MLP {k.split('=')[1]}: attn {v['best_lower_attn']:g} better than attn "
+                               f"{v['best_other_attn']:g} by {v['diff']:.3g} ppl (spread {g3(v['spread'])})"
+                               for k, v in measured.items() if k.startswith("mlp_lambda=")) or "—")
 
 
 def claims(data: dict[str, Any], params: Table1Params) -> list[Claim]:

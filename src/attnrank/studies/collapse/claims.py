@@ -10,7 +10,7 @@ import numpy as np
 
 from attnrank.analysis.collapse import INITS, WELL_KNOWN, path_counts, path_length_stats
 from attnrank.studies.collapse.params import CollapseParams
-from attnrank.studies.registry import Claim
+from attnrank.studies.registry import Claim, arrow, g3
 
 SRC_PURE = "seed 001 §3.1, §5.4 (BERT experiments); REFERENCE.md §4"
 SRC_SKIP = "seed 001 §4.1 (skip connections); REFERENCE.md §4"
@@ -116,6 +116,12 @@ def threshold_claim(data: dict[str, Any], keys: Sequence[str], threshold: float,
     return measured, verdict, reason
 
 
+def ratio_key(measured: dict[str, Any]) -> str:
+    """last/first per sentence, mean ± 2 SE, per part: a threshold claim's key."""
+    return "last/first: " + "; ".join(f"{k} {g3(v['per-sentence last/first'])} ± {g3(v['2 SE'])}"
+                                      for k, v in measured.items())
+
+
 SPREAD = ("verdict per part on the per-sentence ratio last/first: held when mean ± 2 SE lies wholly on the "
           "claimed side of the threshold, not held when wholly on the other side, else inconclusive")
 
@@ -127,7 +133,7 @@ def pure_attention(data: dict[str, Any], p: CollapseParams) -> Claim:
         name="collapse.pure_attention", source=SRC_PURE, statement=ST_PURE,
         measured=measured, expected={f"{i}/pure": f"last/first <= {p.ratio_collapse:g}" for i in INITS},
         tolerance=f"'much smaller' taken as two orders of magnitude ({p.ratio_collapse:g}); {SPREAD}",
-        verdict=verdict, reason=reason,
+        verdict=verdict, reason=reason, key=ratio_key(measured),
         detail=f"MiniLM-L6, {_meta(data).get('n_seqs')} sentences, res_composite (x = mean row); first = embedding "
                "output, last = after layer 6; 'first', 'last', 'last/first' are the means over sentences. float64: "
                "values near 1e-16 are the rounding floor.")
@@ -142,7 +148,7 @@ def skip_prevents(data: dict[str, Any], p: CollapseParams) -> Claim:
         measured=measured, expected=f"last/first >= {p.ratio_prevent:g} for every variant with skips and both inits",
         tolerance=f"'does not collapse' taken as keeping at least half ({p.ratio_prevent:g}) of the first layer's "
                   f"residual; {SPREAD}",
-        verdict=verdict, reason=reason,
+        verdict=verdict, reason=reason, key=ratio_key(measured),
         detail="Same batch and measure as collapse.pure_attention.")
 
 
@@ -172,6 +178,8 @@ def mlp_slows(data: dict[str, Any], p: CollapseParams) -> Claim:
         tolerance="sign, beyond the spread: per sentence the mean over judged layers of log10(mlp/pure); held when "
                   "mean - 2 SE > 0, not held when mean + 2 SE < 0, else inconclusive",
         verdict=verdict, reason=reason,
+        key="mean log10(mlp/pure): " + "; ".join(f"{i} {g3(v['mean log10(mlp/pure)'])} ± {g3(v['2 SE over sentences'])}"
+                                                 for i, v in per_layer.items()),
         detail="Paired per sentence: log10 of res_composite with MLP over without, at every layer >= 1 where pure "
                f"attention is still above the float64 floor ({p.floor:g}) in the geometric mean over sentences. "
                "Per-layer values (means over sentences) show where the MLP helps and where it does not.")
@@ -183,7 +191,7 @@ def mlp_does_not_prevent(data: dict[str, Any], p: CollapseParams) -> Claim:
     return Claim(
         name="collapse.mlp_does_not_prevent", source=SRC_MLP_NOT, statement=ST_MLP_NOT,
         measured=measured, expected={f"{i}/mlp": f"last/first <= {p.ratio_collapse:g}" for i in INITS},
-        tolerance=f"{p.ratio_collapse:g}; {SPREAD}", verdict=verdict, reason=reason,
+        tolerance=f"{p.ratio_collapse:g}; {SPREAD}", verdict=verdict, reason=reason, key=ratio_key(measured),
         detail="Same batch and measure as collapse.pure_attention.")
 
 
@@ -219,6 +227,8 @@ def doubly_exponential(data: dict[str, Any], p: CollapseParams) -> Claim:
                  "two-parameter kappa = 3 form fits better than the two-parameter exponential",
         tolerance="R2 on log r over the depths before the curve first reaches the float64 floor",
         verdict=verdict, reason=reason,
+        key=(f"{len(fitted)} of {len(fits)} curves fitted; lowest R2 dexp {g3(min(v['R2 dexp'] for v in fitted.values()))}"
+             if fitted else f"0 of {len(fits)} curves fitted"),
         detail="Depth sweep: the project's Transformer with no skip, no MLP, no norm, random init N(0, std^2) for "
                f"every weight, {len(sw['seeds'])} seeds x {sw['n_seqs']} byte sequences; geometric mean of "
                "res_composite per depth. kappa fitted by profile least squares on [1.01, 10]. Not fitted (fewer "
@@ -236,6 +246,7 @@ def path_products(data: dict[str, Any], p: CollapseParams) -> Claim:
         measured={f"k={int(r['length'])}": r["mean"] for r in ps},
         expected="mean residual strictly decreasing in path length k = 0..L",
         tolerance="strict monotonicity of the means", held=strictly_decreasing_to_floor(means, p.floor),
+        key=f"mean residual by path length k = 0…{len(means) - 1}: {arrow(means)}",
         detail=f"MiniLM pretrained, attention matrices of the unmodified forward pass on {_meta(data).get('n_seqs')} "
                f"sentences; per sentence and length, {p.path_samples} paths (k distinct layers, one uniform head "
                "each); product P_{l_k,h_k}...P_{l_1,h_1}; res_composite (mean row). k = 0 is the identity.")
@@ -252,6 +263,7 @@ def path_restricted(data: dict[str, Any], p: CollapseParams) -> Claim:
         expected="residual strictly decreasing in k (until the float64 floor) for the norm-free network (the "
                  "paper's SAN with skips), both init scales",
         tolerance="strict monotonicity of the geometric means",
+        key="; ".join(f"{k}: {arrow(restricted[k]['geo_mean'][:4])} …" for k in verdict_keys) or "—",
         held=bool(verdict_keys) and all(strictly_decreasing_to_floor(restricted[k]["geo_mean"], p.floor)
                                         for k in verdict_keys),
         detail=f"Transformer, {p.restricted_layers} layers x {p.sweep_heads} heads, skip on, no MLP, bidirectional, "

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from attnrank.studies.fig2.params import Fig2Params
-from attnrank.studies.registry import Claim
+from attnrank.studies.registry import Claim, g3, series
 
 RANK_LAYER = "0"  # the paper's "layer 1"
 GAP_TOL = 0.01
@@ -127,7 +127,7 @@ def rank_falls(data: dict[str, Any], p: Fig2Params) -> Claim:
         expected="effective rank non-increasing over the judged lambdas within the seed spread, and lower at the "
                  "largest than at lambda = 0 beyond it in every seed",
         verdict=verdict, reason=reason, tolerance="seed spread (largest range over seeds)",
-        exposure=exposure_record(data, p),
+        exposure=exposure_record(data, p), key=f"effective rank, {series(_mean(eff))}; seed spread {g3(info.get('seed_spread'))}",
         detail=f"exp(entropy of sigma/sum sigma) of P_h W_V,h, mean over the heads of layer 1 "
                f"(head dim {data['config']['model']['head_dim']}), step {p.steps}, seeds {list(p.seeds)} "
                f"(paired: a seed's runs share initialisation and data). Numerical ranks #{{sigma_i > tau sigma_1}} are "
@@ -149,7 +149,7 @@ def balance_decays_faster(data: dict[str, Any], p: Fig2Params) -> Claim:
         expected="final/initial non-increasing over the judged lambdas within the seed spread, and lower at the "
                  "largest than at lambda = 0 beyond it in every seed",
         verdict=verdict, reason=reason, tolerance="seed spread (largest range over seeds)",
-        exposure=exposure_record(data, p),
+        exposure=exposure_record(data, p), key=f"final/initial, {series(_mean(ratio))}; seed spread {g3(info.get('seed_spread'))}",
         detail="balance_rel = ||P_h^T P_h - W_V,h W_V,h^T||_F / (||P_h^T P_h||_F + ||W_V,h W_V,h^T||_F), mean over the "
                f"heads of layer 1; final = step {p.steps}, initial = step 0 (the same initialisation for every lambda "
                "of a seed). The absolute discrepancy would fall with any uniform shrinkage; the relative one does not.")
@@ -172,6 +172,7 @@ def gap_vanishes(data: dict[str, Any], p: Fig2Params) -> Claim:
                   "qk_final_gap_over_bound": _mean(per_seed(data, "qk", "gap_rel"))},
         expected=f"(bound - nuclear)/bound <= {GAP_TOL:g} at the end, every seed, for every judged lambda > 0",
         verdict=verdict, reason=reason, tolerance=f"{GAP_TOL:g} of the bound", exposure=exposure_record(data, p),
+        key=f"gap/bound, {series(_mean(gap))}; worst seed " + (", ".join(f"{k}: {g3(max(gap[k]))}" for k in order) or "—"),
         detail="mean over the heads of layer 1; lambda = 0 and lambdas below the exposure are shown, not judged.")
 
 
@@ -194,7 +195,7 @@ def task_learned(data: dict[str, Any], p: Fig2Params) -> Claim:
         measured={"final_accuracy": _mean(acc), "final_accuracy_per_seed": acc},
         expected=f"final accuracy >= {ACC_MIN:g} for every lambda and seed",
         held=all(a >= ACC_MIN for v in acc.values() for a in v), tolerance=f">= {ACC_MIN:g}",
-        exposure=exposure_record(data, p),
+        exposure=exposure_record(data, p), key=f"lowest final accuracy {g3(min(a for v in acc.values() for a in v))}",
         detail="accuracy on fresh batches (fully online: training batches are never repeated), mean of the "
                "last 10% of logged values; chance is 1/8 (guessing a value token), about 0.3 for guessing one of "
                "the values present in the sequence.")

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from attnrank.studies.fig5.params import Fig5Params
-from attnrank.studies.registry import Claim
+from attnrank.studies.registry import Claim, g3
 
 SRC_LEFT = "paper Fig. 5 (left)"
 SRC_RIGHT = "paper Fig. 5 (right)"
@@ -77,6 +77,7 @@ def reaches_optimum(data: dict[str, Any], p: Fig5Params, kind: str, opt: str) ->
         measured={"end point": row["w_final"], "distance": row["dist_target"],
                   "distance to the other optimiser's end point": apart},
         expected={"optimum": row["target"], "distance": 0.0}, tolerance=TOL, held=dist <= TOL,
+        key=f"distance to the optimum {g3(row['dist_target'])} (tolerance {TOL:g})",
         detail=f"{_setup(p)}. Optimum computed independently: "
                + ("closed form alpha c/|c|, alpha = (|c| - r)/(1 + lam/2) (checked against scipy in tests)"
                   if kind == "direct" else "scipy L-BFGS-B on split variables w = p - q, p, q >= 0")
@@ -101,6 +102,7 @@ def factorized_sparse(data: dict[str, Any], p: Fig5Params) -> Claim:
                   "direct: min over optimisers of min_i |w_i|": dense_direct},
         expected={"factorized": f"<= {TOL / 10:g}", "direct": f"> {10 * TOL:g}"},
         tolerance=TOL / 10, held=sparse_fact <= TOL / 10 and dense_direct > 10 * TOL, detail=_setup(p) + ".",
+        key=f"smallest |w_i|: factorized {g3(sparse_fact)}, direct {g3(dense_direct)}",
     )
 
 
@@ -138,7 +140,7 @@ def eps_sweep(data: dict[str, Any], p: Fig5Params) -> Claim:
     return Claim(
         name="fig5.eps_sweep", source=SRC_CONJECTURE, statement=ST_EPS,
         measured={"converged runs": meas, "not converged": cycles}, expected=0.0, tolerance=TOL,
-        verdict=verdict,
+        verdict=verdict, key=_worst_key(meas, len(cycles)),
         reason=(f"fewer than {MIN_CONVERGED} converged eps per parametrisation ({n_conv})" if few else
                 ("converged runs off the conjectured optimum: " + ", ".join(failing) if failing else "")),
         detail=f"lam_wd = {p.lam_main}; distance from the AdamW end point to the conjectured optimum, judged on the "
@@ -151,6 +153,15 @@ def eps_sweep(data: dict[str, Any], p: Fig5Params) -> Claim:
                "limit cycle around S; its end point depends on where the cycle is cut, not on lam_wd*eps. Where it "
                "converges a residual of order lam_wd*|w| remains (fig5.adamw_fixed_point, fig5.wd_sweep).",
     )
+
+
+def _worst_key(meas: dict[str, dict[str, Any]], n_cycles: int) -> str:
+    """The largest distance to the conjectured optimum over the judged runs, and how many were not."""
+    if not meas:
+        return f"no converged run ({n_cycles} not converged)"
+    worst = max(meas, key=lambda k: _dist(meas[k], "distance"))
+    return (f"largest distance {g3(meas[worst]['distance'])} ({worst}) over {len(meas)} converged runs; "
+            f"{n_cycles} not converged, not judged")
 
 
 def wd_sweep(data: dict[str, Any], p: Fig5Params) -> Claim:
@@ -176,7 +187,7 @@ def wd_sweep(data: dict[str, Any], p: Fig5Params) -> Claim:
     verdict = "inconclusive" if not meas else ("not held" if failing else "held")
     return Claim(
         name="fig5.wd_sweep", source=SRC_CONJECTURE, statement=ST_WD,
-        measured=meas, expected=0.0, tolerance=TOL, verdict=verdict,
+        measured=meas, expected=0.0, tolerance=TOL, verdict=verdict, key=_worst_key(meas, len(cycles)),
         reason=("no converged run" if not meas else
                 ("off the conjectured optimum at " + ", ".join(failing) + ": the exact AdamW fixed point is "
                  "grad L = -eps lam_wd theta/(1 - lam_wd|theta|) (derived here), so lam_L2 = lam_wd*eps holds only to "
@@ -201,6 +212,7 @@ def adamw_fixed_point(data: dict[str, Any], p: Fig5Params) -> Claim:
         name="fig5.adamw_fixed_point", source=SRC_FIXED_POINT, statement=ST_FIXED_POINT,
         measured={"max distance": worst_fp, "converged runs": len(conv), "not converged": len(notconv)},
         expected={"max distance": 0.0}, tolerance=CONVERGED, held=bool(conv) and worst_fp <= CONVERGED,
+        key=f"largest distance to the exact fixed point {g3(worst_fp)} over {len(conv)} converged runs",
         kind="identity",
         detail=f"Converged = range of the last 10% of the recorded trajectory below {CONVERGED:g} (the same "
                "number as the tolerance). Fixed point computed by scipy (L-BFGS-B) from the penalties "

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from attnrank.studies.registry import Claim
+from attnrank.studies.registry import Claim, arrow, g3
 from attnrank.studies.scale.params import ScaleParams
 from attnrank.studies.scale.summary import EQ_DRIFT, TIME_CONSTANTS_NEEDED, run_summary, summaries
 
@@ -144,7 +144,7 @@ def norm_and_effective_lr(summ: dict[str, list[dict[str, Any]]], v: str) -> Clai
         name=f"scale.norm_and_effective_lr_{v}", source=SOURCE, statement=NORM_AND_EFF_LR.format(v=v),
         measured={"|W| by lam": nrm, "eta/|W|^2 by lam": elr},
         expected="|W| strictly decreasing and eta/|W|^2 strictly increasing in lam", verdict=verdict, reason=reason,
-        exposure=exposure_record(decayed),
+        exposure=exposure_record(decayed), key=f"|W| over lam {min(nrm):g} … {max(nrm):g}: {arrow(nrm)}",
         detail="Tail means, averaged over the block matrices and seeds. For pre: "
                f"|W| {', '.join(_fmt(x) for x in pre.values())}.")
 
@@ -160,6 +160,11 @@ def _sgd_equilibrium(summ: dict[str, list[dict[str, Any]]], key: str) -> tuple[d
     return {_run_key(r): r[key] for r in rows}, verdict, reason, rows
 
 
+def _ratio_range(ratios: dict[str, float]) -> str:
+    v = list(ratios.values())
+    return f"measured / predicted {g3(min(v))}–{g3(max(v))} over {len(v)} runs" if v else "no run"
+
+
 def _drifts(rows: list[dict[str, Any]]) -> str:
     return ", ".join(f"{_run_key(r)}: {_fmt(r['drift'])}" for r in rows)
 
@@ -172,6 +177,7 @@ def angular_update_sgd(summ: dict[str, list[dict[str, Any]]], p: ScaleParams) ->
         name="scale.angular_update_sgd", source=SOURCE, statement=ANGULAR_UPDATE,
         measured=ang, expected="ratio measured / sqrt(2 eta lam/(1+beta)) = 1 for every run at equilibrium",
         tolerance="within [0.8, 1.25]", verdict=verdict, reason=reason, exposure=exposure_record(rows),
+        key=_ratio_range(ang),
         detail=f"Ratio per run (mean over the {p.depth} block matrices), tail mean of the per-step angle between W_t "
                f"and W_t+1. Equilibrium judged from the data: the norm's drift per relaxation time tau = (1-beta)/(2 eta "
                f"lam), |d ln|W|/dt| tau over the last quarter (least-squares line), at most {EQ_DRIFT:g} (it shifts the "
@@ -186,6 +192,7 @@ def equilibrium_norm_sgd(summ: dict[str, list[dict[str, Any]]]) -> Claim:
         name="scale.equilibrium_norm_sgd", source=SOURCE, statement=EQUILIBRIUM_NORM,
         measured=nrm, expected="ratio measured |W| / predicted = 1 for every run at equilibrium",
         tolerance="within [0.8, 1.25]", verdict=verdict, reason=reason, exposure=exposure_record(rows),
+        key=_ratio_range(nrm),
         detail="Prediction from the tail mean of |g|^2 per block matrix; derived assuming gradient noise uncorrelated "
                "between steps (momentum buffer |v|^2 = |g|^2/(1-beta^2)) together with the angular-update equilibrium; "
                f"since g scales as 1/|W| this is |W| ~ (eta/lam)^(1/4). Equilibrium: |d ln|W|/dt| tau <= {EQ_DRIFT:g} over "
@@ -248,6 +255,7 @@ def lambda_only_through_product(summ: dict[str, list[dict[str, Any]]], p: ScaleP
                   **{f"{v} noise (2 s.e., relative)": noise[v] for v in VARIANTS}},
         expected={"none": "<= 0.1", "post": "<= 0.1", "pre": "> max(none, post)"},
         verdict=verdict, reason=reason, exposure=exposure_record(rows),
+        key="relative loss spread: " + ", ".join(f"{v} {g3(sp[v])} (noise {g3(noise[v])})" for v in VARIANTS),
         detail=f"eta*lam = {p.product[0][0] * p.product[0][1]:g} for (eta_W, lam) in "
                + ", ".join(f"({e:g}, {lam:g})" for e, lam in p.product)
                + f"; head and LayerNorm lr {p.lr_other:g}; same init and minibatches; seeds {list(p.seeds)}. Spread = "
@@ -276,6 +284,7 @@ def adamw_norm_scaling(asum: list[dict[str, Any]]) -> Claim:
         measured={"slope d log|W| / d log(eta/lam)": slope,
                   "|W|": {f"eta={r['lr']:g} lam={r['lam']:g}": r["norm"] for r in asum}},
         expected={"slope": 0.5}, tolerance=0.1, verdict=verdict, reason=reason, exposure=exposure_record(asum),
+        key=f"slope {g3(slope)} over {len(decided)} runs at equilibrium",
         detail="Variant none, least-squares slope of log |W| (tail mean) on log(eta/lam) over the runs at equilibrium "
                f"({len(decided)} of {len(asum)}; equilibrium: |d ln|W|/dt| tau <= {EQ_DRIFT:g} over the last quarter, "
                f"tau = 1/(2 eta lam): {_drifts(asum)}). "
