@@ -1,0 +1,30 @@
+"""report.html pieces: the compact "measured" cell (a claim's key, else a brief of what it measured)."""
+
+from attnrank.report.html import brief, measured_brief, render_report
+from attnrank.studies.registry import Claim, arrow, g3, series
+
+
+def test_brief_numbers_small_dicts_and_ranges():
+    assert brief(0.000123456) == "1.235e-04"
+    assert brief({"a": 1.0, "b": 2.5}) == "a: 1; b: 2.5"
+    assert brief({"x": [1.0, 2.0, 3.0], "y": {"z": 0.5}, "w": 7.0}) == "0.5 … 7 (5 values)"
+
+
+def test_key_helpers_format_for_reading():
+    assert g3(14.571523976) == "14.6" and g3(None) == "—"
+    assert series({"0": 14.57, "3": 1.879}) == "λ 0: 14.6, 3: 1.88"
+    assert series({"0": 1.0}, name="") == "0: 1"
+    assert arrow({"0": 7.1019, "1": 5.7008, "3": 1.5}) == "7.1 → 5.7 → 1.5"
+
+
+def test_measured_cell_shows_the_key_and_keeps_everything_in_the_fold():
+    measured = {"final_effective_rank": {"0": 14.57, "3": 1.88}, "per_seed": {"0": [14.6, 14.5], "3": [1.8, 1.9]}}
+    with_key = Claim("s.c", "src", "falls", measured, "falls", held=True, key="effective rank, λ 0: 14.6, 3: 1.88").to_json()
+    without = Claim("s.d", "src", "falls", measured, "falls", held=True).to_json()
+    assert measured_brief(with_key) == "effective rank, λ 0: 14.6, 3: 1.88"
+    assert measured_brief(without) == "1.8 … 14.6 (6 values)"
+    html = render_report(meta={"name": "s", "title": "t", "source": "src", "runtime_s": 1.0, "quick": True,
+                               "params": {}, "versions": {}}, claims=[with_key], figures=[])
+    cell = html.split("<table class='claims'>", 1)[1].split("<td class='n'>", 1)[1].split("</td>", 1)[0]
+    assert cell == "effective rank, λ 0: 14.6, 3: 1.88"
+    assert "14.57" in html  # the full measured value is still there, in the fold
