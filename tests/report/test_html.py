@@ -25,6 +25,6 @@ def test_measured_cell_shows_the_key_and_keeps_everything_in_the_fold():
     assert measured_brief(without) == "1.8 … 14.6 (6 values)"
     html = render_report(meta={"name": "s", "title": "t", "source": "src", "runtime_s": 1.0, "quick": True,
                                "params": {}, "versions": {}}, claims=[with_key], figures=[])
-    cell = html.split("<table class='claims'>", 1)[1].split("<td class='n'>", 1)[1].split("</td>", 1)[0]
-    assert cell == "effective rank, λ 0: 14.6, 3: 1.88"
+    assert "<td class='n'>effective rank, λ 0: 14.6, 3: 1.88</td>" in html
+    assert "(6 values)" not in html
     assert "14.57" in html  # the full measured value is still there, in the fold
