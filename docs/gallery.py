@@ -21,7 +21,7 @@ FIGURES = {"fig1/fig1.png": "gallery_fig1.png", "fig2/fig2.png": "gallery_fig2.p
 
 
 def clean(text: str) -> str:
-    return text.replace("\n", "; ").replace("|", "/")
+    return text.replace("\n", "; ").replace("|", "\\|")  # a pipe inside a Markdown table cell
 
 
 def cell(v) -> str:
