@@ -144,7 +144,7 @@ def norm_and_effective_lr(summ: dict[str, list[dict[str, Any]]], v: str) -> Clai
         name=f"scale.norm_and_effective_lr_{v}", source=SOURCE, statement=NORM_AND_EFF_LR.format(v=v),
         measured={"|W| by lam": nrm, "eta/|W|^2 by lam": elr},
         expected="|W| strictly decreasing and eta/|W|^2 strictly increasing in lam", verdict=verdict, reason=reason,
-        exposure=exposure_record(decayed), key=f"|W| over lam {min(nrm):g} … {max(nrm):g}: {arrow(nrm)}",
+        exposure=exposure_record(decayed), key=f"|W| over lam {min(nrm):g} … {max(nrm):g}: {arrow(nrm)}" if nrm else "no run",
         detail="Tail means, averaged over the block matrices and seeds. For pre: "
                f"|W| {', '.join(_fmt(x) for x in pre.values())}.")
 
