@@ -7,6 +7,7 @@ from attnrank.studies.registry import Claim, arrow, g3, series
 def test_brief_numbers_small_dicts_and_ranges():
     assert brief(0.000123456) == "1.235e-04"
     assert brief({"a": 1.0, "b": 2.5}) == "a: 1; b: 2.5"
+    assert brief({"none": "<= 0.1", "post": "<= 0.1", "pre": "> max"}) == "none: <= 0.1; post: <= 0.1; pre: > max"
     assert brief({"x": [1.0, 2.0, 3.0], "y": {"z": 0.5}, "w": 7.0}) == "0.5 … 7 (5 values)"
 
 

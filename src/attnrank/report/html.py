@@ -101,8 +101,9 @@ def brief(v: Any) -> str:
     if v is None or _is_num(v) or isinstance(v, bool):
         return fmt_value(v, 4)
     if isinstance(v, str):
-        return v if len(v) <= 60 else v[:57].rstrip() + "…"
-    if isinstance(v, dict) and len(v) <= 2 and all(_is_num(x) or x is None or isinstance(x, bool) for x in v.values()):
+        return v if len(v) <= 100 else v[:97].rstrip() + "…"
+    if isinstance(v, dict) and len(v) <= 4 and all(_is_num(x) or x is None or isinstance(x, bool | str)
+                                                    for x in v.values()):
         text = "; ".join(f"{k}: {fmt_value(x, 4)}" for k, x in v.items())
         if len(text) <= 80:
             return text

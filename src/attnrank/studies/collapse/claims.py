@@ -297,6 +297,8 @@ def path_counts_claim(data: dict[str, Any], p: CollapseParams) -> Claim:
                   "mean path length MiniLM (L=6, H=12)": path_length_stats(6, 12)["mean_length"]},
         expected=f"enumeration = formula for L <= 4, H <= 3 ({len(rows)} configs)", tolerance="exact integers",
         held=brute_ok and sums_ok, kind="identity",
+        key=(f"{len(rows)} of {len(rows)} enumerations agree" if brute_ok else "an enumeration disagrees")
+            + ("; sums = (H+1)^L" if sums_ok else "; a sum differs from (H+1)^L"),
         detail="Every path enumerated (skip or one head per layer). The table of well-known configurations is in "
                "data.json.")
 

@@ -128,6 +128,7 @@ def gradient_orthogonal(summ: dict[str, list[dict[str, Any]]]) -> Claim:
         measured={f"max |cos(grad, W)| {v}": cos[v] for v in VARIANTS},
         expected={"none": 0.0, "post": 0.0, "pre": "not 0 (not invariant)"}, tolerance=1e-4,
         held=cos["none"] <= 1e-4 and cos["post"] <= 1e-4 and cos["pre"] > 1e-4, kind="identity",
+        key="max |cos(grad, W)|: " + ", ".join(f"{v} {g3(cos[v])}" for v in VARIANTS),
         detail="Largest |cos| between the minibatch loss gradient and W, per tensor and run, over the tail windows "
                "(window means of per-step values), float32 training with LayerNorm epsilon 1e-5.")
 
@@ -303,6 +304,7 @@ def verdicts_trained(verdicts: dict[str, Any]) -> Claim:
         name="scale.verdicts_trained", source=SOURCE_TOOL, statement=VERDICTS_TRAINED,
         measured={v: verdicts[v]["verdicts"] for v in VARIANTS}, expected=expect,
         held=all(all(x == expect[v] for x in verdicts[v]["verdicts"].values()) for v in VARIANTS), kind="identity",
+        key="; ".join(f"{v}: " + ", ".join(sorted(set(verdicts[v]["verdicts"].values()))) for v in VARIANTS),
         detail="scale_test over c in " + ", ".join(f"{c:g}" for c in scales) + " on 64 test images, all runs "
                "of a variant at once, float64, LayerNorm epsilon 0 for the verdict. Largest inv_dev: "
                + ", ".join(f"{v} {_fmt(verdicts[v]['inv_dev_max'])}" for v in VARIANTS)
