@@ -35,7 +35,7 @@ from attnrank.studies.lm_common import (
     lr_sum,
     sweep,
 )
-from attnrank.studies.registry import CATALOGUE, Claim, FigureOut, Study, g3, register_study
+from attnrank.studies.registry import CATALOGUE, Claim, FigureOut, Study, register_study, span
 
 SOURCE = "Kobayashi et al. 2024, Fig. 4 (seed 000); REFERENCE.md §1, §3"
 COINCIDE = 0.99  # "the two norms almost perfectly coincide": median nuclear / bound at least this
@@ -198,8 +198,7 @@ def balanced_at_exposure(data: dict[str, Any], product: str, threshold: float = 
 
 def _range(rows: list[dict[str, Any]], *cols: str) -> str:
     """``lo–hi`` of ``cols`` (default the trained ratio) over rows, for a claim's key."""
-    v = [x[c] for x in rows for c in (cols or ("ratio_trained",))]
-    return "—" if not v else f"{g3(min(v))}–{g3(max(v))}"
+    return span(x[c] for x in rows for c in (cols or ("ratio_trained",)))
 
 
 def nulls_keep_bound(data: dict[str, Any]) -> Claim:

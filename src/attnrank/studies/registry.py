@@ -141,6 +141,12 @@ def arrow(values: Any) -> str:
     return " → ".join(g3(v) for v in (values.values() if isinstance(values, dict) else values))
 
 
+def span(values: Any) -> str:
+    """``lo–hi`` of a sequence for a claim's ``key`` (— when empty)."""
+    v = list(values)
+    return f"{g3(min(v))}–{g3(max(v))}" if v else "—"
+
+
 def tally(claims: list[dict[str, Any]]) -> dict[str, Any]:
     """Counts for a headline: findings held / not held / inconclusive, identities verified / failed.
 

@@ -151,7 +151,7 @@ def decoupling_helps(runs: pd.DataFrame) -> Claim:
             and _exp(runs, "exposure_other", "weight_decay", m) >= MIN_EXPOSURE]
     measured: dict[str, Any] = {"grid_best_cell": list(min(mean, key=mean.get)), "cells_mean_ppl": {
         f"attn={a:g},mlp={m:g}": v for (a, m), v in sorted(mean.items())}}
-    verdicts = []
+    verdicts, key = [], []
     for m in cols:
         lower = [k for k in c if k[1] == m and k[0] < m]
         other = [k for k in c if k[1] == m and k[0] >= m]
@@ -162,6 +162,8 @@ def decoupling_helps(runs: pd.DataFrame) -> Claim:
         verdicts.append(sign_verdict(d["diff"], d["spread"]))
         measured[f"mlp_lambda={m:g}"] = {"best_lower_attn": bl[0], "best_other_attn": bo[0], **d,
                                          "verdict": verdicts[-1]}
+        key.append(f"MLP {m:g}: attn {bl[0]:g} better than attn {bo[0]:g} by {d['diff']:.3g} ppl "
+                   f"(spread {g3(d['spread'])})")
     verdict = combine(verdicts)
     reason = "" if verdict == "held" else ("the two best cells are inside the seed spread" if verdict == "inconclusive"
                                            else "the best cell has attention decay >= MLP decay, beyond the spread")
@@ -175,9 +177,7 @@ def decoupling_helps(runs: pd.DataFrame) -> Claim:
                  detail="Picking the best of several cells favours the side with more cells slightly (selection); "
                         "the spread test does not correct for it.",
                  exposure={"needed_coupled": MIN_EXPOSURE, "got_coupled": got},
-                 key="; ".join(f"MLP {k.split('=')[1]}: attn {v['best_lower_attn']:g} better than attn "
-                               f"{v['best_other_attn']:g} by {v['diff']:.3g} ppl (spread {g3(v['spread'])})"
-                               for k, v in measured.items() if k.startswith("mlp_lambda=")) or "—")
+                 key="; ".join(key) or "—")
 
 
 def claims(data: dict[str, Any], params: Table1Params) -> list[Claim]:

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from attnrank.studies.registry import Claim, arrow, g3
+from attnrank.studies.registry import Claim, arrow, g3, span
 from attnrank.studies.scale.params import ScaleParams
 from attnrank.studies.scale.summary import EQ_DRIFT, TIME_CONSTANTS_NEEDED, run_summary, summaries
 
@@ -46,10 +46,6 @@ ONLY_THROUGH_PRODUCT = ("With scale-invariant W, (eta, lam) pairs with the same 
 ADAMW_NORM = "AdamW (decoupled decay): the equilibrium norm of a scale-invariant W scales like sqrt(eta/lam)."
 VERDICTS_TRAINED = ("The per-tensor scale test finds every W of the trained none/post networks scale-invariant and "
                     "none of the pre-norm ones.")
-
-
-def _fmt(x: float) -> str:
-    return f"{x:.3g}"
 
 
 def _run_key(r: dict[str, Any]) -> str:
@@ -80,9 +76,9 @@ def short_runs(rows: list[dict[str, Any]], equilibrium: bool = True) -> list[str
     out = []
     for r in rows:
         if r["exposure"] < r["exposure_needed"]:
-            out.append(f"{_run_key(r)}: exposure {_fmt(r['exposure'])} < {_fmt(r['exposure_needed'])}")
+            out.append(f"{_run_key(r)}: exposure {g3(r['exposure'])} < {g3(r['exposure_needed'])}")
         elif equilibrium and not r["equilibrated"]:
-            out.append(f"{_run_key(r)}: not at equilibrium, |d ln|W|/dt| tau = {_fmt(r['drift'])} > {EQ_DRIFT:g}")
+            out.append(f"{_run_key(r)}: not at equilibrium, |d ln|W|/dt| tau = {g3(r['drift'])} > {EQ_DRIFT:g}")
     return out
 
 
@@ -103,9 +99,9 @@ def shrink_free(shrink: dict[str, Any], v: str, p: ScaleParams) -> Claim:
         name=f"scale.shrink_free_{v}", source=SOURCE, statement=SHRINK_FREE.format(v=v, c=c, c2=c**2),
         measured={"rel_change(eps=0)": m["rel_change_eps0"], "rel_change(eps=1e-5)": m["rel_change_eps"]},
         expected={"rel_change(eps=0)": 0.0}, tolerance=1e-10, held=m["rel_change_eps0"] <= 1e-10, kind="identity",
-        detail=f"Trained lam = 0 network (seed {p.seeds[0]}), clean training loss {_fmt(m['loss'])}, float64. "
-               f"With the LayerNorm epsilon 1e-5 kept the change is {_fmt(m['rel_change_eps'])} (largest over all "
-               f"trained runs of this variant: {_fmt(m['rel_change_eps_all_runs_max'])}): epsilon/(2 c^2 var) "
+        detail=f"Trained lam = 0 network (seed {p.seeds[0]}), clean training loss {g3(m['loss'])}, float64. "
+               f"With the LayerNorm epsilon 1e-5 kept the change is {g3(m['rel_change_eps'])} (largest over all "
+               f"trained runs of this variant: {g3(m['rel_change_eps_all_runs_max'])}): epsilon/(2 c^2 var) "
                "grows as weights shrink, the one place invariance is inexact.")
 
 
@@ -116,7 +112,7 @@ def shrink_costly_pre(shrink: dict[str, Any], p: ScaleParams) -> Claim:
         name="scale.shrink_costly_pre", source=SOURCE, statement=SHRINK_COSTLY.format(c=p.shrink),
         measured={"rel_change(eps=0)": m["rel_change_eps0"], "rel_change(eps=1e-5)": m["rel_change_eps"]},
         expected="rel_change(eps=0) > 1e-3", tolerance=1e-3, held=m["rel_change_eps0"] > 1e-3, kind="identity",
-        detail=f"Trained lam = 0 pre-norm network, clean training loss {_fmt(m['loss'])}; relative change of that loss. "
+        detail=f"Trained lam = 0 pre-norm network, clean training loss {g3(m['loss'])}; relative change of that loss. "
                "Algebra in general position (LN(x + c f(x)) != LN(x + f(x)) unless f(x) = 0 or is parallel to x).")
 
 
@@ -147,7 +143,7 @@ def norm_and_effective_lr(summ: dict[str, list[dict[str, Any]]], v: str) -> Clai
         expected="|W| strictly decreasing and eta/|W|^2 strictly increasing in lam", verdict=verdict, reason=reason,
         exposure=exposure_record(decayed), key=f"|W| over lam {min(nrm):g} … {max(nrm):g}: {arrow(nrm)}" if nrm else "no run",
         detail="Tail means, averaged over the block matrices and seeds. For pre: "
-               f"|W| {', '.join(_fmt(x) for x in pre.values())}.")
+               f"|W| {', '.join(g3(x) for x in pre.values())}.")
 
 
 def _sgd_equilibrium(summ: dict[str, list[dict[str, Any]]], key: str) -> tuple[dict[str, float], str, str, list]:
@@ -162,12 +158,11 @@ def _sgd_equilibrium(summ: dict[str, list[dict[str, Any]]], key: str) -> tuple[d
 
 
 def _ratio_range(ratios: dict[str, float]) -> str:
-    v = list(ratios.values())
-    return f"measured / predicted {g3(min(v))}–{g3(max(v))} over {len(v)} runs" if v else "no run"
+    return f"measured / predicted {span(ratios.values())} over {len(ratios)} runs" if ratios else "no run"
 
 
 def _drifts(rows: list[dict[str, Any]]) -> str:
-    return ", ".join(f"{_run_key(r)}: {_fmt(r['drift'])}" for r in rows)
+    return ", ".join(f"{_run_key(r)}: {g3(r['drift'])}" for r in rows)
 
 
 def angular_update_sgd(summ: dict[str, list[dict[str, Any]]], p: ScaleParams) -> Claim:
@@ -183,7 +178,7 @@ def angular_update_sgd(summ: dict[str, list[dict[str, Any]]], p: ScaleParams) ->
                f"and W_t+1. Equilibrium judged from the data: the norm's drift per relaxation time tau = (1-beta)/(2 eta "
                f"lam), |d ln|W|/dt| tau over the last quarter (least-squares line), at most {EQ_DRIFT:g} (it shifts the "
                f"angle relation by about that fraction); drifts {_drifts(rows)}. pre-norm (not scale-invariant, for comparison): "
-               f"ratios {', '.join(_fmt(x) for x in pre_ang)}.")
+               f"ratios {', '.join(g3(x) for x in pre_ang)}.")
 
 
 def equilibrium_norm_sgd(summ: dict[str, list[dict[str, Any]]]) -> Claim:
@@ -227,14 +222,14 @@ def product_verdict(sp: dict[str, float], noise: dict[str, float], limit: float 
     beyond = [v for v in INVARIANT if sp[v] > limit + noise[v]]
     pre_below = inv_max - sp["pre"] > noise["pre"]
     if beyond or pre_below:
-        why = [f"{v} spread {_fmt(sp[v])} > {limit:g} + noise {_fmt(noise[v])}" for v in beyond]
+        why = [f"{v} spread {g3(sp[v])} > {limit:g} + noise {g3(noise[v])}" for v in beyond]
         why += ["pre spread below none/post beyond its noise"] if pre_below else []
         return "not held", "; ".join(why)
-    unsure = [f"{v} spread {_fmt(sp[v])} > {limit:g} but within noise {_fmt(noise[v])}"
+    unsure = [f"{v} spread {g3(sp[v])} > {limit:g} but within noise {g3(noise[v])}"
               for v in INVARIANT if sp[v] > limit]
     if sp["pre"] - inv_max <= noise["pre"]:
-        unsure.append(f"pre spread {_fmt(sp['pre'])} exceeds none/post ({_fmt(inv_max)}) by less than its noise "
-                      f"{_fmt(noise['pre'])}")
+        unsure.append(f"pre spread {g3(sp['pre'])} exceeds none/post ({g3(inv_max)}) by less than its noise "
+                      f"{g3(noise['pre'])}")
     if unsure:
         return "inconclusive", "inside the noise of the tail means: " + "; ".join(unsure)
     return "held", ""
@@ -262,9 +257,9 @@ def lambda_only_through_product(summ: dict[str, list[dict[str, Any]]], p: ScaleP
                + f"; head and LayerNorm lr {p.lr_other:g}; same init and minibatches; seeds {list(p.seeds)}. Spread = "
                "(max - min) / mean of the clean training loss (tail mean, averaged over seeds); noise = two standard "
                "errors of the noisiest pair's tail mean over its evaluations, relative. Loss: " + "; ".join(
-                   f"{v}: " + ", ".join(_fmt(x) for x in prod[v]["train_loss"].values()) for v in VARIANTS)
+                   f"{v}: " + ", ".join(g3(x) for x in prod[v]["train_loss"].values()) for v in VARIANTS)
                + ". |W|: " + "; ".join(
-                   f"{v}: " + ", ".join(_fmt(x) for x in prod[v]["|W|"].values()) for v in VARIANTS))
+                   f"{v}: " + ", ".join(g3(x) for x in prod[v]["|W|"].values()) for v in VARIANTS))
 
 
 def adamw_norm_scaling(asum: list[dict[str, Any]]) -> Claim:
@@ -291,9 +286,9 @@ def adamw_norm_scaling(asum: list[dict[str, Any]]) -> Claim:
                f"tau = 1/(2 eta lam): {_drifts(asum)}). "
                "Derived here for noise-dominated gradients: "
                "|W| = sqrt(eta n/(2 lam)) (n entries) and a turn of sqrt(2 eta lam (1-beta1)/(1+beta1)) per step; "
-               "measured / derived |W|: " + ", ".join(f"({r['lr']:g}, {r['lam']:g}): {_fmt(r['norm_ratio'])}" for r in asum)
-               + "; angle / derived: " + ", ".join(_fmt(r["angle_ratio"]) for r in asum)
-               + "; angle / sqrt(2 eta lam): " + ", ".join(_fmt(r["angle_over_sqrt_2_eta_lam"]) for r in asum) + ".")
+               "measured / derived |W|: " + ", ".join(f"({r['lr']:g}, {r['lam']:g}): {g3(r['norm_ratio'])}" for r in asum)
+               + "; angle / derived: " + ", ".join(g3(r["angle_ratio"]) for r in asum)
+               + "; angle / sqrt(2 eta lam): " + ", ".join(g3(r["angle_over_sqrt_2_eta_lam"]) for r in asum) + ".")
 
 
 def verdicts_trained(verdicts: dict[str, Any]) -> Claim:
@@ -307,7 +302,7 @@ def verdicts_trained(verdicts: dict[str, Any]) -> Claim:
         key="; ".join(f"{v}: " + ", ".join(sorted(set(verdicts[v]["verdicts"].values()))) for v in VARIANTS),
         detail="scale_test over c in " + ", ".join(f"{c:g}" for c in scales) + " on 64 test images, all runs "
                "of a variant at once, float64, LayerNorm epsilon 0 for the verdict. Largest inv_dev: "
-               + ", ".join(f"{v} {_fmt(verdicts[v]['inv_dev_max'])}" for v in VARIANTS)
+               + ", ".join(f"{v} {g3(verdicts[v]['inv_dev_max'])}" for v in VARIANTS)
                + "; with epsilon 1e-5 kept (none/post): "
                + ", ".join(f"{v} {verdicts[v]['inv_dev_eps_max']}" for v in INVARIANT) + ".")
 

@@ -7,12 +7,9 @@ from typing import Any
 
 import numpy as np
 
+from attnrank.studies.registry import g3
 from attnrank.studies.scale.params import ScaleParams
 from attnrank.studies.scale.summary import run_summary, summaries
-
-
-def _fmt(x: float) -> str:
-    return f"{x:.3g}"
 
 
 def reached(data: dict[str, Any], p: ScaleParams) -> str:
@@ -23,7 +20,7 @@ def reached(data: dict[str, Any], p: ScaleParams) -> str:
     parts = []
     for v, rows in summ.items():
         tl, acc = by_lam(rows, "train_loss"), by_lam(rows, "test_acc")
-        parts.append(f"{v}: " + ", ".join(f"lam={lam:g}: loss {_fmt(tl[lam])}, acc {_fmt(acc[lam])}" for lam in tl))
+        parts.append(f"{v}: " + ", ".join(f"lam={lam:g}: loss {g3(tl[lam])}, acc {g3(acc[lam])}" for lam in tl))
     return ("What SGD reached (not judged: the article claims only that the optimum does not move with lam and "
             "leaves open what gradient descent finds). Clean training loss and test accuracy, tail means over "
             "seeds: " + "; ".join(parts) + ". Larger lam raises the effective learning rate eta/|W|^2 of the "
@@ -39,11 +36,11 @@ def notes(data: dict[str, Any], p: ScaleParams) -> list[str]:
     cs = run_summary(clean, p.tail)
     norm = np.asarray(clean["norm"], float)
     return out + ["Without input noise (variant none, same grid): clean training loss "
-            + ", ".join(f"lam={r['lam']:g}: {_fmt(r['train_loss'])}" for r in cs)
+            + ", ".join(f"lam={r['lam']:g}: {g3(r['train_loss'])}" for r in cs)
             + "; angular update / prediction "
-            + ", ".join(f"lam={r['lam']:g}: {_fmt(r['angle_ratio'])}" for r in cs if r["lam"] > 0)
+            + ", ".join(f"lam={r['lam']:g}: {g3(r['angle_ratio'])}" for r in cs if r["lam"] > 0)
             + "; smallest |W| during the run "
-            + ", ".join(f"lam={lam:g}: {_fmt(float(norm[:, j].mean(1).min()))}" for j, lam in enumerate(clean["lams"]))
+            + ", ".join(f"lam={lam:g}: {g3(float(norm[:, j].mean(1).min()))}" for j, lam in enumerate(clean["lams"]))
             + ". The net interpolates the training set and the gradient noise dies out, so the equilibrium "
               "the theory assumes does not form: decay shrinks W unopposed (where |W| gets small enough for "
               "the LayerNorm epsilon to matter, invariance fails and training can destabilise). That is why "
