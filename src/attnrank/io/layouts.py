@@ -643,7 +643,8 @@ class AttentionReader:
         if not 0 <= i < self.dims.n_layers:
             raise AttnRankError(f"layer {i} out of range 0..{self.dims.n_layers - 1}")
         names = self.tensor_names(i)
-        raw = {role: self.ckpt.get(name) for role, name in names.items()}
+        many = getattr(self.ckpt, "get_many", None)  # a remote checkpoint fetches a layer's tensors at once
+        raw = many(names) if many is not None else {role: self.ckpt.get(name) for role, name in names.items()}
         for role, t in raw.items():
             check_dtype(names[role], t.dtype, self.ckpt.path)
         try:

@@ -12,6 +12,9 @@ Sources (:func:`open_reader`):
 - a Hugging Face Hub id in the local cache (``revision=``; ``download=True`` fetches config and
   weights where the network is allowed);
 - a ``.gguf`` file (llama.cpp, Ollama), sizes from its own metadata;
+- with ``remote=True`` a Hub id, and always an ``http(s)://`` URL (a checkpoint directory, a
+  ``.safetensors`` or a ``.gguf`` file), read over HTTP range requests: config, index, headers,
+  then only the tensors the reader asks for (:mod:`attnrank.io.remote`);
 - a PEFT LoRA adapter directory, merged onto ``base=`` (default: the adapter's
   ``base_model_name_or_path``); ``delta=True`` analyses the change of the products.
 
@@ -35,12 +38,17 @@ _TRAINER_FILES = ("trainer_state.json", "optimizer.pt", "training_args.bin")
 def open_reader(source: Any, *, config: str | os.PathLike | dict[str, Any] | None = None,
                 layout: str | os.PathLike | Layout | None = None, revision: str | None = None,
                 base: str | os.PathLike | None = None, delta: bool = False, fold_norm: bool = False,
-                download: bool = False) -> AttentionReader:
+                download: bool = False, remote: bool = False, allow_full: bool = False) -> AttentionReader:
     """An :class:`AttentionReader` over ``source`` (see the module docstring); its ``origin``
-    dict holds ``input`` (the kind of source), ``source``, ``path``, ``files`` and details."""
+    dict holds ``input`` (the kind of source), ``source``, ``path``, ``files`` and details.
+    ``remote``: read a Hub id over HTTP ranges (:mod:`attnrank.io.remote`; an ``http(s)://``
+    source always is); ``allow_full``: accept a server that ignores ranges (whole files)."""
     _check_options(config=config, layout=layout, revision=revision, base=base)
     if layout is not None and not isinstance(layout, Layout):
         layout = layout_from_toml(layout)
+    if remote or allow_full or _is_url(source):
+        return _open_remote(source, config=config, layout=layout, revision=revision, base=base, delta=delta,
+                            fold_norm=fold_norm, download=download, allow_full=allow_full)
     if (base is not None or delta) and not _is_adapter_source(source, revision):
         raise AttnRankError("--base and --delta apply to a LoRA adapter directory (adapter_config.json)")
     if isinstance(source, Checkpoint):
@@ -49,10 +57,38 @@ def open_reader(source: Any, *, config: str | os.PathLike | dict[str, Any] | Non
         return _open_path(source, config=config, layout=layout, revision=revision, base=base, delta=delta,
                           fold_norm=fold_norm, download=download)
     else:
+        from attnrank.io.live import transformer_lens_view  # TransformerLens models: what to read
+
+        source, config, layout, tl = transformer_lens_view(source, config, layout)
         ckpt, origin = _open_live(source, config, layout)
+        origin.update(tl)
     if revision is not None:
         raise AttnRankError("--revision applies to a Hugging Face Hub id")
     return AttentionReader(ckpt, layout, fold_norm=fold_norm, origin=origin)
+
+
+def _is_url(source: Any) -> bool:
+    from attnrank.io.remote import is_url
+
+    return is_url(source)
+
+
+def _open_remote(source: Any, *, config: Any, layout: Layout | None, revision: str | None, base: Any,
+                 delta: bool, fold_norm: bool, download: bool, allow_full: bool) -> AttentionReader:
+    """A Hub id or an http(s) URL read over HTTP range requests (:mod:`attnrank.io.remote`)."""
+    from attnrank.io.remote import is_url, open_remote
+
+    if not isinstance(source, str):
+        raise AttnRankError("--remote reads a Hugging Face Hub id or an http(s) URL, not a "
+                            f"{type(source).__name__}")
+    if download:
+        raise AttnRankError("--download and --remote exclude each other: --remote reads without downloading")
+    if base is not None or delta:
+        raise AttnRankError("--base and --delta apply to a local LoRA adapter directory, not to --remote")
+    if not is_url(source) and (source in SHIPPED or Path(source).exists()):
+        raise AttnRankError(f"--remote reads a Hub id or an http(s) URL; {source} is a local path")
+    ckpt, origin, own_layout = open_remote(source, revision=revision, allow_full=allow_full, config=config)
+    return AttentionReader(ckpt, layout or own_layout, fold_norm=fold_norm, origin=origin)
 
 
 def _check_options(*, config: Any, layout: Any, revision: Any, base: Any) -> None:

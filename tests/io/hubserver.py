@@ -1,0 +1,276 @@
+"""A Hub-like HTTP server on 127.0.0.1 for tests and benchmarks (no internet).
+
+Serves checkpoints the caller wrote, laid out as the Hugging Face Hub lays them out:
+
+- ``GET|HEAD /{org}/{name}/resolve/{revision}/{file}`` (revision: a branch name or the commit
+  the server made up for it), with ``X-Repo-Commit``, ``ETag``, ``Accept-Ranges`` and single
+  ``Range: bytes=a-b`` requests answered ``206`` + ``Content-Range`` (``416`` outside the file);
+  weight files (``*.safetensors``, ``*.gguf``) are redirected (302) to ``/cdn/...`` as the Hub
+  redirects LFS files to its CDN;
+- ``GET /api/models/{org}/{name}/refs`` (what ``HfApi.list_repo_refs`` calls);
+- ``GET|HEAD /files/{path}``: plain static files under ``root`` (a checkpoint directory served
+  over HTTP without any Hub API);
+- the Hub's error answers: ``404`` with ``X-Error-Code`` ``RepoNotFound`` / ``RevisionNotFound``
+  / ``EntryNotFound``, ``401`` without or with a wrong token when ``token`` is set, ``403``
+  ``GatedRepo`` for repos in ``gated``.
+
+Faults, for the tests of bad servers: ``fault(path, start, end)`` may return ``"drop"`` (send
+the headers and half the body, then close the connection), ``"norange"`` (ignore Range: 200
+and the whole file), ``"short"`` (a 206 whose Content-Range and body are shorter than asked),
+or None. ``loop`` makes every resolve URL redirect to itself. ``bandwidth`` (bytes/s) limits
+all bodies together. ``sent`` counts body bytes sent, ``log`` every request.
+Use as a context manager; ``stop()`` shuts it down in bounded time (daemon threads, socket
+timeouts).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+CHUNK = 64 * 1024
+
+
+class HubServer:
+    def __init__(self, root: Path | None = None, bandwidth: float | None = None):
+        self.root = root
+        self.repos: dict[str, dict[str, Path]] = {}  # repo id -> {revision: directory}
+        self.commits: dict[tuple[str, str], str] = {}
+        self.token: str | None = None
+        self.gated: set[str] = set()
+        self.loop = False
+        self.fault: Callable[[str, int, int], str | None] | None = None
+        self.bandwidth = bandwidth
+        self.sent = 0
+        self.log: list[tuple[str, str, str | None]] = []
+        self._lock = threading.Lock()
+        self._next = time.perf_counter()
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self.httpd.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def add(self, repo_id: str, revision: str, directory: Path) -> str:
+        """Serve ``directory`` as ``repo_id`` at ``revision``; its made-up commit id."""
+        self.repos.setdefault(repo_id, {})[revision] = Path(directory)
+        sha = hashlib.sha1(f"{repo_id}@{revision}".encode()).hexdigest()
+        self.commits[(repo_id, revision)] = sha
+        return sha
+
+    def reset(self) -> None:
+        with self._lock:
+            self.sent = 0
+            self.log.clear()
+
+    def start(self) -> HubServer:
+        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> HubServer:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # -- used by the handler -----------------------------------------------------------------
+    def throttle(self, n: int) -> None:
+        if not self.bandwidth:
+            return
+        with self._lock:
+            now = time.perf_counter()
+            self._next = max(self._next, now) + n / self.bandwidth
+            wait = self._next - now - n / self.bandwidth
+        if wait > 0:
+            time.sleep(wait)
+
+    def count(self, n: int) -> None:
+        with self._lock:
+            self.sent += n
+
+    def revision_dir(self, repo_id: str, rev: str) -> Path | None:
+        revs = self.repos.get(repo_id, {})
+        if rev in revs:
+            return revs[rev]
+        for (r, name), sha in self.commits.items():
+            if r == repo_id and sha == rev:
+                return revs[name]
+        return None
+
+
+_RESOLVE = re.compile(r"^/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<file>.+)$")
+_CDN = re.compile(r"^/cdn/(?P<repo>[^/]+/[^/]+)/(?P<rev>[^/]+)/(?P<file>.+)$")
+_REFS = re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)/refs$")
+
+
+def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        timeout = 10  # an idle keep-alive connection ends its thread
+
+        def log_message(self, *args: Any) -> None:  # quiet
+            pass
+
+        def do_HEAD(self) -> None:  # noqa: N802
+            self._serve(body=False)
+
+        def do_GET(self) -> None:  # noqa: N802
+            self._serve(body=True)
+
+        # -- routing ---------------------------------------------------------------------
+        def _serve(self, body: bool) -> None:
+            path = unquote(urlsplit(self.path).path)
+            server.log.append((self.command, path, self.headers.get("Range")))
+            if m := _REFS.match(path):
+                return self._refs(m["repo"])
+            if path.startswith("/files/") and server.root is not None:
+                f = (server.root / path[len("/files/"):]).resolve()
+                if not f.is_relative_to(server.root.resolve()) or not f.is_file():
+                    return self._error(404, None)
+                return self._file(f, body, path)
+            m = _RESOLVE.match(path) or _CDN.match(path)
+            if not m:
+                return self._error(404, None)
+            repo, rev, name = m["repo"], m["rev"], m["file"]
+            if not self._authorised(repo):
+                return None
+            if server.loop:
+                return self._redirect(self.path)
+            d = server.revision_dir(repo, rev)
+            if d is None:
+                return self._error(404, "RevisionNotFound")
+            f = (d / name).resolve()
+            if not f.is_relative_to(d.resolve()) or not f.is_file():
+                return self._error(404, "EntryNotFound")
+            extra = {"X-Repo-Commit": server.commits[(repo, self._branch(repo, rev))], "ETag": f'"{_etag(f)}"'}
+            if path.startswith("/cdn/") or not name.endswith((".safetensors", ".gguf")):
+                return self._file(f, body, path, extra)
+            sha = extra["X-Repo-Commit"]
+            return self._redirect(f"/cdn/{repo}/{sha}/{name}", {**extra, "X-Linked-Size": str(f.stat().st_size)})
+
+        def _branch(self, repo: str, rev: str) -> str:
+            for (r, name), sha in server.commits.items():
+                if r == repo and rev in (name, sha):
+                    return name
+            return rev
+
+        def _authorised(self, repo: str) -> bool:
+            if repo not in server.repos:
+                self._error(404, "RepoNotFound")
+                return False
+            if server.token is not None and self.headers.get("Authorization") != f"Bearer {server.token}":
+                given = self.headers.get("Authorization") is not None
+                self._error(401, None if given else "RepoNotFound",
+                            "Invalid credentials in Authorization header" if given else None)
+                return False
+            if repo in server.gated:
+                self._error(403, "GatedRepo")
+                return False
+            return True
+
+        def _refs(self, repo: str) -> None:
+            if not self._authorised(repo):
+                return
+            branches = [{"name": rev, "ref": f"refs/heads/{rev}", "targetCommit": server.commits[(repo, rev)]}
+                        for rev in server.repos[repo]]
+            data = json.dumps({"branches": branches, "tags": [], "converts": []}).encode()
+            self._send(200, {"Content-Type": "application/json", "Content-Length": str(len(data))}, data)
+
+        # -- answers ---------------------------------------------------------------------
+        def _error(self, code: int, error_code: str | None, message: str | None = None) -> None:
+            data = json.dumps({"error": error_code or message or "not found"}).encode()
+            headers = {"Content-Type": "application/json", "Content-Length": str(len(data))}
+            if error_code:
+                headers["X-Error-Code"] = error_code
+            if message:
+                headers["X-Error-Message"] = message
+            self._send(code, headers, data)
+
+        def _redirect(self, location: str, extra: dict[str, str] | None = None) -> None:
+            self._send(302, {"Location": location, "Content-Length": "0", **(extra or {})}, b"")
+
+        def _send(self, code: int, headers: dict[str, str], data: bytes) -> None:
+            self.send_response(code)
+            for k, v in headers.items():
+                self.send_header(k, v)
+            self.end_headers()
+            if self.command != "HEAD" and data:
+                self.wfile.write(data)
+                server.count(len(data))
+
+        def _file(self, f: Path, body: bool, path: str, extra: dict[str, str] | None = None) -> None:
+            size = f.stat().st_size
+            headers = {"Accept-Ranges": "bytes", "Content-Type": "application/octet-stream", **(extra or {})}
+            rng = _parse_range(self.headers.get("Range"), size)
+            fault = server.fault(path, *rng) if server.fault and rng else None
+            if rng is None or fault == "norange":
+                start, end, code = 0, size, 200
+            elif rng == "unsatisfiable":
+                return self._send(416, {"Content-Range": f"bytes */{size}", "Content-Length": "0"}, b"")
+            else:
+                (start, end), code = rng, 206
+                if fault == "short":
+                    end = start + max((end - start) // 2, 1)
+                headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
+            headers["Content-Length"] = str(end - start)
+            self.send_response(code)
+            for k, v in headers.items():
+                self.send_header(k, v)
+            self.end_headers()
+            if not body:
+                return
+            stop = start + (end - start) // 2 if fault == "drop" else end
+            with open(f, "rb") as fh:
+                fh.seek(start)
+                pos = start
+                while pos < stop:
+                    chunk = fh.read(min(CHUNK, stop - pos))
+                    server.throttle(len(chunk))
+                    self.wfile.write(chunk)
+                    server.count(len(chunk))
+                    pos += len(chunk)
+            if fault == "drop":
+                self.wfile.flush()
+                self.close_connection = True
+                self.connection.shutdown(2)
+
+    return Handler
+
+
+def _parse_range(value: str | None, size: int) -> tuple[int, int] | str | None:
+    """``bytes=a-b`` → (a, b + 1) clipped to the file; ``"unsatisfiable"``; None: no Range."""
+    if not value:
+        return None
+    m = re.fullmatch(r"bytes=(\d*)-(\d*)", value.strip())
+    if not m or (not m[1] and not m[2]):
+        return None
+    if not m[1]:
+        start, end = max(size - int(m[2]), 0), size
+    else:
+        start, end = int(m[1]), min(int(m[2]) + 1 if m[2] else size, size)
+    if start >= size or end <= start:
+        return "unsatisfiable"
+    return start, end
+
+
+def _etag(f: Path) -> str:
+    st = f.stat()
+    return hashlib.sha1(f"{f}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()
