@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from attnrank.analysis.tracker import RankTracker, log_to, scalars, tracker_table
+from attnrank.core.metrics import SUMMARY_METRICS
 from attnrank.errors import AttnRankError
 from attnrank.models.transformer import ModelConfig, Transformer
 
@@ -38,9 +39,28 @@ def test_scalars_are_means_over_heads_per_layer_and_overall(model):
     assert v["rank/qk/gap_rel"] == pytest.approx(gap_rel.mean())
     assert v["rank/layer_0/qk/gap_rel"] == pytest.approx(gap_rel[0].mean())
     assert v["rank/ov/balance_rel"] == pytest.approx(row["mean"]["ov"]["balance_rel"])
-    assert len(v) == 2 * 4 * (1 + 2)  # products x metrics x (overall + 2 layers)
+    assert len(v) == 2 * len(SUMMARY_METRICS) * (1 + 2)  # products x metrics x (overall + 2 layers)
     assert set(scalars(row, prefix="r", per_layer=False)) == {f"r/{p}/{k}" for p in ("qk", "ov") for k in
-                                                              ("effective_rank", "rank", "gap_rel", "balance_rel")}
+                                                              SUMMARY_METRICS}
+    assert {"k90", "k99", "gap_rel", "effective_rank"} <= set(SUMMARY_METRICS)
+
+
+def test_energy_ranks_match_the_dense_svd_of_each_head(model):
+    """k90 / k99 of every head against numpy's SVD of the formed W_K,hᵀ W_Q,h and P_h W_V,h."""
+    row = RankTracker(model).measure(0)
+    dh = 8
+    for i, block in enumerate(model.blocks):
+        a = block.attn
+        wq, wk, wv, wo = (x.weight.detach().double().numpy() for x in (a.q, a.k, a.v, a.o))
+        for h in range(2):
+            rows = slice(h * dh, (h + 1) * dh)
+            for product, A, B in (("qk", wk[rows].T, wq[rows].T), ("ov", wo[:, rows], wv[rows].T)):
+                s = np.linalg.svd(A @ B.T, compute_uv=False)
+                share = np.cumsum(s**2) / (s**2).sum()
+                for key, f in (("k90", 0.90), ("k99", 0.99)):
+                    assert row["heads"][product][key][i][h] == int(np.argmax(share >= f * (1 - 1e-12)) + 1)
+                bound = 0.5 * ((A**2).sum() + (B**2).sum())
+                assert row["heads"][product]["gap_rel"][i][h] == pytest.approx(1 - s.sum() / bound, rel=1e-9)
 
 
 def test_log_to_tensorboard_and_duck_typed_sinks(model, tmp_path):
@@ -75,6 +95,6 @@ def test_log_to_tensorboard_and_duck_typed_sinks(model, tmp_path):
     log_to(lambda d, step: got.append(("fn", step, d)), rows[0], per_layer=False)
     assert [(k, s) for k, s, _ in got] == [("mlflow", 3), ("wandb", 3), ("fn", 0)]
     assert "rank/qk/effective_rank" not in got[0][2]  # non-finite: left out for MLflow
-    assert got[1][2] == scalars(rows[1]) and len(got[2][2]) == 8
+    assert got[1][2] == scalars(rows[1]) and len(got[2][2]) == 2 * len(SUMMARY_METRICS)
     with pytest.raises(AttnRankError, match="cannot log"):
         log_to(object(), rows[0])

@@ -1,7 +1,5 @@
 """linalg against dense float64 linear algebra (numpy SVD of the formed d×d product)."""
 
-import math
-
 import numpy as np
 import pytest
 import torch
@@ -13,29 +11,7 @@ from attnrank.core.linalg import (
     rank_measures,
     singular_values,
 )
-
-
-def dense_reference(A: np.ndarray, B: np.ndarray, tol: float) -> dict[str, float | np.ndarray]:
-    """Every metric of one product, from the formed matrix A Bᵀ and numpy's SVD."""
-    M = A @ B.T
-    s = np.linalg.svd(M, compute_uv=False)[: A.shape[1]]
-    ga, gb = A.T @ A, B.T @ B
-    p = s / s.sum()
-    p = p[p > 0]
-    bound = 0.5 * ((A**2).sum() + (B**2).sum())
-    return {
-        "sv": s,
-        "sv_max": s[0],
-        "nuclear": s.sum(),
-        "frob": np.linalg.norm(M),
-        "frob_bound": bound,
-        "gap": bound - s.sum(),
-        "balance": np.linalg.norm(ga - gb),
-        "balance_rel": np.linalg.norm(ga - gb) / (np.linalg.norm(ga) + np.linalg.norm(gb)),
-        "rank": int((s > tol * s[0]).sum()),
-        "effective_rank": math.exp(-(p * np.log(p)).sum()),
-        "stable_rank": (s**2).sum() / s[0] ** 2,
-    }
+from tests.core.test_metrics import dense_reference
 
 
 def assert_matches_dense(A: torch.Tensor, B: torch.Tensor, tol: float = 1e-3) -> None:
@@ -52,7 +28,7 @@ def assert_matches_dense(A: torch.Tensor, B: torch.Tensor, tol: float = 1e-3) ->
             got, want = float(flat[k][i]), float(ref[k])
             if k == "gap":  # a difference of two large numbers: compare at the bound's scale
                 assert abs(got - want) <= 1e-9 * float(ref["frob_bound"]), (k, got, want)
-            elif k == "rank":
+            elif k in ("rank", "k90", "k99"):
                 assert got == want, (k, got, want)
             else:
                 assert got == pytest.approx(want, rel=1e-6, abs=1e-12 * float(ref["frob_bound"])), (k, got, want)
@@ -220,3 +196,28 @@ def test_gram_condition_certificate(decades, certified):
     R = torch.linalg.cholesky(G).mT
     assert bool(_gram_certified(G, R)) is certified
     assert not bool(_gram_certified(torch.zeros(8, 8, dtype=torch.float64), torch.zeros(8, 8, dtype=torch.float64)))
+
+
+@pytest.mark.parametrize("layout", ["rows", "columns"])
+def test_gram_buffers_in_both_layouts_match_dense(layout):
+    """A projection's head block (``W_h`` rows: Xᵀ contiguous) and a column block of W_O (X's
+    rows strided) are upcast into different buffer layouts for the symmetric rank-k Gram; both
+    give the root of the float64 Gram of the stored (bf16) values, and a reused buffer from a
+    larger call changes nothing."""
+    import attnrank.core.linalg as la
+
+    g = torch.Generator().manual_seed(11)
+    H, d, dh = 5, 96, 12
+    if layout == "rows":
+        W = torch.randn(H * dh, d, generator=g).to(torch.bfloat16)
+        X = W.reshape(H, dh, d).mT  # (H, d, dh), stride(-2) == 1
+    else:
+        O = torch.randn(d, H * dh, generator=g).to(torch.bfloat16)
+        X = O.reshape(d, H, dh).permute(1, 0, 2)  # (H, d, dh), rows of length dh, stride H·dh
+    la.factor_root(torch.randn(40, 2 * d, dh, generator=g))  # leaves a larger buffer in the pool
+    R = factor_root(X)
+    Xd = X.double().numpy()
+    for h in range(H):
+        G = Xd[h].T @ Xd[h]
+        np.testing.assert_allclose((R[h].mT @ R[h]).numpy(), G, rtol=0, atol=1e-13 * np.abs(G).max())
+    torch.testing.assert_close(R, factor_root(X.contiguous()), rtol=1e-13, atol=1e-13 * float(R.abs().max()))

@@ -13,6 +13,7 @@ import torch.nn as nn
 
 from attnrank.analysis.scan import layer_metrics
 from attnrank.core.linalg import DEFAULT_TOL, METRIC_COLUMNS
+from attnrank.core.metrics import SUMMARY_METRICS
 from attnrank.errors import AttnRankError
 from attnrank.io.layouts import AttentionReader
 from attnrank.io.live import LiveCheckpoint
@@ -78,12 +79,13 @@ def tracker_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
         for product, metrics in heads.items():
             arr = {k: np.asarray(v) for k, v in metrics.items()}
             L, H = arr["rank"].shape
+            nan = np.full(L * H, np.nan)  # a metric the row predates (an older run's metrics.jsonl)
             frames.append(pd.DataFrame({
                 "step": row["step"],
                 "layer": np.repeat(np.arange(L), H),
                 "head": np.tile(np.arange(H), L),
                 "product": product,
-                **{k: arr[k].reshape(-1) for k in METRIC_COLUMNS},
+                **{k: arr[k].reshape(-1) if k in arr else nan for k in METRIC_COLUMNS},
             }))
     if not frames:
         return pd.DataFrame(columns=["step", "layer", "head", "product", *METRIC_COLUMNS])
@@ -91,8 +93,8 @@ def tracker_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
 
 
 
-#: the per-head metrics :func:`scalars` averages (``gap_rel`` = gap / bound, per head first)
-SCALAR_METRICS = ("effective_rank", "rank", "gap_rel", "balance_rel")
+#: the per-head metrics :func:`scalars` averages: the metric table's summary rows
+SCALAR_METRICS = SUMMARY_METRICS
 
 
 def _head_mean(values: list[float]) -> float:
@@ -103,23 +105,17 @@ def _head_mean(values: list[float]) -> float:
 def scalars(row: dict[str, Any], prefix: str = "rank", per_layer: bool = True) -> dict[str, float]:
     """The scalars of a tracker row for a logger: ``{prefix}/{product}/{metric}`` (mean over every
     layer and head) and ``{prefix}/layer_{i}/{product}/{metric}`` (mean over the heads of layer
-    ``i``), for ``effective_rank``, numerical ``rank``, ``gap_rel`` (the nuclear-norm gap over
-    its bound, (bound − nuclear) / bound, per head) and ``balance_rel``. Non-finite heads are
-    left out of the means."""
+    ``i``), for every summary metric of the table (:data:`SCALAR_METRICS`: effective rank, k90,
+    k99, numerical rank, ``gap_rel`` = (bound − nuclear) / bound, ``balance_rel`` …). Non-finite
+    heads are left out of the means; a metric the row predates is left out."""
     out: dict[str, float] = {}
     for product, metrics in row.get("heads", {}).items():
-        gap, bound = metrics["gap"], metrics["frob_bound"]
-        per = {
-            "effective_rank": metrics["effective_rank"],
-            "rank": metrics["rank"],
-            "gap_rel": [[g / b if b and b > 0 else math.nan for g, b in zip(gl, bl, strict=True)]
-                        for gl, bl in zip(gap, bound, strict=True)],
-            "balance_rel": metrics["balance_rel"],
-        }
         for k in SCALAR_METRICS:
-            out[f"{prefix}/{product}/{k}"] = _head_mean([v for layer in per[k] for v in layer])
+            if k not in metrics:
+                continue
+            out[f"{prefix}/{product}/{k}"] = _head_mean([v for layer in metrics[k] for v in layer])
             if per_layer:
-                for i, layer in enumerate(per[k]):
+                for i, layer in enumerate(metrics[k]):
                     out[f"{prefix}/layer_{i}/{product}/{k}"] = _head_mean(layer)
     return out
 

@@ -17,61 +17,57 @@ in grouped-query attention) is reduced once: see :func:`factor_root` and
 Conventions (REFERENCE.md §1): Frobenius bound ``½(‖A‖²_F + ‖B‖²_F) ≥ ‖ABᵀ‖_*`` with equality
 iff ``AᵀA = BᵀB``; ``gap = bound − nuclear``; ``balance = ‖AᵀA − BᵀB‖_F``,
 ``balance_rel = balance / (‖AᵀA‖_F + ‖BᵀB‖_F)``; numerical rank ``#{σ_i > τ σ_1}``;
-effective rank ``exp(H(p))``, ``p = σ/Σσ`` (Roy & Vetterli); stable rank ``Σσ²/σ_1²``.
+effective rank ``exp(H(p))``, ``p = σ/Σσ`` (Roy & Vetterli); stable rank ``Σσ²/σ_1²``; energy
+ranks ``k90``/``k99``; ``gap_rel = gap / bound``. Every per-head measure is a row of the one
+metric table, :mod:`attnrank.core.metrics`, which also states the zero/NaN semantics.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import threading
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+# the metric table and the rank measures live in attnrank.core.metrics (re-exported here)
+from attnrank.core.metrics import DEFAULT_TOL as DEFAULT_TOL
+from attnrank.core.metrics import METRIC_COLUMNS as METRIC_COLUMNS
+from attnrank.core.metrics import energy_rank as energy_rank
+from attnrank.core.metrics import from_singular_values
+from attnrank.core.metrics import rank_measures as rank_measures
 
 if TYPE_CHECKING:  # torch is imported where used: ``attnrank --help`` reads DEFAULT_TOL without it
     import torch
 
-DEFAULT_TOL = 1e-3
-METRIC_COLUMNS = (
-    "sv_max",
-    "nuclear",
-    "frob",
-    "frob_bound",
-    "gap",
-    "balance",
-    "balance_rel",
-    "rank",
-    "effective_rank",
-    "stable_rank",
-)
-
 
 @dataclass(frozen=True)
 class ProductMetrics:
-    """Metrics of a batch of products ``A Bᵀ``; every field has the batch shape ``(...)``.
+    """Metrics of a batch of products ``A Bᵀ``: ``sv`` ``(..., k)`` descending, ``finite`` and
+    one value per row of :data:`attnrank.core.metrics.METRICS` (``m.rank``, ``m.k90`` …), each of
+    the batch shape ``(...)``.
 
-    ``sv`` has shape ``(..., k)``, descending. All floating fields are float64. Heads whose
-    factors hold NaN/Inf have ``finite = False`` and NaN metrics.
+    Floating values are float64; the integer measures (``rank``, ``k90``, ``k99``) are int64,
+    or float64 for a batch holding a non-finite head. Heads whose factors hold NaN/Inf have
+    ``finite = False`` and NaN metrics.
     """
 
     sv: torch.Tensor
-    sv_max: torch.Tensor
-    nuclear: torch.Tensor
-    frob: torch.Tensor
-    frob_bound: torch.Tensor
-    gap: torch.Tensor
-    balance: torch.Tensor
-    balance_rel: torch.Tensor
-    rank: torch.Tensor
-    effective_rank: torch.Tensor
-    stable_rank: torch.Tensor
+    values: dict[str, torch.Tensor]
     finite: torch.Tensor
     tol: float
 
+    def __getattr__(self, name: str) -> torch.Tensor:
+        values = self.__dict__.get("values")
+        if values is not None and name in values:
+            return values[name]
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+
     def columns(self) -> dict[str, torch.Tensor]:
         """The per-item metrics (METRIC_COLUMNS), each of the batch shape."""
-        return {name: getattr(self, name) for name in METRIC_COLUMNS}
+        return {name: self.values[name] for name in METRIC_COLUMNS}
 
     def __getitem__(self, idx) -> ProductMetrics:
-        vals = {f.name: getattr(self, f.name) for f in fields(self)}
-        return ProductMetrics(**{k: (v if k == "tol" else v[idx]) for k, v in vals.items()})
+        return ProductMetrics(sv=self.sv[idx], values={k: v[idx] for k, v in self.values.items()},
+                              finite=self.finite[idx], tol=self.tol)
 
 
 def _check_factors(A: torch.Tensor, B: torch.Tensor) -> None:
@@ -84,7 +80,9 @@ def _check_factors(A: torch.Tensor, B: torch.Tensor) -> None:
 GRAM_MIN_RATIO = 1e-8  # heads with λ_min(XᵀX) below this times λ_max take the QR path
 
 
-CHUNK_BYTES = 16 * 2**20  # float64 copies of at most this size: glibc then reuses the memory
+CHUNK_BYTES = 16 * 2**20  # heads are upcast to float64 this many bytes at a time, into reused buffers
+_BUFFERS: list = []  # free float64 upcast buffers (numpy), one per worker in use
+_BUF_LOCK = threading.Lock()
 METRIC_CHUNK = 8  # heads per task in metrics_from_roots (fixed: results never depend on workers)
 
 
@@ -124,15 +122,17 @@ def factor_root(X: torch.Tensor) -> torch.Tensor:
     """A float64 ``R`` with ``XᵀX = RᵀR`` for factors ``X`` of shape ``(..., d, dh)``.
 
     Shape ``(..., min(d, dh), dh)``. Any input dtype; upcast to float64 before arithmetic.
-    Well-conditioned heads: ``R`` is the Cholesky factor of the float64 Gram matrix (one GEMM
-    and a dh × dh factorisation). Heads not certified well-conditioned (:func:`_gram_certified`:
+    Well-conditioned heads: ``R`` is the Cholesky factor of the float64 Gram matrix (one
+    symmetric rank-k update, BLAS ``dsyrk``, and a dh × dh factorisation). Heads not certified
+    well-conditioned (:func:`_gram_certified`:
     ``λ_min(XᵀX) ≥ GRAM_MIN_RATIO · λ_max`` proven from ``R⁻¹``, else squaring the condition
     number could cost accuracy), or whose Gram matrix is not numerically positive definite:
     ``R`` from a float64 QR of X. Non-finite heads give NaN.
 
-    Heads are upcast and reduced a few at a time (float64 copies of at most CHUNK_BYTES): one
-    fresh 128 MiB float64 copy of a 4096-wide layer costs more in page faults than its Gram
-    products cost in arithmetic.
+    Heads are upcast and reduced a few at a time, into reused float64 buffers of CHUNK_BYTES:
+    one fresh 128 MiB float64 copy of a 4096-wide layer costs more in page faults than its
+    Gram products cost in arithmetic. Each head's Gram is computed alone, so the result does
+    not depend on how heads are chunked or shared among workers.
     """
     return factor_roots(X)[0]
 
@@ -154,16 +154,56 @@ def _gram_certified(G: torch.Tensor, R: torch.Tensor) -> torch.Tensor:
     return GRAM_MIN_RATIO * lam_max * inv_sq <= 1.0  # NaN/Inf (a singular R) is not certified
 
 
-def _factor_root(X: torch.Tensor) -> torch.Tensor:
+def _float64_rows(X: torch.Tensor):
+    """``X`` ``(n, d, dh)`` upcast into a reused float64 buffer, laid out for BLAS ``syrk``.
+
+    Returns ``(pool, buf, rows)``: the buffer to hand back (:func:`_release`), and in it a
+    numpy view ``buf`` ``(n, dh, d)`` holding each ``X_hᵀ`` when ``X``'s
+    columns are contiguous (a projection's head block, ``W_h`` rows), else ``(n, d, dh)``
+    holding ``X_h`` (a column block of W_O); ``rows`` says which. Either way each head is one
+    contiguous block and its Gram is ``B Bᵀ`` or ``Bᵀ B`` of a single operand, which numpy
+    hands to BLAS ``dsyrk`` (half the multiply-adds of a GEMM). The copy is the upcast: a
+    fresh float64 array per chunk cost more in page faults than the Gram's arithmetic.
+    """
+    import numpy as np
     import torch
 
-    X = X.to(device="cpu", dtype=torch.float64)
-    d, dh = X.shape[-2:]
+    n, d, dh = X.shape
+    rows = X.stride(-2) == 1 and X.stride(-1) != 1  # X_hᵀ is the contiguous one
+    with _BUF_LOCK:
+        pool = _BUFFERS.pop() if _BUFFERS else np.empty(0)
+    if pool.size < n * d * dh:
+        pool = np.empty(max(n * d * dh, CHUNK_BYTES // 8))
+    buf = pool[: n * d * dh].reshape((n, dh, d) if rows else (n, d, dh))
+    torch.from_numpy(buf).copy_(X.mT if rows else X)
+    return pool, buf, rows
+
+
+def _release(pool) -> None:
+    with _BUF_LOCK:
+        _BUFFERS.append(pool)
+
+
+def _factor_root(X: torch.Tensor) -> torch.Tensor:
+    import numpy as np
+    import torch
+
+    X = X.to(device="cpu")
+    n, d, dh = X.shape
     if d < dh:
+        X = X.to(dtype=torch.float64)
         R = torch.linalg.qr(torch.nan_to_num(X, nan=0.0, posinf=0.0, neginf=0.0), mode="r").R
         finite = torch.isfinite(X).all(-1).all(-1)
-    else:
-        G = X.mT @ X
+        if not bool(finite.all()):
+            R = torch.where(finite[..., None, None], R, torch.full_like(R, float("nan")))
+        return R
+    pool, buf, rows = _float64_rows(X)
+    try:
+        # X_hᵀX_h as one operand times its own transpose: numpy's matmul calls dsyrk for that
+        G = torch.from_numpy(np.matmul(buf, buf.transpose(0, 2, 1)) if rows
+                             else np.matmul(buf.transpose(0, 2, 1), buf))
+        Xd = torch.from_numpy(buf)
+        Xd = Xd.mT if rows else Xd  # (n, d, dh) float64 views, for the QR fallback
         finite = torch.isfinite(torch.diagonal(G, dim1=-2, dim2=-1)).all(-1)  # G_jj = Σ_i X_ij²: NaN/Inf land here
         if not bool(finite.all()):
             G = torch.where(finite[..., None, None], G, torch.eye(dh, dtype=G.dtype))
@@ -172,7 +212,9 @@ def _factor_root(X: torch.Tensor) -> torch.Tensor:
         bad = ~_gram_certified(G, R) | (info != 0)
         bad &= finite
         if bool(bad.any()):
-            R[bad] = torch.linalg.qr(X[bad], mode="r").R
+            R[bad] = torch.linalg.qr(Xd[bad], mode="r").R
+    finally:
+        _release(pool)
     if not bool(finite.all()):
         R = torch.where(finite[..., None, None], R, torch.full_like(R, float("nan")))
     return R
@@ -182,25 +224,6 @@ def singular_values(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
     """Singular values of ``A Bᵀ`` (descending, float64), shape ``(..., min(d, dh))``."""
     _check_factors(A, B)
     return product_metrics(A, B).sv
-
-
-def rank_measures(sv: torch.Tensor, tol: float = DEFAULT_TOL) -> dict[str, torch.Tensor]:
-    """Numerical, effective and stable rank from descending singular values ``(..., k)``."""
-    import torch
-
-    if not tol > 0:
-        raise ValueError(f"tolerance must be > 0, got {tol}")
-    sv = sv.to(torch.float64)
-    s1 = sv[..., 0]
-    total = sv.sum(-1)
-    rank = (sv > tol * s1.unsqueeze(-1)).sum(-1)
-    rank = torch.where(s1 > 0, rank, torch.zeros_like(rank))
-    p = sv / torch.where(total > 0, total, torch.ones_like(total)).unsqueeze(-1)
-    plogp = torch.where(p > 0, p * torch.log(torch.where(p > 0, p, torch.ones_like(p))), torch.zeros_like(p))
-    effective = torch.where(total > 0, torch.exp(-plogp.sum(-1)), torch.zeros_like(total))
-    stable = torch.where(s1 > 0, (sv**2).sum(-1) / torch.where(s1 > 0, s1, torch.ones_like(s1)) ** 2,
-                         torch.zeros_like(s1))
-    return {"rank": rank, "effective_rank": effective, "stable_rank": stable}
 
 
 def product_metrics(A: torch.Tensor, B: torch.Tensor, tol: float = DEFAULT_TOL, *, workers: int = 1) -> ProductMetrics:
@@ -236,7 +259,8 @@ def metrics_from_roots(Ra: torch.Tensor, Rb: torch.Tensor, tol: float = DEFAULT_
     for key in parts[0]:
         v = parts[0][key] if len(parts) == 1 else torch.cat([q[key] for q in parts])
         out[key] = v.reshape((*batch, *v.shape[1:]))
-    return ProductMetrics(**out, tol=tol)
+    sv, finite = out.pop("sv"), out.pop("finite")
+    return ProductMetrics(sv=sv, values=out, finite=finite, tol=tol)
 
 
 def _metrics(Ra: torch.Tensor, Rb: torch.Tensor, tol: float) -> dict[str, torch.Tensor]:
@@ -251,27 +275,10 @@ def _metrics(Ra: torch.Tensor, Rb: torch.Tensor, tol: float) -> dict[str, torch.
 
     sv = torch.linalg.svdvals(Ra @ Rb.mT)
     ga, gb = Ra.mT @ Ra, Rb.mT @ Rb  # AᵀA, BᵀB (dh × dh)
-
-    nuclear = sv.sum(-1)
-    frob = torch.linalg.vector_norm(sv, dim=-1)
     bound = 0.5 * ((Ra**2).sum((-2, -1)) + (Rb**2).sum((-2, -1)))
     balance = torch.linalg.matrix_norm(ga - gb)
     scale = torch.linalg.matrix_norm(ga) + torch.linalg.matrix_norm(gb)
-    balance_rel = torch.where(scale > 0, balance / torch.where(scale > 0, scale, torch.ones_like(scale)),
-                              torch.zeros_like(scale))
-    ranks = rank_measures(sv, tol)
-
-    out = {
-        "sv": sv,
-        "sv_max": sv[..., 0],
-        "nuclear": nuclear,
-        "frob": frob,
-        "frob_bound": bound,
-        "gap": bound - nuclear,
-        "balance": balance,
-        "balance_rel": balance_rel,
-        **ranks,
-    }
+    out = {"sv": sv, **from_singular_values(sv, bound, balance, scale, tol)}
     if not bool(finite.all()):
         nan = torch.tensor(float("nan"), dtype=torch.float64)
         for key, val in out.items():
@@ -280,3 +287,55 @@ def _metrics(Ra: torch.Tensor, Rb: torch.Tensor, tol: float) -> dict[str, torch.
                 mask = mask[..., None]
             out[key] = torch.where(mask, nan, val.to(torch.float64))
     return {**out, "finite": finite}
+
+
+def product_svd(A: torch.Tensor, B: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Exact thin SVD ``A Bᵀ = U diag(S) Vᵀ`` of a factored product, never forming ``A Bᵀ``.
+
+    ``A`` is ``(..., m, r)``, ``B`` is ``(..., n, r)`` (the row counts may differ: a stack of a
+    query group's factors against its shared kv factor). With ``A = Q_A R_A`` and
+    ``B = Q_B R_B``, ``A Bᵀ = Q_A (R_A R_Bᵀ) Q_Bᵀ``; the SVD of the small core
+    ``R_A R_Bᵀ = U_c S V_cᵀ`` gives ``U = Q_A U_c``, ``V = Q_B V_c``. ``R`` comes from
+    :func:`factor_roots` (float64 Gram and Cholesky where certified well-conditioned); where both
+    roots are well-conditioned (``‖R‖_F ‖R⁻¹‖_F ≤`` PRODUCT_SVD_COND) ``Q U_c = X (R⁻¹ U_c)``
+    costs one GEMM, elsewhere (rank-deficient or ill-conditioned factors) a float64 Householder
+    QR gives ``Q`` itself. O((m + n)·r²) per item. Returns float64 ``U (..., m, p)``, ``S (..., p)``
+    descending, ``V (..., n, p)`` with ``p = min(m, n, r)``.
+    """
+    import torch
+
+    if A.ndim < 2 or B.ndim < 2 or A.shape[:-2] != B.shape[:-2] or A.shape[-1] != B.shape[-1]:
+        raise ValueError(f"factors must be (..., m, r) and (..., n, r); got {tuple(A.shape)}, {tuple(B.shape)}")
+    A = A.detach().to(device="cpu", dtype=torch.float64)
+    B = B.detach().to(device="cpu", dtype=torch.float64)
+    batch, r = A.shape[:-2], A.shape[-1]
+    p = min(A.shape[-2], B.shape[-2], r)
+    A, B = A.reshape(-1, *A.shape[-2:]), B.reshape(-1, *B.shape[-2:])
+    if min(A.shape[-2], B.shape[-2]) < r:  # a root would not be square: Householder throughout
+        fast = torch.zeros(A.shape[0], dtype=torch.bool)
+    else:
+        Ra, Rb = factor_roots(A, B)
+        eye = torch.eye(r, dtype=torch.float64)
+        inv = [torch.linalg.solve_triangular(R, eye.expand_as(R), upper=True) for R in (Ra, Rb)]
+        cond = [torch.linalg.matrix_norm(R) * torch.linalg.matrix_norm(Ri) for R, Ri in zip((Ra, Rb), inv, strict=True)]
+        fast = (cond[0] <= PRODUCT_SVD_COND) & (cond[1] <= PRODUCT_SVD_COND)
+    U = torch.empty(A.shape[0], A.shape[-2], p, dtype=torch.float64)
+    V = torch.empty(B.shape[0], B.shape[-2], p, dtype=torch.float64)
+    S = torch.empty(A.shape[0], p, dtype=torch.float64)
+    if bool(fast.any()):
+        Uc, s, Vch = torch.linalg.svd(Ra[fast] @ Rb[fast].mT)
+        U[fast] = A[fast] @ (inv[0][fast] @ Uc)[..., :p]
+        V[fast] = B[fast] @ (inv[1][fast] @ Vch.mT)[..., :p]
+        S[fast] = s[..., :p]
+    slow = ~fast
+    if bool(slow.any()):
+        Qa, Ra_ = torch.linalg.qr(A[slow])
+        Qb, Rb_ = torch.linalg.qr(B[slow])
+        Uc, s, Vch = torch.linalg.svd(Ra_ @ Rb_.mT, full_matrices=False)
+        U[slow], S[slow], V[slow] = (Qa @ Uc)[..., :p], s[..., :p], (Qb @ Vch.mT)[..., :p]
+    return U.reshape(*batch, *U.shape[-2:]), S.reshape(*batch, p), V.reshape(*batch, *V.shape[-2:])
+
+
+#: product_svd's fast path: both roots with ‖R‖_F ‖R⁻¹‖_F at most this (orthogonality of
+#: X R⁻¹ then holds to ~1e-16 · cond² ≤ 1e-10)
+PRODUCT_SVD_COND = 1e3

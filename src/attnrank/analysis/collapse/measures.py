@@ -7,7 +7,8 @@
   column-wise median for ℓ1, a linear program for ℓ∞; for the composite norm, which is not
   convex in x, the best of those three candidates: an upper bound on the exact minimum);
 - mean pairwise cosine similarity of the tokens (i ≠ j), effective rank ``exp(H(σ/Σσ))`` and
-  stable rank ``Σσ²/σ₁²`` of X.
+  stable rank ``Σσ²/σ₁²`` of X (the core's rank measures, :mod:`attnrank.core.metrics`, with its
+  zero/NaN semantics: 0 for a zero X).
 
 The primary measure (plots, claims) is ``res_composite``: composite norm, mean row.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from attnrank.core import metrics as core
 from attnrank.errors import AttnRankError
 
 NORMS = ("l1", "linf", "composite", "fro")
@@ -134,17 +136,14 @@ def _svals(X) -> np.ndarray:
 
 
 def effective_rank(X) -> np.ndarray:
-    """``exp(H(p))``, ``p = σ/Σσ`` (Roy & Vetterli), of X itself (not centred)."""
-    s = _svals(X)
-    p = s / s.sum(-1, keepdims=True)
-    logp = np.log(np.where(p > 0, p, 1.0))
-    return np.exp(-(p * logp).sum(-1))
+    """``exp(H(p))``, ``p = σ/Σσ`` (Roy & Vetterli), of X itself (not centred):
+    :func:`attnrank.core.metrics.effective_rank` of its singular values (0 for a zero X)."""
+    return core.effective_rank(_svals(X)).numpy()[()]
 
 
 def stable_rank(X) -> np.ndarray:
-    """``Σσ² / σ₁² = ‖X‖_F² / ‖X‖_2²``."""
-    s = _svals(X)
-    return (s * s).sum(-1) / (s[..., 0] ** 2)
+    """``Σσ² / σ₁² = ‖X‖_F² / ‖X‖_2²``: :func:`attnrank.core.metrics.stable_rank` (0 for a zero X)."""
+    return core.stable_rank(_svals(X)).numpy()[()]
 
 
 def token_measures(X) -> dict[str, np.ndarray]:
@@ -154,7 +153,6 @@ def token_measures(X) -> dict[str, np.ndarray]:
     out["res_best_l1"] = residual(X, "l1", "best")
     out["cosine"] = cosine_similarity(X)
     s = _svals(X)
-    p = s / s.sum(-1, keepdims=True)
-    out["effective_rank"] = np.exp(-(p * np.log(np.where(p > 0, p, 1.0))).sum(-1))
-    out["stable_rank"] = (s * s).sum(-1) / s[..., 0] ** 2
+    out["effective_rank"] = core.effective_rank(s).numpy()[()]
+    out["stable_rank"] = core.stable_rank(s).numpy()[()]
     return {k: out[k] for k in MEASURES}
