@@ -11,8 +11,10 @@ from safetensors.torch import load_file, save_file
 
 import attnrank
 from attnrank.analysis.scan import TABLE_COLUMNS, analyze, parse_layers
+from attnrank.core.metrics import METRIC_COLUMNS, SUMMARY_METRICS
 from attnrank.errors import AttnRankError
 
+from ..core.test_metrics import dense_reference
 from ..helpers import shard
 
 
@@ -40,11 +42,21 @@ def test_one_head_against_dense_svd(minilm_dir, minilm_result):
     wk = sd[pre + "self.key.weight"].double().numpy()[rows]
     wv = sd[pre + "self.value.weight"].double().numpy()[rows]
     p = sd[pre + "output.dense.weight"].double().numpy()[:, rows]
-    for product, M in (("qk", wk.T @ wq), ("ov", p @ wv)):
-        s = np.linalg.svd(M, compute_uv=False)[:dh]
+    for product, A, B in (("qk", wk.T, wq.T), ("ov", p, wv.T)):
+        s = np.linalg.svd(A @ B.T, compute_uv=False)[:dh]
         np.testing.assert_allclose(minilm_result.sv[product][4, h], s, rtol=1e-9)
         row = minilm_result.table.query(f"layer == 4 and head == {h} and product == '{product}'").iloc[0]
         assert row["nuclear"] == pytest.approx(s.sum(), rel=1e-10)
+        ref = dense_reference(A, B, minilm_result.meta["tolerance"])  # every column of the metric table
+        for k in METRIC_COLUMNS:
+            if k in ("rank", "k90", "k99"):
+                assert row[k] == ref[k], (product, k)
+            else:
+                assert row[k] == pytest.approx(ref[k], rel=1e-8, abs=1e-12 * ref["frob_bound"]), (product, k)
+    summary = minilm_result.summary()
+    assert set(SUMMARY_METRICS) <= set(summary.columns)
+    qk4 = minilm_result.table.query("layer == 4 and product == 'qk'")
+    assert summary.query("layer == 4 and product == 'qk'")["k90"].item() == pytest.approx(qk4["k90"].mean())
     # Figure 4 row norms: rows of W_Q, W_K, W_V and columns of P
     np.testing.assert_allclose(minilm_result.row_norms["q"][4, h], (wq**2).sum(1), rtol=1e-12)
     np.testing.assert_allclose(minilm_result.row_norms["p"][4, h], (p**2).sum(0), rtol=1e-12)
@@ -116,3 +128,35 @@ def test_results_identical_under_a_concurrent_cpu_bound_process():
         for k in ("q", "k", "v", "p"):
             assert np.array_equal(r.row_norms[k], idle.row_norms[k])
     assert torch.get_num_threads() >= 1 and idle.table["finite"].all()
+
+
+def test_timing_says_where_the_stream_waited():
+    """meta.json records the stream's time: reads (in the reader thread, pages faulted in there),
+    compute, and how long each side waited on the other."""
+    t = analyze("minilm", layers="0-2").meta["timing_s"]
+    assert set(t) == {"wall", "read", "compute", "compute_waited_on_read", "read_waited_on_compute"}
+    assert all(v >= 0 for v in t.values())
+    assert t["compute"] + t["compute_waited_on_read"] <= t["wall"] + 1e-3
+    assert t["read_waited_on_compute"] == pytest.approx(t["wall"] - t["read"], abs=1e-3)
+
+
+def test_gqa_reduces_each_kv_head_once(monkeypatch):
+    """Under grouped-query attention the K and V Grams belong to kv heads: 8 query heads on 2 kv
+    heads reduce 8 + 2 + 2 + 8 factors, not 32; the spectra equal those of repeated factors."""
+    import attnrank.core.linalg as la
+    from attnrank.analysis.scan import layer_metrics
+    from attnrank.core.linalg import product_metrics
+    from attnrank.io.layouts import HeadWeights
+
+    g = torch.Generator().manual_seed(3)
+    H, Hkv, dh, d = 8, 2, 6, 40
+    hw = HeadWeights(wq=torch.randn(H, dh, d, generator=g), wk=torch.randn(Hkv, dh, d, generator=g),
+                     wv=torch.randn(Hkv, dh, d, generator=g), p=torch.randn(H, d, dh, generator=g))
+    seen = []
+    real = la._factor_root
+    monkeypatch.setattr(la, "_factor_root", lambda X: seen.append(X.shape[0]) or real(X))
+    metrics, _ = layer_metrics(hw)
+    assert sum(seen) == H + Hkv + Hkv + H
+    monkeypatch.setattr(la, "_factor_root", real)
+    for name, (A, B) in (("qk", hw.qk_factors()), ("ov", hw.ov_factors())):
+        torch.testing.assert_close(metrics[name].sv, product_metrics(A, B).sv, rtol=1e-12, atol=1e-12)

@@ -16,9 +16,12 @@ from attnrank.util.fileio import write_atomic  # noqa: E402
 PRODUCT_LABEL = {"qk": r"$W_K^\top W_Q$", "ov": r"$P W_V$"}
 
 
-def save_figure(fig, path: str | os.PathLike, dpi: int = 120) -> Path:
+def save_figure(fig, path: str | os.PathLike, dpi: int = 120, tight: bool = True) -> Path:
+    """``fig`` as a PNG at ``path`` (atomic), then closed. ``tight=False`` for figures laid out
+    at creation: ``bbox_inches="tight"`` renders the figure twice."""
+    kw = {"bbox_inches": "tight"} if tight else {}
     try:
-        return write_atomic(path, lambda p: fig.savefig(p, dpi=dpi, bbox_inches="tight", format="png"))
+        return write_atomic(path, lambda p: fig.savefig(p, dpi=dpi, format="png", **kw))
     finally:
         plt.close(fig)
 
@@ -27,103 +30,183 @@ def _diag(ax, lo: float, hi: float) -> None:
     ax.plot([lo, hi], [lo, hi], color="0.4", lw=1, ls="--", zorder=0, label="y = x")
 
 
-def fig4_rows(result) -> plt.Figure:
+# --------------------------------------------------------------------------- spectra (attnrank spectra)
+# Drawn from ``attnrank.analysis.figproc.figure_data`` (numpy arrays only), in the spectra
+# process or in a separate one started before torch is imported. One artist per panel (no
+# per-head Python loops), fixed margins and title heights (no layout pass measuring every label),
+# 100 dpi.
+SPECTRA_DPI = 100
+_LAYER_CMAP = "viridis"
+
+
+def _panels(nrows: int, ncols: int, *, figsize, top: float = 0.88, bottom: float = 0.12,
+            hspace: float = 0.3, **kw):
+    """Subplots with fixed margins: measuring every label for an automatic layout (constrained
+    or ``bbox_inches="tight"``) cost more than drawing the figure."""
+    fig, axes = plt.subplots(nrows, ncols, figsize=figsize, **kw)
+    fig.subplots_adjust(left=0.08, right=0.97, top=top, bottom=bottom, wspace=0.28, hspace=hspace)
+    return fig, axes
+
+
+def _layer_key(fig, ax, layers: np.ndarray):
+    """A colour per layer and, with more than one layer, a colour bar keyed by layer index."""
+    lo, hi = float(layers.min()), float(max(layers.max(), layers.min() + 1))
+    norm = matplotlib.colors.Normalize(lo, hi)
+    if len(layers) > 1:
+        sm = matplotlib.cm.ScalarMappable(norm=norm, cmap=_LAYER_CMAP)
+        fig.colorbar(sm, ax=ax, label="layer", fraction=0.05, pad=0.02)
+    return norm
+
+
+def _title(data: dict, what: str) -> str:
+    layers = data["layers"]
+    span = f"layer {layers[0]}" if len(layers) == 1 else f"{len(layers)} layers"
+    return f"{data['name']} ({span}): {what}"
+
+
+def fig4_rows(data: dict) -> plt.Figure:
     """Squared row norms of W_Q vs W_K and of W_V vs columns of P, head 0 of each layer."""
-    rn = result.row_norms
-    layers = result.meta["layers"]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4.5))
-    cmap = plt.get_cmap("viridis", max(len(layers), 2))
+    layers = data["layers"]
+    fig, axes = _panels(1, 2, figsize=(10, 4.3))
+    norm = _layer_key(fig, list(axes), layers)
     for ax, (x, y, xl, yl) in zip(axes, (("k", "q", r"$\|$row of $W_K\|^2$", r"$\|$row of $W_Q\|^2$"),
                                           ("p", "v", r"$\|$column of $P\|^2$", r"$\|$row of $W_V\|^2$")),
                                   strict=True):
-        xs, ys = rn[x][:, 0, :], rn[y][:, 0, :]
-        for j, layer in enumerate(layers):
-            ax.scatter(xs[j], ys[j], s=8, color=cmap(j), label=f"layer {layer}" if len(layers) <= 12 else None)
+        xs, ys = data[f"rows_{x}"], data[f"rows_{y}"]  # (layers, dh)
+        c = np.repeat(layers, xs.shape[1]).astype(float)
+        ax.scatter(xs.ravel(), ys.ravel(), s=6, c=c, cmap=_LAYER_CMAP, norm=norm, linewidths=0)
         pos = np.concatenate([xs.ravel(), ys.ravel()])
         pos = pos[np.isfinite(pos) & (pos > 0)]
         if pos.size:
             _diag(ax, pos.min(), pos.max())
-            ax.set_xscale("log")
-            ax.set_yscale("log")
+            if pos.max() > 10 * pos.min():  # log axes only where the norms span a decade
+                ax.set_xscale("log")
+                ax.set_yscale("log")
         ax.set_xlabel(xl)
         ax.set_ylabel(yl)
-        ax.set_title(f"{yl} vs {xl}", fontsize=10)
-    if len(layers) <= 12:
-        axes[1].legend(fontsize=7, markerscale=1.5, loc="best")
-    fig.suptitle(f"{result.meta['source']}: head 0 of each layer; balance puts points on y = x (cf. paper Fig. 4)")
+    fig.suptitle(_title(data, "head 0 of each layer; balance puts points on y = x (cf. paper Fig. 4)"),
+                 fontsize=10)
     return fig
 
 
-def fig4_norms(result) -> plt.Figure:
+def fig4_norms(data: dict) -> plt.Figure:
     """Frobenius bound ½(‖A‖²+‖B‖²) against nuclear norm, one point per head, all layers."""
-    t = result.table
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4.5))
+    layers = data["layers"]
+    fig, axes = _panels(1, 2, figsize=(10, 4.3))
+    norm = _layer_key(fig, list(axes), layers)
     for ax, product in zip(axes, ("qk", "ov"), strict=True):
-        s = t[(t["product"] == product) & t["finite"]]
-        sc = ax.scatter(s["nuclear"], s["frob_bound"], c=s["layer"], s=12, cmap="viridis")
-        if len(s):
-            lo = float(min(s["nuclear"].min(), s["frob_bound"].min()))
-            hi = float(max(s["nuclear"].max(), s["frob_bound"].max()))
+        nuc, bound = data[f"{product}_nuclear"], data[f"{product}_frob_bound"]
+        c = np.broadcast_to(layers[:, None], nuc.shape).astype(float)
+        ok = data[f"{product}_finite"].astype(bool)
+        ax.scatter(nuc[ok], bound[ok], c=c[ok], s=10, cmap=_LAYER_CMAP, norm=norm, linewidths=0)
+        if ok.any():
+            lo = float(min(nuc[ok].min(), bound[ok].min()))
+            hi = float(max(nuc[ok].max(), bound[ok].max()))
             _diag(ax, lo, hi)
         ax.set_xlabel(r"nuclear norm $\|AB^\top\|_*$")
         ax.set_ylabel(r"Frobenius bound $\frac{1}{2}(\|A\|_F^2+\|B\|_F^2)$")
-        ax.set_title(f"{PRODUCT_LABEL[product]}: one point per head")
-        fig.colorbar(sc, ax=ax, label="layer")
-    fig.suptitle(f"{result.meta['source']}: bound vs nuclear norm (equal iff balanced)")
+        ax.set_title(f"{PRODUCT_LABEL[product]}: one point per head", fontsize=10, y=1.0)
+    fig.suptitle(_title(data, "bound vs nuclear norm (equal iff balanced)"), fontsize=10)
     return fig
 
 
-def rank_heatmaps(result, column: str = "rank") -> plt.Figure:
-    """Layer × head heatmap of a rank measure, one panel per product."""
-    t = result.table
-    fig, axes = plt.subplots(1, 2, figsize=(11, 0.45 * len(result.meta["layers"]) + 2.2))
-    dh = result.meta["config"]["head_dim"]
-    for ax, product in zip(axes, ("qk", "ov"), strict=True):
-        grid = t[t["product"] == product].pivot(index="layer", columns="head", values=column)
-        im = ax.imshow(grid.to_numpy(dtype=float), aspect="auto", cmap="magma", vmin=0, vmax=dh)
-        ax.set_yticks(range(len(grid.index)), [str(i) for i in grid.index])
-        ax.set_xlabel("head")
-        ax.set_ylabel("layer")
-        ax.set_title(f"{column} of {PRODUCT_LABEL[product]} (max {dh})")
-        fig.colorbar(im, ax=ax)
-    tol = result.meta["tolerance"]
-    fig.suptitle(f"{result.meta['source']}: {column}" + (f" (tau = {tol:g})" if column == "rank" else ""))
+HEATMAP_MEASURES = (("effective_rank", "effective rank"), ("k90", "k90 (σ² energy)"), ("rank", "numerical rank"))
+
+
+def _flat(grid: np.ndarray, scale: float) -> str | None:
+    """What a near-solid panel would show, as text: its finite entries span less than 1 % of
+    ``scale`` (the head width); None when the grid moves."""
+    v = grid[np.isfinite(grid)]
+    if not v.size or v.max() - v.min() >= 0.01 * scale:
+        return None
+    return f"{v[0]:g}" if v.min() == v.max() else f"{v.min():.4g} to {v.max():.4g}"
+
+
+def rank_heatmaps(data: dict) -> plt.Figure | None:
+    """Layer × head maps of the rank measures that move, effective rank first; a panel whose
+    heads all share one value is a line of text, not a solid square (None: nothing moves)."""
+    layers, dh = data["layers"], int(data["head_dim"])
+    rows = [(k, label) for k, label in HEATMAP_MEASURES if f"qk_{k}" in data
+            and not all(_flat(data[f"{p}_{k}"], dh) is not None for p in ("qk", "ov"))]
+    if not rows:
+        return None
+    height = len(rows) * (0.16 * len(layers) + 1.6) + 0.6
+    fig, axes = _panels(len(rows), 2, figsize=(11, height), squeeze=False, top=1 - 0.75 / height,
+                        bottom=0.5 / height, hspace=0.5)
+    for (key, label), pair in zip(rows, axes, strict=True):
+        grids = [data[f"{p}_{key}"] for p in ("qk", "ov")]
+        vals = np.concatenate([g[np.isfinite(g)] for g in grids])
+        im = None
+        for ax, product, grid in zip(pair, ("qk", "ov"), grids, strict=True):
+            flat = _flat(grid, dh)
+            if flat is not None:
+                ax.set_axis_off()
+                ax.text(0.5, 0.5, f"{label} of {PRODUCT_LABEL[product]}:\nevery head {flat} (of {dh})",
+                        ha="center", va="center", transform=ax.transAxes)
+                continue
+            im = ax.imshow(grid, aspect="auto", cmap="magma", vmin=vals.min(), vmax=vals.max(),
+                           interpolation="nearest")
+            step = max(1, len(layers) // 16)
+            ax.set_yticks(range(0, len(layers), step), [str(i) for i in layers[::step]])
+            ax.set_xlabel("head")
+            ax.set_ylabel("layer")
+            ax.set_title(f"{label} of {PRODUCT_LABEL[product]} (of {dh})", fontsize=10, y=1.0)
+        if im is not None:
+            cb = fig.colorbar(im, ax=list(pair), label=label, fraction=0.04, pad=0.02)
+            cb.formatter.set_useOffset(False)
+    tol = float(data["tol"])
+    fig.suptitle(_title(data, f"rank measures per head (numerical rank at tau = {tol:g})"), fontsize=10)
     return fig
 
 
-def sv_curves(result) -> plt.Figure:
-    """Normalised singular values σ_i/σ_1 of every head, coloured by layer."""
-    layers = result.meta["layers"]
-    cmap = plt.get_cmap("viridis", max(len(layers), 2))
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4.5), sharey=True)
+def sv_curves(data: dict) -> plt.Figure:
+    """Normalised singular values σ_i/σ_1 of every head, one line collection per product,
+    coloured by layer."""
+    from matplotlib.collections import LineCollection
+
+    layers = data["layers"]
+    fig, axes = _panels(1, 2, figsize=(10, 4.3), sharey=True)
+    norm = _layer_key(fig, list(axes), layers)
     for ax, product in zip(axes, ("qk", "ov"), strict=True):
-        sv = result.sv[product]
-        for j, layer in enumerate(layers):
-            for h in range(sv.shape[1]):
-                s = sv[j, h]
-                if not np.all(np.isfinite(s)) or s[0] <= 0:
-                    continue
-                ax.plot(np.arange(1, s.size + 1), s / s[0], color=cmap(j), lw=0.7, alpha=0.7,
-                        label=f"layer {layer}" if h == 0 and len(layers) <= 12 else None)
-        ax.axhline(result.meta["tolerance"], color="red", lw=0.8, ls=":", label="rank threshold")
+        sv = data[f"sv_{product}"]  # (layers, heads, k)
+        k = sv.shape[-1]
+        s1 = sv[..., :1]
+        ok = np.isfinite(sv).all(-1) & (s1[..., 0] > 0)
+        rel = np.where(s1 > 0, sv / np.where(s1 > 0, s1, 1.0), np.nan)
+        rel = np.where(rel > 0, rel, np.nan)  # a zero singular value: a gap on the log axis
+        y = rel[ok]
+        segs = np.stack([np.broadcast_to(np.arange(1, k + 1, dtype=float), y.shape), y], axis=-1)
+        lc = LineCollection(segs, cmap=_LAYER_CMAP, norm=norm, linewidths=0.6, alpha=0.7)
+        lc.set_array(np.broadcast_to(layers[:, None], ok.shape)[ok].astype(float))
+        ax.add_collection(lc)
+        ax.axhline(float(data["tol"]), color="red", lw=0.8, ls=":", label="rank threshold")
+        ax.set_xlim(0.5, k + 0.5)
+        finite = y[np.isfinite(y)]
+        if finite.size:
+            ax.set_ylim(min(finite.min(), float(data["tol"])) * 0.5, 2.0)
         ax.set_yscale("log")
         ax.set_xlabel("index i")
-        ax.set_title(PRODUCT_LABEL[product])
+        ax.set_title(PRODUCT_LABEL[product], fontsize=10, y=1.0)
     axes[0].set_ylabel(r"$\sigma_i / \sigma_1$")
     axes[1].legend(fontsize=7, loc="lower left")
-    fig.suptitle(f"{result.meta['source']}: singular values of every head")
+    fig.suptitle(_title(data, "singular values of every head"), fontsize=10)
     return fig
 
 
-def spectra_figures(result, out: str | os.PathLike) -> list[Path]:
+SPECTRA_FIGURES = (("singular_values.png", sv_curves), ("rank_heatmap.png", rank_heatmaps),
+                   ("fig4_norms.png", fig4_norms), ("fig4_rows.png", fig4_rows))
+
+
+def draw_spectra(data: dict, out: str | os.PathLike) -> list[Path]:
+    """The spectra figures of ``figure_data(result)`` into ``out``; the paths written (a
+    figure with nothing that moves is left out)."""
     out = Path(out)
-    return [
-        save_figure(fig4_rows(result), out / "fig4_rows.png"),
-        save_figure(fig4_norms(result), out / "fig4_norms.png"),
-        save_figure(rank_heatmaps(result, "rank"), out / "rank_heatmap.png"),
-        save_figure(rank_heatmaps(result, "effective_rank"), out / "effective_rank_heatmap.png"),
-        save_figure(sv_curves(result), out / "singular_values.png"),
-    ]
+    written = []
+    for name, make in SPECTRA_FIGURES:
+        fig = make(data)
+        if fig is not None:
+            written.append(save_figure(fig, out / name, dpi=SPECTRA_DPI, tight=False))
+    return written
 
 
 # --------------------------------------------------------------------------- rank collapse (second document)

@@ -16,6 +16,8 @@ import numpy as np
 import pandas as pd
 import torch
 
+from attnrank.analysis.figproc import FigureProcess, figure_data
+from attnrank.analysis.rotary import rotary_scan
 from attnrank.core.linalg import (
     DEFAULT_TOL,
     METRIC_COLUMNS,
@@ -23,6 +25,7 @@ from attnrank.core.linalg import (
     factor_roots,
     metrics_from_roots,
 )
+from attnrank.core.metrics import METRICS, SUMMARY_METRICS, conventions
 from attnrank.errors import AttnRankError
 from attnrank.io.checkpoint import Checkpoint
 from attnrank.io.layouts import AttentionReader, HeadWeights, Layout
@@ -45,12 +48,20 @@ class SpectraResult:
     column norms of P, per query head (kv tensors repeated for grouped-query attention): the
     Figure 4 balance check (``AᵀA = BᵀB`` puts each pair on the diagonal).
     ``meta``: source, config summary, dtypes, tolerance and conventions.
+    ``rotary``: for rotary models, each head's energy per rotary band and the metrics of its
+    non-rotary part (:mod:`attnrank.analysis.rotary`; ``rotary.csv``), else None.
+    ``vectors`` (with ``vectors=True``): ``vectors[product]["u" | "s" | "v"]``, each head's exact
+    thin SVD ``A Bᵀ = U diag(S) Vᵀ`` as float32, U and V of shape (layers, heads, d, dh), S of
+    shape (layers, heads, dh) (``vectors.npz``; QK: U on the key side, V on the query side, so
+    a score is ``xᵀ V S Uᵀ y`` for query x and key y; OV: U in the output space).
     """
 
     table: pd.DataFrame
     sv: dict[str, np.ndarray]
     row_norms: dict[str, np.ndarray]
     meta: dict[str, Any]
+    rotary: pd.DataFrame | None = None
+    vectors: dict[str, dict[str, np.ndarray]] | None = None
 
     def summary(self) -> pd.DataFrame:
         return summarize(self.table)
@@ -58,6 +69,21 @@ class SpectraResult:
     def save(self, out: str | os.PathLike, *, plots: bool = True) -> list[Path]:
         """Write the result into directory ``out`` (see :func:`save`)."""
         return save(self, out, plots=plots)
+
+    def describe(self) -> pd.DataFrame:
+        """One wide row per layer (WeightWatcher style): ``layer``, ``source``, ``model_type``,
+        ``heads``, ``head_dim``, then ``qk_METRIC`` / ``ov_METRIC`` means over the layer's heads
+        (effective rank first; see :func:`attnrank.analysis.describe.describe`)."""
+        from attnrank.analysis.describe import describe
+
+        return describe(self.table, self.meta)
+
+    def plot(self, path: str | os.PathLike | None = None):
+        """One figure: effective rank (and k90) per layer, and every head's σᵢ/σ₁ coloured by
+        layer; returns the matplotlib Figure (with ``path``, also writes a PNG there)."""
+        from attnrank.analysis.describe import plot
+
+        return plot(self.table, self.sv, self.meta, path)
 
 
 def _rows(layer: int, product: str, m: ProductMetrics, group: int, head_dim: int) -> pd.DataFrame:
@@ -74,17 +100,20 @@ def _rows(layer: int, product: str, m: ProductMetrics, group: int, head_dim: int
     return pd.DataFrame(cols, columns=list(TABLE_COLUMNS))
 
 
-def layer_metrics(hw: HeadWeights, tol: float = DEFAULT_TOL, *,
-                  workers: int = 1) -> tuple[dict[str, ProductMetrics], dict[str, torch.Tensor]]:
+def layer_metrics(hw: HeadWeights, tol: float = DEFAULT_TOL, *, workers: int = 1,
+                  roots: dict[str, torch.Tensor] | None = None) -> tuple[dict[str, ProductMetrics], dict[str, torch.Tensor]]:
     """QK and OV metrics of every query head of one layer, plus the Figure 4 row norms.
 
     Each distinct factor is reduced once (a kv head shared by a group of query heads too).
     The squared row norms of W_Q, W_K, W_V and column norms of P are the diagonals of the
     factors' Gram matrices ``RᵀR`` (column sums of ``R²``), so they cost nothing extra.
     ``workers`` > 1 shares the heads among that many threads (run under ``torch_threads(1)``;
-    the result is the same for any number).
+    the result is the same for any number). ``roots``, if given, receives the roots of W_Qᵀ
+    (``q``, per query head) and W_Kᵀ (``k``, per kv head) for the rotary scan to reuse.
     """
     rq, rk, rv, rp = factor_roots(hw.wq.mT, hw.wk.mT, hw.wv.mT, hw.p, workers=workers)
+    if roots is not None:
+        roots.update(q=rq, k=rk)
     rk, rv = hw.kv_for_query_heads(rk), hw.kv_for_query_heads(rv)
     metrics = {"qk": metrics_from_roots(rk, rq, tol, workers=workers),
                "ov": metrics_from_roots(rp, rv, tol, workers=workers)}
@@ -93,25 +122,65 @@ def layer_metrics(hw: HeadWeights, tol: float = DEFAULT_TOL, *,
     return metrics, norms
 
 
-def _stream(reader: AttentionReader, sel: list[int], tol: float, threads: int | None):
+def _fault_in(hw: HeadWeights) -> None:
+    """Read one byte of every page of the layer's tensors, here in the reader thread.
+
+    safetensors returns views of its memory map: without this the disk (or page-cache) reads
+    would happen inside the compute workers' upcast, and reading the next layer would overlap
+    nothing. One byte per 4 KiB page costs almost no CPU; the kernel's read-ahead does the rest.
+    """
+    seen = set()
+    for w in (hw.wq, hw.wk, hw.wv, hw.p):
+        storage = w.untyped_storage()
+        if storage.data_ptr() in seen or w.device.type != "cpu":
+            continue
+        seen.add(storage.data_ptr())
+        torch.empty(0, dtype=torch.uint8).set_(storage)[::4096].sum()
+
+
+def _stream(reader: AttentionReader, sel: list[int], tol: float, threads: int | None,
+            timing: dict[str, float] | None = None, roots: dict[str, torch.Tensor] | None = None):
     """Yield ``(i, hw, metrics, row_norms)`` per selected layer; layer i+1 is read meanwhile.
 
     The checkpoint is touched by one thread at a time (the reader thread; ``release`` only
-    between reads), so resident memory stays about two layers' stored weights.
+    between reads), so resident memory stays about two layers' stored weights. ``timing``, if
+    given, is filled with seconds: ``wall`` (first read to last layer's metrics), ``read``
+    (inside the reader), ``compute`` (the metrics), ``compute_waited_on_read`` (the metrics
+    idle until a layer was read) and ``read_waited_on_compute`` (the reader idle).
     """
+    import time
     from concurrent.futures import ThreadPoolExecutor
 
     from attnrank.util.memory import trim_heap
 
+    t = {"read": 0.0, "compute": 0.0, "compute_waited_on_read": 0.0}
+
+    def read(i: int) -> HeadWeights:
+        t0 = time.perf_counter()
+        try:
+            hw = reader.read_layer(i)
+            _fault_in(hw)
+            return hw
+        finally:
+            t["read"] += time.perf_counter() - t0
+
     workers = max(1, threads if threads is not None else torch.get_num_threads())
+    start = time.perf_counter()
     with ThreadPoolExecutor(1, thread_name_prefix="attnrank-read") as io, torch_threads(1):
-        nxt = io.submit(reader.read_layer, sel[0]) if sel else None
+        nxt = io.submit(read, sel[0]) if sel else None
         for k, i in enumerate(sel):
+            t0 = time.perf_counter()
             hw = nxt.result()
+            t["compute_waited_on_read"] += time.perf_counter() - t0
             reader.ckpt.release()  # unmap what the read touched (tensors read are copies)
             trim_heap()  # the previous layer's temporaries, back to the OS (resident set stays flat)
-            nxt = io.submit(reader.read_layer, sel[k + 1]) if k + 1 < len(sel) else None
-            metrics, row_norms = layer_metrics(hw, tol, workers=workers)
+            nxt = io.submit(read, sel[k + 1]) if k + 1 < len(sel) else None
+            t0 = time.perf_counter()
+            metrics, row_norms = layer_metrics(hw, tol, workers=workers, roots=roots)  # roots: this layer's
+            t["compute"] += time.perf_counter() - t0
+            if timing is not None:
+                wall = time.perf_counter() - start
+                timing.update(t, wall=wall, read_waited_on_compute=wall - t["read"])
             yield i, hw, metrics, row_norms
 
 
@@ -187,21 +256,29 @@ def analyze(
     delta: bool = False,
     fold_norm: bool = False,
     download: bool = False,
+    remote: bool = False,
+    allow_full: bool = False,
+    rotary: bool = True,
+    vectors: bool = False,
 ) -> SpectraResult:
     """Exact per-head QK and OV spectra of every (or the selected) attention layer.
 
-    ``source``, ``revision``, ``base``, ``delta``, ``fold_norm``, ``download``: see io.sources.open_reader.
+    ``source``, ``revision``, ``base``, ``delta``, ``fold_norm``, ``download``, ``remote``,
+    ``allow_full``: see io.sources.open_reader.
 
     ``layout``: a TOML layout file (or a :class:`Layout`) for a model_type not in the table;
     the config then may be absent. ``progress(done, total)`` is called after each layer.
     ``threads``: worker threads (default: torch's current thread count). Each runs single-
     threaded torch over its own heads while a background thread reads the next layer, so a
     core taken by another process slows the scan in proportion, and results are bit-identical
-    whatever the load.
+    whatever the load. ``rotary``: for rotary models, also the per-band energies and the spectra
+    of the non-rotary part (``result.rotary``, :mod:`attnrank.analysis.rotary`). ``vectors``:
+    also each head's singular vectors (``result.vectors``; refused when they would not fit in a
+    quarter of this machine's memory: select layers).
     """
     layers = _check_args(tol, layers, threads, progress)
     reader = open_reader(source, config=config, layout=layout, revision=revision, base=base, delta=delta,
-                         fold_norm=fold_norm, download=download)
+                         fold_norm=fold_norm, download=download, remote=remote, allow_full=allow_full)
     dims = reader.dims
     if layers is None or isinstance(layers, str):
         sel = parse_layers(layers, dims.n_layers)
@@ -209,24 +286,82 @@ def analyze(
         sel = parse_layers(",".join(str(i) for i in layers), dims.n_layers)
     tol = float(tol)
 
+    vecs = _Vectors(dims, len(sel)) if vectors else None
+    rot, rot_why = rotary_scan(reader.ckpt.config, reader.position, dims.head_dim, reader.qk_norm, tol, rotary)
     frames: list[pd.DataFrame] = []
     sv: dict[str, list[np.ndarray]] = {p: [] for p in PRODUCTS}
     norms: dict[str, list[np.ndarray]] = {k: [] for k in ("q", "k", "v", "p")}
-    for done, (i, hw, metrics, row_norms) in enumerate(_stream(reader, sel, tol, threads), 1):
+    timing: dict[str, float] = {}
+    roots: dict[str, torch.Tensor] = {}  # each layer's W_Q, W_K roots, for the rotary scan
+    for done, (i, hw, metrics, row_norms) in enumerate(_stream(reader, sel, tol, threads, timing, roots), 1):
         for product, m in metrics.items():
             frames.append(_rows(i, product, m, hw.group, dims.head_dim))
             sv[product].append(m.sv.numpy())
         for k, v in row_norms.items():
             norms[k].append(v.numpy())
+        if rot is not None:
+            rot.add(i, hw, row_norms, roots)
+        if vecs is not None:
+            vecs.add(hw)
         del hw, metrics
         if progress:
             progress(done, len(sel))
 
+    table = _table(frames)
+    meta = _meta(reader, sel, tol, table)
+    meta["timing_s"] = {k: round(v, 4) for k, v in timing.items()}  # where the stream's time went
+    rotary = rot.table() if rot is not None else None
+    meta["conventions"]["rotary_bands"] = rot.meta(rotary) if rot is not None else rot_why
+    return SpectraResult(
+        table=table,
+        sv={p: np.stack(v) for p, v in sv.items()},
+        row_norms={k: np.stack(v) for k, v in norms.items()},
+        meta=meta,
+        rotary=rotary,
+        vectors=vecs.arrays() if vecs is not None else None,
+    )
+
+
+class _Vectors:
+    """Each selected layer's exact per-head singular vectors (core.linalg.product_svd), float32."""
+
+    def __init__(self, dims: Any, n_layers: int) -> None:
+        from attnrank.io.validate import memory_bytes
+
+        need = 2 * n_layers * dims.n_heads * dims.head_dim * (2 * dims.d + 1) * 4
+        if need > memory_bytes() / 4:
+            raise AttnRankError(f"singular vectors of {n_layers} layers need {need / 2**30:.1f} GiB, more than a "
+                                "quarter of this machine's memory: select fewer layers with --layers")
+        self.parts: dict[str, dict[str, list[np.ndarray]]] = {p: {"u": [], "s": [], "v": []} for p in PRODUCTS}
+
+    def add(self, hw: HeadWeights) -> None:
+        from attnrank.core.linalg import product_svd
+
+        for product, (a, b) in (("qk", hw.qk_factors()), ("ov", hw.ov_factors())):
+            u, s, v = product_svd(a, b)
+            for key, x in (("u", u), ("s", s), ("v", v)):
+                self.parts[product][key].append(x.to(torch.float32).numpy())
+
+    def arrays(self) -> dict[str, dict[str, np.ndarray]]:
+        return {p: {k: np.stack(v) for k, v in d.items()} for p, d in self.parts.items()}
+
+
+def _table(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """The layers' rows in one table; the metric table's counts (rank, k90, k99) as int64 unless a
+    non-finite head made them NaN."""
     table = pd.concat(frames, ignore_index=True)
-    table["rank"] = table["rank"].astype("float64" if table["rank"].isna().any() else "int64")
+    for m in METRICS:
+        if m.integer:
+            table[m.name] = table[m.name].astype("float64" if table[m.name].isna().any() else "int64")
+    return table
+
+
+def _meta(reader: AttentionReader, sel: list[int], tol: float, table: pd.DataFrame) -> dict[str, Any]:
+    """meta.json: the source, the config summary, dtypes, tolerance and conventions."""
+    dims = reader.dims
     bad = table.loc[~table["finite"], ["layer", "head", "product"]]
     cfg = reader.ckpt.config
-    meta = {
+    return {
         **reader.origin,  # input kind, source, path, files (+ hub / gguf / adapter / live details)
         "model_type": cfg.get("model_type") or reader.layout.model_types[0],
         "layout": {"name": reader.layout.model_types[0], "split": reader.split, "prefix": reader.prefix, "tensors": reader.tensor_names(0)},
@@ -257,21 +392,12 @@ def analyze(
             "qk_norm_note": ("q and k are normalised per head before the score: the static QK "
                              "product ignores that nonlinearity") if reader.qk_norm else None,
             "grouped_query": "query head h uses kv head h // (H // Hkv)",
-            "rank": f"numerical rank #{{sigma_i > {tol:g} * sigma_1}}",
-            "effective_rank": "exp(entropy of sigma / sum sigma) (Roy & Vetterli)",
-            "stable_rank": "sum sigma^2 / sigma_1^2",
-            "balance_rel": "||A^T A - B^T B||_F / (||A^T A||_F + ||B^T B||_F)",
+            **conventions(tol),
             "layer_head_index": "0-based",
         },
         "nonfinite_heads": bad.to_dict("records"),
         "versions": versions(),
     }
-    return SpectraResult(
-        table=table,
-        sv={p: np.stack(v) for p, v in sv.items()},
-        row_norms={k: np.stack(v) for k, v in norms.items()},
-        meta=meta,
-    )
 
 
 def spectra(source: str | os.PathLike, **kwargs: Any) -> pd.DataFrame:
@@ -280,46 +406,59 @@ def spectra(source: str | os.PathLike, **kwargs: Any) -> pd.DataFrame:
 
 
 def summarize(table: pd.DataFrame) -> pd.DataFrame:
-    """Per layer and product: mean rank / dh, effective rank, gap / bound, relative balance."""
-    t = table.assign(rank_frac=table["rank"] / table["head_dim"],
-                     gap_rel=table["gap"] / table["frob_bound"].where(table["frob_bound"] > 0))
+    """Per layer and product: the number of heads, mean numerical rank / dh, and the mean over
+    heads of every summary metric of the table (core.metrics.SUMMARY_METRICS: effective rank,
+    k90, k99, gap / bound, relative balance …)."""
+    t = table.assign(rank_frac=table["rank"] / table["head_dim"])
     g = t.groupby(["layer", "product"], sort=True)
-    out = g.agg(
-        heads=("head", "size"),
-        rank_frac=("rank_frac", "mean"),
-        rank=("rank", "mean"),
-        effective_rank=("effective_rank", "mean"),
-        stable_rank=("stable_rank", "mean"),
-        gap_rel=("gap_rel", "mean"),
-        balance_rel=("balance_rel", "mean"),
-    )
+    out = g.agg(heads=("head", "size"), rank_frac=("rank_frac", "mean"),
+                **{k: (k, "mean") for k in SUMMARY_METRICS})
     return out.reset_index()
 
 
 def overall(table: pd.DataFrame) -> dict[str, dict[str, float]]:
     """Means over all heads and layers, per product (for notes and --json)."""
-    s = table.assign(rank_frac=table["rank"] / table["head_dim"],
-                     gap_rel=table["gap"] / table["frob_bound"].where(table["frob_bound"] > 0))
-    res = {}
-    for p, g in s.groupby("product"):
-        res[str(p)] = {k: float(g[k].mean()) for k in
-                       ("rank", "rank_frac", "effective_rank", "stable_rank", "gap_rel", "balance_rel")}
-    return res
+    s = table.assign(rank_frac=table["rank"] / table["head_dim"])
+    return {str(p): {k: float(g[k].mean()) for k in ("rank_frac", *SUMMARY_METRICS)}
+            for p, g in s.groupby("product")}
 
 
-def save(result: SpectraResult, out: str | os.PathLike, *, plots: bool = True) -> list[Path]:
-    """Write heads.csv, summary.csv, spectra.npz, meta.json (and figures) atomically."""
+def save(result: SpectraResult, out: str | os.PathLike, *, plots: bool = True,
+         figures: FigureProcess | None = None) -> list[Path]:
+    """Write heads.csv, summary.csv, spectra.npz, meta.json (rotary.csv for rotary models, and figures) atomically.
+
+    ``figures``: a :class:`~attnrank.analysis.figproc.FigureProcess` started earlier (the CLI
+    starts one before importing torch); it draws while the tables are written, and this waits
+    for it. Without one (or if it fails) the figures are drawn here.
+    """
     out = prepare_out_dir(out)
-    written = [
-        write_atomic(out / "heads.csv", lambda p: result.table.to_csv(p, index=False)),
-        write_atomic(out / "summary.csv", lambda p: result.summary().to_csv(p, index=False)),
-        write_atomic(out / "spectra.npz", lambda p: _save_npz(p, result)),
-        write_json(out / "meta.json", result.meta),
-    ]
-    if plots:
-        from attnrank.analysis.plots import spectra_figures
+    data = figure_data(result) if plots else None
+    sent = figures is not None and data is not None and figures.submit(data, out)
+    try:
+        written = [
+            write_atomic(out / "heads.csv", lambda p: result.table.assign(source=str(result.meta.get("source")))
+                         .to_csv(p, index=False)),
+            write_atomic(out / "summary.csv", lambda p: result.summary().to_csv(p, index=False)),
+            write_atomic(out / "spectra.npz", lambda p: _save_npz(p, result)),
+            write_json(out / "meta.json", result.meta),
+        ]
+        if result.rotary is not None:
+            written.append(write_atomic(out / "rotary.csv", lambda p: result.rotary.to_csv(p, index=False)))
+        if result.vectors is not None:
+            written.append(write_atomic(out / "vectors.npz", lambda p: _save_vectors(p, result)))
+    except BaseException:
+        if figures is not None:
+            figures.close()
+        raise
+    if data is not None:
+        drawn = figures.wait() if sent else None
+        if drawn is None:
+            from attnrank.analysis.plots import draw_spectra
 
-        written += spectra_figures(result, out)
+            drawn = draw_spectra(data, out)
+        written += drawn
+    elif figures is not None:
+        figures.close()
     return written
 
 
@@ -328,3 +467,9 @@ def _save_npz(p: Path, result: SpectraResult) -> None:
               "layers": np.asarray(result.meta["layers"])}
     with open(p, "wb") as fh:
         np.savez_compressed(fh, **arrays)
+
+
+def _save_vectors(p: Path, result: SpectraResult) -> None:
+    arrays = {f"{prod}_{k}": v for prod, d in (result.vectors or {}).items() for k, v in d.items()}
+    with open(p, "wb") as fh:
+        np.savez(fh, layers=np.asarray(result.meta["layers"]), **arrays)
