@@ -1,5 +1,6 @@
 """The attnrank command as a user meets it: real subprocesses, exit codes, files written."""
 
+import io
 import json
 import os
 import shutil
@@ -25,9 +26,11 @@ def test_spectra_minilm_writes_everything(tmp_path):
     out = tmp_path / "out"
     r = run("spectra", "minilm", "--out", str(out))
     assert r.returncode == 0, r.stderr
-    assert "QK r/dh" in r.stdout
+    assert "QK eff" in r.stdout and "QK k90" in r.stdout  # the console leads with what moves
     heads = pd.read_csv(out / "heads.csv")
     assert set(REQUIRED) <= set(heads.columns) and len(heads) == 144
+    assert {"k90", "k99", "gap_rel"} <= set(pd.read_csv(out / "summary.csv").columns) <= set(heads.columns) | {
+        "heads", "rank_frac"}
     npz = np.load(out / "spectra.npz")
     assert npz["qk"].shape == npz["ov"].shape == (6, 12, 32)
     meta = json.loads((out / "meta.json").read_text())
@@ -249,3 +252,285 @@ def test_unforeseen_errors_are_still_one_line(tmp_path, monkeypatch, exc, needle
     monkeypatch.setattr("attnrank.analysis.scan.analyze", fail)
     code, _, err = run_cli("spectra", "minilm")
     _one_error_line(code, err, needle)
+
+
+# -- the one error path (issue 27) -------------------------------------------------------------
+def test_no_private_typer_or_click_imports():
+    """typer 0.29 vendors click as typer._click: only public names (typer.TyperException, ...)."""
+    import ast
+    from pathlib import Path
+
+    import attnrank
+
+    for f in Path(attnrank.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for n in names:
+                assert not n.startswith(("typer._", "click._")), f"{f}: imports {n}"
+
+
+def _raise(exc):
+    def fail(*a, **k):
+        raise exc
+    return fail
+
+
+def test_an_unexpected_exception_is_one_line_naming_debug(monkeypatch):
+    from .fuzz.harness import run_cli
+
+    monkeypatch.delenv("ATTNRANK_DEBUG", raising=False)
+    monkeypatch.setattr("attnrank.analysis.scan.analyze", _raise(RuntimeError("shape '[4, -1, 2]' is invalid\nfor input")))
+    code, _, err = run_cli("spectra", "minilm")
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 1 and len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("error: unexpected RuntimeError: shape '[4, -1, 2]' is invalid for input")
+    assert "--debug" in lines[0] and "ATTNRANK_DEBUG=1" in lines[0]
+
+
+@pytest.mark.parametrize("how", ["option", "env"])
+def test_debug_shows_the_traceback(monkeypatch, how):
+    from attnrank import cli
+
+    monkeypatch.setattr("attnrank.analysis.scan.analyze", _raise(ZeroDivisionError("deep inside")))
+    monkeypatch.setattr(sys, "argv", ["attnrank", *(["--debug"] if how == "option" else []), "spectra", "minilm"])
+    if how == "env":
+        monkeypatch.setenv("ATTNRANK_DEBUG", "1")
+    with pytest.raises(ZeroDivisionError, match="deep inside"):
+        cli.main()
+
+
+def test_ctrl_c_prints_interrupted_exit_130(monkeypatch):
+    from .fuzz.harness import run_cli
+
+    monkeypatch.setattr("attnrank.analysis.scan.analyze", _raise(KeyboardInterrupt()))
+    code, _, err = run_cli("spectra", "minilm")
+    assert code == 130 and err.strip() == "error: interrupted", err
+
+
+def test_sigint_to_a_running_command(tmp_path):
+    """A real SIGINT to a running `attnrank train`: one line, exit 130, no traceback."""
+    import signal
+    import time
+
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    p = subprocess.Popen([sys.executable, "-m", "attnrank", "train", "recall", "--out", str(tmp_path / "r"),
+                          "--steps", "100000", "--quiet", "--log", "none"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "r" / "metrics.jsonl").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and err.strip() == "error: interrupted", err[-2000:]
+
+
+def test_a_closed_stdout_is_quiet(tmp_path):
+    """`attnrank spectra M --format csv | head -1`: no "Broken pipe" line, no traceback."""
+    from .fuzz.harness import write_tiny
+
+    src = write_tiny(tmp_path / "m")
+    cmd = (f"{sys.executable} -m attnrank spectra {src} --format csv; echo rc=$? >&2")
+    for reader in ("head -c 10",):
+        r = subprocess.run(f"({cmd}) | {reader}", shell=True, capture_output=True, text=True, timeout=300,
+                           env=dict(os.environ, HF_HUB_OFFLINE="1"))
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert lines in (["rc=141"], ["rc=0"]), r.stderr  # 0: everything fit in the pipe first
+
+
+def test_line_progress_when_stderr_is_not_a_terminal():
+    from rich.console import Console
+
+    from attnrank.util.progress import LineProgress
+
+    t = [0.0]
+    con = Console(file=io.StringIO(), width=200)
+    with LineProgress(con, every_s=10, clock=lambda: t[0]) as bar:
+        task = bar.add_task("layers", total=None)
+        for i in range(1, 7):
+            t[0] += 4
+            bar.update(task, completed=i, total=6, info=f"loss {i}")
+    assert con.file.getvalue().splitlines() == ["layers 3/6  loss 3 (12 s)", "layers 6/6  loss 6 (24 s)"]
+    con = Console(file=io.StringIO(), width=200)  # quick: nothing at all
+    with LineProgress(con, every_s=10, clock=lambda: 0.0) as bar:
+        task = bar.add_task("layers", total=3)
+        for i in range(1, 4):
+            bar.update(task, completed=i)
+    assert con.file.getvalue() == ""
+
+
+# -- issue 27: every red-team cause is one line, exit 2, nothing left behind -----------------------
+def _hf_like_minilm(tmp_path, minilm_dir, **changes):
+    d = tmp_path / "big"
+    d.mkdir()
+    cfg = json.loads((minilm_dir / "config.json").read_text()) | changes
+    (d / "config.json").write_text(json.dumps(cfg))
+    shutil.copy(minilm_dir / "model.safetensors", d)
+    return d
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["train", "lm", "--d-model", "100000"], "a model of 480,057,600,000 parameters (d_model 100000, 4 layers"),
+    (["train", "lm", "--n-layers", "100000", "--d-model", "4096"], "parameters (d_model 4096, 100000 layers"),
+    (["train", "vit", "--image-size", "100000"], "--image-size 100000: 1797 images of 100000x100000 pixels"),
+    (["train", "lm", "--tokenizer", "bpe", "--bpe-vocab", "1000000000"], "bpe_vocab must be at most 1048576"),
+    (["train", "recall", "--threads", "1000000"], "threads must lie in 1.."),
+    (["sweep", "recall", "--workers", "10000000000"], "workers must lie in 1.."),
+    (["sweep", "recall", "--threads", "1000000"], "threads must lie in 1.."),
+    (["sweep", "recall", "--set", "model=5"], "'model' is not a field to set or sweep"),
+    (["sweep", "recall", "--set", "task=5"], "'task' is not a field to set or sweep"),
+])
+def test_sizes_threads_and_fields_refused_before_anything_is_written(tmp_path, monkeypatch, args, needle):
+    from .fuzz.harness import check_outcome, run_cli
+
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(*args, "--out", str(tmp_path / "o"), "--quiet")
+    check_outcome(code, err)
+    assert code == 2 and needle in err, err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("spec, needle", [
+    ('{"kind": "recall", "seeds": 5}', "seeds must be a list of integers"),
+    ('{"kind": "recall", "base": "ab"}', "base must be a table of FIELD = value"),
+    ('{"kind": "recall", "grid": [1, 2]}', "grid must be a table of FIELD = [values]"),
+    ('{"kind": ["recall"]}', "kind must be a string"),
+    ('{"kind": "recall", "grid": {"model": [1]}}', "'model' is not a field to set or sweep"),
+    ('kind = "recall"\n[grid]\nattn_weight_decay = [{a = 1}]\n', "values must be numbers, bools or strings"),
+    ('kind = "recall"\n[grid.attn_weight_decay]\na = 1\n', "needs a non-empty list of values"),
+    ('kind = "recall"\n[base]\nsteps = [1, 2]\n', "base field 'steps' must be a number"),
+])
+def test_sweep_specs_with_wrong_types(tmp_path, monkeypatch, spec, needle):
+    from .fuzz.harness import check_outcome, run_cli
+
+    monkeypatch.chdir(tmp_path)
+    f = tmp_path / ("spec.toml" if spec.startswith("kind") else "spec.json")
+    f.write_text(spec)
+    code, _, err = run_cli("sweep", str(f), "--out", str(tmp_path / "o"), "--quiet")
+    check_outcome(code, err)
+    assert code == 2 and needle in err, err
+    assert not (tmp_path / "o").exists()
+
+
+WIDE = {"hidden_size": 12000, "intermediate_size": 48000, "num_hidden_layers": 1}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command, changes, needle", [
+    ("collapse", {"vocab_size": 10**12}, "a model of 384,000,010,99"),
+    ("collapse", WIDE, "a model of 2,244,625,024"),
+    ("scale", WIDE, "a model of 2,244,625,024"),
+])
+def test_models_too_big_for_this_machine_are_refused_before_they_are_built(tmp_path, minilm_dir, command,
+                                                                            changes, needle):
+    from .fuzz.harness import check_outcome, run_cli
+
+    src = _hf_like_minilm(tmp_path, minilm_dir, **changes)
+    code, _, err = run_cli(command, str(src), "--out", str(tmp_path / "o"), "--quiet")
+    check_outcome(code, err)
+    assert code == 2 and needle in err and "GiB of memory; this machine has" in err, err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.fixture(scope="module")
+def recall_run(tmp_path_factory):
+    from .fuzz.harness import run_cli
+
+    run = tmp_path_factory.mktemp("recall") / "r"
+    code, _, err = run_cli("train", "recall", "--out", str(run), "--steps", "4", "--checkpoint-every", "2",
+                           "--quiet", "--log", "none")
+    assert code == 0, err
+    return run
+
+
+@pytest.mark.parametrize("breakage, needle", [
+    (lambda st: st.pop("optimizer"), "has no 'optimizer': not a complete training state"),
+    (lambda st: st.update(step="4"), "'step' must be int, got str '4'"),
+    (lambda st: st.update(optimizer={"state": 5}), "'optimizer' is not an optimizer state"),
+])
+def test_a_broken_state_pt_is_one_line(tmp_path, recall_run, breakage, needle):
+    import torch
+
+    from .fuzz.harness import check_outcome, run_cli
+
+    run = tmp_path / "r"
+    shutil.copytree(recall_run, run)
+    for ck in (run / "checkpoints").iterdir():
+        st = torch.load(ck / "state.pt", weights_only=True)
+        breakage(st)
+        torch.save(st, ck / "state.pt")
+    code, _, err = run_cli("train", "recall", "--out", str(run), "--steps", "6", "--checkpoint-every", "2",
+                           "--quiet", "--log", "none", "--resume")
+    check_outcome(code, err)
+    assert code == 2 and needle in err, err
+
+
+def test_a_full_disk_while_saving_a_checkpoint(tmp_path, monkeypatch):
+    """ENOSPC while writing state.pt: one "no space" line (torch's own zip writer said
+    "unexpected pos"), and no half-written checkpoint directory."""
+    import builtins
+    import errno
+
+    from .fuzz.harness import check_outcome, run_cli
+
+    real_open = builtins.open
+
+    def full_open(file, mode="r", *a, **k):
+        if str(file).endswith("state.pt") and "w" in mode:
+            raise OSError(errno.ENOSPC, "No space left on device", str(file))
+        return real_open(file, mode, *a, **k)
+
+    monkeypatch.setattr("attnrank.training.state.open", full_open, raising=False)
+    code, _, err = run_cli("train", "recall", "--out", str(tmp_path / "r"), "--steps", "2",
+                           "--checkpoint-every", "2", "--quiet", "--log", "none")
+    check_outcome(code, err)
+    assert code == 2 and "no space left on the device: cannot write the checkpoint" in err, err
+    assert not [p for p in (tmp_path / "r" / "checkpoints").iterdir()]
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root to mount a small tmpfs")
+def test_a_really_full_disk_while_saving_a_checkpoint(tmp_path):
+    """The real thing, where a tmpfs can be mounted: a file system too small for the checkpoint."""
+    small = tmp_path / "small"
+    small.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=300k", "tmpfs", str(small)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        from .fuzz.harness import run_cli
+
+        code, _, err = run_cli("train", "recall", "--out", str(small / "r"), "--steps", "2", "--checkpoint-every",
+                               "2", "--quiet", "--log", "none")
+        _one_error_line(code, err, "no space left on the device: cannot write the checkpoint")
+        assert not [p for p in (small / "r" / "checkpoints").iterdir() if p.name.startswith(".")]
+    finally:
+        subprocess.run(["umount", str(small)], capture_output=True)
+
+
+def test_replot_data_json_that_is_a_fifo(tmp_path):
+    from .fuzz.harness import check_outcome, run_cli
+
+    (tmp_path / "o").mkdir()
+    (tmp_path / "o" / "run.json").write_text('{"name": "fig1", "quick": true}')
+    os.mkfifo(tmp_path / "o" / "data.json")
+    code, _, err = run_cli("reproduce", "fig1", "--replot", "--out", str(tmp_path / "o"), "--quiet")
+    check_outcome(code, err)
+    assert code == 2 and "is not a regular file (a FIFO)" in err, err
+
+
+def test_heartbeat_lines_for_a_long_call_without_progress():
+    import time
+
+    from rich.console import Console
+
+    from attnrank.util.progress import Heartbeat
+
+    con = Console(file=io.StringIO(), width=200)
+    with Heartbeat(con, "reproducing fig3", every_s=0.2):
+        time.sleep(0.75)
+    lines = con.file.getvalue().splitlines()
+    assert 2 <= len(lines) <= 4 and all(ln.startswith("reproducing fig3 ... (") for ln in lines), lines
+    con = Console(file=io.StringIO(), width=200)
+    with Heartbeat(con, "quick", every_s=5):
+        pass
+    assert con.file.getvalue() == ""

@@ -28,17 +28,19 @@ def run(tmp_path_factory):
     from attnrank.training.loop import train
 
     d = tmp_path_factory.mktemp("series") / "run"
-    train(d, recall_config(steps=12, track_every=4, checkpoint_every=4, keep_checkpoints=10, lr=1e-2,
+    train(d, recall_config(steps=12, track_every=2, checkpoint_every=4, keep_checkpoints=10, lr=1e-2,
                            attn_weight_decay=0.5, **TINY), device="cpu", tensorboard=False, threads=1)
     return d
 
 
-def same_as_tracker(table: pd.DataFrame, run) -> None:
+def same_as_tracker(table: pd.DataFrame, run, steps=(4, 8, 12)) -> None:
     """The rows of every checkpoint equal the live tracker's rows at that step (metrics.jsonl)."""
     live = tracker_table(read_metrics(run))
     key = ["step", "layer", "head", "product"]
+    if "origin" in table:
+        table = table[table["origin"] == "checkpoint"]
     m = table.merge(live, on=key, suffixes=("", "_live"))
-    assert len(m) == len(table) > 0 and sorted(table["step"].unique()) == [4, 8, 12]
+    assert len(m) == len(table) > 0 and sorted(table["step"].unique()) == list(steps)
     assert (m["rank"] == m["rank_live"]).all()
     for c in METRIC_COLUMNS:
         np.testing.assert_allclose(m[c], m[f"{c}_live"], rtol=1e-12, atol=1e-15, err_msg=c)
@@ -50,9 +52,14 @@ def test_run_directory_equals_the_tracker_and_resumes(run, tmp_path):
     same_as_tracker(res.table, run)
     assert res.computed and not res.skipped
     assert list(res.table.columns[:6]) == ["checkpoint", "step", "layer", "head", "kv_head", "product"]
-    assert len(res.table) == 3 * 2 * 2 * 2  # checkpoints x layers x heads x products
+    ck = res.table[res.table["origin"] == "checkpoint"]
+    assert len(ck) == 3 * 2 * 2 * 2  # checkpoints x layers x heads x products
+    # the steps without a checkpoint come from metrics.jsonl's tracker rows, in the same columns
+    tr = res.table[res.table["origin"] == "metrics.jsonl"]
+    assert sorted(tr["step"].unique()) == [0, 2, 6, 10] and len(tr) == 4 * 2 * 2 * 2
+    assert tr[list(METRIC_COLUMNS)].notna().all().all() and (tr["head_dim"] == 8).all()
     s = res.summary
-    assert len(s) == 3 * 2 * 2 and {"rank", "effective_rank", "gap_rel", "balance_rel"} <= set(s.columns)
+    assert len(s) == 7 * 2 * 2 and {"rank", "effective_rank", "gap_rel", "balance_rel"} <= set(s.columns)
     assert (out / "over_training.png").stat().st_size > 10_000
     # resumable: a finished checkpoint is not redone, a missing one is
     first = (out / "table.csv").read_bytes()
@@ -82,6 +89,7 @@ def test_checkpoint_list_and_hub_revisions(run, tmp_path, monkeypatch):
         lay_out_cache(cache, "org/tiny", c, f"{i:040x}", f"step{4 * (i + 1)}")
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     res = track("org/tiny", tmp_path / "h", revisions="step12,step4,step8", workers=1, plots=False)
+    assert set(res.table["origin"]) == {"checkpoint"}
     same_as_tracker(res.table, run)
     assert sorted(res.table["checkpoint"].unique()) == ["step12", "step4", "step8"]
     with pytest.raises(AttnRankError):
@@ -116,7 +124,7 @@ def test_cli_track_json(run, tmp_path):
                        env=dict(os.environ, HF_HUB_OFFLINE="1"), timeout=120)
     assert p.returncode == 0, p.stderr
     payload = json.loads(p.stdout)
-    assert [c["step"] for c in payload["checkpoints"] if c["product"] == "qk"] == [4, 8, 12]
+    assert [c["step"] for c in payload["checkpoints"] if c["product"] == "qk"] == [0, 2, 4, 6, 8, 10, 12]
     assert payload["architecture"]["n_layers"] == 2 and (tmp_path / "c" / "over_training.png").exists()
 
 
@@ -131,3 +139,87 @@ def test_ray_tasks_on_a_local_ray_equal_the_pool(run, tmp_path):
     same_as_tracker(res.table, run)
     pool = track(run, tmp_path / "p", workers=1, plots=False)
     pd.testing.assert_frame_equal(res.table, pool.table)
+
+
+def other_run(tmp_path, seed=1):
+    from attnrank.training.config import recall_config
+    from attnrank.training.loop import train
+
+    d = tmp_path / f"run{seed}"
+    train(d, recall_config(steps=8, track_every=4, checkpoint_every=4, keep_checkpoints=10, lr=1e-2, seed=seed,
+                           **TINY), device="cpu", tensorboard=False, threads=1)
+    return d
+
+
+def test_out_of_other_checkpoints_refused_unless_force(run, tmp_path):
+    """`track runB --out O` after `track runA --out O`: the step labels match, the checkpoints do
+    not; refused (O untouched) unless --force, which measures runB's checkpoints anew."""
+    out = tmp_path / "o"
+    track(run, out, workers=1, plots=False)
+    before = {f: (out / f).read_bytes() for f in ("table.csv", "summary.csv", "series.json")}
+    b = other_run(tmp_path)
+    with pytest.raises(AttnRankError, match="other checkpoints.*--force"):
+        track(b, out, workers=1, plots=False)
+    assert {f: (out / f).read_bytes() for f in before} == before
+    res = track(b, out, workers=1, plots=False, force=True)
+    assert res.computed == ["step-00000004", "step-00000008"]  # runA's tables of the same labels not reused
+    live = tracker_table(read_metrics(b))
+    m = res.table.merge(live, on=["step", "layer", "head", "product"], suffixes=("", "_b"))
+    assert len(m) == len(res.table) and sorted(m["step"].unique()) == [0, 4, 8]
+    np.testing.assert_allclose(m["effective_rank"], m["effective_rank_b"], rtol=1e-12)
+    # the same run retrained in place is other checkpoints too (sizes / times of its files)
+    os.utime(b / "checkpoints" / "step-00000004" / "model.safetensors", ns=(1, 1))
+    with pytest.raises(AttnRankError, match="other checkpoints"):
+        track(b, out, workers=1, plots=False)
+
+
+def test_outputs_move_in_as_a_set(run, tmp_path):
+    """A directory in the way of one output (here: over_training.png) refuses the set before any
+    file moves: table.csv, summary.csv and series.json stay the previous run's."""
+    out = tmp_path / "s"
+    first = resolve_series(run)[:2]
+    track([it.source for it in first], out, workers=1, plots=False)
+    before = {f: (out / f).read_bytes() for f in ("table.csv", "summary.csv", "series.json")}
+    (out / "over_training.png").mkdir()
+    (out / "over_training.png" / "keep.txt").write_text("mine")
+    with pytest.raises(AttnRankError, match="directory of that name is in the way"):
+        track([it.source for it in resolve_series(run)], out, workers=1)
+    assert {f: (out / f).read_bytes() for f in before} == before
+    assert (out / "over_training.png" / "keep.txt").read_text() == "mine"
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no staging left behind
+
+
+def test_revisions_without_a_step_are_refused_or_read(run, tmp_path, monkeypatch):
+    """`--revisions main,v1.0` does not make both step 0: a step is parsed from a revision's name,
+    else read from its snapshot's trainer_state.json, else refused with one line."""
+    from attnrank.analysis.series import revision_step
+
+    ckpts = sorted((run / "checkpoints").iterdir())
+    cache = tmp_path / "hub"
+    lay_out_cache(cache, "org/tiny", ckpts[0], "a" * 40, "main")
+    lay_out_cache(cache, "org/tiny", ckpts[1], "b" * 40, "v1.0")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    assert [revision_step("org/x", r) for r in ("step1000", "checkpoint-500", "global_step20", "70")] == \
+        [1000, 500, 20, 70]
+    with pytest.raises(AttnRankError, match="cannot tell the training step of revision 'main'"):
+        track("org/tiny", tmp_path / "r", revisions="main,v1.0", workers=1, plots=False)
+    assert not (tmp_path / "r").exists()
+    for commit, step in (("a" * 40, 4), ("b" * 40, 8)):
+        snap = cache / "models--org--tiny" / "snapshots" / commit
+        (snap / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    res = track("org/tiny", tmp_path / "r", revisions="main,v1.0", workers=1, plots=False)
+    assert sorted(res.table["step"].unique()) == [4, 8]
+    same_as_tracker(res.table, run, steps=(4, 8))
+
+
+def test_figure_drops_flat_panels_and_names_the_model(run, tmp_path):
+    from attnrank.analysis.series import _title, moving_panels
+
+    res = track(run, tmp_path / "f", workers=1, plots=False)
+    s = res.summary
+    flat = s.assign(rank=16.0)
+    assert [c for c, _ in moving_panels(flat)][:1] == ["effective_rank"]
+    assert "rank" not in [c for c, _ in moving_panels(flat)]
+    assert "rank" in [c for c, _ in moving_panels(s.assign(rank=s["step"]))]
+    title = _title(resolve_series(run), res.architecture)
+    assert title.startswith("run: ") and str(run.parent) not in title

@@ -55,6 +55,18 @@ def _alarm(signum, frame):
     raise Hang(f"no result within {LIMIT_S} s")
 
 
+@contextlib.contextmanager
+def time_limit(seconds: int = LIMIT_S):
+    """Raise :class:`Hang` if the block runs longer than ``seconds`` (a read that blocks)."""
+    old_handler = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old_handler)
+
+
 def run_cli(*args: str) -> tuple[int, str, str]:
     """``attnrank ARGS`` in this process: (exit status, stdout, stderr)."""
     from attnrank import cli

@@ -5,6 +5,9 @@ models, the way llama.cpp's converter lays them out (Q/K row permutation for lla
 
 from __future__ import annotations
 
+import re
+import struct
+
 import numpy as np
 import pytest
 import torch
@@ -269,3 +272,97 @@ def test_cli_bad_gguf_exit_2_nothing_written(tmp_path):
     assert res.exit_code == 2 and "cannot read GGUF file" in res.output
     assert len(res.output.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
+
+
+# -- hostile files: every cause one line, before gguf allocates (issue 27) ----------------------
+def _s(b: bytes) -> bytes:
+    return struct.pack("<Q", len(b)) + b
+
+
+def raw_gguf(kvs: list[bytes], n_kv: int | None = None, n_tensors: int = 0, tail: bytes = b"") -> bytes:
+    """A GGUF v3 file from raw metadata entries (key string, u32 type, value)."""
+    return b"GGUF" + struct.pack("<IQQ", 3, n_tensors, len(kvs) if n_kv is None else n_kv) + b"".join(kvs) + tail
+
+
+def kv_str(key: str, value: bytes) -> bytes:
+    return _s(key.encode()) + struct.pack("<I", 8) + _s(value)
+
+
+def kv_array(key: str, etype: int, count: int, payload: bytes = b"") -> bytes:
+    return _s(key.encode()) + struct.pack("<IIQ", 9, etype, count) + payload
+
+
+ARCH = kv_str("general.architecture", b"llama")
+
+
+@pytest.mark.parametrize("data, needle", [
+    (raw_gguf([ARCH, kv_array("x.arr", 4, 2**62)]), "declares 4611686018427387904 values"),  # 120-odd bytes
+    (raw_gguf([ARCH, kv_array("x.arr", 4, 10**8, bytes(16))]), "declares 100000000 values"),
+    (raw_gguf([ARCH, kv_array("x.strs", 8, 10**9)]), "declares 1000000000 values"),
+    (raw_gguf([ARCH, _s(b"x.s") + struct.pack("<IQ", 8, 2**60) + b"abc"]), "needs 1152921504606846976 bytes"),
+    (raw_gguf([ARCH], n_kv=2**40), "metadata entries"),
+    (raw_gguf([ARCH], n_tensors=2**50), "tensors cannot fit"),
+    (raw_gguf([kv_str("general.architecture", b"ll\xffama")]), "general.architecture is not UTF-8"),
+    (raw_gguf([ARCH, kv_str("general.name", b"\xc3\x28")]), "general.name is not UTF-8"),
+    (raw_gguf([ARCH, _s(b"x.t") + struct.pack("<I", 77)]), "unknown value type 77"),
+    (raw_gguf([ARCH, kv_array("x.arr", 9, 1, struct.pack("<IQ", 9, 1) + struct.pack("<IQ", 4, 1) + bytes(4))]),
+     "unknown value type 9"),  # arrays nested deeper than two levels
+    (raw_gguf([ARCH], n_tensors=1, tail=_s(b"blk.0.attn_q.weight") + struct.pack("<I", 9) + bytes(100)),
+     "has 9 dimensions"),
+    (raw_gguf([ARCH], n_tensors=1, tail=_s(b"w") + struct.pack("<IQQ", 2, 0, 4) + bytes(20)), "has shape [0, 4]"),
+    (b"GGUF\x03\x00", "too short"),
+])
+def test_hostile_metadata_is_one_line(tmp_path, data, needle):
+    f = tmp_path / "bad.gguf"
+    f.write_bytes(data)
+    with pytest.raises(AttnRankError, match=re.escape(needle)):
+        analyze(f)
+
+
+def test_a_file_ending_inside_its_last_metadata_value(tmp_path):
+    model = build_hf("qwen2", tmp_path / "hf")
+    w = gguf.GGUFWriter(str(tmp_path / "full.gguf"), "qwen2")
+    w.add_block_count(2)
+    w.add_string("general.name", "a rather long model name")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.close()
+    data = (tmp_path / "full.gguf").read_bytes()
+    assert model is not None
+    for cut in (3, 1):
+        (tmp_path / "cut.gguf").write_bytes(data[:-cut])
+        with pytest.raises(AttnRankError, match="cannot read GGUF file .*truncated or corrupt"):
+            analyze(tmp_path / "cut.gguf")
+
+
+@pytest.mark.parametrize("rows, heads", [(15, 4), (12, 4), (16, 65536), (16, 0)])
+def test_unpermute_rotary_checks_the_shape_first(rows, heads):
+    with pytest.raises(AttnRankError, match=rf"blk.0.attn_q.weight has shape \({rows}, 8\)"):
+        ag.unpermute_rotary(torch.zeros(rows, 8), heads, "blk.0.attn_q.weight")
+    w = torch.randn(16, 8)
+    assert torch.equal(ag.unpermute_rotary(ag.permute_rotary(w, 4), 4), w)
+
+
+@pytest.mark.parametrize("change", ["rows", "head_dim", "head_count"])
+def test_llama_file_with_a_wrong_q_shape_is_one_line(tmp_path, change):
+    """A 15-row attn_q, head_dim 3 (odd: no rotary pairs) or head_count 65536, through the CLI."""
+    from tests.fuzz.harness import check_outcome, run_cli
+
+    d, H, Hkv, dh = 64, 4, 2, {"rows": 16, "head_dim": 3, "head_count": 16}[change]
+    heads = 65536 if change == "head_count" else H
+    g = torch.Generator().manual_seed(0)
+    w = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "llama")
+    for add, v in ((w.add_block_count, 1), (w.add_embedding_length, d), (w.add_head_count, heads),
+                   (w.add_head_count_kv, Hkv), (w.add_key_length, dh), (w.add_value_length, dh)):
+        add(v)
+    shapes = {"attn_q": (15 if change == "rows" else H * dh, d), "attn_k": (Hkv * dh, d), "attn_v": (Hkv * dh, d),
+              "attn_output": (d, H * dh)}
+    for n, shape in shapes.items():
+        w.add_tensor(f"blk.0.{n}.weight", torch.randn(*shape, generator=g).numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    code, _, err = run_cli("spectra", str(tmp_path / "m.gguf"))
+    check_outcome(code, err)
+    assert code == 2 and "blk.0.attn_q.weight" in err and "rotary heads of an even head dimension" in err, err

@@ -183,7 +183,8 @@ def test_result_save_and_top_level_exports(tmp_path):
     _llama(tmp_path / "m")
     r = attnrank.analyze(tmp_path / "m", layers="0")
     written = r.save(tmp_path / "o", plots=False)
-    assert {p.name for p in written} == {"heads.csv", "summary.csv", "spectra.npz", "meta.json"}
+    # a llama is rotary: its per-band QK table comes with the set
+    assert {p.name for p in written} == {"heads.csv", "summary.csv", "spectra.npz", "meta.json", "rotary.csv"}
     assert json.loads((tmp_path / "o" / "meta.json").read_text())["input"] == "directory"
     assert callable(attnrank.save) and callable(attnrank.param_groups) and attnrank.RankTracker
 

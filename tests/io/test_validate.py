@@ -269,3 +269,154 @@ def test_a_directory_the_user_may_not_list_names_the_path(tmp_path, monkeypatch)
     with pytest.raises(AttnRankError) as e:
         open_reader(str(src))
     assert str(e.value) == f"permission denied: cannot read {src}"
+
+
+# -- issue 27: tensors in .bin pickles, LoRA shapes, Hub cache refs, FIFOs in every reader --------
+def _bin(tmp_path, change):
+    d = tmp_path / "bin"
+    d.mkdir()
+    t = tiny_tensors()
+    k = next(iter(t))
+    t[k] = change(t[k])
+    torch.save(t, d / "pytorch_model.bin")
+    (d / "config.json").write_text(json.dumps(TINY_CONFIG))
+    return d
+
+
+@pytest.mark.parametrize("change, needle", [
+    (lambda w: w.to_sparse(), "is a sparse tensor (sparse_coo)"),
+    (lambda w: w.to_sparse_csr(), "is a sparse tensor (sparse_csr)"),
+    (lambda w: torch.quantize_per_tensor(w, 0.1, 0, torch.qint8), "is a quantized tensor (qint8)"),
+    (lambda w: torch.empty(8, 8, device="meta"), "is a meta tensor"),
+])
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_bin_with_a_tensor_that_is_not_dense_data(tmp_path, change, needle):
+    from ..fuzz.harness import check_outcome, run_cli
+
+    d = _bin(tmp_path, change)
+    with pytest.raises(AttnRankError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+        open_reader(str(d))
+    code, _, err = run_cli("spectra", str(d))
+    check_outcome(code, err)
+    assert code == 2 and "encoder.layer.0.attention.self.query.weight" in err
+
+
+def _lora(tmp_path, a, b):
+    from safetensors.torch import save_file as save
+
+    base = write_tiny(tmp_path / "base")
+    ad = tmp_path / "lora"
+    ad.mkdir()
+    (ad / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 2, "lora_alpha": 4,
+                                                        "base_model_name_or_path": str(base)}))
+    pre = "base_model.model.encoder.layer.0.attention.self.query"
+    save({f"{pre}.lora_A.weight": a, f"{pre}.lora_B.weight": b}, ad / "adapter_model.safetensors")
+    return ad
+
+
+@pytest.mark.parametrize("a, b, needle", [
+    (torch.tensor(1.0), torch.zeros(8, 2), r"lora_A.weight has shape \(\); a LoRA A matrix is rank x in"),
+    (torch.zeros(0, 8), torch.zeros(8, 0), r"has shape \(0, 8\)"),
+    (torch.zeros(2, 8), torch.zeros(8, 3), r"no matching lora_B of rank 2 .*shape \(8, 3\)"),
+    (torch.zeros(2, 8), torch.tensor(0.5), r"no matching lora_B of rank 2 .*shape \(\)"),
+])
+def test_lora_shapes_are_one_line(tmp_path, a, b, needle):
+    from ..fuzz.harness import check_outcome, run_cli
+
+    ad = _lora(tmp_path, a, b)
+    with pytest.raises(AttnRankError, match=needle):
+        open_reader(str(ad))
+    code, _, err = run_cli("spectra", str(ad))
+    check_outcome(code, err)
+    assert code == 2
+
+
+def _cache(tmp_path, monkeypatch, ref_text=None):
+    """A Hugging Face cache holding org/tiny at commit a*40, with refs/main as given."""
+    cache = tmp_path / "hub"
+    root = cache / "models--org--tiny"
+    write_tiny(root / "snapshots" / ("a" * 40))
+    (root / "refs").mkdir(parents=True)
+    if ref_text is not None:
+        (root / "refs" / "main").write_text(ref_text)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    return root
+
+
+def test_hub_ref_is_read_only_inside_the_cache(tmp_path, monkeypatch, limit):
+    root = _cache(tmp_path, monkeypatch, "a" * 40)
+    assert open_reader("org/tiny").ckpt.path == root / "snapshots" / ("a" * 40)
+    outside = tmp_path / "outside"
+    write_tiny(outside)  # a model the ref points at, three levels up: never read
+    (root / "refs" / "main").write_text("../../../outside")
+    with pytest.raises(AttnRankError, match=r"refs/main holds '../../../outside', not a commit hash"):
+        open_reader("org/tiny")
+    (root / "refs" / "main").write_text("a" * 40 + "\n")
+    with pytest.raises(AttnRankError, match="not a commit hash"):
+        open_reader("org/tiny")
+    for rev in ("../../../outside", "/etc", "v1/../../x"):
+        with pytest.raises(AttnRankError, match="is not a branch, tag or commit name"):
+            open_reader("org/tiny", revision=rev)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero", "big"])
+def test_hub_ref_that_is_not_a_small_regular_file(tmp_path, monkeypatch, limit, kind):
+    from ..fuzz.harness import check_outcome, run_cli
+
+    root = _cache(tmp_path, monkeypatch)
+    ref = root / "refs" / "main"
+    if kind == "fifo":
+        os.mkfifo(ref)
+    elif kind == "dev_zero":
+        ref.symlink_to("/dev/zero")
+    else:
+        ref.write_text("a" * 5000)
+    with pytest.raises(AttnRankError, match=r"refs/main (is not a regular file|is larger than)"):
+        open_reader("org/tiny")
+    code, _, err = run_cli("spectra", "org/tiny")
+    check_outcome(code, err)
+    assert code == 2
+
+
+def test_snapshot_resolving_outside_the_cache(tmp_path, monkeypatch):
+    root = _cache(tmp_path, monkeypatch, "b" * 40)
+    outside = write_tiny(tmp_path / "elsewhere")
+    (root / "snapshots" / ("b" * 40)).symlink_to(outside)
+    with pytest.raises(AttnRankError, match="outside its cache folder"):
+        open_reader("org/tiny")
+
+
+def _train_run(tmp_path, *extra):
+    from ..fuzz.harness import run_cli
+
+    run = tmp_path / "run"
+    code, _, err = run_cli("train", "lm", "--out", str(run), "--steps", "2", "--checkpoint-every", "2",
+                           "--n-layers", "1", "--d-model", "16", "--max-chars", "4000", "--quiet", "--log",
+                           "none", *extra)
+    assert code == 0, err
+    return run
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("what", ["run_config", "model_tokenizer", "run_tokenizer"])
+def test_fifos_in_run_and_model_directories_do_not_hang(tmp_path, limit, what):
+    """collapse RUN with a FIFO as the run's config.json, the checkpoint's tokenizer.json, or
+    `train lm --tokenizer bpe --resume` with a FIFO as RUN/tokenizer.json: one line, no hang."""
+    from ..fuzz.harness import check_outcome, run_cli
+
+    run = _train_run(tmp_path, "--tokenizer", "bpe", "--bpe-vocab", "300")
+    ck = sorted((run / "checkpoints").iterdir())[-1]
+    target = {"run_config": run / "config.json", "model_tokenizer": ck / "tokenizer.json",
+              "run_tokenizer": run / "tokenizer.json"}[what]
+    target.unlink(missing_ok=True)
+    os.mkfifo(target)
+    if what == "run_tokenizer":
+        code, _, err = run_cli("train", "lm", "--out", str(run), "--steps", "4", "--checkpoint-every", "2",
+                               "--n-layers", "1", "--d-model", "16", "--max-chars", "4000", "--quiet", "--log",
+                               "none", "--tokenizer", "bpe", "--bpe-vocab", "300", "--resume")
+    else:
+        code, _, err = run_cli("collapse", str(run), "--seqs", "2", "--max-tokens", "8", "--quiet")
+    check_outcome(code, err)
+    assert code == 2 and "is not a regular file (a FIFO)" in err, err

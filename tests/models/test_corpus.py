@@ -127,3 +127,91 @@ def test_bad_split_is_a_user_error():
         corpus.sentences("dev")
     with pytest.raises(AttnRankError):
         corpus.sentences("train", -1)
+
+
+# -- issue 27: corpora that would hang or blow up memory -----------------------------------------
+def _zst(path, data: bytes) -> None:
+    import zstandard
+
+    path.write_bytes(zstandard.ZstdCompressor(level=19).compress(data))
+
+
+def test_a_zstd_bomb_is_refused_before_it_is_inflated(tmp_path, monkeypatch):
+    """A few KB that decompress to 100 MB (over 1000x): refused within the first MiB beyond the cap."""
+    import tracemalloc
+
+    import zstandard
+
+    from attnrank.models import data
+
+    chunk = (b'{"text": "' + b"a" * 1000 + b'"}\n') * 1000  # 1 MB of JSON lines
+    bomb = tmp_path / "bomb.jsonl.zst"
+    c = zstandard.ZstdCompressor(level=1).compressobj()
+    bomb.write_bytes(b"".join(c.compress(chunk) for _ in range(100)) + c.flush())  # 100 MB inflated
+    assert bomb.stat().st_size < 100_000
+    tracemalloc.start()
+    with pytest.raises(AttnRankError, match=r"bomb.jsonl.zst: its \d+ compressed bytes decompress to more than"):
+        data.read_file_documents(bomb)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 200 << 20  # the cap, not the 300 MB
+    ok = tmp_path / "ok.jsonl.zst"  # ordinary text: read whole
+    _zst(ok, b"".join(b'{"text": "document %d about something"}\n' % i for i in range(1000)))
+    assert len(data.read_file_documents(ok)) == 1000
+    monkeypatch.setattr(data, "corpus_limit", lambda: 1000)  # more text than the machine can tokenise
+    with pytest.raises(AttnRankError, match="more than this machine can tokenise"):
+        data.read_file_documents(ok)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero", "dir_fifo"])
+def test_a_corpus_that_is_not_a_regular_file(tmp_path, kind):
+    import os
+    import signal
+
+    from attnrank.models import data
+
+    def boom(*_):
+        raise RuntimeError("hung")
+
+    old = signal.signal(signal.SIGALRM, boom)
+    signal.alarm(20)
+    try:
+        target = tmp_path / "c.txt"
+        if kind == "dev_zero":
+            target.symlink_to("/dev/zero")
+        else:
+            os.mkfifo(target)
+        if kind == "dir_fifo":  # inside a directory: skipped, never opened
+            (tmp_path / "real.txt").write_text("\n\n".join(f"document {i} with words" for i in range(60)))
+            assert data.corpus_files(tmp_path)[1] == ["real.txt"]
+            with pytest.raises(AttnRankError, match="not a regular file"):
+                data.read_file_documents(target)
+        else:
+            with pytest.raises(AttnRankError, match=r"c.txt is not a regular file \(a (FIFO|character device)\)"):
+                data.text_splits(str(target))
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def test_stdlib_style_root_with_a_fifo_and_a_dev_zero_link(fake_root):
+    import os
+
+    os.mkfifo(fake_root / "pipe.py")
+    (fake_root / "zero.py").symlink_to("/dev/zero")
+    assert corpus.blocks(None, root=fake_root)  # the real files still give blocks; nothing hangs
+
+
+def test_crlf_text_reads_as_before(tmp_path):
+    from attnrank.models import data
+
+    (tmp_path / "a.txt").write_bytes(b"first line\r\nsame doc\r\n\r\nsecond doc\rwith a CR\n")
+    assert data.read_file_documents(tmp_path / "a.txt") == ["first line\nsame doc", "second doc\nwith a CR"]
+
+
+def test_bpe_vocab_is_bounded():
+    from attnrank.models.data import MAX_BPE_VOCAB, LMTaskConfig
+
+    with pytest.raises(AttnRankError, match=f"bpe_vocab must be at most {MAX_BPE_VOCAB}, got 1000000000"):
+        LMTaskConfig(tokenizer="bpe", bpe_vocab=1_000_000_000)
+    assert LMTaskConfig(tokenizer="bpe", bpe_vocab=MAX_BPE_VOCAB).vocab_size == MAX_BPE_VOCAB

@@ -198,3 +198,40 @@ def test_digits_default_and_image_folder(tmp_path):
     (tmp_path / "g").mkdir()
     with pytest.raises(AttnRankError, match="no images"):
         load_images(str(tmp_path / "g"), 8)
+
+
+# -- issue 27: images that would blow up memory ---------------------------------------------------
+def tiny_png_declaring(w: int, h: int) -> bytes:
+    """A valid PNG header declaring w x h grey pixels, with almost no data (66 bytes)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 0, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"\0")) + chunk(b"IEND", b""))
+
+
+def test_a_png_declaring_20000_squared_is_refused_as_a_bomb(tmp_path):
+    from attnrank.models.data import ImageTaskConfig, load_images
+
+    for split in ("train", "validation", "test"):
+        for c in ("a", "b"):
+            (tmp_path / split / c).mkdir(parents=True)
+            (tmp_path / split / c / "ok.png").write_bytes(tiny_png_declaring(4, 4))
+    bomb = tmp_path / "train" / "a" / "bomb.png"
+    bomb.write_bytes(tiny_png_declaring(20000, 20000))
+    assert len(bomb.read_bytes()) < 70  # the red team's was 69 bytes
+    with pytest.raises(AttnRankError, match="bomb.png declares more pixels than Pillow decodes safely"):
+        load_images(str(ImageTaskConfig(images=str(tmp_path)).images), 8)
+    bomb.write_bytes(tiny_png_declaring(10000, 10000))  # over Pillow's limit but under twice it: a warning
+    with pytest.raises(AttnRankError, match="refused as a decompression bomb"):
+        load_images(str(ImageTaskConfig(images=str(tmp_path)).images), 9)
+
+
+def test_image_size_checked_against_memory_before_resizing():
+    from attnrank.models.data import load_images
+
+    with pytest.raises(AttnRankError, match=r"--image-size 100000: 1797 images of 100000x100000 pixels would need"):
+        load_images(None, 100000)

@@ -122,6 +122,55 @@ def test_trainer_run_logs_ranks_to_tensorboard_wandb_and_mlflow(tmp_path, offlin
     assert [h["step"] for h in trainer.state.log_history if key in h] == [0, 2, 4]
 
 
+def test_callback_passed_the_hugging_face_way_logs_to_every_integration(tmp_path, offline, monkeypatch):
+    """`Trainer(..., callbacks=[RankCallback(every=2)])`, built without the trainer: the model
+    comes with the callback arguments, and the ranks reach TensorBoard (the Trainer's own log
+    directory, read back with tensorboard's EventAccumulator), W&B offline and the MLflow file store."""
+    pytest.importorskip("wandb")
+    pytest.importorskip("mlflow")
+    pytest.importorskip("tensorboard")
+    import transformers as tf
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from attnrank import RankCallback
+
+    uri = (tmp_path / "mlruns").as_uri()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)
+    torch.manual_seed(0)
+    model = tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=32, n_positions=8, n_embd=16, n_layer=2, n_head=2,
+                                                  bos_token_id=0, eos_token_id=0))
+    g = torch.Generator().manual_seed(0)
+    data = [{"input_ids": x, "labels": x} for x in torch.randint(0, 32, (16, 8), generator=g)]
+    args = tf.TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=4, per_device_train_batch_size=4,
+                                learning_rate=1e-2, logging_steps=100, save_strategy="no", use_cpu=True,
+                                report_to=["tensorboard", "wandb", "mlflow"], disable_tqdm=True)
+    cb = RankCallback(every=2)
+    tf.Trainer(model=model, args=args, train_dataset=data, callbacks=[cb]).train()
+    import mlflow
+    import wandb
+
+    wandb_run_dir = os.path.dirname(wandb.run.dir)  # wandb keeps its first WANDB_DIR for the process
+    wandb.finish()
+    mlflow.flush_async_logging()
+    assert cb.reached == {"tensorboard", "wandb", "mlflow"}
+    want = {r["step"]: scalars(r) for r in cb.rows}
+    assert sorted(want) == [0, 2, 4] and want[0] != want[4]
+    key = "rank/layer_1/ov/effective_rank"
+    (logdir,) = {os.path.dirname(f) for f in glob.glob(str(tmp_path / "out" / "runs" / "**" / "events.*"),
+                                                         recursive=True)}  # one run: the Trainer's directory
+    acc = EventAccumulator(logdir)
+    acc.Reload()
+    for k in (key, "rank/qk/effective_rank", "rank/ov/gap_rel"):
+        got = {e.step: e.value for e in acc.Scalars(f"train/{k}")}
+        assert got == {s: pytest.approx(v[k], rel=1e-6) for s, v in want.items()}, k
+    hist = [h for h in wandb_history(wandb_run_dir) if f"train/{key}" in h]
+    assert {h["train/global_step"]: h[f"train/{key}"] for h in hist} == \
+        {s: pytest.approx(v[key], rel=1e-12) for s, v in want.items()}
+    got, _ = mlflow_history(uri, key)
+    assert got == {s: pytest.approx(v[key], rel=1e-12) for s, v in want.items()}
+
+
 def test_train_log_wandb_and_mlflow_receive_every_row(tmp_path, offline):
     pytest.importorskip("wandb")
     pytest.importorskip("mlflow")

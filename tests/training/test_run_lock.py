@@ -101,7 +101,7 @@ def test_a_killed_sweep_takes_its_workers_and_a_rerun_never_shares_a_run(tmp_pat
         assert holder.stdout.readline().strip() == "held"
         before = (first / "metrics.jsonl").read_bytes()
         p = subprocess.run(_cmd(*args, "--json"), env=_env(), capture_output=True, text=True, timeout=300)
-        assert p.returncode == 0, p.stderr
+        assert p.returncode == 3 and "1 of 2 runs failed" in p.stderr, p.stderr  # a failed run: exit 3
         rec = json.loads((out / "results" / f"{first.name}.json").read_text())
         assert rec["status"] == "failed" and "being written by another process" in rec["error"]
         assert (first / "metrics.jsonl").read_bytes() == before  # not touched by the re-run

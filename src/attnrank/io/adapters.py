@@ -92,8 +92,12 @@ class AdaptedCheckpoint(Checkpoint):
             for t, n in ((a, key), (b, module + ".lora_B.weight")):
                 if t is not None:
                     check_dtype(n, t.dtype, adapter)
-            if b is None or a.ndim != 2 or b.ndim != 2 or a.shape[0] != b.shape[1] or a.shape[0] == 0:
-                raise AttnRankError(f"{adapter}: {module} has no matching lora_B of rank {a.shape[0]}")
+            if a.ndim != 2 or a.shape[0] == 0:
+                raise AttnRankError(f"{adapter}: {key} has shape {tuple(a.shape)}; a LoRA A matrix is rank x in "
+                                    "(2-d, rank >= 1)")
+            if b is None or b.ndim != 2 or a.shape[0] != b.shape[1]:
+                raise AttnRankError(f"{adapter}: {module} has no matching lora_B of rank {a.shape[0]} (out x rank)"
+                                    + ("" if b is None else f"; its lora_B has shape {tuple(b.shape)}"))
             self._lora[self._base_name(module, base_keys)] = (a, b)
         if not self._lora:
             raise AttnRankError(f"{adapter}: the adapter holds no lora_A / lora_B weights")

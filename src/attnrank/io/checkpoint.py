@@ -28,6 +28,7 @@ import fnmatch
 import os
 import pickle
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -222,13 +223,15 @@ class _TorchFile:
     def __init__(self, p: Path):
         check_readable(p, "weights file")
         try:
-            try:
-                obj = torch.load(p, map_location="cpu", weights_only=True, mmap=True)
-            except RuntimeError as e:
-                if "mmap" not in str(e):
-                    raise
-                # a legacy (pre-zip) torch.save file cannot be memory-mapped; still weights_only
-                obj = torch.load(p, map_location="cpu", weights_only=True)
+            with warnings.catch_warnings():  # torch's deprecation notes on old storages: not the user's
+                warnings.simplefilter("ignore")
+                try:
+                    obj = torch.load(p, map_location="cpu", weights_only=True, mmap=True)
+                except RuntimeError as e:
+                    if "mmap" not in str(e):
+                        raise
+                    # a legacy (pre-zip) torch.save file cannot be memory-mapped; still weights_only
+                    obj = torch.load(p, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as e:
             raise AttnRankError(f"refused to load {p}: it is not a plain tensor file ({_one_line(e)})") from None
         except Exception as e:
@@ -237,6 +240,8 @@ class _TorchFile:
             obj = obj["state_dict"]
         if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
             raise AttnRankError(f"{p} does not hold a flat dict of tensors (a state_dict)")
+        for name, t in obj.items():
+            check_plain_tensor(t, str(name), p)
         self._tensors: dict[str, torch.Tensor] = obj
 
     def keys(self):
@@ -244,6 +249,19 @@ class _TorchFile:
 
     def get_tensor(self, name: str) -> torch.Tensor:
         return self._tensors[name]
+
+
+def check_plain_tensor(t: torch.Tensor, name: str, where: Any) -> None:
+    """A dense tensor with its data on the CPU: sparse layouts, quantized tensors (qint8, ...)
+    and meta tensors (shape without data) are refused with one line naming the tensor."""
+    if t.layout != torch.strided:
+        raise AttnRankError(f"tensor {name} in {where} is a sparse tensor ({str(t.layout).removeprefix('torch.')}): "
+                            "attention weights must be dense")
+    if t.is_quantized:
+        raise AttnRankError(f"tensor {name} in {where} is a quantized tensor "
+                            f"({str(t.dtype).removeprefix('torch.')}): dequantize it before saving")
+    if t.device.type == "meta":
+        raise AttnRankError(f"tensor {name} in {where} is a meta tensor: it has a shape but no data")
 
 
 def local_path(source: str | os.PathLike, revision: str | None = None) -> Path:

@@ -110,6 +110,7 @@ class GGUFCheckpoint(Checkpoint):
         except ImportError:
             raise AttnRankError("reading GGUF files needs the package gguf (pip install gguf)") from None
         p = check_readable(source, "GGUF file")
+        check_structure(p)  # counts and lengths bounded by the file before gguf allocates anything
         try:
             self._reader = GGUFReader(p)
         except Exception as e:  # bad magic, version, truncated header, bad alignment
@@ -126,6 +127,9 @@ class GGUFCheckpoint(Checkpoint):
         self.dims = self._dims()
         self.config = {"model_type": f"gguf:{self.arch_name}", "gguf_architecture": self.arch_name,
                        "name": self._field("general.name", None), **_dims_dict(self.dims)}
+        rope = {"rope_theta": self._field(f"{self.arch_name}.rope.freq_base", None),  # for the rotary bands
+                "rotary_dim": self._field(f"{self.arch_name}.rope.dimension_count", None)}
+        self.config.update({k: v for k, v in rope.items() if v is not None})
         self.layout = self._layout()
         self._check_types()
 
@@ -136,7 +140,11 @@ class GGUFCheckpoint(Checkpoint):
             if default is ...:
                 raise AttnRankError(f"{self.path}: GGUF metadata lacks {key}")
             return default
-        value = f.contents()
+        try:
+            value = f.contents()
+        except (UnicodeDecodeError, ValueError, IndexError, TypeError) as e:
+            raise AttnRankError(f"{self.path}: cannot read GGUF metadata {key}: {' '.join(str(e).split())[:200]}"
+                                ) from None
         if isinstance(value, list):
             if not value or len(set(value)) != 1:
                 raise AttnRankError(f"{self.path}: {key} varies per layer ({value[:4]}...): not supported")
@@ -211,13 +219,14 @@ class GGUFCheckpoint(Checkpoint):
             t = self._tensors[name]
         except KeyError:
             raise AttnRankError(f"tensor {name!r} not found in {self.path}") from None
+        data = self._tensor_data(t)
         try:
             if t.tensor_type == GGMLQuantizationType.F64:
-                arr = np.array(t.data, dtype=np.float64)
+                arr = np.array(data, dtype=np.float64)
             elif t.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
-                arr = np.array(t.data, dtype=np.float32)
+                arr = np.array(data, dtype=np.float32)
             else:
-                arr = np.ascontiguousarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+                arr = np.ascontiguousarray(dequantize(data, t.tensor_type), dtype=np.float32)
         except NotImplementedError:
             raise AttnRankError(f"{self.path}: cannot dequantize {name} ({t.tensor_type.name})") from None
         except Exception as e:  # truncated data
@@ -226,8 +235,12 @@ class GGUFCheckpoint(Checkpoint):
         w = torch.from_numpy(arr)
         if self.arch.rotary_permuted and name.endswith((".attn_q.weight", ".attn_k.weight")):
             heads = self.dims.n_heads if name.endswith(".attn_q.weight") else self.dims.n_kv_heads
-            w = unpermute_rotary(w, heads)
+            w = unpermute_rotary(w, heads, f"{name} in {self.path}")
         return w
+
+    def _tensor_data(self, t: Any) -> Any:
+        """A tensor's stored bytes as the gguf reader's array (a remote reader fetches them)."""
+        return t.data
 
     def dtype(self, name: str) -> str:
         return self._tensors[name].tensor_type.name
@@ -249,9 +262,127 @@ def permute_rotary(w: torch.Tensor, heads: int) -> torch.Tensor:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def unpermute_rotary(w: torch.Tensor, heads: int) -> torch.Tensor:
-    """The inverse of :func:`permute_rotary`."""
+def unpermute_rotary(w: torch.Tensor, heads: int, name: str = "a Q/K tensor") -> torch.Tensor:
+    """The inverse of :func:`permute_rotary`; the shape is checked first (a matrix whose rows
+    are ``heads`` heads of an even head dimension), one line naming ``name`` otherwise."""
+    if w.ndim != 2 or heads < 1 or w.shape[0] % (2 * heads) != 0:
+        raise AttnRankError(f"GGUF tensor {name} has shape {tuple(w.shape)}: its rows cannot be {heads} rotary "
+                            f"heads of an even head dimension (corrupt file or metadata)")
     return w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+# -- structure, checked before the gguf package reads the file ----------------------------------
+_SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # GGUFValueType
+_STRING, _ARRAY = 8, 9
+GGML_MAX_DIMS = 4
+_UTF8_KEYS = ("general.architecture", "general.name")
+
+
+class _Walk:
+    """A bounds-checked walk over a GGUF file's header, metadata and tensor infos: every count
+    and length is checked against the bytes left before anything is read or allocated (the
+    gguf package's reader loops past the end of a 120-byte file that declares 2^62 values)."""
+
+    def __init__(self, buf: Any, path: Path):
+        self.buf, self.path, self.pos, self.fmt = buf, path, 0, "<"
+
+    def fail(self, what: str) -> AttnRankError:
+        return AttnRankError(f"cannot read GGUF file {self.path}: {what} (truncated or corrupt)")
+
+    def need(self, n: int, what: str) -> int:
+        left = len(self.buf) - self.pos
+        if n > left:
+            raise self.fail(f"{what} at byte {self.pos} needs {n} bytes, {left} left")
+        start, self.pos = self.pos, self.pos + n
+        return start
+
+    def num(self, code: str, what: str) -> int:
+        import struct
+
+        return struct.unpack_from(self.fmt + code, self.buf, self.need(struct.calcsize(code), what))[0]
+
+    def string(self, what: str) -> bytes:
+        n = self.num("Q", f"the length of {what}")
+        start = self.need(n, what)
+        return bytes(self.buf[start:start + n])
+
+    def value(self, vtype: int, what: str, depth: int = 0) -> bytes | None:
+        if vtype in _SCALAR_SIZES:
+            self.need(_SCALAR_SIZES[vtype], what)
+        elif vtype == _STRING:
+            return self.string(what)
+        elif vtype == _ARRAY and depth < 2:
+            etype, count = self.num("I", f"the type of {what}"), self.num("Q", f"the count of {what}")
+            least = _SCALAR_SIZES.get(etype, 8 if etype == _STRING else 12 if etype == _ARRAY else None)
+            if least is None:
+                raise self.fail(f"{what} is an array of unknown value type {etype}")
+            left = len(self.buf) - self.pos
+            if count * least > left:
+                raise self.fail(f"{what} declares {count} values of at least {least} bytes; {left} bytes are left")
+            if etype in _SCALAR_SIZES:
+                self.need(count * least, what)
+            else:
+                for _ in range(count):
+                    self.value(etype, what, depth + 1)
+        else:
+            raise self.fail(f"{what} has unknown value type {vtype}")
+        return None
+
+    def run(self) -> None:
+        if bytes(self.buf[0:4]) != b"GGUF":
+            raise self.fail("no GGUF magic")
+        self.need(4, "the magic")
+        version = self.num("I", "the version")
+        if version & 0xFFFF == 0:  # written on a machine of the other byte order
+            self.fmt, self.pos = ">", self.pos - 4
+            version = self.num("I", "the version")
+        if version not in (2, 3):
+            return  # the gguf package names the versions it reads
+        n_tensors, n_kv = self.num("Q", "the tensor count"), self.num("Q", "the metadata count")
+        left = len(self.buf) - self.pos
+        if n_kv * 13 > left or n_tensors * 24 > left:
+            raise self.fail(f"{n_kv} metadata entries and {n_tensors} tensors cannot fit in {left} bytes")
+        for k in range(n_kv):
+            key = self.string(f"metadata key {k}")
+            name = key.decode("utf-8", "replace")[:80]
+            v = self.value(self.num("I", f"the type of {name}"), f"metadata {name}")
+            _utf8(key, f"key {k} ({name})", self)
+            if name in _UTF8_KEYS and v is not None:
+                _utf8(v, name, self)
+        for k in range(n_tensors):
+            name = self.string(f"the name of tensor {k}").decode("utf-8", "replace")[:80]
+            ndim = self.num("I", f"the dimension count of tensor {name}")
+            if not 1 <= ndim <= GGML_MAX_DIMS:
+                raise self.fail(f"tensor {name} has {ndim} dimensions (GGUF allows 1 to {GGML_MAX_DIMS})")
+            dims = [self.num("Q", f"the shape of tensor {name}") for _ in range(ndim)]
+            if any(d < 1 or d > 1 << 40 for d in dims):
+                raise self.fail(f"tensor {name} has shape {dims}")
+            self.num("I", f"the type of tensor {name}")
+            self.num("Q", f"the offset of tensor {name}")
+
+
+def _utf8(text: bytes, key: str, walk: _Walk) -> None:
+    try:
+        text.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise walk.fail(f"metadata {key} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
+def check_structure(path: Path) -> None:
+    """Refuse a GGUF file whose metadata or tensor infos run past its end, declare counts or
+    lengths its bytes cannot hold, or hold ``general.architecture``/``general.name`` (or any key)
+    that is not UTF-8 — one line each, before the gguf package allocates anything."""
+    import mmap
+
+    try:
+        with open(path, "rb") as fh:
+            if os.fstat(fh.fileno()).st_size < 8:
+                raise AttnRankError(f"cannot read GGUF file {path}: {os.fstat(fh.fileno()).st_size} bytes is "
+                                    "too short for a GGUF header")
+            with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+                _Walk(buf, path).run()
+    except OSError as e:
+        raise AttnRankError(f"cannot read GGUF file {path}: {e.strerror or e}") from None
 
 
 def gguf_origin(ckpt: GGUFCheckpoint) -> dict[str, Any]:

@@ -74,6 +74,7 @@ def cached_snapshot(repo_id: str, revision: str | None = None, *, download: bool
                                           allow_patterns=list(FETCH_PATTERNS)))
         except Exception as e:  # network, auth, not found: one line
             raise AttnRankError(f"cannot download {repo_id}: {' '.join(str(e).split())[:300]}") from None
+    check_cached_ref(where, repo_id, revision)
     try:
         path = Path(snapshot_download(repo_id, revision=revision, cache_dir=where, local_files_only=True))
     except HFValidationError:
@@ -84,8 +85,53 @@ def cached_snapshot(repo_id: str, revision: str | None = None, *, download: bool
             f"no such file or directory, and {repo_id}{at} is not in the Hugging Face cache {where}: "
             f"fetch config and weights with `{fetch_command(repo_id, revision)}` "
             "(or pass --download where the network is allowed)") from None
+    inside_cache(path, where / repo_folder(repo_id), repo_id)
     if not (path / "config.json").exists() and not any(path.glob("*.gguf")) and not (
             path / "adapter_config.json").exists():
         raise AttnRankError(f"the cached snapshot of {repo_id} ({path}) has no config.json: fetch it with "
                             f"`{fetch_command(repo_id, revision)}`")
     return path
+
+
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+MAX_REF_BYTES = 4096
+
+
+def repo_folder(repo_id: str) -> str:
+    """The cache folder of a model repository (``models--org--name``, huggingface_hub's layout)."""
+    return "models--" + repo_id.replace("/", "--")
+
+
+def check_cached_ref(cache: Path, repo_id: str, revision: str | None) -> None:
+    """Before huggingface_hub reads ``refs/REVISION`` of ``repo_id`` in ``cache``: the revision
+    names a file inside ``refs/`` (no ``..``, not absolute), the file is a small regular file (a
+    FIFO would block the read, a symlink to /dev/zero would never end) and holds a commit hash
+    (not ``../../../outside``, which would resolve a snapshot outside the cache)."""
+    from attnrank.io.validate import read_text
+
+    rev = "main" if revision is None else str(revision)
+    parts = rev.split("/")
+    if (not rev or os.path.isabs(rev) or any(p in ("", ".", "..") for p in parts)
+            or any(c.isspace() or ord(c) < 32 or c in "\\~^:?*[" for c in rev)):  # git's ref-name rules
+        raise AttnRankError(f"--revision {rev!r} is not a branch, tag or commit name")
+    if _COMMIT.fullmatch(rev):
+        return
+    ref = cache / repo_folder(repo_id) / "refs" / rev
+    if not os.path.lexists(ref):
+        return  # not cached: huggingface_hub says so, and the caller names the fetch command
+    text = read_text(ref, "Hub cache ref", max_bytes=MAX_REF_BYTES)
+    if not _COMMIT.fullmatch(text):
+        shown = text[:60] + ("..." if len(text) > 60 else "")
+        raise AttnRankError(f"the Hugging Face cache ref {ref} holds {shown!r}, not a commit hash: "
+                            "refusing to resolve it (a corrupt or tampered cache)")
+
+
+def inside_cache(path: Path, repo_dir: Path, repo_id: str) -> None:
+    """The resolved snapshot of ``repo_id`` must lie inside its cache folder."""
+    try:
+        ok = path.resolve().is_relative_to(repo_dir.resolve())
+    except OSError:
+        ok = False
+    if not ok:
+        raise AttnRankError(f"the cached snapshot of {repo_id} resolves to {path.resolve()}, outside its cache "
+                            f"folder {repo_dir}: refusing to read it")

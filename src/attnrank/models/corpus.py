@@ -124,9 +124,20 @@ def _docstrings(tree: ast.AST) -> list[tuple[int, str]]:
     return out
 
 
+MAX_SOURCE_BYTES = 16 << 20  # a .py file larger than this is data, not prose
+
+
 @functools.lru_cache(maxsize=4096)
 def _file_blocks(path: str) -> tuple[str, ...]:
+    """The prose blocks of one source file; a file that is not a regular one (a FIFO would block,
+    a symlink to /dev/zero would never end) or is larger than MAX_SOURCE_BYTES gives none."""
+    from attnrank.io.validate import is_regular_file
+
+    if not is_regular_file(path):
+        return ()
     try:
+        if os.path.getsize(path) > MAX_SOURCE_BYTES:
+            return ()
         source = Path(path).read_text(encoding="utf-8")
         tree = ast.parse(source)
     except (OSError, UnicodeDecodeError, SyntaxError, ValueError):

@@ -54,6 +54,7 @@ TEXT_SUFFIXES = (".txt", ".jsonl", ".jsonl.zst")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".pgm", ".ppm")
 TOKENIZERS = ("byte", "bpe")
 TOKENIZER_FILE = "tokenizer.json"
+MAX_BPE_VOCAB = 1 << 20  # released BPE vocabularies stay below 300k
 
 
 # -- text readers --------------------------------------------------------------------------------
@@ -81,35 +82,74 @@ def _jsonl_documents(stream: io.TextIOBase, where: str) -> list[str]:
     return docs
 
 
+ZSTD_MAX_RATIO = 1000  # text compresses 3-10x; a file that inflates over 1000x is a decompression bomb
+_CHUNK = 1 << 20
+
+
+def corpus_limit() -> int:
+    """Bytes of text a corpus may hold: its documents, the joined splits and the int64 token
+    ids take about 16 bytes per byte of text, so at most this machine's memory / 16."""
+    from attnrank.io.validate import memory_bytes
+
+    return memory_bytes() // 16
+
+
+def _read_bounded(stream: Any, limit: int, too_big: str) -> bytes:
+    """All bytes of ``stream``, refused with ``too_big`` as soon as they exceed ``limit``."""
+    chunks, n = [], 0
+    while chunk := stream.read(_CHUNK):
+        n += len(chunk)
+        if n > limit:
+            raise AttnRankError(too_big)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _file_bytes(p: Path, suffix: str) -> bytes:
+    """The (decompressed) bytes of one regular corpus file, within :func:`corpus_limit` and, for
+    Zstandard, within :data:`ZSTD_MAX_RATIO` times its compressed size."""
+    from attnrank.io.validate import regular_file
+
+    regular_file(p, "corpus file")  # a FIFO or /dev/zero would block or never end
+    limit = corpus_limit()
+    mem = f"{p}: more than {limit >> 20} MiB of text, more than this machine can tokenise (memory / 16)"
+    with open(p, "rb") as raw:
+        if suffix != ".jsonl.zst":
+            return _read_bounded(raw, limit, mem)
+        try:
+            import zstandard
+        except ImportError:  # pragma: no cover - a declared dependency
+            raise AttnRankError("reading .jsonl.zst needs the zstandard package: pip install zstandard") from None
+        size = os.fstat(raw.fileno()).st_size
+        cap = ZSTD_MAX_RATIO * size + _CHUNK
+        bomb = (f"{p}: its {size} compressed bytes decompress to more than {cap} bytes (over {ZSTD_MAX_RATIO}x; "
+                "text compresses 3-10x): refused as a decompression bomb")
+        try:
+            return _read_bounded(zstandard.ZstdDecompressor().stream_reader(raw), min(cap, limit),
+                                 bomb if cap < limit else mem)
+        except zstandard.ZstdError as e:
+            raise AttnRankError(f"{p}: corrupt Zstandard data ({e})") from None
+
+
 def read_file_documents(path: str | os.PathLike) -> list[str]:
-    """The documents of one ``.txt`` / ``.jsonl`` / ``.jsonl.zst`` file (see the module docstring)."""
+    """The documents of one ``.txt`` / ``.jsonl`` / ``.jsonl.zst`` file (see the module docstring).
+    Only regular files are read, within :func:`corpus_limit` bytes (Zstandard: also within
+    :data:`ZSTD_MAX_RATIO` times the compressed size)."""
     p = Path(path)
     suffix = _text_suffix(p)
     if suffix is None:
         raise AttnRankError(f"{p}: unsupported corpus file (use {', '.join(TEXT_SUFFIXES)})")
     try:
-        if suffix == ".txt":
-            import re
-
-            text = p.read_text(encoding="utf-8")
-            return [d.strip() for d in re.split(r"\n\s*\n", text) if d.strip()]
-        if suffix == ".jsonl":
-            with open(p, encoding="utf-8") as fh:
-                return _jsonl_documents(fh, str(p))
-        try:
-            import zstandard
-        except ImportError:  # pragma: no cover - a declared dependency
-            raise AttnRankError("reading .jsonl.zst needs the zstandard package: pip install zstandard") from None
-        with open(p, "rb") as raw:
-            reader = zstandard.ZstdDecompressor().stream_reader(raw)
-            try:
-                return _jsonl_documents(io.TextIOWrapper(reader, encoding="utf-8"), str(p))
-            except zstandard.ZstdError as e:
-                raise AttnRankError(f"{p}: corrupt Zstandard data ({e})") from None
+        text = _file_bytes(p, suffix).decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")  # as open() reads
     except UnicodeDecodeError as e:
         raise AttnRankError(f"{p}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     except OSError as e:
         raise AttnRankError(f"cannot read {p}: {e.strerror or e}") from None
+    if suffix == ".txt":
+        import re
+
+        return [d.strip() for d in re.split(r"\n\s*\n", text) if d.strip()]
+    return _jsonl_documents(io.StringIO(text), str(p))
 
 
 def corpus_files(path: str | os.PathLike) -> tuple[Path, list[str]]:
@@ -117,7 +157,10 @@ def corpus_files(path: str | os.PathLike) -> tuple[Path, list[str]]:
     p = Path(path).expanduser()
     if not p.exists():
         raise AttnRankError(f"--corpus {path}: no such file or directory")
-    if p.is_file():
+    if not p.is_dir():
+        from attnrank.io.validate import regular_file
+
+        regular_file(p, "corpus file")  # not a FIFO, a device or a symlink to one
         if _text_suffix(p) is None:
             raise AttnRankError(f"--corpus {path}: unsupported file type (use {', '.join(TEXT_SUFFIXES)})")
         return p.parent, [p.name]
@@ -216,8 +259,11 @@ class BPETokenizer:
     def load(cls, path: str | os.PathLike) -> BPETokenizer:
         from tokenizers import Tokenizer
 
+        from attnrank.io.validate import read_text
+
+        text = read_text(path, "tokenizer")  # a regular file only: a FIFO would block from_file forever
         try:
-            return cls(Tokenizer.from_file(str(path)))  # plain JSON; nothing is executed
+            return cls(Tokenizer.from_str(text))  # plain JSON; nothing is executed
         except Exception as e:  # noqa: BLE001 - any parse failure is a bad file
             raise AttnRankError(f"cannot read tokenizer {path}: {' '.join(str(e).split())[:200]}") from None
 
@@ -266,6 +312,8 @@ class LMTaskConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < lo:
                 raise AttnRankError(f"{name} must be an integer >= {lo}, got {v!r}")
+        if self.bpe_vocab > MAX_BPE_VOCAB:  # the tokenizers library aborts the process (Rust panic) far above
+            raise AttnRankError(f"bpe_vocab must be at most {MAX_BPE_VOCAB}, got {self.bpe_vocab}")
         if self.max_chars is not None and (not isinstance(self.max_chars, int) or self.max_chars < 1):
             raise AttnRankError(f"max_chars must be a positive integer, got {self.max_chars!r}")
         if self.corpus is not None:
@@ -404,6 +452,7 @@ def _digits(image_size: int | None) -> ImageData:
     images, labels = digits_arrays()
     x = torch.from_numpy((images - 0.5).astype(np.float32))[:, None]  # (N, 1, 8, 8), centred
     if image_size is not None and image_size != 8:
+        _check_images_fit(len(x), 1, image_size)
         x = F.interpolate(x, size=(image_size, image_size), mode="bilinear", align_corners=False)
     y = torch.from_numpy(labels)
     which = np.array([stdlib_corpus.split_of(f"digits/{i}") for i in range(len(y))])
@@ -438,7 +487,7 @@ def _image_files(root: Path) -> dict[str, list[tuple[str, str]]]:
 
 
 def _image_folder(root: Path, image_size: int | None) -> ImageData:
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image
 
     size = image_size or 32
     files = _image_files(root)
@@ -450,17 +499,13 @@ def _image_folder(root: Path, image_size: int | None) -> ImageData:
     if empty:
         raise AttnRankError(f"--images {root}: no images in the {', '.join(empty)} split(s)")
     index = {c: i for i, c in enumerate(classes)}
+    _check_images_fit(sum(len(v) for v in files.values()), 3, size)
     images = {}
     grey = True
     for s in stdlib_corpus.SPLITS:
         for rel, _ in files[s]:
-            try:
-                with Image.open(root / rel) as im:
-                    im.load()
-                    grey = grey and im.mode in ("1", "L", "LA", "I", "I;16", "F")
-                    images[rel] = im.copy()
-            except (OSError, UnidentifiedImageError, ValueError) as e:
-                raise AttnRankError(f"--images: cannot read {root / rel}: {' '.join(str(e).split())[:160]}") from None
+            images[rel] = _open_image(root / rel)
+            grey = grey and images[rel].mode in ("1", "L", "LA", "I", "I;16", "F")
     mode, channels = ("L", 1) if grey else ("RGB", 3)
     splits = {}
     for s in stdlib_corpus.SPLITS:
@@ -473,6 +518,33 @@ def _image_folder(root: Path, image_size: int | None) -> ImageData:
         y = torch.tensor([index[c] for _, c in files[s]], dtype=torch.int64)
         splits[s] = (x, y)
     return ImageData(splits, classes, channels, size)
+
+
+def _check_images_fit(n: int, channels: int, size: int) -> None:
+    """``n`` float32 images of ``size``² pixels must fit in memory before they are made."""
+    from attnrank.io.validate import check_fits
+
+    check_fits(4 * n * channels * size * size, f"--image-size {size}: {n} images of {size}x{size} pixels")
+
+
+def _open_image(path: Path) -> Any:
+    """One image decoded by Pillow; one line for an unreadable file or a decompression bomb (a
+    small file declaring more pixels than Pillow's limit, e.g. a 69-byte PNG of 20000x20000)."""
+    import warnings
+
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as im:
+                im.load()
+                return im.copy()
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+        raise AttnRankError(f"--images: {path} declares more pixels than Pillow decodes safely "
+                            f"({' '.join(str(e).split())[:120]}): refused as a decompression bomb") from None
+    except (OSError, UnidentifiedImageError, ValueError, SyntaxError) as e:
+        raise AttnRankError(f"--images: cannot read {path}: {' '.join(str(e).split())[:160]}") from None
 
 
 @functools.lru_cache(maxsize=4)

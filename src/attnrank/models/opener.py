@@ -40,7 +40,6 @@ Real inputs, one source of each:
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from collections.abc import Callable
@@ -76,10 +75,9 @@ def run_config(path: Path) -> dict[str, Any] | None:
     cfg = path.parent.parent / "config.json"
     if path.parent.name != "checkpoints" or not cfg.exists():
         return None
-    try:
-        out = json.loads(cfg.read_text())
-    except (OSError, ValueError):
-        return None
+    from attnrank.io.validate import read_json
+
+    out = read_json(cfg, "run config")  # a regular file only (a FIFO would block); one line if corrupt
     return out if isinstance(out, dict) else None
 
 
@@ -135,8 +133,11 @@ def tokenize(texts: list[str], path: Path, vocab_size: int, max_tokens: int) -> 
     if tj is not None:
         from tokenizers import Tokenizer
 
+        from attnrank.io.validate import read_text
+
+        text = read_text(tj, "tokenizer")  # a regular file only: a FIFO would block from_file forever
         try:
-            tok = Tokenizer.from_file(str(tj))
+            tok = Tokenizer.from_str(text)
         except Exception as e:  # noqa: BLE001 - any parse failure is a bad input file
             raise AttnRankError(f"cannot read {tj}: {' '.join(str(e).split())[:200]}") from None
         tok.no_padding()
@@ -301,9 +302,25 @@ def open_model(source: str | os.PathLike, *, dtype: torch.dtype = torch.float64,
     return op
 
 
-def _open_attnrank(path: Path, config: dict[str, Any], source: str, dtype: torch.dtype) -> Opened:
-    from attnrank.models.transformer import load_model
+def check_model_fits(build: Callable[[], nn.Module], dtype: torch.dtype, where: Any) -> None:
+    """Build the model on the meta device (shapes only: nothing is allocated) and refuse, before
+    the real one is built, a model whose parameters and buffers in ``dtype``, twice (the model
+    and the copy an analysis makes of it), cannot fit in this machine's memory."""
+    from attnrank.io.validate import check_fits
 
+    with torch.device("meta"):
+        m = build()
+    n = sum(t.numel() for t in m.parameters()) + sum(t.numel() for t in m.buffers())
+    size = torch.empty((), dtype=dtype).element_size()
+    check_fits(2 * n * size, f"{where}: a model of {n:,} parameters in {str(dtype).removeprefix('torch.')} "
+                             "(and one copy)")
+
+
+def _open_attnrank(path: Path, config: dict[str, Any], source: str, dtype: torch.dtype) -> Opened:
+    from attnrank.models.transformer import Transformer, ViT, load_model
+
+    cls = ViT if config.get("architecture") == "ViT" else Transformer
+    check_model_fits(lambda: cls.from_config_dict(config), dtype, path)
     model = load_model(path).to(dtype).eval()
     return Opened(model, config, path, source, "attnrank", dtype)
 
@@ -312,6 +329,7 @@ def _open_hf(path: Path, config: dict[str, Any], source: str, dtype: torch.dtype
     try:
         with quiet_transformers() as tf:
             hf_config = tf.AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+            check_model_fits(lambda: tf.AutoModel.from_config(hf_config, attn_implementation="eager"), dtype, path)
             model = tf.AutoModel.from_pretrained(path, config=hf_config, attn_implementation="eager", dtype=dtype,
                                                  local_files_only=True, trust_remote_code=False)
     except AttnRankError:

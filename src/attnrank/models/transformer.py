@@ -25,7 +25,6 @@ norms are identities. Pre-norm models end with a final norm before the head; the
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import asdict, dataclass, fields
@@ -216,10 +215,9 @@ class _Saveable(nn.Module):
         from safetensors.torch import load_file
 
         directory = Path(directory)
-        try:
-            cfg = json.loads((directory / "config.json").read_text())
-        except (OSError, ValueError) as e:
-            raise AttnRankError(f"cannot read {directory / 'config.json'}: {e}") from None
+        from attnrank.io.validate import read_json
+
+        cfg = read_json(directory / "config.json", "config")  # a regular file only; one line otherwise
         model = cls.from_config_dict(cfg)
         try:
             state = load_file(str(directory / WEIGHTS_NAME), device=str(map_location))
@@ -384,8 +382,10 @@ class ViT(_Saveable):
 def load_model(directory: str | os.PathLike, map_location: str | torch.device = "cpu") -> Transformer | ViT:
     """Load a saved :class:`Transformer` or :class:`ViT` from its directory."""
     directory = Path(directory)
-    try:
-        arch = json.loads((directory / "config.json").read_text()).get("architecture", "Transformer")
-    except (OSError, ValueError, AttributeError) as e:
-        raise AttnRankError(f"cannot read {directory / 'config.json'}: {e}") from None
+    from attnrank.io.validate import read_json
+
+    cfg = read_json(directory / "config.json", "config")  # a regular file only; one line otherwise
+    if not isinstance(cfg, dict):
+        raise AttnRankError(f"{directory / 'config.json'} is not a JSON object")
+    arch = cfg.get("architecture", "Transformer")
     return (ViT if arch == "ViT" else Transformer).from_pretrained(directory, map_location)

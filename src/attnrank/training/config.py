@@ -111,8 +111,9 @@ class TrainConfig:
             if not isinstance(v, int) or isinstance(v, bool) or v < (0 if allow_zero else 1):
                 raise AttnRankError(f"{name} must be an integer >= {0 if allow_zero else 1}, got {v!r}")
 
-        for name in ("steps", "batch_size", "log_every", "track_every", "checkpoint_every", "keep_checkpoints"):
+        for name in ("steps", "batch_size", "log_every", "track_every", "checkpoint_every"):
             positive_int(name)
+        positive_int("keep_checkpoints", allow_zero=True)  # 0: keep every checkpoint
         positive_int("warmup", allow_zero=True)
         if self.schedule not in SCHEDULES:
             raise AttnRankError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
@@ -143,9 +144,11 @@ class TrainConfig:
         self._check_memory()
 
     def _check_memory(self) -> None:
-        """Refuse, before anything is written, a batch whose activations (float32, kept for the
-        backward pass) cannot fit in this machine's memory: a lower bound per token of the residual
-        stream, q/k/v, attention scores and probabilities, MLP and output logits per layer."""
+        """Refuse, before the model is built or anything is written, a model and batch that cannot
+        fit in this machine's memory: the parameters (float32 weights, gradients and AdamW's two
+        moments: 16 bytes each; :func:`parameter_count`) plus the activations kept for the backward
+        pass (a lower bound per token of the residual stream, q/k/v, attention scores and
+        probabilities, MLP and output logits per layer)."""
         from attnrank.io.validate import check_fits
 
         m = self.model
@@ -156,8 +159,12 @@ class TrainConfig:
         heads, d = int(m.n_heads), int(m.d_model)
         per_layer = 8 * d + 2 * heads * tokens + (2 * int(m.d_mlp or 0) if getattr(m, "mlp", True) else 0)
         per_token = int(m.n_layers) * per_layer + int(getattr(m, "vocab_size", 0) or getattr(m, "n_classes", 0))
-        check_fits(4 * self.batch_size * tokens * per_token,
-                   f"a batch of {self.batch_size} x {tokens} tokens (batch_size {self.batch_size})")
+        n_params = parameter_count(m)
+        check_fits(16 * n_params, f"a model of {n_params:,} parameters (d_model {d}, {m.n_layers} layers; weights, "
+                                  "gradients and AdamW moments in float32)")
+        check_fits(16 * n_params + 4 * self.batch_size * tokens * per_token,
+                   f"a model of {n_params:,} parameters with a batch of {self.batch_size} x {tokens} tokens "
+                   f"(batch_size {self.batch_size})")
 
     def _validate_task(self) -> None:
         if self.model.vocab_size < self.task.vocab_size:
@@ -178,6 +185,22 @@ class TrainConfig:
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
 
+
+
+def parameter_count(m: Any) -> int:
+    """Parameters of a :class:`ModelConfig` / :class:`ViTConfig` model, from its sizes alone
+    (matrices only, a lower bound: biases and norm gains are left out)."""
+    d, L = int(m.d_model), int(m.n_layers)
+    dh, H, Hkv = int(m.head_dim or d // max(int(m.n_heads), 1)), int(m.n_heads), int(m.n_kv_heads or m.n_heads)
+    attn = d * dh * (2 * H + 2 * Hkv)  # W_Q, W_O (H heads) and W_K, W_V (Hkv heads)
+    mlp = 2 * d * int(m.d_mlp or 0) if getattr(m, "mlp", True) else 0
+    if hasattr(m, "vocab_size"):
+        emb = int(m.vocab_size) * d * (1 if getattr(m, "tie_embeddings", False) else 2)
+        emb += int(m.max_seq_len) * d if getattr(m, "learned_positions", True) else 0
+    else:  # a ViT: patch embedding, positions, class head
+        emb = int(m.patch_size) ** 2 * int(m.channels) * d + ((int(m.image_size) // int(m.patch_size)) ** 2 + 1) * d
+        emb += int(m.n_classes) * d
+    return L * (attn + mlp) + emb
 
 
 def lr_at(cfg: TrainConfig, step: int) -> float:
@@ -209,9 +232,9 @@ def run_config(cfg: TrainConfig) -> dict[str, Any]:
 
 
 def comparable(d: dict[str, Any]) -> dict[str, Any]:
-    """The part of a run's ``config.json`` that must match for a resume (not versions, device or
-    the threads it started with)."""
-    return {k: v for k, v in d.items() if k not in ("versions", "device", "threads")}
+    """The part of a run's ``config.json`` that must match for a resume (not versions, device,
+    the threads it started with or how many checkpoints it keeps)."""
+    return {k: v for k, v in d.items() if k not in ("versions", "device", "threads", "keep_checkpoints")}
 
 
 #: learning-rate schedules after the warmup (see :func:`lr_at`)
@@ -389,6 +412,10 @@ def vit_config(**overrides: Any) -> ViTTrainConfig:
 #: sweep / CLI kinds → config builders taking flat overrides
 CONFIG_BUILDERS: dict[str, Callable[..., TrainConfig]] = {"recall": recall_config, "lm": lm_config,
                                                           "vit": vit_config}
+
+
+#: sweep / CLI kinds → config classes (``from_dict`` of a stored config.json)
+CONFIG_CLASSES: dict[str, type[TrainConfig]] = {"recall": TrainConfig, "lm": LMTrainConfig, "vit": ViTTrainConfig}
 
 
 def make_config(kind: str, **overrides: Any) -> TrainConfig:

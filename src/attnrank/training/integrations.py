@@ -5,7 +5,8 @@
 backend named in ``--log`` receives the same rows as it goes:
 
 - ``tensorboard``: ``RUN/tb/`` event files, tags ``train/loss|acc|lr``, ``val_*``/``test_*``
-  and ``{qk,ov}/{rank,effective_rank,balance_rel,gap}`` (means over layers and heads), plus the
+  and ``{qk,ov}/{metric}`` for the metric table's summary rows (``effective_rank``, ``k90``,
+  ``k99``, ``rank``, ``gap_rel``, ``balance_rel`` …; means over layers and heads), plus the
   per-layer scalars of :func:`attnrank.analysis.tracker.scalars` under ``rank/``;
 - ``wandb``: one W&B run (project ``$WANDB_PROJECT`` or ``attnrank``, files under ``RUN/``, its
   id kept in ``RUN/loggers.json`` so a resumed run logs into the same W&B run;
@@ -19,9 +20,14 @@ A backend whose package is missing is one :class:`AttnRankError` naming the extr
 **Trainer** (:class:`RankCallback`): every ``every`` steps (and at steps 0 and the last) it
 measures every head through :class:`attnrank.analysis.tracker.RankTracker` and logs the
 :func:`~attnrank.analysis.tracker.scalars` (per-layer and overall QK/OV effective rank, numerical
-rank, gap/bound, balance) through ``trainer.log``, so whatever ``report_to`` names (W&B,
-TensorBoard, MLflow …) receives them; it also appends the tracker rows to
+rank, gap/bound, balance) to whatever ``report_to`` names; it also appends the tracker rows to
 ``output_dir/attnrank_ranks.jsonl`` (readable by :func:`attnrank.analysis.tracker.tracker_table`).
+Passed the Hugging Face way, ``Trainer(..., callbacks=[RankCallback(every=50)])``, it finds the
+model in the callback arguments and logs as each integration does (:class:`ReportTo`):
+TensorBoard into the Trainer's log directory (``train/`` tags at the global step), the active
+``wandb.run`` (``train/`` keys with ``train/global_step``), MLflow's active run (keys as they
+are). Built with the trainer, ``RankCallback(trainer, every=50)``, it goes through
+``trainer.log`` instead.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from typing import Any
 
 from attnrank.analysis.tracker import RankTracker, scalars
 from attnrank.core.linalg import DEFAULT_TOL
+from attnrank.core.metrics import SUMMARY_METRICS
 from attnrank.errors import AttnRankError
 from attnrank.util.fileio import write_json
 
@@ -97,8 +104,9 @@ class _TensorBoard:
             if k.startswith(("val_", "test_")):
                 w.add_scalar(k, v, s)
         for product, m in row.get("mean", {}).items():
-            for k in ("rank", "effective_rank", "balance_rel", "gap"):
-                w.add_scalar(f"{product}/{k}", m[k], s)
+            for k in SUMMARY_METRICS:  # the metric table's summary rows (older rows may lack some)
+                if k in m:
+                    w.add_scalar(f"{product}/{k}", m[k], s)
         if "heads" in row:
             for k, v in scalars(row).items():
                 w.add_scalar(k, v, s)
@@ -108,6 +116,10 @@ class _TensorBoard:
 
 
 def _ids(run: Path) -> dict[str, Any]:
+    from attnrank.io.validate import is_regular_file
+
+    if not is_regular_file(run / LOGGERS_FILE):  # missing, or a FIFO that would block
+        return {}
     try:
         return json.loads((run / LOGGERS_FILE).read_text())
     except (OSError, ValueError):
@@ -213,17 +225,75 @@ def open_loggers(run: Path, backends: tuple[str, ...] | None, config: dict[str, 
     for b in backends:
         require(b)
     out: list[Any] = []
+    b = ""
     try:
         for b in backends:
             out.append(_TensorBoard(run, purge_step) if b == "tensorboard"
                        else _Wandb(run, config) if b == "wandb" else _Mlflow(run, config))
-    except Exception:
+    except Exception as e:
         RunLoggers(out).close()
-        raise
+        if isinstance(e, AttnRankError):
+            raise
+        hint = " (W&B: run `wandb login`, or set WANDB_MODE=offline)" if b == "wandb" else ""
+        raise AttnRankError(f"--log {b}: the {b} logger could not start: {type(e).__name__}: "
+                            f"{' '.join(str(e).split())[:300]}{hint}") from None
     return RunLoggers(out)
 
 
 # -- Hugging Face Trainer --------------------------------------------------------------------------
+
+class ReportTo:
+    """The Trainer's ``report_to`` integrations reached without the trainer, as each of them logs:
+    TensorBoard (a writer in the directory the Trainer's TensorBoard callback writes:
+    ``$TENSORBOARD_LOGGING_DIR``, else its newest ``output_dir/runs/*``; tags ``train/KEY``),
+    W&B (the active ``wandb.run``: ``train/KEY`` and ``train/global_step``) and MLflow (the active
+    run: keys as they are, at the step). Integrations that are not named or not running are left
+    out; others in ``report_to`` (comet, neptune …) are reached only with ``RankCallback(trainer)``."""
+
+    def __init__(self, args: Any):
+        rep = getattr(args, "report_to", None) or []
+        self.names = {rep} if isinstance(rep, str) else set(rep)
+        self.output_dir = Path(str(getattr(args, "output_dir", None) or "."))
+        self.tb: Any = None
+
+    def _tb_dir(self) -> Path:
+        env = os.environ.get("TENSORBOARD_LOGGING_DIR")
+        if env:
+            return Path(env).expanduser()
+        root = self.output_dir / "runs"
+        runs = [d for d in root.glob("*") if d.is_dir()] if root.is_dir() else []
+        return max(runs, key=lambda d: d.stat().st_mtime) if runs else root / "attnrank"
+
+    def log(self, values: dict[str, float], step: int) -> list[str]:
+        """Send ``values`` at ``step`` to every running integration; the names reached."""
+        import importlib.util
+        import sys
+
+        done = []
+        if "tensorboard" in self.names and importlib.util.find_spec("tensorboard") is not None:
+            if self.tb is None:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.tb = SummaryWriter(log_dir=str(self._tb_dir()))
+            for k, v in values.items():
+                self.tb.add_scalar(f"train/{k}", v, step)
+            self.tb.flush()
+            done.append("tensorboard")
+        wandb = sys.modules.get("wandb")
+        if "wandb" in self.names and wandb is not None and getattr(wandb, "run", None) is not None:
+            wandb.run.log({**{f"train/{k}": v for k, v in values.items()}, "train/global_step": step})
+            done.append("wandb")
+        mlflow = sys.modules.get("mlflow")
+        if "mlflow" in self.names and mlflow is not None and mlflow.active_run() is not None:
+            mlflow.log_metrics(values, step=step)
+            done.append("mlflow")
+        return done
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+            self.tb = None
+
 
 def _callback_base() -> type:
     from transformers import TrainerCallback
@@ -235,15 +305,17 @@ def _make_rank_callback() -> type:
     TrainerCallback = _callback_base()
 
     class RankCallback(TrainerCallback):
-        """Measure every head every ``every`` optimizer steps and log the ranks through the trainer.
+        """Measure every head every ``every`` optimizer steps and log the ranks to ``report_to``.
 
-        ``trainer``: the ``Trainer`` whose ``log`` (and so every ``report_to`` integration:
-        TensorBoard, W&B, MLflow …) receives the scalars. Without it the rows still go to
-        ``output_dir/attnrank_ranks.jsonl`` and into ``state.log_history``, but the
-        integrations do not see them (a callback has no other way to reach them)::
+        Passed the Hugging Face way (the model comes with the callback's arguments)::
 
-            trainer = Trainer(model=model, args=TrainingArguments(..., report_to=["wandb"]), ...)
-            trainer.add_callback(RankCallback(trainer, every=50))
+            args = TrainingArguments(..., report_to=["tensorboard", "wandb", "mlflow"])
+            trainer = Trainer(model=model, args=args, callbacks=[RankCallback(every=50)], ...)
+
+        the scalars go to TensorBoard, the active W&B run and MLflow's active run as those
+        integrations log (:class:`ReportTo`), and into ``state.log_history``. With ``trainer``
+        (``trainer.add_callback(RankCallback(trainer, every=50))``) they go through
+        ``trainer.log``, so every integration, whatever it is, receives them.
 
         ``tol``: relative threshold of the numerical rank; ``prefix``: the scalars' namespace
         (``rank/qk/effective_rank``, ``rank/layer_0/ov/gap_rel`` …; the integrations add their
@@ -262,16 +334,28 @@ def _make_rank_callback() -> type:
             self.tracker: RankTracker | None = None
             self.rows: list[dict[str, Any]] = []
             self._last: int | None = None
+            self.report: ReportTo | None = None
+            self.reached: set[str] = set()
 
         def on_train_begin(self, args, state, control, model=None, **kwargs):
+            if model is None:
+                raise AttnRankError("RankCallback: the Trainer passed no model to its callbacks")
             self.tracker = RankTracker(model, every=self.every, tol=self.tol, config=self.config)
+            if self.trainer is None and state.is_world_process_zero:
+                self.report = ReportTo(args)
             if state.global_step == 0:
                 self._measure(args, state)
 
-        def on_step_end(self, args, state, control, **kwargs):
+        def on_step_end(self, args, state, control, model=None, **kwargs):
             s = state.global_step
+            if self.tracker is None and model is not None:  # added after on_train_begin had passed
+                self.on_train_begin(args, state, control, model=model)
             if self.tracker is not None and (s % self.every == 0 or s == state.max_steps):
                 self._measure(args, state)
+
+        def on_train_end(self, args, state, control, **kwargs):
+            if self.report is not None:
+                self.report.close()
 
         def _measure(self, args, state) -> None:
             step = int(state.global_step)
@@ -290,6 +374,8 @@ def _make_rank_callback() -> type:
             if self.trainer is not None:
                 self.trainer.log(dict(values))
             else:
+                if self.report is not None:
+                    self.reached.update(self.report.log(values, step))
                 state.log_history.append({**values, "step": step})
 
     return RankCallback

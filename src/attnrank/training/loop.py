@@ -28,7 +28,14 @@ that step (the file is flushed first). ``resume`` loads the newest checkpoint, t
 continues with the same model, optimizer, RNG and data-stream state, so a run killed at any
 moment (SIGKILL included) and resumed ends with exactly the ``metrics.jsonl`` of an
 uninterrupted run on the same device (bit-exact on the CPU; GPU kernels may not be).
-A run killed before its first checkpoint restarts from scratch.
+A run killed before its first checkpoint restarts from scratch. ``--resume`` needs no options:
+:func:`resume_config` reads the stored settings from ``config.json`` (an option given must
+match them, except ``steps``, which extends, and ``keep_checkpoints``).
+
+A run that fails before its first step (a corpus that cannot be read, a model too large, a
+logger that cannot start) leaves nothing behind that would block the corrected re-run: the
+files it created (``config.json``, ``metrics.jsonl``, ``.lock``, a tokenizer …) are removed,
+and the directory too when it created it.
 """
 
 from __future__ import annotations
@@ -83,6 +90,9 @@ def _prepare_run_dir(run: Path, cfg: TrainConfig, resume: bool) -> None:
     if cfg_path.exists():
         if not resume:
             raise AttnRankError(f"{run} already holds a run: pass --resume to continue it, or choose another --out")
+        from attnrank.io.validate import regular_file
+
+        regular_file(cfg_path, "run config")  # a FIFO would block the read forever
         try:
             old = json.loads(cfg_path.read_text())
         except (OSError, ValueError) as e:
@@ -105,6 +115,80 @@ def _prepare_run_dir(run: Path, cfg: TrainConfig, resume: bool) -> None:
         raise AttnRankError(f"cannot create --out {run}: {e.strerror or e}") from None
     if not os.access(run, os.W_OK):
         raise AttnRankError(f"--out {run} is not writable")
+
+
+#: settings a resume may change: ``steps`` (extends the run) and how many checkpoints are kept
+RESUME_MAY_CHANGE = ("steps", "keep_checkpoints")
+
+
+def resume_config(run_dir: str | os.PathLike, kind: str, given: dict[str, Any]) -> TrainConfig | None:
+    """The configuration of the run in ``run_dir`` as its ``config.json`` stored it, for ``--resume``
+    without repeating the options; ``given``: the flat options (:func:`make_config` names) the user
+    gave explicitly. Each must equal the stored value, except :data:`RESUME_MAY_CHANGE` (a larger
+    ``steps`` extends the run, see :func:`train`); one line naming every difference otherwise.
+    None when ``run_dir`` holds no ``config.json`` yet (a fresh run: build it from the options)."""
+    from dataclasses import fields, replace
+
+    from attnrank.io.validate import regular_file
+    from attnrank.training.config import CONFIG_CLASSES
+
+    p = Path(run_dir) / "config.json"
+    if not p.exists() and not p.is_symlink():
+        return None
+    regular_file(p, "run config")
+    try:
+        stored = json.loads(p.read_text())
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        raise AttnRankError(f"cannot read {p}: {' '.join(str(e).split())[:200]}") from None
+    if not isinstance(stored, dict) or stored.get("kind") != "attnrank-run":
+        raise AttnRankError(f"{p} is not the config.json of an attnrank run")
+    if stored.get("task_name") != kind:
+        raise AttnRankError(f"{run_dir} holds a {stored.get('task_name')!r} run, not {kind!r}: "
+                            f"resume it with attnrank train {stored.get('task_name')}")
+    try:
+        cfg = CONFIG_CLASSES[kind].from_dict(stored)
+    except (TypeError, ValueError, KeyError) as e:
+        raise AttnRankError(f"{p} does not describe a run: {' '.join(str(e).split())[:200]}") from None
+    diffs, change = [], {}
+    for k, v in given.items():
+        if v is None:
+            continue
+        if k in RESUME_MAY_CHANGE:
+            change[k] = v
+            continue
+        where = [o for o in (cfg, cfg.task, cfg.model) if k in {f.name for f in fields(o)}]
+        if not where:
+            raise AttnRankError(f"unknown training option: {k}")
+        have = getattr(where[0], k)
+        if k == "corpus" and v is not None:
+            v = str(Path(v).expanduser().resolve())
+        if have != v:
+            diffs.append(f"{k} {v} (stored: {have})")
+    if diffs:
+        raise AttnRankError(f"--resume with settings that differ from {p}: {'; '.join(diffs)}; drop those options "
+                            "(the stored settings are used) or choose another --out")
+    return replace(cfg, **change) if change else cfg
+
+
+#: CLI option names that differ from the config field they set
+CLI_FIELDS = {"attn_wd": "attn_weight_decay", "wd": "weight_decay"}
+
+
+def cli_config(kind: str, run_dir: str | os.PathLike, values: dict[str, Any], given: set[str], *,
+               resume: bool) -> TrainConfig:
+    """The config of ``attnrank train KIND``: with ``resume`` and a stored ``config.json``, the
+    stored settings checked against the options ``given`` on the command line
+    (:func:`resume_config`); else one built from every option ``values`` (CLI names:
+    ``attn_wd``, ``wd``, ``keep_checkpoints`` as ``N`` or ``all``, the rest config fields)."""
+    from attnrank.training.config import make_config
+    from attnrank.training.state import parse_keep
+
+    values = {**values, "keep_checkpoints": parse_keep(values.get("keep_checkpoints"))}
+    fields_ = {CLI_FIELDS.get(k, k): v for k, v in values.items()}
+    cfg = None
+    if resume:
+        cfg = resume_config(run_dir, kind, {CLI_FIELDS.get(k, k): v for k, v in values.items() if k in given})
+    return cfg if cfg is not None else make_config(kind, **fields_)
 
 
 def _check_extension(cfg: TrainConfig, old_steps: int) -> None:
@@ -163,8 +247,10 @@ def train(
     backends = parse_log(log)
     for b in backends or ():
         require(b)
-    if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
-        raise AttnRankError(f"threads must be a positive integer, got {threads!r}")
+    if threads is not None:
+        from attnrank.util.threads import check_threads
+
+        check_threads(threads)  # 1..4 per CPU: a million threads crash OpenBLAS (SIGSEGV)
     before = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
@@ -207,6 +293,7 @@ class _Session:
     window: dict[str, Any]
     start: int = 0
     resumed_from: int | None = None
+    stepped: bool = False
 
 
 def _train(run: Path, cfg: TrainConfig, *, resume: bool, device: str, progress: Progress | None,
@@ -220,16 +307,18 @@ def _train(run: Path, cfg: TrainConfig, *, resume: bool, device: str, progress: 
         if run.exists() and not run.is_dir():
             raise AttnRankError(f"--out {run} exists and is not a directory")
         created = not run.exists()
-        s = None
+        before = {p.name for p in run.iterdir()} if not created else set()
+        s, held = None, False
         try:
             # one writer per run (rank 0 writes): a second train / --resume / sweep worker gets one line
             with locked_run(run) if dist.main else nullcontext():
+                held = dist.main
                 s = _open_session(run, cfg, resume=resume, dev=dev, dist=dist)
                 _run_steps(s, progress, loggers)
                 return _finish(s)
         except BaseException:
-            if created and dist.main and run.is_dir() and {p.name for p in run.iterdir()} <= {LOCK}:
-                shutil.rmtree(run, ignore_errors=True)  # a run that never started leaves nothing behind
+            if held and run.is_dir() and "config.json" not in before and (s is None or not s.stepped):
+                _remove_unstarted(run, before, created)  # nothing left that blocks the corrected re-run
             raise
         finally:
             if s is not None and dist.world > 1:
@@ -239,6 +328,20 @@ def _train(run: Path, cfg: TrainConfig, *, resume: bool, device: str, progress: 
                 gc.collect()
     finally:
         dist.close()
+
+
+def _remove_unstarted(run: Path, before: set[str], created: bool) -> None:
+    """Remove what a run that never took a step wrote: the whole directory when this call created
+    it, else every entry that was not there before (a lock is released by then)."""
+    if created:
+        shutil.rmtree(run, ignore_errors=True)
+        return
+    for p in run.iterdir():
+        if p.name not in before:
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
 
 
 def _new_window() -> dict[str, Any]:
@@ -356,6 +459,7 @@ def _run_steps(s: _Session, progress: Progress | None,
         s.model.train()
         for step in range(s.start + 1, cfg.steps + 1):
             lr = _step(s, step)
+            s.stepped = True
             if not dist.main:
                 continue
             row = _row(s, step, lr)

@@ -23,7 +23,7 @@ from attnrank.io.rundir import CHECKPOINTS, STATE, STEP_DIR, checkpoint_dirs
 
 def save_checkpoint(run: Path, step: int, model: nn.Module, opt: torch.optim.Optimizer,
                     stream: Any, window: dict[str, Any], metrics_fh: IO[bytes], keep: int) -> Path:
-    """Flush ``metrics_fh``, write checkpoint ``step`` atomically, keep the newest ``keep``."""
+    """Flush ``metrics_fh``, write checkpoint ``step`` atomically, keep the newest ``keep`` (0: all)."""
     metrics_fh.flush()
     os.fsync(metrics_fh.fileno())
     root = run / CHECKPOINTS
@@ -32,6 +32,29 @@ def save_checkpoint(run: Path, step: int, model: nn.Module, opt: torch.optim.Opt
     tmp = root / f".tmp-{final.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
+    try:
+        _write_checkpoint(tmp, step, model, opt, stream, window, metrics_fh)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, Exception) and (err := _save_error(e, final)) is not None:
+            raise err from None
+        raise
+    if final.exists():
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    if keep > 0:
+        for _, old in checkpoint_dirs(run)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _write_checkpoint(tmp: Path, step: int, model: nn.Module, opt: torch.optim.Optimizer, stream: Any,
+                      window: dict[str, Any], metrics_fh: IO[bytes]) -> None:
+    """The model and ``state.pt`` into ``tmp``, fsynced. ``state.pt`` is serialised in memory
+    and written with an ordinary file write, so a full disk is an OSError (ENOSPC), not
+    torch's "unexpected pos" from inside its zip writer."""
+    import io
+
     model.save_pretrained(tmp)
     state = {
         "step": step,
@@ -44,16 +67,46 @@ def save_checkpoint(run: Path, step: int, model: nn.Module, opt: torch.optim.Opt
         "window_acc": window["acc"].clone(),
         "window_n": window["n"],
     }
-    torch.save(state, tmp / STATE)
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    with open(tmp / STATE, "wb") as h:
+        h.write(buf.getbuffer())
     for f in tmp.iterdir():
         with open(f, "rb") as h:
             os.fsync(h.fileno())
-    if final.exists():
-        shutil.rmtree(final)
-    os.rename(tmp, final)
-    for _, old in checkpoint_dirs(run)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
+
+
+def _save_error(e: Exception, final: Path) -> AttnRankError | None:
+    """One line for a checkpoint that could not be written: the OSError's own (no space left,
+    permission denied, ...), or "no space" where a library hid ENOSPC in its own error
+    (safetensors' "StorageFull") or the file system has no room left; None: not a write error."""
+    from attnrank.util.fileio import write_error
+
+    if isinstance(e, OSError):
+        return write_error(e, final, "write the checkpoint")
+    text = str(e)
+    try:
+        st = os.statvfs(final.parent)
+        full = st.f_bavail * st.f_frsize < (1 << 20)
+    except OSError:
+        full = False
+    if "StorageFull" in text or "No space left" in text or "unexpected pos" in text and full:
+        return AttnRankError(f"no space left on the device: cannot write the checkpoint {final}")
+    return None
+
+
+def parse_keep(text: str | int | None) -> int | None:
+    """``--keep-checkpoints``: a positive count or ``all`` (0: every checkpoint is kept); None stays None."""
+    if text is None or (isinstance(text, int) and not isinstance(text, bool)):
+        if isinstance(text, int) and text < 0:
+            raise AttnRankError(f"--keep-checkpoints takes a positive number or 'all', got {text}")
+        return text
+    t = str(text).strip().lower()
+    if t == "all":
+        return 0
+    if not t.isdigit() or int(t) < 1:
+        raise AttnRankError(f"--keep-checkpoints takes a positive number or 'all', got {text!r}")
+    return int(t)
 
 
 def load_checkpoint(ckpt: Path, model: nn.Module, opt: torch.optim.Optimizer, stream: Any,
@@ -66,14 +119,44 @@ def load_checkpoint(ckpt: Path, model: nn.Module, opt: torch.optim.Optimizer, st
         state = torch.load(ckpt / STATE, map_location="cpu", weights_only=True)
     except Exception as e:
         raise AttnRankError(f"cannot read checkpoint {ckpt}: {' '.join(str(e).split())[:300]}") from None
+    check_state(state, ckpt / STATE)
     missing, unexpected = model.load_state_dict(weights, strict=False)
     missing = [m for m in missing if m not in model._tied_aliases()]
     if missing or unexpected:
         raise AttnRankError(f"checkpoint {ckpt} does not match the model (missing {missing[:3]}, "
                             f"unexpected {unexpected[:3]})")
-    opt.load_state_dict(state["optimizer"])
-    torch.set_rng_state(state["torch_rng"])
-    if state["cuda_rng"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda_rng"])
-    stream.load_state_dict(state["stream"])
+    try:
+        opt.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["torch_rng"])
+        if state["cuda_rng"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda_rng"])
+        stream.load_state_dict(state["stream"])
+    except (ValueError, KeyError, TypeError, RuntimeError, IndexError) as e:  # parts of the wrong shape
+        raise AttnRankError(f"{ckpt / STATE} does not fit this run: {' '.join(str(e).split())[:200]}") from None
     return state
+
+
+# what state.pt must hold, and of which type (bool is not an int here)
+_STATE_TYPES: dict[str, tuple[type, ...]] = {
+    "step": (int,), "metrics_bytes": (int,), "window_n": (int,), "optimizer": (dict,), "stream": (dict,),
+    "torch_rng": (torch.Tensor,), "cuda_rng": (list, tuple), "window_loss": (torch.Tensor,),
+    "window_acc": (torch.Tensor,)}
+
+
+def check_state(state: Any, where: Path) -> None:
+    """``state.pt`` as :func:`save_checkpoint` writes it: every part present with its type (a
+    step that is a string, or no optimizer, is one line naming the part)."""
+    if not isinstance(state, dict):
+        raise AttnRankError(f"{where} is not a training state (a dict), got {type(state).__name__}")
+    for key, types in _STATE_TYPES.items():
+        if key not in state:
+            raise AttnRankError(f"{where} has no {key!r}: not a complete training state")
+        v = state[key]
+        if not isinstance(v, types) or isinstance(v, bool):
+            raise AttnRankError(f"{where}: {key!r} must be {' or '.join(t.__name__ for t in types)}, "
+                                f"got {type(v).__name__} {str(v)[:40]!r}")
+    if state["step"] < 0 or state["metrics_bytes"] < 0 or state["window_n"] < 0:
+        raise AttnRankError(f"{where}: step, metrics_bytes and window_n must be >= 0")
+    if not isinstance(state["optimizer"].get("state"), dict) or not isinstance(
+            state["optimizer"].get("param_groups"), list):
+        raise AttnRankError(f"{where}: 'optimizer' is not an optimizer state (state, param_groups)")

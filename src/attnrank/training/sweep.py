@@ -7,7 +7,7 @@ flat override names of :func:`attnrank.training.config.make_config` (e.g. ``attn
 
 Layout of ``OUT``::
 
-    OUT/sweep.json                 the spec
+    OUT/sweep.json                 the spec (every run's grid point and seed)
     OUT/runs/<name>/               one ordinary run directory per grid point and seed
     OUT/results/<name>.json        status (ok / failed + error and traceback) and final metrics
     OUT/runs.csv                   one row per run
@@ -17,7 +17,14 @@ Layout of ``OUT``::
 **Resumable.** A run whose directory holds ``summary.json`` and the same settings is finished
 and skipped; an unfinished one is resumed from its newest checkpoint; a failed one is tried
 again. A failing run (any exception, or a worker that dies) is recorded with its error and
-the others go on.
+the others go on; :meth:`SweepResult.failure_line` says how many failed (the CLI exits 3).
+
+**Never mixed.** A re-run into an ``OUT`` that holds a sweep may add grid values and seeds (new
+runs; the stored ones are kept, so ``sweep.json`` always lists every run). A different task,
+other swept fields or another base setting is refused with one line naming the difference,
+before any run is touched; a larger ``steps`` is refused too unless ``extend`` (``--extend``),
+which continues every run to the new length (constant learning rate after warmup only).
+Run directories have shell-friendly names (:func:`run_name`: ``attn_weight_decay-0.1__seed-0``).
 
 **Where runs go.** By default a ``concurrent.futures.ProcessPoolExecutor`` (spawned workers,
 ``threads`` torch threads each). With ``ray=ADDRESS`` (``auto`` for the cluster this machine
@@ -38,6 +45,7 @@ import json
 import math
 import os
 import re
+import shutil
 import traceback
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -48,14 +56,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from attnrank.core.metrics import SUMMARY_METRICS
 from attnrank.errors import AttnRankError
-from attnrank.io.rundir import locked_run
-from attnrank.util.fileio import write_json, write_text
+from attnrank.io.rundir import locked_run, run_locked
+from attnrank.util.fileio import staged_output, write_json, write_text
 from attnrank.util.ray import ray_session
 
-#: final metrics copied into runs.csv (and aggregated in summary.csv) when a run has them
+#: final metrics copied into runs.csv (and aggregated in summary.csv) when a run has them: the
+#: losses, and per product the final tracker means of the metric table's summary rows
 FINAL_METRICS = ("loss", "acc", "val_loss", "val_ppl", "val_acc", "test_loss", "test_ppl", "test_acc",
-           "qk_rank", "ov_rank", "qk_effective_rank", "ov_effective_rank")
+                 *(f"{p}_{k}" for p in ("qk", "ov") for k in SUMMARY_METRICS))
 
 
 @dataclass
@@ -68,6 +78,7 @@ class SweepSpec:
     def __post_init__(self) -> None:
         from attnrank.training.config import CONFIG_BUILDERS
 
+        check_spec_types({"kind": self.kind, "base": self.base, "grid": self.grid, "seeds": self.seeds})
         if self.kind not in CONFIG_BUILDERS:
             raise AttnRankError(f"unknown sweep task {self.kind!r}; use one of {', '.join(CONFIG_BUILDERS)}")
         if not self.seeds or any(not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in self.seeds):
@@ -77,7 +88,7 @@ class SweepSpec:
         for k, v in self.grid.items():
             if not isinstance(v, list) or not v:
                 raise AttnRankError(f"grid field {k!r} needs a non-empty list of values, got {v!r}")
-            if len({json.dumps(x) for x in v}) != len(v):
+            if len({_fmt(x) for x in v}) != len(v):  # 0 and 0.0 would name the same run
                 raise AttnRankError(f"grid field {k!r} repeats a value: {v}")
         if "seed" in self.grid or "seed" in self.base:
             raise AttnRankError("give seeds with --seeds (a seeds list), not as a grid or base field")
@@ -92,8 +103,7 @@ class SweepSpec:
         for values in itertools.product(*(self.grid[k] for k in keys)):
             point = dict(zip(keys, values, strict=True))
             for seed in self.seeds:
-                name = ",".join(f"{k}={_fmt(v)}" for k, v in point.items()) + ("," if point else "") + f"seed={seed}"
-                out.append((_safe(name), {**self.base, **point, "seed": seed}))
+                out.append((run_name({**point, "seed": seed}), {**self.base, **point, "seed": seed}))
         return out
 
 
@@ -102,7 +112,19 @@ def _fmt(v: Any) -> str:
 
 
 def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.,=+-]", "_", name)
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+
+
+def run_name(point: dict[str, Any]) -> str:
+    """A run's directory name, shell-friendly (letters, digits, ``_ . -`` only, never a leading
+    ``-``): ``FIELD-VALUE`` pairs joined by ``__``, e.g. ``attn_weight_decay-0.1__seed-0``."""
+    return _safe("__".join(f"{k}-{_fmt(v)}" for k, v in point.items())).lstrip("-.") or "run"
+
+
+def legacy_run_name(point: dict[str, Any]) -> str:
+    """The name earlier versions gave a run (``attn_weight_decay=0.1,seed=0``): such directories
+    are renamed to :func:`run_name` when a sweep meets them, so their work is kept."""
+    return re.sub(r"[^A-Za-z0-9_.,=+-]", "_", ",".join(f"{k}={_fmt(v)}" for k, v in point.items()))
 
 
 def parse_value(text: str) -> Any:
@@ -153,8 +175,59 @@ def load_spec(path: str | os.PathLike) -> SweepSpec:
     unknown = set(d) - {"kind", "base", "grid", "seeds"}
     if unknown:
         raise AttnRankError(f"sweep spec {p}: unknown key(s) {', '.join(sorted(unknown))}")
+    check_spec_types(d, f"sweep spec {p}: ")
     return SweepSpec(kind=d["kind"], base=dict(d.get("base", {})), grid=dict(d.get("grid", {})),
                      seeds=list(d.get("seeds", [0])))
+
+
+def build_spec(spec: str, *, sets: list[str] | None = None, grid: list[str] | None = None,
+               seeds: str | None = None) -> SweepSpec:
+    """The sweep the CLI describes: ``spec`` a task (``lm``, ``vit``, ``recall``) or a JSON/TOML spec
+    file; ``sets`` ``FIELD=V`` fixed for every run (over the spec's base); ``grid`` ``FIELD=V1,V2``
+    swept (over the spec's grid; a swept field leaves the base); ``seeds`` ``0,1,2``."""
+    from attnrank.training.config import CONFIG_BUILDERS
+
+    if spec in CONFIG_BUILDERS:
+        s = SweepSpec(kind=spec)
+    elif Path(spec).is_file():
+        s = load_spec(spec)
+    else:
+        raise AttnRankError(f"{spec!r} is neither a task ({', '.join(CONFIG_BUILDERS)}) nor a spec file")
+    base = {**s.base, **dict(parse_assignment(x, many=False) for x in sets or [])}
+    g = {**s.grid, **dict(parse_assignment(x, many=True) for x in grid or [])}
+    seed_list = s.seeds if seeds is None else [parse_value(x) for x in seeds.split(",")]
+    return SweepSpec(kind=s.kind, base={k: v for k, v in base.items() if k not in g}, grid=g, seeds=seed_list)
+
+
+_SCALAR = (bool, int, float, str, type(None))
+_NOT_FIELDS = ("model", "task")  # built from the kind and its fields: set those instead
+
+
+def check_spec_types(d: dict[str, Any], where: str = "") -> None:
+    """The types of a sweep spec (a file's or the CLI's): ``kind`` a string, ``base`` a table of
+    FIELD = value, ``grid`` a table of FIELD = [values], ``seeds`` a list; every value a scalar
+    (number, bool, string or none: not a list or table); never a field named model or task."""
+    kind = d.get("kind")
+    if not isinstance(kind, str):
+        raise AttnRankError(f"{where}kind must be a string (lm, vit, recall), got {str(kind)[:60]!r}")
+    for key, shape in (("base", "a table of FIELD = value"), ("grid", "a table of FIELD = [values]")):
+        if not isinstance(d.get(key, {}), dict):
+            raise AttnRankError(f"{where}{key} must be {shape}, got {str(d[key])[:60]!r}")
+    if not isinstance(d.get("seeds", []), list):
+        raise AttnRankError(f"{where}seeds must be a list of integers (e.g. [0, 1, 2]), got {str(d['seeds'])[:60]!r}")
+    base, grid = d.get("base", {}), d.get("grid", {})
+    for k in (*base, *grid):
+        if k in _NOT_FIELDS:
+            raise AttnRankError(f"{where}{k!r} is not a field to set or sweep: the {k} is built from the kind and "
+                                f"its own fields (e.g. d_model=..., n_layers=... for the model)")
+    for k, v in base.items():
+        if not isinstance(v, _SCALAR):
+            raise AttnRankError(f"{where}base field {k!r} must be a number, bool or string, got {str(v)[:60]!r}")
+    for k, vs in grid.items():
+        for v in vs if isinstance(vs, list) else []:
+            if not isinstance(v, _SCALAR):
+                raise AttnRankError(f"{where}grid field {k!r} values must be numbers, bools or strings, "
+                                    f"got {str(v)[:60]!r}")
 
 
 # -- one run (executed in a worker process or a Ray task) ------------------------------------------
@@ -163,7 +236,7 @@ def _flat_final(final: dict[str, Any]) -> dict[str, Any]:
     out = {k: final[k] for k in FINAL_METRICS if k in final}
     for prod in ("qk", "ov"):
         m = final.get("mean", {}).get(prod, {})
-        for k in ("rank", "effective_rank"):
+        for k in SUMMARY_METRICS:
             if k in m:
                 out[f"{prod}_{k}"] = m[k]
     return out
@@ -214,24 +287,107 @@ class SweepResult:
     runs: pd.DataFrame
     summary: pd.DataFrame
     counts: dict[str, int]
+    spec: SweepSpec | None = None
+
+    def failure_line(self) -> str | None:
+        """One line when runs failed (how many, where their errors are), else None."""
+        n = self.counts.get("failed", 0)
+        if not n:
+            return None
+        return (f"{n} of {self.counts['runs']} runs failed; their errors are in {self.out / 'results'} "
+                "(runs.csv: status, error); re-run the same command to try them again")
+
+
+def _defaults(kind: str) -> dict[str, Any]:
+    from dataclasses import MISSING, fields
+
+    from attnrank.training.config import CONFIG_CLASSES
+
+    return {f.name: f.default for f in fields(CONFIG_CLASSES[kind]) if f.default is not MISSING}
+
+
+def merge_rerun(out: Path, spec: SweepSpec, extend: bool = False) -> SweepSpec:
+    """The spec a sweep into ``out`` runs: ``spec`` itself where ``out`` holds no sweep; else the
+    union of the stored grid values and seeds with ``spec``'s (points are added, existing runs
+    kept). Refused with one line naming the difference, before anything is touched, when the
+    task, the swept fields or a base setting differ, except a larger ``steps`` with ``extend``."""
+    p = out / "sweep.json"
+    if not p.is_file():
+        return spec
+    try:
+        d = json.loads(p.read_text())
+        old = SweepSpec(kind=d["kind"], base=dict(d["base"]), grid=dict(d["grid"]), seeds=list(d["seeds"]))
+    except (OSError, ValueError, KeyError, TypeError, AttnRankError):
+        raise AttnRankError(f"{p} does not describe a sweep: choose another --out") from None
+    keep = "its runs are left as they are"
+    if old.kind != spec.kind:
+        raise AttnRankError(f"{out} holds a {old.kind} sweep, not {spec.kind}; {keep}: choose another --out")
+    if list(old.grid) != list(spec.grid):
+        raise AttnRankError(f"{out} holds a sweep over {', '.join(old.grid) or 'no field'}, not "
+                            f"{', '.join(spec.grid) or 'no field'}; {keep}: sweep the same fields or choose another --out")
+    dflt = _defaults(spec.kind)
+    diffs = {k: (old.base.get(k, dflt.get(k)), spec.base.get(k, dflt.get(k))) for k in {**old.base, **spec.base}}
+    diffs = {k: ab for k, ab in diffs.items() if ab[0] != ab[1]}
+    steps = diffs.pop("steps", None)
+    if diffs:
+        what = "; ".join(f"{k} {a} -> {b}" for k, (a, b) in sorted(diffs.items()))
+        raise AttnRankError(f"{out} holds a sweep with other base settings ({what}); {keep}: use the same "
+                            "settings or choose another --out")
+    if steps is not None:
+        a, b = steps
+        if not (isinstance(a, int) and isinstance(b, int) and b > a):
+            raise AttnRankError(f"{out} holds a sweep of {a} steps, not {b}; {keep}: a sweep cannot be shortened, "
+                                "choose another --out")
+        if not extend:
+            raise AttnRankError(f"{out} holds a sweep of {a} steps, not {b}; {keep}: pass --extend to continue "
+                                f"every run to {b} steps, or choose another --out")
+    grid = {k: old.grid[k] + [v for v in spec.grid[k] if _fmt(v) not in {_fmt(x) for x in old.grid[k]}]
+            for k in old.grid}  # a value is its run name's: 0 and 0.0 are one point
+    seeds = old.seeds + [x for x in spec.seeds if x not in old.seeds]
+    return SweepSpec(kind=spec.kind, base=spec.base, grid=grid, seeds=seeds)
+
+
+def _check_extendable(spec: SweepSpec) -> None:
+    from attnrank.training.config import make_config
+
+    probe = {**spec.base, **{k: v[0] for k, v in spec.grid.items()}, "seed": spec.seeds[0]}
+    cfg = make_config(spec.kind, **probe)
+    if cfg.schedule != "constant":
+        raise AttnRankError(f"--extend: these runs use a {cfg.schedule} learning-rate schedule, declared for their "
+                            "length (it decays to 0 there); they cannot be extended: choose another --out")
 
 
 def run_sweep(spec: SweepSpec, out: str | os.PathLike, *, workers: int | None = None, ray: str | None = None,
-              threads: int = 1, device: str = "cpu",
+              threads: int = 1, device: str = "cpu", extend: bool = False,
               progress: Callable[[dict[str, Any], int, int], None] | None = None) -> SweepResult:
-    """Run (or finish) every run of ``spec`` under ``out`` and aggregate (see the module docstring)."""
+    """Run (or finish) every run of ``spec`` under ``out`` and aggregate (see the module docstring).
+    Into an ``out`` that holds a sweep, see :func:`merge_rerun` (``extend``: a larger ``steps``
+    continues every run)."""
+    from attnrank.util.threads import check_threads
+
     if not isinstance(threads, int) or threads < 1:
         raise AttnRankError(f"threads must be a positive integer, got {threads!r}")
-    if workers is not None and (not isinstance(workers, int) or workers < 1):
-        raise AttnRankError(f"workers must be a positive integer, got {workers!r}")
+    if ray is None:  # local runs: 1..4 per CPU (a Ray cluster may have more)
+        check_threads(threads)
+    if workers is not None:
+        check_threads(workers, "workers")  # 1..4 per CPU
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise AttnRankError(f"--out {out} exists and is not a directory")
-    runs = spec.runs()
     _check_field_names(spec)
-    with locked_run(out):  # one sweep per OUT at a time
-        return _run_sweep(spec, out, runs, workers=workers, ray=ray, threads=threads, device=device,
-                          progress=progress)
+    created = not out.exists()
+    try:
+        with locked_run(out):  # one sweep per OUT at a time
+            spec = merge_rerun(out, spec, extend)
+            if extend:
+                _check_extendable(spec)
+            return _run_sweep(spec, out, spec.runs(), workers=workers, ray=ray, threads=threads, device=device,
+                              progress=progress)
+    except BaseException:
+        runs_dir = out / "runs"
+        if created and (not runs_dir.is_dir() or not any(runs_dir.iterdir())):
+            shutil.rmtree(out, ignore_errors=True)  # refused before any run: nothing left behind
+        raise
 
 
 def _run_sweep(spec: SweepSpec, out: Path, runs: list[tuple[str, dict[str, Any]]], *, workers: int | None,
@@ -245,6 +401,9 @@ def _run_sweep(spec: SweepSpec, out: Path, runs: list[tuple[str, dict[str, Any]]
     jobs = []
     for name, ov in runs:
         run_dir = out / "runs" / name
+        legacy = out / "runs" / legacy_run_name({**{k: ov[k] for k in spec.grid}, "seed": ov["seed"]})
+        if not run_dir.exists() and legacy.is_dir() and not run_locked(legacy):
+            os.rename(legacy, run_dir)  # a run named by an earlier version: keep its work
         done = _finished(run_dir, spec.kind, ov)
         if done is not None:
             records[name] = {"name": name, "overrides": ov, "run_dir": str(run_dir), "status": "ok",
@@ -372,9 +531,10 @@ def aggregate(spec: SweepSpec, out: Path, records: list[dict[str, Any]]) -> Swee
     empty += [m for m in FINAL_METRICS if m in summary and summary[m].isna().all()]
     summary = summary.drop(columns=empty)
     runs = runs.drop(columns=[m for m in FINAL_METRICS if runs[m].isna().all()])
-    write_text(out / "runs.csv", runs.to_csv(index=False))
-    write_text(out / "summary.csv", summary.to_csv(index=False))
+    with staged_output(out) as stage:  # runs.csv and summary.csv move in together
+        write_text(stage / "runs.csv", runs.to_csv(index=False))
+        write_text(stage / "summary.csv", summary.to_csv(index=False))
     counts = {"runs": len(records), "ok": int((runs["status"] == "ok").sum()),
               "failed": int((runs["status"] != "ok").sum()),
               "skipped": sum(bool(r.get("skipped")) for r in records)}
-    return SweepResult(out=out, runs=runs, summary=summary, counts=counts)
+    return SweepResult(out=out, runs=runs, summary=summary, counts=counts, spec=spec)

@@ -172,12 +172,43 @@ def staged_output(out: str | os.PathLike) -> Iterator[Path]:
         raise write_error(e, out, "write into") from None
     try:
         yield stage
-        for p in sorted(stage.iterdir()):
-            os.replace(p, out / p.name)
+        _move_set(stage, out)
     except OSError as e:
         raise write_error(e, getattr(e, "filename", None) or out) from None
     finally:
         shutil.rmtree(stage, ignore_errors=True)
+
+
+def _move_set(stage: Path, out: Path) -> None:
+    """Move every entry of ``stage`` onto ``out`` as one set: a name that is a directory in
+    ``out`` where the set has a file is refused before anything moves; the previous entries are
+    set aside first and put back if any move fails, so ``out`` holds the old set or the new one."""
+    entries = sorted(stage.iterdir())
+    for p in entries:
+        t = out / p.name
+        if t.is_dir() and not t.is_symlink() and not p.is_dir():
+            raise AttnRankError(f"cannot write {t}: a directory of that name is in the way; "
+                                "remove it or choose another --out")
+    aside = Path(tempfile.mkdtemp(prefix=".previous-", dir=stage))
+    done: list[str] = []
+    try:
+        for p in entries:
+            t = out / p.name
+            if t.exists() or t.is_symlink():
+                os.replace(t, aside / p.name)
+            done.append(p.name)
+            os.replace(p, t)
+    except BaseException:
+        for name in reversed(done):
+            t = out / name
+            try:
+                if not (stage / name).exists() and (t.exists() or t.is_symlink()):
+                    shutil.rmtree(t) if t.is_dir() and not t.is_symlink() else t.unlink()
+                if (aside / name).exists() or (aside / name).is_symlink():
+                    os.replace(aside / name, t)
+            except OSError:
+                continue
+        raise
 
 
 def moved(paths: list[Path], stage: Path, out: str | os.PathLike) -> list[Path]:

@@ -13,6 +13,38 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
+def cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the OS has one)."""
+    import os
+
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # pragma: no cover - no affinity on this platform
+        return os.cpu_count() or 1
+
+
+PER_CPU = 4  # oversubscription allowed: a test asking for 2 workers still runs on a 1-CPU machine
+
+
+def max_threads() -> int:
+    """The most threads or worker processes a command may ask for: :data:`PER_CPU` per CPU."""
+    return PER_CPU * cpus()
+
+
+def check_threads(n: object, name: str = "threads") -> int:
+    """``n`` as a count of threads or worker processes: an integer from 1 to
+    :func:`max_threads`. More would only slow everything down, and a million threads crash
+    OpenBLAS's thread creation (SIGSEGV) instead of failing."""
+    import numbers
+
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+        raise AttnRankError(f"{name} must be an integer, got {str(n)[:40]!r}")
+    if not 1 <= n <= max_threads():
+        raise AttnRankError(f"{name} must lie in 1..{max_threads()} ({PER_CPU} per CPU this process may use; "
+                            f"1 is best on a shared machine), got {n}")
+    return int(n)
+
+
 class torch_threads:
     """Context manager: torch intra-op threads and numpy's BLAS threads (via threadpoolctl,
     when installed) set to ``n`` (None: unchanged), then restored."""
@@ -22,8 +54,7 @@ class torch_threads:
 
     def __enter__(self):
         if self.n is not None:
-            if self.n < 1:
-                raise AttnRankError(f"threads must be >= 1, got {self.n}")
+            check_threads(self.n)
             self.prev = torch.get_num_threads()
             torch.set_num_threads(self.n)
             try:
