@@ -2,9 +2,11 @@
 profile, `make gallery-full` for the full one).
 
 Copies a few figures into docs/ (quick profile only), writes docs/claims_{quick,full}.md (the
-summary table of the report, then every claim: kind, verdict, measured, expected, exposure)
-and replaces the README's summary table of that profile (between its BEGIN/END markers) with
-the same summary table the report opens with.
+summary table of the report, then every claim grouped as the tally counts them: the documents'
+findings with their quotes and rules, supporting evidence, our checks, identities), replaces
+the README's summary table of that profile (between its BEGIN/END markers) with the same
+summary table the report opens with, and writes the coverage table into docs/METHODS.md
+(between its markers).
 """
 
 import json
@@ -12,11 +14,13 @@ import shutil
 import sys
 from pathlib import Path
 
-from attnrank.report.html import brief, measured_brief, reading
-from attnrank.studies.registry import tally
+from attnrank.report.html import GROUP_TITLES, brief, claim_groups, measured_brief, reading
+from attnrank.studies import coverage
+from attnrank.studies.registry import citation_problems, tally
 from attnrank.util.fileio import write_text
 
 FIGURES = {"fig1/fig1.png": "gallery_fig1.png", "fig2/fig2.png": "gallery_fig2.png",
+           "fig2/fig2_horizon.png": "gallery_fig2_horizon.png",
            "fig3/fig3.png": "gallery_fig3.png", "collapse/collapse_layers.png": "gallery_collapse.png"}
 
 
@@ -32,37 +36,66 @@ def markers(profile: str) -> tuple[str, str]:
     return f"<!-- claims-{profile}:begin (make gallery) -->", f"<!-- claims-{profile}:end -->"
 
 
+def _checks(t: dict) -> str:
+    c = t["checks"]
+    return f"{c['held']} of {sum(c.values())}" if sum(c.values()) else "—"
+
+
 def summary_table(summary: dict, claims: list[dict]) -> str:
-    """The report's first table: one row per reproduction."""
-    lines = ["| reproduction | findings held | not held | inconclusive | identities verified | runtime |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    """The report's first table: one row per reproduction (documents' findings counted once;
+    supporting evidence and our checks apart)."""
+    lines = ["| reproduction | findings held | not held | inconclusive | supporting re-tests | our checks held | "
+             "identities verified | runtime |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in summary["reproductions"]:
         t = tally([c for c in claims if c["reproduction"] == r["name"]])
         f, i = t["findings"], t["identities"]
         ident = f"{i['verified']} of {i['verified'] + i['failed']}" if i["verified"] + i["failed"] else "—"
         err = f" (error: {r['error']})" if r.get("error") else ""
-        lines.append(f"| {r['name']}{err} | {f['held']} | {f['not held']} | {f['inconclusive']} | {ident} | "
-                     f"{r['runtime_s'] or 0:.0f} s |")
+        lines.append(f"| {r['name']}{err} | {f['held']} | {f['not held']} | {f['inconclusive']} | "
+                     f"{t['supporting'] or '—'} | {_checks(t)} | {ident} | {r['runtime_s'] or 0:.0f} s |")
     t = tally(claims)
     f, i = t["findings"], t["identities"]
-    lines.append(f"| **all** | **{f['held']}** | **{f['not held']}** | **{f['inconclusive']}** | "
-                 f"**{i['verified']} of {i['verified'] + i['failed']}** | **{summary['total_runtime_s']:.0f} s** |")
+    lines.append(f"| **all** | **{f['held']}** | **{f['not held']}** | **{f['inconclusive']}** | **{t['supporting']}** | "
+                 f"**{_checks(t)}** | **{i['verified']} of {i['verified'] + i['failed']}** | "
+                 f"**{summary['total_runtime_s']:.0f} s** |")
     return "\n".join(lines)
 
 
+def _verdict(c: dict) -> str:
+    verdict = c.get("verdict") or ("held" if c["held"] else "not held")
+    if c.get("kind") == "identity":
+        return "verified" if c["held"] else "**FAILED**"
+    return verdict if verdict == "held" else f"**{verdict}**"
+
+
 def claims_table(claims: list[dict]) -> str:
-    rows = ["| reproduction | claim | kind | verdict | measured | expected | exposure |",
-            "| --- | --- | --- | --- | --- | --- | --- |"]
-    for c in claims:
-        verdict = c.get("verdict") or ("held" if c["held"] else "not held")
-        if c.get("kind") == "identity":
-            verdict = "verified" if c["held"] else "**FAILED**"
-        elif verdict != "held":
-            verdict = f"**{verdict}**"
-        exp = cell(c["exposure"]) if c.get("exposure") not in (None, {}) else ""
-        rows.append(f"| {c['reproduction']} | `{c['name']}` | {c.get('kind', 'finding')} | {verdict} | "
-                    f"{clean(measured_brief(c))} | {cell(c['expected'])} | {exp} |")
-    return "\n".join(rows)
+    """Every claim, grouped as the tally counts them; findings with their quote and rule."""
+    out = []
+    for key, title in GROUP_TITLES.items():
+        group = claim_groups(claims)[key]
+        if not group:
+            continue
+        extra = " | supports" if key == "supporting" else ""
+        rows = [f"### {title}", "", f"| reproduction | claim | verdict | measured | expected | exposure{extra} |",
+                "| --- | --- | --- | --- | --- | ---" + (" | ---" if extra else "") + " |"]
+        for c in group:
+            exp = cell(c["exposure"]) if c.get("exposure") not in (None, {}) else ""
+            sup = f" | `{c['supports']}`" if extra else ""
+            rows.append(f"| {c['reproduction']} | `{c['name']}` | {_verdict(c)} | {clean(measured_brief(c))} | "
+                        f"{cell(c['expected'])} | {exp}{sup} |")
+        out.append("\n".join(rows))
+    return "\n\n".join(out)
+
+
+def quotes_and_rules(claims: list[dict]) -> str:
+    """Per counted finding: the document's sentence, where it stands, the rule fixed before the
+    run, the verdict and its reason."""
+    lines = []
+    for c in claim_groups(claims)["findings"]:
+        why = f" — {c['reason']}" if c.get("reason") else ""
+        lines.append(f"- **`{c['name']}`** ({c.get('source', '')}): “{c.get('quote', '')}”  \n"
+                     f"  rule: {c.get('rule', '')}  \n  verdict: {_verdict(c)}{clean(why)}")
+    return "\n".join(lines)
 
 
 def update_readme(readme: Path, profile: str, table: str) -> None:
@@ -76,6 +109,16 @@ def update_readme(readme: Path, profile: str, table: str) -> None:
     write_text(readme, f"{head}{begin}\n{table}\n{end}{tail}")
 
 
+def update_between(path: Path, begin: str, end: str, body: str) -> None:
+    """Replace the text between two marker lines of ``path`` (left as it is without them)."""
+    text = path.read_text()
+    if begin not in text or end not in text:
+        print(f"{path}: no {begin} markers, left as it is", file=sys.stderr)
+        return
+    head, rest = text.split(begin, 1)
+    write_text(path, f"{head}{begin}\n{body}\n{end}{rest.split(end, 1)[1]}")
+
+
 def main(src: Path, docs: Path) -> None:
     summary = json.loads((src / "summary.json").read_text())
     claims = json.loads((src / "claims.json").read_text())
@@ -85,10 +128,15 @@ def main(src: Path, docs: Path) -> None:
             if (src / rel).exists():
                 shutil.copyfile(src / rel, docs / name)
     table = summary_table(summary, claims)
-    text = (f"# Claims, {profile} profile\n\n{reading(claims)}\n\n{table}\n\n## Every claim\n\n"
-            f"{claims_table(claims)}\n")
+    problems = citation_problems(claims)
+    text = (f"# Claims, {profile} profile\n\n{reading(claims)}\n\n{table}\n\n"
+            + (f"Citation problems: {'; '.join(problems)}\n\n" if problems else "")
+            + f"## The documents' findings: quote, rule, verdict\n\n{quotes_and_rules(claims)}\n\n"
+            f"## Every claim\n\n{claims_table(claims)}\n")
     write_text(docs / f"claims_{profile}.md", text)
     update_readme(docs.parent / "README.md", profile, table)
+    update_between(docs / "METHODS.md", "<!-- coverage:begin (docs/gallery.py) -->", "<!-- coverage:end -->",
+                   coverage.markdown())
     print(text)
 
 

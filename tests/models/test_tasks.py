@@ -100,3 +100,17 @@ def test_loss_and_accuracy_read_the_query_positions():
 def test_bad_sizes_are_user_errors(bad):
     with pytest.raises(AttnRankError):
         RecallConfig(**bad)
+
+
+def test_label_noise_replaces_a_fraction_of_targets_and_leaves_a_noise_free_stream_unchanged():
+    clean, noisy = RecallConfig(), RecallConfig(label_noise=0.3)
+    x0, y0 = make_recall_batch(clean, 20000, torch.Generator().manual_seed(3))
+    x1, y1 = make_recall_batch(noisy, 20000, torch.Generator().manual_seed(3))
+    assert torch.equal(x0, x1)  # the inputs, true answers included, are the same draw
+    changed = (y0 != y1).float().mean().item()
+    assert changed == pytest.approx(0.3 * 7 / 8, abs=0.02)  # a flip picks the true value 1 time in 8
+    assert ((y1 >= clean.n_keys) & (y1 < clean.vocab_size)).all()
+    assert "label_noise" not in clean.to_dict() and noisy.to_dict()["label_noise"] == 0.3
+    for bad in (-0.1, 1.0, True, "0.1"):
+        with pytest.raises(AttnRankError, match="label_noise"):
+            RecallConfig(label_noise=bad)

@@ -29,3 +29,23 @@ def test_measured_cell_shows_the_key_and_keeps_everything_in_the_fold():
     assert "<td class='n'>effective rank, λ 0: 14.6, 3: 1.88</td>" in html
     assert "(6 values)" not in html
     assert "14.57" in html  # the full measured value is still there, in the fold
+
+
+def test_claims_are_grouped_as_the_tally_counts_them_with_quote_rule_and_coverage():
+    from attnrank.report.html import claim_groups, coverage_html, reading
+
+    f = Claim("s.f", "paper, Figure 2 caption", "falls", 1.0, 1.0, held=True, quote="We observe that",
+              rule="trend beyond t x SE").to_json()
+    sup = Claim("s.g", "paper", "falls again", 1.0, 1.0, held=False, supports="s.f", quote="We observe that").to_json()
+    chk = Claim("s.h", "our check", "task learned", 1.0, 1.0, held=True, kind="check").to_json()
+    groups = claim_groups([f, sup, chk])
+    assert [len(groups[k]) for k in ("findings", "supporting", "checks", "identities")] == [1, 1, 1, 0]
+    text = reading([f, sup, chk])
+    assert "Of the 1 statements" in text and "not held or inconclusive among them: s.g" in text
+    html = render_report(meta={"name": "s", "title": "t", "source": "src", "runtime_s": 1.0, "quick": True,
+                               "params": {}, "versions": {}}, claims=[f, sup, chk], figures=[])
+    assert html.index("Findings (statements") < html.index("Supporting evidence") < html.index("Our checks")
+    assert "<blockquote>We observe that<cite>paper, Figure 2 caption</cite></blockquote>" in html
+    assert "Rule (fixed before the run):</b> trend beyond t x SE" in html
+    cov = coverage_html({"fig2.qk_identical": {**f, "verdict": "held", "held": True}})
+    assert "fig2.qk_identical <span class='badge held'>held</span>" in cov and "(not run)" in cov

@@ -9,47 +9,70 @@ is installed; `.ci/run` installs it.
 
 import io
 import shutil
+from dataclasses import dataclass
 
 import pytest
 
 from attnrank.report import runner as rep
 from attnrank.studies import registry
-from attnrank.studies.registry import Claim, Entry, FigureOut, Result
+from attnrank.studies.registry import Claim, Entry, FigureOut, Study
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary (apt-get install chromium)")
 
 
-def _probe_a(quick: bool = False) -> Result:
+@dataclass(frozen=True)
+class _Profile:
+    profile: str = "full"
+
+    @classmethod
+    def quick(cls):
+        return cls("quick")
+
+    @classmethod
+    def full(cls):
+        return cls()
+
+
+def _probe_a_figures(data, p) -> list:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(4, 3))
     ax.plot([0, 1, 2], [2, 0, 1])
     fig2, ax2 = plt.subplots(figsize=(3, 3))
     ax2.imshow([[0, 1], [1, 0]])
-    return Result(claims=[Claim("a.one", "test", "one", 1.0, 1.0, True)],
-                  figures=[FigureOut("line", fig, "a line"), FigureOut("grid", fig2, "a grid")])
+    return [FigureOut("line", fig, "a line"), FigureOut("grid", fig2, "a grid")]
 
 
-def _probe_b(quick: bool = False) -> Result:
+def _probe_a_claims(data, p) -> list:
+    return [Claim("a.one", "test", "one", 1.0, 1.0, True)]
+
+
+def _probe_b_figures(data, p) -> list:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(4, 3))
     ax.bar([0, 1], [3, 1])
+    return [FigureOut("bars", fig, "bars")]
+
+
+def _probe_b_claims(data, p) -> list:
     settings = {f"lr={lr}, eps={eps}": {"distance": lr * eps, "converged": eps > 0.01}
                 for lr in (0.1, 0.01, 0.001) for eps in (1e-1, 1e-2, 1e-3, 1e-4)}
-    return Result(claims=[Claim("b.one", "test", "<script>not run</script>", 0.5, 1.0, False),
-                          Claim("b.many", "test", "a long statement " * 40, settings, "<= 0.01 " * 30,
-                                verdict="inconclusive", reason="exposure 0.3 < 3 " * 20, detail="how " * 200)],
-                  figures=[FigureOut("bars", fig, "bars")])
+    return [Claim("b.one", "test", "<script>not run</script>", 0.5, 1.0, False),
+            Claim("b.many", "test", "a long statement " * 40, settings, "<= 0.01 " * 30,
+                  verdict="inconclusive", reason="exposure 0.3 < 3 " * 20, detail="how " * 200)]
 
 
 def test_combined_report_renders_in_chromium(tmp_path, monkeypatch):
     from PIL import Image
     from playwright.sync_api import sync_playwright
 
-    for name, fn in (("browser_probe_a", _probe_a), ("browser_probe_b", _probe_b)):
-        monkeypatch.setitem(registry._REGISTRY, name, Entry(name, name, "test", fn))
+    for name, claims, figures in (("browser_probe_a", _probe_a_claims, _probe_a_figures),
+                                  ("browser_probe_b", _probe_b_claims, _probe_b_figures)):
+        study = Study(name=name, title=name, source="test", params=_Profile, run=lambda p: {}, claims=claims,
+                      figures=figures)
+        monkeypatch.setitem(registry._REGISTRY, name, Entry(name, name, "test", study))
     rep.run_all(tmp_path, quick=True, only=["browser_probe_a", "browser_probe_b"])
     url = (tmp_path / "report.html").resolve().as_uri()
     errors = []

@@ -6,6 +6,7 @@ import math
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 
 import matplotlib
 
@@ -30,26 +31,38 @@ def _fig():
     return fig
 
 
-@registry.register("_test_mixed", title="test: one claim holds, one does not", source="tests")
-def _mixed(quick: bool = False) -> registry.Result:
-    return registry.Result(
-        claims=[
-            registry.Claim(name="t.ok", source="here", statement="1 + 1 = 2", measured=2.0, expected=2.0, held=True,
-                      tolerance=0.0),
-            registry.Claim(name="t.bad", source="here", statement="pi = 3", measured=math.pi, expected=3.0,
-                      held=np.bool_(False), tolerance=1e-3, detail="<b>escaped</b>"),
-        ],
-        figures=[registry.FigureOut("panel", _fig(), "a line")],
-        data={"series": np.arange(3.0), "nan": float("nan"), "nested": {"x": np.float32(1.5)}},
-        params={"quick": quick, "n": 3},
-        notes=["a note"],
-    )
+@dataclass(frozen=True)
+class _Params:
+    profile: str = "full"
+    n: int = 3
+
+    @classmethod
+    def quick(cls):
+        return cls(profile="quick")
+
+    @classmethod
+    def full(cls):
+        return cls()
 
 
-@registry.register("_test_allheld", title="test: every claim holds", source="tests")
-def _allheld(quick: bool = False) -> registry.Result:
-    return registry.Result(claims=[registry.Claim(name="t.ok", source="here", statement="s", measured=1, expected=1,
-                                        held=True)])
+def _mixed_claims(data, p):
+    return [
+        registry.Claim(name="t.ok", source="here", statement="1 + 1 = 2", measured=2.0, expected=2.0, held=True,
+                       tolerance=0.0),
+        registry.Claim(name="t.bad", source="here", statement="pi = 3", measured=math.pi, expected=3.0,
+                       held=np.bool_(False), tolerance=1e-3, detail="<b>escaped</b>"),
+    ]
+
+
+registry.register_study(registry.Study(
+    name="_test_mixed", title="test: one claim holds, one does not", source="tests", params=_Params,
+    run=lambda p: {"series": np.arange(3.0), "nan": float("nan"), "nested": {"x": np.float32(1.5)}},
+    claims=_mixed_claims, figures=lambda d, p: [registry.FigureOut("panel", _fig(), "a line")],
+    notes=lambda d, p: ["a note"]))
+registry.register_study(registry.Study(
+    name="_test_allheld", title="test: every claim holds", source="tests", params=_Params, run=lambda p: {},
+    claims=lambda d, p: [registry.Claim(name="t.ok", source="here", statement="s", measured=1, expected=1, held=True)],
+    figures=lambda d, p: []))
 
 
 def test_catalogue_lists_known_reproductions_without_importing_them():
@@ -67,12 +80,13 @@ def test_unknown_name_is_a_user_error():
 
 
 def test_register_twice_from_another_module_is_refused():
-    def fn(quick=False):
-        return registry.Result(claims=[])
+    def run(p):
+        return {}
 
-    fn.__module__ = "somewhere.else"
+    run.__module__ = "somewhere.else"
     with pytest.raises(ValueError, match="registered twice"):
-        registry.register("_test_mixed", title="x", source="y")(fn)
+        registry.register_study(registry.Study(name="_test_mixed", title="x", source="y", params=_Params, run=run,
+                                               claims=lambda d, p: [], figures=lambda d, p: []))
 
 
 def test_jsonable():
@@ -92,7 +106,7 @@ def test_run_writes_report_claims_data(tmp_path):
     data = json.loads((out / "data.json").read_text())
     assert data == {"series": [0.0, 1.0, 2.0], "nan": None, "nested": {"x": 1.5}}
     meta = json.loads((out / "run.json").read_text())
-    assert meta["params"] == {"quick": True, "n": 3} and meta["claims_held"] == 1 and meta["runtime_s"] >= 0
+    assert meta["params"] == {"profile": "quick", "n": 3} and meta["claims_held"] == 1 and meta["runtime_s"] >= 0
     assert {"numpy", "scipy", "torch", "matplotlib", "python", "attnrank"} <= set(meta["versions"])
     html = (out / "report.html").read_text()
     assert html.index("findings held") < html.index("<figure") < html.index("<h3>Findings") < \

@@ -1,6 +1,7 @@
 """`reproduce all`: every part runs once, finished parts are reused, a failing part is recorded."""
 
 import json
+from dataclasses import dataclass
 
 import pytest
 from typer.testing import CliRunner
@@ -8,28 +9,49 @@ from typer.testing import CliRunner
 from attnrank.cli import app
 from attnrank.report import runner as rep
 from attnrank.studies import registry
-from attnrank.studies.registry import Claim, Entry, Result
+from attnrank.studies.registry import Claim, Entry
 
 CALLS: dict[str, int] = {}
 
 
-def _ok(quick: bool = False) -> Result:
+@dataclass(frozen=True)
+class _Profile:
+    profile: str = "full"
+
+    @classmethod
+    def quick(cls):
+        return cls("quick")
+
+    @classmethod
+    def full(cls):
+        return cls()
+
+
+def _ok(p):
     CALLS["ok"] = CALLS.get("ok", 0) + 1
-    return Result(claims=[Claim("ok.c", "test", "a claim", 2.0, 2.0, True),
-                          Claim("ok.d", "test", "another", 1.0, 2.0, False)], params={"quick": quick})
+    return {"profile": p.profile}
 
 
-def _boom(quick: bool = False) -> Result:
+def _boom(p):
     CALLS["boom"] = CALLS.get("boom", 0) + 1
     raise RuntimeError("diverged at step 7")
+
+
+def _ok_claims(data, p):
+    return [Claim("ok.c", "test", "a claim", 2.0, 2.0, True), Claim("ok.d", "test", "another", 1.0, 2.0, False)]
+
+
+def _probe(name, run):
+    return Entry(name, f"probe {name}", "test", registry.Study(name=name, title=f"probe {name}", source="test",
+                                                              params=_Profile, run=run, claims=_ok_claims,
+                                                              figures=lambda d, p: []))
 
 
 @pytest.fixture
 def probes(monkeypatch):
     CALLS.clear()
     monkeypatch.setattr(registry, "CATALOGUE", {})
-    monkeypatch.setattr(registry, "_REGISTRY", {"ok": Entry("ok", "probe ok", "test", _ok),
-                                           "boom": Entry("boom", "probe boom", "test", _boom)})
+    monkeypatch.setattr(registry, "_REGISTRY", {"ok": _probe("ok", _ok), "boom": _probe("boom", _boom)})
 
 
 def test_resume_failure_and_profiles(tmp_path, probes):
@@ -55,3 +77,63 @@ def test_cli_all_exit_codes(tmp_path, probes):
     assert r.exit_code == 3  # a reproduction raised
     r = runner.invoke(app, ["reproduce", "all", "--quick", "--full", "--out", str(tmp_path)])
     assert r.exit_code == 2
+
+
+# -- staleness: a finished part is reused only while its params, version and experiment source match
+
+
+@dataclass(frozen=True)
+class _P:
+    n: int = 2
+
+    @classmethod
+    def quick(cls):
+        return cls(n=STATE["n"])
+
+    @classmethod
+    def full(cls):
+        return cls(n=5)
+
+
+STATE: dict[str, object] = {}
+
+
+def _run(p):
+    STATE["runs"] = STATE.get("runs", 0) + 1
+    return {"x": float(p.n)}
+
+
+def _claims(data, p):
+    return [Claim("st.x", "test", "x is positive", data["x"], "> 0", data["x"] > STATE["limit"], rule="x > limit")]
+
+
+@pytest.fixture
+def study(monkeypatch):
+    STATE.clear()
+    STATE.update(n=2, limit=0.0)
+    s = registry.Study(name="st", title="staleness probe", source="test", params=_P, run=_run, claims=_claims,
+                       figures=lambda d, p: [])
+    monkeypatch.setattr(registry, "CATALOGUE", {})
+    monkeypatch.setattr(registry, "_REGISTRY", {"st": Entry("st", "probe", "test", s)})
+
+
+def test_a_reused_part_is_rejudged_and_a_stale_one_rerun(tmp_path, study, monkeypatch):
+    rep.run_all(tmp_path, quick=True)
+    assert STATE["runs"] == 1
+    STATE["limit"] = 10.0  # the claim logic changed: re-judged from data.json, nothing re-run
+    (e,) = rep.run_all(tmp_path, quick=True)
+    assert STATE["runs"] == 1 and e.cached and e.claims[0]["verdict"] == "not held"
+    assert rep.staleness("st", tmp_path / "st", True)[1] == ""
+    STATE["n"] = 3  # the profile's params changed: re-run
+    assert rep.staleness("st", tmp_path / "st", True)[1] == "params changed"
+    rep.run_all(tmp_path, quick=True)
+    assert STATE["runs"] == 2
+    meta = json.loads((tmp_path / "st" / "run.json").read_text())
+    meta["experiment_hash"] = "0" * 64  # as if the experiment's source had changed since
+    (tmp_path / "st" / "run.json").write_text(json.dumps(meta))
+    assert rep.staleness("st", tmp_path / "st", True)[1] == "experiment code changed"
+    meta["versions"]["attnrank"] = "0.0.0-old"
+    (tmp_path / "st" / "run.json").write_text(json.dumps(meta))
+    assert rep.staleness("st", tmp_path / "st", True)[1] == "package version changed"
+    rep.run_all(tmp_path, quick=True)
+    assert STATE["runs"] == 3

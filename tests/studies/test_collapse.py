@@ -51,7 +51,10 @@ def _data():
     by_seq = _by_seq()
     curve = {"geo_mean": [1.0, 0.1, 1e-3], "n_fit": 6, "fit": _fit(0.8, 0.99, 0.97)}
     restricted = {"norm=none, init std 0.02": {"geo_mean": [1.0, 1e-5, 1e-11, 1e-16, 1e-16],
-                                               "sum_rel_error": 1e-15, "spearman_k_vs_log_residual": -1.0},
+                                               "sum_rel_error": 1e-15, "spearman_k_vs_log_residual": -1.0,
+                                               "norm_share_by_k": [[0.4, 0.3, 0.2, 0.07, 0.03],
+                                                                   [0.5, 0.3, 0.1, 0.07, 0.03],
+                                                                   [0.45, 0.3, 0.15, 0.07, 0.03]]},
                   "norm=pre, init std 0.02": {"geo_mean": [1.0, 0.9, 0.95, 0.9, 0.9],
                                               "sum_rel_error": 2e-15, "spearman_k_vs_log_residual": -0.2}}
     return {
@@ -76,9 +79,21 @@ def test_all_hold_on_collapsing_data():
     by = _by_name(_data())
     assert list(by) == ["collapse.pure_attention", "collapse.skip_prevents", "collapse.mlp_slows",
                         "collapse.mlp_does_not_prevent", "collapse.doubly_exponential", "collapse.path_products",
-                        "collapse.path_restricted", "collapse.path_sum_exact", "collapse.path_counts"]
+                        "collapse.path_restricted", "collapse.short_paths", "collapse.path_sum_exact",
+                        "collapse.path_counts"]
     assert all(c.verdict == "held" for c in by.values()), {n: c.measured for n, c in by.items() if not c.held}
     assert [n for n, c in by.items() if c.kind == "identity"] == ["collapse.path_sum_exact", "collapse.path_counts"]
+
+
+def test_short_paths_both_ways_and_without_data():
+    d = _data()
+    assert _by_name(d)["collapse.short_paths"].verdict == "held"  # k <= 2 carry 0.9 of the norm
+    d["path_restricted"]["norm=none, init std 0.02"]["norm_share_by_k"] = [[0.05, 0.05, 0.1, 0.3, 0.5]] * 2 + \
+        [[0.06, 0.05, 0.1, 0.3, 0.49]]
+    assert _by_name(d)["collapse.short_paths"].verdict == "not held"
+    del d["path_restricted"]["norm=none, init std 0.02"]["norm_share_by_k"]
+    c = _by_name(d)["collapse.short_paths"]
+    assert c.verdict == "inconclusive" and "older run" in c.reason
 
 
 def test_pure_attention_and_mlp_collapse_fail_without_collapse():
@@ -101,8 +116,8 @@ def test_skip_prevents_inconclusive_when_the_spread_straddles_the_threshold():
     d = _data()
     d["primary_by_seq"] = _by_seq(skip=0.52, spread=0.5)  # per sentence 0.26, 0.52, 0.78
     c = _by_name(d)["collapse.skip_prevents"]
-    assert c.verdict == "inconclusive" and "straddles" in c.reason
-    assert c.measured["random/skip"]["2 SE"] > 0.02
+    assert c.verdict == "inconclusive" and "inconclusive for" in c.reason
+    assert c.measured["random/skip"]["spread"] > 0.02
 
 
 def test_mlp_slows_fails_when_mlp_is_lower():
@@ -116,7 +131,7 @@ def test_mlp_slows_fails_when_mlp_is_lower():
 def test_mlp_slows_judges_only_layers_above_the_floor():
     d = _data()
     c = _by_name(d)["collapse.mlp_slows"]
-    assert set(c.measured["pretrained"]) == {"mean log10(mlp/pure)", "2 SE over sentences", "layer 1", "layer 2",
+    assert set(c.measured["pretrained"]) == {"mean log10(mlp/pure)", "spread over sentences", "layer 1", "layer 2",
                                              "layer 3"}
 
 
@@ -179,7 +194,7 @@ def test_path_sum_and_counts_fail_on_a_bug():
 
 def test_side_and_combine():
     assert K.side(0.1, 0.05, 0.5, below=True) == "held" and K.side(0.9, 0.05, 0.5, below=True) == "not held"
-    assert K.side(0.5, 0.1, 0.5, below=False) == "inconclusive" and K.side(float("nan"), 0, 1, True) == "not held"
+    assert K.side(0.5, 0.1, 0.5, below=False) == "inconclusive" and K.side(float("nan"), 0, 1, True) == "inconclusive"
     assert K.combine({"a": "held", "b": "inconclusive"})[0] == "inconclusive"
     assert K.combine({"a": "not held", "b": "inconclusive"}) == ("not held", "not held for: a")
 

@@ -27,7 +27,7 @@ def make_data(eff, brel, gap, acc, exposure=(0.0, 6.0, 18.0), sigma_min=0.2):
     seed 1 is seed 0 plus a small offset."""
     lams = [0.0, 1.0, 3.0]
     data = {"lambdas": lams, "seeds": [0, 1], "ov": {}, "qk": {}, "training": {}, "sv": {"ov": {}, "qk": {}},
-            "exposure": {}, "config": {"model": {"head_dim": 4}}}
+            "exposure": {}, "config": {"model": {"head_dim": 4}, "steps": 100, "lr": 3e-3, "warmup": 10}}
     for i, lam in enumerate(lams):
         k = f"{lam:g}"
         data["exposure"][k] = {"attn": exposure[i], "other": 0.1, "lr_sum": 1.0}
@@ -41,13 +41,13 @@ def make_data(eff, brel, gap, acc, exposure=(0.0, 6.0, 18.0), sigma_min=0.2):
     return json.loads(json.dumps(data))
 
 
-GOOD = make_data(eff=[14, 8, 3], brel=[0.15, 0.05, 0.01], gap=[0.05, 0.005, 0.001], acc=[1, 1, 0.95])
+GOOD = make_data(eff=[14, 8, 3], brel=[0.15, 0.01, 0.002], gap=[0.05, 0.005, 0.001], acc=[1, 1, 0.95])
 BAD = make_data(eff=[14, 14, 14.5], brel=[0.15, 0.15, 0.2], gap=[0.05, 0.04, 0.02], acc=[1, 0.5, 1])
-LOW = make_data(eff=[14, 8, 3], brel=[0.15, 0.05, 0.01], gap=[0.05, 0.005, 0.001], acc=[1, 1, 1],
+LOW = make_data(eff=[14, 8, 3], brel=[0.15, 0.01, 0.002], gap=[0.05, 0.005, 0.001], acc=[1, 1, 1],
                 exposure=(0.0, 0.5, 1.5))
 
 
-@pytest.mark.parametrize("fn", [C.rank_falls, C.balance_decays_faster, C.gap_vanishes, C.task_learned])
+@pytest.mark.parametrize("fn", [C.rank_falls, C.balance_time_constant, C.gap_vanishes, C.task_learned])
 def test_each_claim_holds_on_good_data_and_fails_on_bad(fn):
     good, bad = fn(GOOD, P), fn(BAD, P)
     assert good.verdict == "held", good.reason
@@ -55,7 +55,7 @@ def test_each_claim_holds_on_good_data_and_fails_on_bad(fn):
     assert good.exposure["needed"] == 5.0 and good.exposure["got"]["3"] == 18.0
 
 
-@pytest.mark.parametrize("fn", [C.rank_falls, C.balance_decays_faster, C.gap_vanishes])
+@pytest.mark.parametrize("fn", [C.rank_falls, C.balance_time_constant, C.gap_vanishes])
 def test_below_the_exposure_a_trend_is_not_judged(fn):
     c = fn(LOW, P)
     assert c.verdict == "inconclusive" and c.reason
@@ -66,9 +66,10 @@ def test_trend_is_tie_aware_and_paired():
     order = ["0", "1", "3"]
     assert C.trend({"0": [16, 16], "1": [16, 16], "3": [9, 9.5]}, order)[0] == "held"  # ties then a drop
     assert C.trend({"0": [16, 16], "1": [16, 16], "3": [16, 16]}, order)[0] == "not held"  # no drop at all
-    assert C.trend({"0": [10, 12], "1": [14, 14], "3": [8, 9]}, order)[0] == "not held"  # a rise beyond the spread
-    verdict, reason, _ = C.trend({"0": [10, 14], "1": [10, 13], "3": [9, 13]}, order)
-    assert verdict == "inconclusive" and "spread" in reason  # drop of 1 inside a spread of 4
+    assert C.trend({"0": [10, 12], "1": [14, 16.1], "3": [8, 9]}, order)[0] == "not held"  # a rise beyond the spread
+    assert C.trend({"0": [10, 14], "1": [10, 13], "3": [9, 13]}, order)[0] == "held"  # paired: 1 in each seed
+    verdict, reason, _ = C.trend({"0": [10, 14], "1": [10, 13], "3": [9, 14]}, order)
+    assert verdict == "inconclusive" and "spread" in reason  # drops 1 and 0: inside t(0.975, 1) x SE = 6.4
     assert C.trend({"0": [10]}, ["0"])[0] == "inconclusive"
 
 
@@ -82,8 +83,10 @@ def test_noise_floor_and_numerical_ranks_come_from_the_stored_singular_values():
 
 
 def test_claims_in_order_and_profiles():
-    assert [c.name for c in C.claims(GOOD, P)] == ["fig2.rank_falls", "fig2.balance_decays_faster",
-                                                    "fig2.gap_vanishes", "fig2.task_learned"]
+    assert [c.name for c in C.claims(GOOD, P)] == ["fig2.rank_falls", "fig2.balance_time_constant",
+                                                    "fig2.gap_vanishes", "fig2.qk_identical", "fig2.early_stages",
+                                                    "fig2.balance_lasts", "fig2.sgd_control", "fig2.task_learned"]
+    assert C.task_learned(GOOD, P).kind == "check" and C.rank_falls(GOOD, P).quote
     for p in (Fig2Params.quick(), Fig2Params.full()):
         assert isinstance(p.lambdas, tuple) and isinstance(p.seeds, tuple) and 0.0 in p.lambdas
         assert p.schedule == "cosine" and len(p.seeds) >= 2
@@ -95,7 +98,8 @@ def test_real_runs_are_paired_and_claims_follow_from_them():
     from attnrank.studies.registry import get
 
     assert get("fig2").study.run.__module__ == "attnrank.studies.fig2.experiment"
-    p = Fig2Params(lambdas=(0.0, 1.0), steps=60, seeds=(0,), workers=1)
+    p = Fig2Params(lambdas=(0.0, 1.0), steps=60, seeds=(0,), workers=1, horizon_lambdas=(0.0, 1.0), horizon_seeds=(0,),
+                   horizon_steps=40, sgd_lambdas=(1.0,), sgd_steps=20)
     data = json.loads(json.dumps(run(p)))
     ov = data["ov"]
     for key in ("0", "1"):
@@ -109,6 +113,32 @@ def test_real_runs_are_paired_and_claims_follow_from_them():
     claims = {c.name: c for c in C.claims(data, p)}
     assert claims["fig2.rank_falls"].verdict == "inconclusive"  # 60 steps: far below 5 time constants
     assert claims["fig2.rank_falls"].exposure["judged"] == ["0"]
+    assert data["horizon"]["ov"]["1"]["0"]["step"][-1] == 40 and data["horizon"]["label_noise"] == 0.1
+    assert len(data["sgd_control"]["runs"]["1/0"]["imbalance"]) == 5  # steps 0, 5, ..., 20
+    assert claims["fig2.balance_lasts"].verdict == "inconclusive"  # 40 steps: no exposure to judge
+
+
+def test_time_constant_is_fitted_on_the_preregistered_window_and_compared_with_lambda_lr():
+    rates = C.decay_rates(GOOD, P)
+    # balance_rel falls linearly from 0.2 to 0.01 over steps 0..100; the fit uses steps <= 50 only
+    x = [0.2 + (0.01 - 0.2) * i / 4 for i in range(3)]
+    import numpy as np
+
+    slope = -np.polyfit([0, 25, 50], np.log(x), 1)[0]
+    assert rates["1"][0] == pytest.approx(slope)
+    c = C.balance_time_constant(GOOD, P)
+    assert c.measured["rate_over_2_lambda_lr"]["1"] == pytest.approx(np.mean(rates["1"]) / (2 * 1.0 * P.lr))
+    assert c.measured["parts"] == {"rate_rises_with_lambda": "held", "vanishes": "held"}
+    slow = make_data(eff=[14, 8, 3], brel=[0.15, 0.05, 0.04], gap=[0.05, 0.005, 0.001], acc=[1, 1, 1])
+    assert C.balance_time_constant(slow, P).verdict == "not held"  # 0.04 / 0.2 does not vanish (> 0.1)
+
+
+def test_qk_identical_compares_the_verdicts_of_both_products():
+    c = C.qk_identical(GOOD, P)
+    assert c.verdict == "held" and c.quote.startswith("Qualitative findings")
+    mixed = json.loads(json.dumps(GOOD))
+    mixed["qk"] = BAD["qk"]
+    assert C.qk_identical(mixed, P).verdict == "not held"
 
 
 def test_late_spikes_reads_the_loss_after_it_first_fell_below_the_threshold():
@@ -119,3 +149,53 @@ def test_late_spikes_reads_the_loss_after_it_first_fell_below_the_threshold():
     out = late_spikes(data)
     assert out["0"] == pytest.approx(0.3)  # the spike after the loss fell below 1e-3 (worst seed)
     assert out["1"] == 0.0  # never fell below: nothing to report
+
+
+def test_early_stages_both_ways():
+    c = C.early_stages(GOOD, P)  # linear series: half way at steps 50-75 of 100, after the first 25 %
+    assert c.verdict == "not held" and "half-way" in c.reason
+    assert c.measured["1"][0]["balance_half_step"] == 75 and c.measured["1"][0]["rank_half_step"] == 50
+    early = C.early_stages(GOOD, Fig2Params(lambdas=(0.0, 1.0, 3.0), steps=100, seeds=(0, 1), early_fraction=0.8))
+    assert early.verdict == "held" and early.measured["3"][0]["rank_half_exposure"] > 0
+
+
+def _horizon(ends, floors=None, exposure=(0.0, 30.0, 90.0)):
+    lams, steps = [0.0, 1.0, 3.0], 100
+    h = {"lambdas": lams, "seeds": [0, 1], "steps": steps, "label_noise": 0.1, "ov": {}, "loss": {},
+         "exposure_end": {f"{lam:g}": e for lam, e in zip(lams, exposure, strict=True)}}
+    for i, lam in enumerate(lams):
+        floor = (floors or ends)[i]
+        gap = [0.06, 0.03, floor, (floor + ends[i]) / 2, ends[i]]
+        h["ov"][f"{lam:g}"] = {s: {"step": [0, 25, 50, 75, 100], "gap_rel": gap, "balance_rel": gap,
+                                   "effective_rank": [14] * 5} for s in ("0", "1")}
+    return {"horizon": h}
+
+
+def test_balance_lasts_reports_a_transient_balance():
+    from attnrank.studies.fig2 import horizon as H
+
+    assert H.balance_lasts(_horizon([0.05, 0.004, 0.003]), P).verdict == "held"
+    c = H.balance_lasts(_horizon([0.05, 0.04, 0.05], floors=[0.05, 0.005, 0.004]), P)
+    assert c.verdict == "not held" and "transient" in c.reason and c.supports == "fig2.gap_vanishes"
+    assert c.measured["per_lambda_seed"]["3"]["0"]["rebound"] == pytest.approx(0.046)
+    low = H.balance_lasts(_horizon([0.05, 0.004, 0.003], exposure=(0.0, 1.0, 3.0)), P)
+    assert low.verdict == "inconclusive"
+
+
+def test_sgd_control_against_the_gradient_flow_rate():
+    import math
+
+    from attnrank.studies.fig2 import horizon as H
+
+    def data(rate_factor):
+        runs = {}
+        for lam in (1.0, 3.0):
+            r = 2 * math.log(1 - 0.01 * lam) * rate_factor
+            runs[f"{lam:g}/0"] = {"step": list(range(0, 150, 5)), "imbalance": [math.exp(r * t) for t in range(0, 150, 5)],
+                                  "loss_first": 2.1, "loss_last": 2.0}
+        return {"sgd_control": {"lr": 0.01, "lambdas": [1.0, 3.0], "runs": runs}}
+
+    c = H.sgd_decays_at_theory_rate(data(1.0), P)
+    assert c.verdict == "held" and c.kind == "check"
+    assert H.sgd_decays_at_theory_rate(data(0.8), P).verdict == "not held"
+    assert H.sgd_decays_at_theory_rate({}, P).verdict == "inconclusive"

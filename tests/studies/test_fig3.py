@@ -6,6 +6,7 @@ import pytest
 from attnrank.studies import fig3
 from attnrank.studies.fig3 import (
     Fig3Params,
+    literal_lowers,
     matched_exposure_lowers,
     rank_falls,
 )
@@ -33,11 +34,17 @@ def _model(rank_of_exposure, seeds=(0, 1), lr_sum=1.0, jitter=0.0, n_layers=4, h
             "noise_floor_sigma1": {f"{lam:g}": 1e-3 for lam in lams}}
 
 
-def test_floor_tol_is_twice_the_tail_floor_at_the_largest_lambda():
+def test_floor_tol_comes_from_the_control_not_from_the_decayed_runs():
     m = _model({0.0: 16, 8.0: 4})
     t = floor_tol(m)
-    assert t["tail_floor"]["qk"] == pytest.approx(1e-4 / 2.0) and t["tol"] == pytest.approx(1e-4)
-    assert t["simulated_floor"]["ov"]["0"] == pytest.approx(1e-3 / 2.0)
+    # tau = 2 x the simulated sigma_1 at the largest lambda (1e-3) over the median trained sigma_1 at lambda 0 (2)
+    assert t["simulated_floor"]["ov"]["8"] == pytest.approx(1e-3 / 2.0) and t["tol"] == pytest.approx(1e-3)
+    assert t["tail_floor"]["qk"]["8"] == pytest.approx(1e-4 / 2.0)  # recorded, not used
+    deeper = _model({0.0: 16, 8.0: 4})
+    for r in deeper["runs"]:
+        if r["lam"] == 8.0:
+            r["sv"] = {p: (np.asarray(v) * np.r_[np.ones(4), np.full(12, 1e-3)]).tolist() for p, v in r["sv"].items()}
+    assert floor_tol(deeper)["tol"] == t["tol"]  # the judged runs' own tails do not move tau
     v = per_run(m, "qk", "numerical", t["tol"])
     assert v[0.0] == {0: 16.0, 1: 16.0} and v[8.0] == {0: 4.0, 1: 4.0}
 
@@ -60,6 +67,16 @@ def test_rank_falls_not_held_on_a_rising_or_flat_rank():
     assert rank_falls(flat, "vit", "numerical").verdict == "not held"
 
 
+def test_literal_lambda_is_judged_as_it_stands():
+    m = _model({0.0: 16, 0.1: 12, 3.0: 8, 8.0: 4})
+    m["literal_lambda"], m["lr_peak"] = 0.1, 3e-3
+    c = literal_lowers(m, "lm", 300)
+    assert c.verdict == "held" and c.exposure["got_attn"] == pytest.approx(0.1)
+    assert c.exposure["eta_lambda_per_step"] == pytest.approx(3e-4)
+    same = _model({0.0: 16, 0.1: 16, 3.0: 8, 8.0: 4})
+    assert literal_lowers(same, "lm", 300).verdict == "not held"
+
+
 def test_low_exposure_is_inconclusive():
     m = _model({0.0: 16, 0.1: 14, 0.3: 10})
     c = rank_falls(m, "lm", "effective")
@@ -72,7 +89,11 @@ def test_claims_shape_and_replot_equivalence():
     p = Fig3Params.quick()
     names = [c.name for c in fig3.claims(data, p)]
     assert names == [f"fig3.{m}.{n}" for m in ("lm", "vit") for n in ("rank_falls", "rank_falls_numerical",
-                                                                       "lam01_matched_lowers")]
+                                                                       "lam01_literal", "lam01_matched_lowers")]
+    by = {c.name: c for c in fig3.claims(data, p)}
+    assert by["fig3.lm.rank_falls_numerical"].supports == "fig3.lm.rank_falls"
+    assert by["fig3.lm.lam01_matched_lowers"].supports == "fig3.lm.lam01_literal"
+    assert by["fig3.lm.lam01_literal"].verdict == "inconclusive"  # no run at lambda 0.1 in this grid
     assert len(fig3.figures(data, p)) == 1 and len(fig3.notes(data, p)) == 4
 
 
@@ -83,8 +104,12 @@ def test_fig3_end_to_end_tiny():
     assert get("fig3").study is fig3.STUDY
     p = Fig3Params(exposures=(0.0, 0.5), lm_steps=20, vit_steps=20, seeds=(0,), workers=1, profile="test")
     data = fig3.run(p)
-    assert len(data["lm"]["runs"]) == 2 and np.asarray(data["lm"]["runs"][0]["sv"]["qk"]).shape == (1, 4, 16)
+    runs = sorted(data["lm"]["runs"], key=lambda r: r["lam"])  # lambda 0, the literal 0.1, the grid's top
+    assert [r["lam"] for r in runs][:2] == [0.0, 0.1] and len(runs) == 3
+    assert np.asarray(runs[0]["sv"]["qk"]).shape == (1, 4, 16)
     assert np.asarray(data["vit"]["runs"][0]["sv"]["ov"]).shape == (4, 4, 16)
-    assert data["lm"]["runs"][1]["exposure"]["attn"] == pytest.approx(0.5, rel=1e-3)
+    assert runs[2]["exposure"]["attn"] == pytest.approx(0.5, rel=1e-3) and data["lm"]["lambdas"][0] == 0.0
     cs = fig3.claims(data, p)
-    assert len(cs) == 6 and all(c.exposure is not None for c in cs)
+    assert len(cs) == 8 and all(c.exposure is not None for c in cs)
+    literal = {c.name: c for c in cs}["fig3.lm.lam01_literal"]
+    assert literal.exposure["eta_lambda_per_step"] == pytest.approx(0.1 * 3e-3)

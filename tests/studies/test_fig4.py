@@ -9,8 +9,10 @@ from attnrank.analysis.scan import analyze
 from attnrank.studies import fig4
 from attnrank.studies.fig4 import (
     Fig4Params,
-    balanced_at_exposure,
+    decay_balances,
     describe,
+    llama_coincide,
+    llama_rows,
     medians,
     nulls_keep_bound,
 )
@@ -73,23 +75,39 @@ def test_nulls_keep_bound_catches_a_broken_null(balanced_ckpt):
     assert c.verdict == "not held" and c.kind == "identity"
 
 
-def _run(lam, seed, e, ratio):
+def _run(lam, seed, e, ratio, init=0.95):
     prod = {"ratio_trained": [[ratio] * 4], "ratio_rotation": [[0.8] * 4], "ratio_pairing": [[0.9] * 4],
-            "spread_trained": [[0.1] * 4], "spread_rotation": [[0.3] * 4], "spread_pairing": [[0.3] * 4]}
-    return {"lam": lam, "seed": seed, "exposure": {"attn": e}, "products": {"qk": prod, "ov": prod}}
+            "spread_trained": [[0.05] * 4], "spread_rotation": [[0.3] * 4], "spread_pairing": [[0.3] * 4]}
+    return {"lam": lam, "seed": seed, "exposure": {"attn": e}, "products": {"qk": prod, "ov": prod},
+            "initial_ratio": {"qk": init, "ov": init}}
 
 
-def test_own_lm_claim_holds_fails_and_needs_exposure():
-    held = {"runs": [_run(0.0, s, 0.0, 0.95) for s in (0, 1)] + [_run(10.0, s, 8.0, 0.995) for s in (0, 1)]}
-    c = balanced_at_exposure(held, "qk")
-    assert c.verdict == "held" and c.exposure["got_attn"] == [0.0, 8.0]
-    weak = {"runs": [_run(0.0, s, 0.0, 0.95) for s in (0, 1)] + [_run(10.0, s, 8.0, 0.98) for s in (0, 1)]}
-    assert balanced_at_exposure(weak, "qk").verdict == "not held"
-    already = {"runs": [_run(0.0, s, 0.0, 0.995) for s in (0, 1)] + [_run(10.0, s, 8.0, 0.999) for s in (0, 1)]}
-    assert balanced_at_exposure(already, "ov").verdict == "not held"
+def test_own_lm_check_compares_decay_with_none_relative_to_the_start():
+    held = {"runs": [_run(0.0, s, 0.0, 0.95 + s / 1000) for s in (0, 1)]
+            + [_run(10.0, s, 8.0, 0.995 + s / 1000) for s in (0, 1)]}
+    c = decay_balances(held, Fig4Params())
+    assert c.kind == "check" and c.verdict == "held" and c.exposure["got_attn"] == [0.0, 8.0]
+    flat = {"runs": [_run(0.0, s, 0.0, 0.98 + s / 1000) for s in (0, 1)]
+            + [_run(10.0, s, 8.0, 0.96 + s / 1000) for s in (0, 1)]}
+    assert decay_balances(flat, Fig4Params()).verdict == "not held"
+    # normalised by the start: decay starting lower and rising more holds even at a lower final ratio
+    rel = {"runs": [_run(0.0, s, 0.0, 0.98 + s / 1000, init=0.98) for s in (0, 1)]
+           + [_run(10.0, s, 8.0, 0.97 + s / 1000, init=0.90) for s in (0, 1)]}
+    assert decay_balances(rel, Fig4Params()).verdict == "held"
     low = {"runs": [_run(0.0, 0, 0.0, 0.95), _run(1.0, 0, 1.0, 0.999)]}
-    c = balanced_at_exposure(low, "qk")
+    c = decay_balances(low, Fig4Params())
     assert c.verdict == "inconclusive" and "exposure" in c.reason
+
+
+def test_llama_sentences_are_not_testable_without_a_given_checkpoint():
+    data = {"described": {"source": "minilm", "products": _run(0, 0, 0, 0.999)["products"]}, "runs": []}
+    for fn in (llama_coincide, llama_rows):
+        c = fn(data, Fig4Params())
+        assert c.verdict == "inconclusive" and "not testable here" in c.reason and c.quote
+        given = fn(data, Fig4Params(model="some/llama"))
+        assert given.verdict == "held"
+    unbalanced = {"described": {"source": "x", "products": _run(0, 0, 0, 0.85)["products"]}, "runs": []}
+    assert llama_coincide(unbalanced, Fig4Params(model="x")).verdict == "not held"
 
 
 def test_model_field_describes_a_given_checkpoint(balanced_ckpt, monkeypatch):
@@ -104,8 +122,21 @@ def test_model_field_describes_a_given_checkpoint(balanced_ckpt, monkeypatch):
 def test_fig4_end_to_end_tiny():
     p = Fig4Params(exposures=(0.0, 0.5), seeds=(0,), lm_steps=20, workers=1, profile="test")
     data = fig4.run(p)
-    assert [c.name for c in fig4.claims(data, p)] == ["fig4.lm.bound_coincides_qk", "fig4.lm.bound_coincides_ov",
-                                                      "fig4.nulls_keep_bound"]
+    assert [c.name for c in fig4.claims(data, p)] == ["fig4.bound_coincides", "fig4.rows_equal",
+                                                      "fig4.lm.decay_balances", "fig4.nulls_keep_bound"]
+    assert 0.5 < data["runs"][0]["initial_ratio"]["qk"] < 1.0
     assert np.asarray(data["runs"][0]["products"]["qk"]["ratio_trained"]).shape == (4, 4)
     assert fig4.nulls_keep_bound(data).verdict == "held"
     assert len(fig4.figures(data, p)) == 2
+
+
+def test_model_opens_a_gguf_file_through_the_one_opener(tmp_path):
+    """`reproduce fig4 --model FILE.gguf` reads what `spectra` reads (no --config needed)."""
+    from tests.io.test_gguf import ARCHS, build_hf, hf_to_gguf_tensors, write_gguf
+
+    model = build_hf("llama", tmp_path / "hf")
+    f = write_gguf(tmp_path / "m.gguf", ARCHS["llama"][2], model, hf_to_gguf_tensors("llama", model))
+    got, ref = describe(f), describe(tmp_path / "hf")
+    for p in ("qk", "ov"):
+        np.testing.assert_allclose(got["products"][p]["ratio_trained"], ref["products"][p]["ratio_trained"],
+                                   rtol=1e-9)

@@ -147,18 +147,38 @@ def _row(kind, opt, eps, lam_wd, dist, spread=1e-7, fp_dist=1e-7):
 def _data(dist=lambda kind, opt, eps, lw: 1e-3, spread=lambda kind, eps, lw: 1e-7, fp=1e-7):
     rows = []
     for kind in ("direct", "factorized"):
-        for eps, lw in [(e, Q.lam_main) for e in Q.eps_sweep] + [(Q.eps_main, lw) for lw in Q.wd_sweep if lw != Q.lam_main]:
+        for eps, lw in ([(e, Q.lam_main) for e in Q.eps_sweep] + [(Q.eps_main, lw) for lw in Q.wd_sweep if lw != Q.lam_main]
+                        + [(Q.disc[1], Q.disc[0])]):
             for opt in ("adamw", "adam_l2"):
                 rows.append(_row(kind, opt, eps, lw, dist(kind, opt, eps, lw), spread(kind, eps, lw), fp))
     return {"runs": rows, "l2_optimum_main": [0.66, 0.25], "l1_optimum_main": [0.8, 0.0]}
 
 
+def _at_disc(data, factor):
+    """``data`` with the direct AdamW end point at ``disc`` moved onto the L2 optimum at factor x lam_wd*eps."""
+    from attnrank.studies.fig5.experiment import circle
+    from attnrank.studies.fig5.geometry import l2_regularised_optimum
+
+    for r in data["runs"]:
+        if (r["kind"], r["opt"], r["eps"], r["lam_wd"]) == ("direct", "adamw", Q.disc[1], Q.disc[0]):
+            r["w_final"] = l2_regularised_optimum(circle(Q), factor * Q.disc[0] * Q.disc[1]).tolist()
+    return data
+
+
 def test_reaches_optimum_both_ways_and_reports_the_other_end_point():
-    c = C.reaches_optimum(_data(), Q, "direct", "adamw")
+    c = C.reaches_optimum(_data(), Q, "factorized", "adamw")
     assert c.verdict == "held" and "distance to the other optimiser's end point" in c.measured
     far = _data(dist=lambda kind, opt, eps, lw: 0.05 if opt == "adamw" else 0.0)
-    c = C.reaches_optimum(far, Q, "direct", "adamw")
+    c = C.reaches_optimum(far, Q, "factorized", "adamw")
     assert c.verdict == "not held" and c.measured["distance to the other optimiser's end point"] == pytest.approx(0.05)
+
+
+def test_the_conjecture_is_told_apart_from_half_and_twice_its_strength():
+    held = C.reaches_optimum(_at_disc(_data(), 1.0), Q, "direct", "adamw")
+    disc = held.measured["discrimination"]
+    assert held.verdict == "held" and disc["distance"]["1x"] < 1e-12 and disc["closest_neighbour_apart"] > C.TOL
+    for factor in (0.5, 2.0):  # an end point at a neighbour's optimum is not the conjecture's
+        assert C.reaches_optimum(_at_disc(_data(), factor), Q, "direct", "adamw").verdict == "not held"
 
 
 def test_factorized_sparse_both_ways():
@@ -208,3 +228,6 @@ def test_adamw_fixed_point_identity_both_ways():
 def test_claims_list_has_no_duplicate_same_point_claims():
     names = [c.name for c in C.claims(_data(), Q)]
     assert not any(n.endswith("same_point") for n in names) and len(names) == len(set(names)) == 8
+    kinds = {c.name: (c.kind, c.supports) for c in C.claims(_data(), Q)}
+    assert kinds["fig5.direct_adam_l2_reaches_l2_optimum"] == ("check", "")
+    assert kinds["fig5.wd_sweep"] == ("finding", "fig5.direct_adamw_reaches_l2_optimum")

@@ -31,4 +31,16 @@ def test_tally_separates_findings_and_identities():
               _c(held=True, kind="identity").to_json(), _c(held=False, kind="identity").to_json(),
               {"held": True}]  # an older claims.json entry: a two-way finding
     assert tally(claims) == {"findings": {"held": 2, "not held": 1, "inconclusive": 1},
-                             "identities": {"verified": 1, "failed": 1}}
+                             "identities": {"verified": 1, "failed": 1},
+                             "checks": {"held": 0, "not held": 0, "inconclusive": 0}, "supporting": 0}
+
+
+def test_checks_are_tallied_apart_and_supporting_claims_count_once():
+    claims = [_c(held=True).to_json(), _c(held=True, kind="check").to_json(),
+              _c(verdict="inconclusive", kind="check").to_json(),
+              _c(held=False, supports="x").to_json()]  # re-tests x's comparison: evidence, not a finding
+    t = tally(claims)
+    assert t["findings"] == {"held": 1, "not held": 0, "inconclusive": 0}
+    assert t["checks"] == {"held": 1, "not held": 0, "inconclusive": 1}
+    assert t["supporting"] == 1
+    assert _c(held=True, kind="check").kind == "check"

@@ -172,3 +172,15 @@ def test_reproduction_quick_and_replot(tmp_path):
     before = (tmp_path / "claims.json").read_text()
     rep.run("scale", tmp_path, replot=True)
     assert (tmp_path / "claims.json").read_text() == before
+
+
+def test_homogeneous_identity_both_ways_and_the_dynamics_are_our_checks():
+    free = {f"layer {i}, a={a:g}": 1e-16 for i in range(3) for a in (0.5, 3.0)}
+    biased = {**free, "layer 0, a=3": 0.4}
+    c = C.homogeneous({"homogeneity": {"no biases": free, "with biases": biased}}, P)
+    assert c.kind == "identity" and c.verdict == "held" and c.quote.startswith("But there")
+    broken = {"no biases": {**free, "layer 1, a=0.5": 1e-3}, "with biases": biased}
+    assert C.homogeneous({"homogeneity": broken}, P).verdict == "not held"
+    assert C.homogeneous({}, P).verdict == "not held"  # an older run without the data: not verified
+    summ = {v: [_row(v, 0.0), _row(v, 0.1, norm=0.5, eff_lr=0.2)] for v in ("none", "post", "pre")}
+    assert C.norm_and_effective_lr(summ, "none").kind == "check"

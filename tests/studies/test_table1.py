@@ -38,24 +38,33 @@ def test_attn_decay_hurts_fails_or_is_inconclusive():
     assert low.verdict == "inconclusive" and "exposure" in low.reason
 
 
-def test_decoupling_helps_both_ways():
-    # best cell in the MLP-3 column at attention 1 < 3: held
-    c = decoupling_helps(_runs(lambda a, m: 10 + abs(a - 1.0)))
-    assert c.verdict == "held"
-    assert c.measured["mlp_lambda=3"]["best_lower_attn"] == 1.0 and c.measured["mlp_lambda=3"]["best_other_attn"] == 3.0
-    # perplexity falls with attention decay: the coupled cell wins, not held
-    assert decoupling_helps(_runs(lambda a, m: 10 - a)).verdict == "not held"
-    # no coupled lambda with 3 time constants: inconclusive
-    c = decoupling_helps(_runs(lambda a, m: 10 + a, attn=(0.0, 1.0), mlp=(0.0, 1.0)))
-    assert c.verdict == "inconclusive" and "exposure" in c.reason
+def test_decoupling_helps_only_where_decay_helps_and_judged_apart_from_hurts():
+    # coupled decay 3 beats coupled 0 (10 - 2m + a: 7 < 10), and attention 0 + MLP 3 beats it (4): held
+    c = decoupling_helps(_runs(lambda a, m: 10 - 2 * m + a))
+    assert c.verdict == "held" and c.measured["best_coupled_lambda"] == 3.0
+    assert c.measured["difference"]["diff"] == pytest.approx(3.0)
+    # decay helps, but attention decay helps too (10 - 2m - a): the decoupled cell is worse, not held
+    assert decoupling_helps(_runs(lambda a, m: 10 - 2 * m - a)).verdict == "not held"
+    # decay never helps (10 + a + m): untested, whatever attn_decay_hurts says
+    c = decoupling_helps(_runs(lambda a, m: 10 + a + m))
+    assert c.verdict == "inconclusive" and "untested" in c.reason
+    assert attn_decay_hurts(_runs(lambda a, m: 10 + a + m)).verdict == "held"
+
+
+def test_literal_lambda_cells_are_judged_in_support():
+    runs = pd.concat([_runs(lambda a, m: 10 + a), _runs(lambda a, m: 10 + 5 * a, attn=(0.0, 0.1), mlp=(0.1,))])
+    c = table1.hurts_literal(runs, 0.1, 3e-3)
+    assert c.verdict == "held" and c.supports == "table1.attn_decay_hurts"
+    assert c.measured["difference"]["diff"] == pytest.approx(0.5) and c.exposure["eta_lambda_per_step"] == pytest.approx(3e-4)
 
 
 def test_claims_and_figures_from_data():
     runs = _runs(lambda a, m: 10 + a)
     data = {"runs": runs.to_dict("list"), "table": table1.ppl_table(runs).to_dict("list"), "lr_sum": LR_SUM,
-            "attn_lambdas": [0.0, 1.0, 3.0], "mlp_lambdas": [0.0, 3.0]}
+            "attn_lambdas": [0.0, 1.0, 3.0], "mlp_lambdas": [0.0, 3.0], "literal_lambda": 0.1}
     p = Table1Params.quick()
-    assert [c.name for c in table1.claims(data, p)] == ["table1.attn_decay_hurts", "table1.decoupling_helps"]
+    assert [c.name for c in table1.claims(data, p)] == ["table1.attn_decay_hurts", "table1.attn_decay_hurts_lam01",
+                                                         "table1.decoupling_helps"]
     assert len(table1.figures(data, p)) == 1 and len(table1.notes(data, p)) == 4
 
 
@@ -66,6 +75,7 @@ def test_table1_end_to_end_tiny():
     assert get("table1").study is table1.STUDY
     p = Table1Params(attn_exposures=(0.0, 0.5), mlp_exposures=(0.0,), steps=20, seeds=(0, 1), workers=1)
     data = table1.run(p)
-    assert len(data["runs"]["test_ppl"]) == 4 and all(np.isfinite(data["runs"]["test_ppl"]))
+    assert len(data["runs"]["test_ppl"]) == 8 and all(np.isfinite(data["runs"]["test_ppl"]))  # grid + literal cells
     assert max(data["runs"]["exposure_attn"]) == pytest.approx(0.5, rel=1e-3)
-    assert [c.name for c in table1.claims(data, p)] == ["table1.attn_decay_hurts", "table1.decoupling_helps"]
+    assert [c.name for c in table1.claims(data, p)] == ["table1.attn_decay_hurts", "table1.attn_decay_hurts_lam01",
+                                                         "table1.decoupling_helps"]

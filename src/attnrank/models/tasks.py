@@ -14,6 +14,8 @@ Sequence format (REFERENCE.md §3; sizes are *our choice*)::
 - default sizes: n = 4 pairs, 8 key tokens, 8 value tokens (vocabulary 16, length 9);
 - optional ``n_queries = m > 1`` (multi-query recall): ``… k_n v_n q_1 a_1 … q_m`` with the
   loss at every query (the answers a_i = v(q_i) of earlier queries are part of the input).
+- optional ``label_noise = p``: each target is replaced, with probability p, by a value token
+  drawn uniformly, so the loss cannot reach 0 (the inputs keep the true answers).
 
 Every batch is new, so training accuracy is an unbiased estimate of test accuracy.
 
@@ -40,12 +42,16 @@ class RecallConfig:
     n_keys: int = 8
     n_values: int = 8
     n_queries: int = 1
+    label_noise: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("n_pairs", "n_keys", "n_values", "n_queries"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise AttnRankError(f"recall {name} must be a positive integer, got {v!r}")
+        ln = self.label_noise
+        if isinstance(ln, bool) or not isinstance(ln, int | float) or not 0.0 <= ln < 1.0:
+            raise AttnRankError(f"recall label_noise must be a number in [0, 1), got {ln!r}")
         if self.n_pairs > self.n_keys:
             raise AttnRankError(f"n_pairs={self.n_pairs} distinct keys need n_keys >= n_pairs "
                                 f"(got n_keys={self.n_keys})")
@@ -59,7 +65,10 @@ class RecallConfig:
         return 2 * self.n_pairs + 2 * self.n_queries - 1
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "vocab_size": self.vocab_size, "seq_len": self.seq_len,
+        d = asdict(self)
+        if not d["label_noise"]:
+            del d["label_noise"]  # the default is left out: config.json of a noise-free run stays as before
+        return {**d, "vocab_size": self.vocab_size, "seq_len": self.seq_len,
                 "format": "k1 v1 ... kn vn q -> v(q); keys 0..n_keys-1, values n_keys..vocab_size-1; "
                           "distinct keys per sequence, values with replacement; loss at the last position"}
 
@@ -80,7 +89,11 @@ def make_recall_batch(cfg: RecallConfig, batch_size: int, generator: torch.Gener
     x[:, 2 * n::2] = queries
     x[:, 2 * n + 1::2] = answers
     x = x[:, :-1]  # the last answer is only a target
-    return x, (answers[:, 0] if m == 1 else answers)
+    y = answers.clone()
+    if cfg.label_noise > 0:  # drawn after everything else: a noise-free stream is unchanged
+        flip = torch.rand(B, m, generator=generator) < cfg.label_noise
+        y = torch.where(flip, torch.randint(cfg.n_keys, cfg.vocab_size, (B, m), generator=generator), y)
+    return x, (y[:, 0] if m == 1 else y)
 
 
 class RecallStream(SeededStream):

@@ -1,11 +1,14 @@
 """HTML rendering of reproduction reports: one self-contained file, no external assets.
 
 Laid out like a paper's results section: what ran and a summary table first (one row per
-reproduction: findings held / not held / inconclusive, identities verified, runtime), a
+reproduction: findings held / not held / inconclusive, identities verified, our checks, runtime), a
 plain-language reading, then one section per reproduction — the document's own statement,
-our figures right under it, then the claims as compact rows (verdict, one-line statement, the
-key measured number next to the expected one, exposure) with everything longer folded in
-``<details>``. Rendering only: every number shown was computed by the reproduction; figures
+our figures right under it, then the claims as compact rows in four groups (the documents'
+findings with their verbatim quotes, supporting evidence, our checks, identities: verdict,
+one-line statement, the key measured number next to the expected one, exposure) with everything
+longer (the pre-registered rule included) folded in ``<details>``; the combined page ends with
+the coverage table (every statement of the documents and the claim that tests it, or why none
+can). Rendering only: every number shown was computed by the reproduction; figures
 arrive as base64 PNG and are embedded as ``data:`` URIs.
 """
 
@@ -185,11 +188,17 @@ def _claim_rows(claims: list[dict[str, Any]], with_exposure: bool) -> str:
             fold.append(f"<p><b>Decay exposure λ·Σlr</b></p>{value_html(c['exposure'])}")
         if c.get("detail"):
             fold.append(f"<p><b>Method:</b> {escape(c['detail'])}</p>")
+        if c.get("rule"):
+            fold.append(f"<p><b>Rule (fixed before the run):</b> {escape(c['rule'])}</p>")
+        if c.get("supports"):
+            fold.append(f"<p><b>Supporting evidence of</b> {escape(c['supports'])} (not counted again)</p>")
         fold.append(f"<p class='sub'>source: {escape(c.get('source', ''))}</p>")
         exp = f"<td class='n'>{escape(_exposure_text(c.get('exposure')))}</td>" if with_exposure else ""
         rows.append(
             f"<tr><td>{_badge(c)}</td><td class='st'><b>{escape(c['name'])}</b> {escape(short)}"
-            f"<details><summary>details</summary><div>{''.join(fold)}</div></details></td>"
+            + (f"<blockquote>{escape(c['quote'])}<cite>{escape(c.get('source', ''))}</cite></blockquote>"
+               if c.get("quote") and not c.get("supports") else "")
+            + f"<details><summary>details</summary><div>{''.join(fold)}</div></details></td>"
             f"<td class='n'>{escape(measured_brief(c))}</td><td class='n'>{escape(brief(c.get('expected')))}</td>"
             f"{exp}</tr>")
     head = "<tr><th>verdict</th><th>claim</th><th>measured</th><th>expected</th>" + \
@@ -214,9 +223,8 @@ def _section(name: str, meta: dict[str, Any], claims: list[dict[str, Any]], figu
     """One reproduction: statement quoted, figures, claims, then folds (notes, parameters)."""
     quote = meta.get("quote")
     cite = meta.get("quote_source") or meta.get("source", "")
-    identities = [c for c in claims if c.get("kind") == "identity"]
-    findings = [c for c in claims if c.get("kind") != "identity"]
-    exposure = any(c.get("exposure") not in (None, {}) for c in findings)
+    groups = claim_groups(claims)
+    exposure = any(c.get("exposure") not in (None, {}) for c in claims if c.get("kind") != "identity")
     notes = "".join(f"<li>{escape(n)}</li>" for n in meta.get("notes", []))
     prof = "quick" if meta.get("quick") else "full"
     parts = [f"<h2 id='{escape(name)}'>{escape(name)}: {escape(meta.get('title', ''))}</h2>",
@@ -226,14 +234,33 @@ def _section(name: str, meta: dict[str, Any], claims: list[dict[str, Any]], figu
     if error:
         parts.append(f"<p class='failed'>failed: {escape(error)}</p>")
     parts.append(_figures_html(figures))
-    if findings:
-        parts.append(f"<h3>Findings</h3>{_claim_rows(findings, exposure)}")
-    if identities:
-        parts.append(f"<h3>Identities (algebra; verified)</h3>{_claim_rows(identities, False)}")
+    for key, title in GROUP_TITLES.items():
+        if groups[key]:
+            parts.append(f"<h3>{title}</h3>{_claim_rows(groups[key], exposure and key != 'identities')}")
     if notes:
         parts.append(f"<details><summary>notes</summary><div><ul>{notes}</ul></div></details>")
     parts.append(f"<details><summary>parameters</summary><div>{_kv_table(meta.get('params', {}))}</div></details>")
     return "".join(parts)
+
+
+#: how a reproduction's claims are listed, in this order
+GROUP_TITLES = {
+    "findings": "Findings (statements of the documents; each counted once)",
+    "supporting": "Supporting evidence (re-tests of a finding's comparison; not counted again)",
+    "checks": "Our checks (sanity checks and standard theory the documents do not state; tallied apart)",
+    "identities": "Identities (algebra; verified)",
+}
+
+
+def claim_groups(claims: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Claims split as the tally counts them: findings, supporting evidence, our checks, identities."""
+    out: dict[str, list[dict[str, Any]]] = {k: [] for k in GROUP_TITLES}
+    for c in claims:
+        kind = c.get("kind", "finding")
+        key = ("identities" if kind == "identity" else "checks" if kind == "check"
+               else "supporting" if c.get("supports") else "findings")
+        out[key].append(c)
+    return out
 
 
 def _summary_table(rows: list[tuple[str, dict[str, Any], list[dict[str, Any]], str | None]]) -> str:
@@ -242,13 +269,16 @@ def _summary_table(rows: list[tuple[str, dict[str, Any], list[dict[str, Any]], s
         t = tally(claims)
         f, i = t["findings"], t["identities"]
         ident = f"{i['verified']} / {i['verified'] + i['failed']}" if i["verified"] + i["failed"] else "—"
+        ch = t["checks"]
+        checks = f"{ch['held']} / {sum(ch.values())}" if sum(ch.values()) else "—"
         note = "<span class='failed'>failed</span>" if error else ""
         out.append(f"<tr><td><a href='#{escape(name)}'>{escape(name)}</a> {note}</td>"
                    f"<td>{escape(_short_title(meta.get('title', '')))}</td>"
                    f"<td class='n'>{f['held']}</td><td class='n'>{f['not held']}</td><td class='n'>{f['inconclusive']}</td>"
-                   f"<td class='n'>{ident}</td><td class='n'>{fmt_value(meta.get('runtime_s'), 3)} s</td></tr>")
+                   f"<td class='n'>{ident}</td><td class='n'>{checks}</td>"
+                   f"<td class='n'>{fmt_value(meta.get('runtime_s'), 3)} s</td></tr>")
     head = ("<tr><th>reproduction</th><th>what</th><th>findings held</th><th>not held</th><th>inconclusive</th>"
-            "<th>identities verified</th><th>runtime</th></tr>")
+            "<th>identities verified</th><th>our checks held</th><th>runtime</th></tr>")
     return f"<div class='wrap'><table>{head}{''.join(out)}</table></div>"
 
 
@@ -261,18 +291,44 @@ def reading(claims: list[dict[str, Any]]) -> str:
     """A plain-language paragraph: how many findings held, which did not and which stayed
     inconclusive (with the first reason given), and the identities."""
     t = tally(claims)
-    f, i = t["findings"], t["identities"]
+    f, i, ch = t["findings"], t["identities"], t["checks"]
     n = sum(f.values())
-    text = [f"Of the {n} findings checked, {f['held']} held, {f['not held']} did not hold and "
-            f"{f['inconclusive']} were inconclusive."]
+    groups = claim_groups(claims)
+    text = [f"Of the {n} statements of the documents checked (each counted once), {f['held']} held, "
+            f"{f['not held']} did not hold and {f['inconclusive']} were inconclusive."]
     for verdict, label in (("not held", "Did not hold"), ("inconclusive", "Inconclusive")):
-        names = [c["name"] for c in claims if c.get("kind") != "identity" and c.get("verdict") == verdict]
+        names = [c["name"] for c in groups["findings"] if c.get("verdict") == verdict]
         if names:
             text.append(f"{label}: {', '.join(names)} (each one's reason is in its details).")
+    against = [c["name"] for c in groups["supporting"] if c.get("verdict") != "held"]
+    if groups["supporting"]:
+        text.append(f"{len(groups['supporting'])} re-tests are listed as supporting evidence, not counted again"
+                    + (f"; not held or inconclusive among them: {', '.join(against)}." if against else "."))
+    if sum(ch.values()):
+        text.append(f"Our own checks (not statements of the documents): {ch['held']} held, {ch['not held']} not held, "
+                    f"{ch['inconclusive']} inconclusive.")
     if i["verified"] + i["failed"]:
         text.append(f"{i['verified']} of {i['verified'] + i['failed']} algebraic identities were verified"
                     + ("." if not i["failed"] else "; a failed identity means a bug, not a finding."))
     return " ".join(text)
+
+
+def coverage_html(by_name: dict[str, dict[str, Any]]) -> str:
+    """The coverage table: every statement of the documents that reports an experiment or a
+    theorem, the claims that test it (with their verdicts here) or why none can."""
+    from attnrank.studies.coverage import COVERAGE
+
+    rows = []
+    for doc, place, statement, tested, why in COVERAGE:
+        cells = []
+        for n in (x.strip() for x in tested.split(",") if x.strip()):
+            c = by_name.get(n)
+            cells.append(f"{escape(n)} {_badge(c)}" if c else f"{escape(n)} <span class='sub'>(not run)</span>")
+        rows.append(f"<tr><td>{escape(doc)}</td><td>{escape(place)}</td><td>{escape(statement)}</td>"
+                    f"<td class='n'>{'<br>'.join(cells) or '—'}</td><td>{escape(why)}</td></tr>")
+    head = "<tr><th>document</th><th>place</th><th>statement</th><th>tested by</th><th>note</th></tr>"
+    return (f"<h2 id='coverage'>Coverage: every statement of the documents</h2><div class='wrap'><table>{head}"
+            f"{''.join(rows)}</table></div>")
 
 
 def _page(title: str, body: str) -> str:
@@ -322,6 +378,7 @@ def render_combined(*, entries: list[Any], figures: dict[str, list[dict[str, Any
             + _summary_table(rows)
             + f"<p class='reading'>{escape(reading(all_claims))}</p>"
             + "".join(_section(e.name, e.meta, e.claims, figures.get(e.name, []), e.error) for e in entries)
+            + coverage_html({c["name"]: c for c in all_claims})
             + f"<h2>Environment</h2>{_kv_table(summary.get('versions', {}))}"
             "<p class='sub'>Per-reproduction reports, claims, raw data and PNGs are in the NAME/ folders beside "
             "this file; all claims: claims.json; runtimes: summary.json.</p>")

@@ -1,25 +1,25 @@
 """Reproductions of the source documents' figures and claims, each checked with numbers.
 
-A reproduction is a function registered under a short name (``fig1``, ``fig5``, …) that
-returns a :class:`Result`: its raw data (JSON-serialisable series), its figures, its
-parameters and its :class:`Claim` checks. :func:`run` executes one and writes, atomically,
+A reproduction is a :class:`~attnrank.studies.registry.Study` registered under a short name
+(``fig1``, ``fig5``, …): params → run → data → claims → figures. :func:`run` executes one (or,
+with ``replot``, re-judges its stored data) and writes, atomically,
 
 - ``report.html``: claims table first, figures inline (base64 PNG), parameters, library
   versions, runtime; self-contained (no external assets);
-- ``claims.json``: a list of claim objects (``name``, ``source``, ``statement``, ``measured``,
-  ``expected``, ``held``, ``tolerance``, ``detail``);
+- ``claims.json``: a list of claim objects (``name``, ``kind``, ``verdict``, ``source``,
+  ``quote``, ``rule``, ``supports``, ``statement``, ``measured``, ``expected``, ``reason``, …);
 - ``data.json``: the raw series behind the figures and claims;
-- ``run.json``: name, parameters, versions, runtime and the claim verdicts;
+- ``run.json``: name, parameters, versions, experiment source hash, runtime, the tally and any
+  citation problems;
 - one ``<figure>.png`` per figure.
 
 A claim that did not hold is a finding, not an error: :func:`run` returns normally and the
 CLI exits 0 unless ``--strict``.
 
-Adding a reproduction (later issues): write the function in your own module, decorate it
-with ``@register("name", title=..., source=...)``, and add ``"name": ("module", "title")`` to
-:data:`CATALOGUE` so ``attnrank reproduce --list`` can show it without importing the module
-(and its training code). The function takes ``quick: bool`` (a smaller, faster variant,
-used by tests) and returns a :class:`Result`.
+Adding a reproduction: write a :class:`attnrank.studies.registry.Study` (frozen params with
+``quick()``/``full()``, ``run``, ``claims``, ``figures``) in its own module, register it with
+``register_study``, and add ``"name": ("module", "title")`` to :data:`CATALOGUE` so
+``attnrank reproduce --list`` can show it without importing the module (and its training code).
 """
 
 from __future__ import annotations
@@ -33,9 +33,17 @@ from pathlib import Path
 from typing import Any
 
 from attnrank.errors import AttnRankError
-from attnrank.studies.registry import QUOTES, Claim, Result, get, names, tally
+from attnrank.studies.registry import QUOTES, Claim, Result, citation_problems, get, names, tally
 from attnrank.util.env import versions
-from attnrank.util.fileio import jsonable, prepare_out_dir, write_atomic, write_json, write_text
+from attnrank.util.fileio import (
+    jsonable,
+    moved,
+    prepare_out_dir,
+    staged_output,
+    write_atomic,
+    write_json,
+    write_text,
+)
 
 
 @dataclass
@@ -69,7 +77,11 @@ def _png_bytes(fig, dpi: int = 110) -> bytes:
 def _read_json(path: Path, what: str) -> Any:
     import json
 
+    from attnrank.io.validate import regular_file
+
     try:
+        if path.exists():
+            regular_file(path, path.name)  # a FIFO or a device would block or never end
         return json.loads(path.read_text())
     except FileNotFoundError:
         raise AttnRankError(f"--replot needs {path.name} of a finished run in {path.parent}; "
@@ -83,19 +95,9 @@ def _evaluate(name: str, out: Path, *, quick: bool, replot: bool,
     """Run (or, with ``replot``, reload) reproduction ``name``: its Result and run facts."""
     import json
 
-    entry = get(name)
-    study = entry.study
-    if overrides and (study is None or replot):
-        raise AttnRankError(f"reproduction {name!r} takes no parameters from the command line"
-                            + (" with --replot" if replot else ""))
-    if study is None:  # the older shape: one function does everything
-        if replot:
-            raise AttnRankError(f"reproduction {name!r} cannot be replotted (it has no separate claims/figures)")
-        t0 = time.perf_counter()
-        result = entry.fn(quick=quick)
-        if not isinstance(result, Result):
-            raise TypeError(f"reproduction {name!r} returned {type(result).__name__}, not Result")
-        return result, {"quick": quick, "runtime_s": time.perf_counter() - t0}
+    study = get(name).study
+    if overrides and replot:
+        raise AttnRankError(f"reproduction {name!r} takes no parameters from the command line with --replot")
     if replot:
         old = _read_json(out / "run.json", name)
         if old.get("name") != name:
@@ -133,14 +135,14 @@ def run(name: str, out: str | Path, *, quick: bool = False, replot: bool = False
     out = Path(out)
     if not replot:
         out = prepare_out_dir(out)
+    old_meta = _read_json(out / "run.json", name) if replot else None
     result, facts = _evaluate(name, out, quick=quick, replot=replot, overrides=overrides)
     runtime = facts["runtime_s"]
 
-    files: list[Path] = []
-    figures = []
+    figures, pngs = [], {}
     for f in result.figures:
         png = _png_bytes(f.figure)
-        files.append(write_atomic(out / f"{f.name}.png", lambda p, b=png: p.write_bytes(b)))
+        pngs[f"{f.name}.png"] = png
         figures.append({"name": f.name, "caption": f.caption,
                         "png_base64": base64.b64encode(png).decode("ascii")})
 
@@ -156,6 +158,8 @@ def run(name: str, out: str | Path, *, quick: bool = False, replot: bool = False
         "claims_held": sum(c["held"] for c in claims),
         "claims_total": len(claims),
         "tally": tally(claims),
+        "citation_problems": citation_problems(claims),
+        "experiment_hash": (old_meta or {}).get("experiment_hash", "") if replot else experiment_hash(name),
         "quote": QUOTES.get(name, ("", ""))[0],
         "quote_source": QUOTES.get(name, ("", ""))[1],
         "notes": list(result.notes),
@@ -163,12 +167,15 @@ def run(name: str, out: str | Path, *, quick: bool = False, replot: bool = False
     }
     if facts.get("replotted"):
         meta["replotted_s"] = facts["judge_s"]
-    files.append(write_json(out / "claims.json", claims))
-    if not replot:
-        files.append(write_json(out / "data.json", jsonable(result.data)))
-    files.append(write_json(out / "run.json", meta))
     html = render_report(meta=meta, claims=claims, figures=figures)
-    files.insert(0, write_text(out / "report.html", html))
+    with staged_output(out) as stage:  # report, claims, data, run.json and figures move in as one set
+        files = [write_text(stage / "report.html", html)]
+        files += [write_atomic(stage / n, lambda p, b=png: p.write_bytes(b)) for n, png in pngs.items()]
+        files.append(write_json(stage / "claims.json", claims))
+        if not replot:
+            files.append(write_json(stage / "data.json", jsonable(result.data)))
+        files.append(write_json(stage / "run.json", meta))
+    files = moved(files, stage, out)
     return RunSummary(name=name, out=out, claims=result.claims, files=files, runtime_s=runtime)
 
 
@@ -186,8 +193,49 @@ class AllEntry:
     error: str | None = None
 
 
+def experiment_hash(name: str) -> str:
+    """SHA-256 of the source files that make a study's data (the module of its ``run`` and of its
+    params class): a stored run is reused only while these are unchanged. Claims and figures are
+    always re-judged from the stored data, so their code may change freely."""
+    import hashlib
+    import inspect
+
+    study = get(name).study
+    files = sorted(f for f in {inspect.getsourcefile(study.run), inspect.getsourcefile(study.params)}
+                   if f and Path(f).is_file())
+    h = hashlib.sha256()
+    for f in files:
+        h.update(Path(f).read_bytes())
+    return h.hexdigest()
+
+
+def staleness(name: str, sub: Path, quick: bool) -> tuple[dict[str, Any] | None, str]:
+    """``(run.json, "")`` when the finished run in ``sub`` can be reused: same profile, the same
+    params as this version's profile, the same package version and experiment source hash.
+    Otherwise ``(None, why)``."""
+    import json
+
+    try:
+        meta = json.loads((sub / "run.json").read_text())
+        json.loads((sub / "claims.json").read_text())
+    except (OSError, ValueError):
+        return None, "no finished run"
+    if not (sub / "data.json").exists():
+        return None, "no data.json"
+    if meta.get("quick") is not quick:
+        return None, "another profile"
+    study = get(name).study
+    if meta.get("params") != jsonable(asdict(study.make_params("quick" if quick else "full"))):
+        return None, "params changed"
+    if meta.get("versions", {}).get("attnrank") != versions().get("attnrank"):
+        return None, "package version changed"
+    if meta.get("experiment_hash") != experiment_hash(name):
+        return None, "experiment code changed"
+    return meta, ""
+
+
 def _cached(sub: Path, quick: bool) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
-    """A finished run of the same profile in ``sub`` (run.json written last by :func:`run`)."""
+    """What :func:`run` wrote in ``sub`` (run.json written last), if it is of this profile."""
     import json
 
     try:
@@ -205,8 +253,10 @@ def run_all(out: str | Path, *, quick: bool = False, force: bool = False, only: 
             progress: Callable[[str, str], None] | None = None, replot: bool = False) -> list[AllEntry]:
     """Run every reproduction into ``out/NAME/`` and write one combined report in ``out``.
 
-    A reproduction already finished in ``out/NAME`` with the same profile is reused (re-running
-    resumes rather than recomputes) unless ``force``. One that raises is recorded with its error
+    A reproduction already finished in ``out/NAME`` is reused (re-running resumes rather than
+    recomputes) unless ``force``, and only while it is not stale (:func:`staleness`: the same
+    profile, params, package version and experiment source hash); a reused part's claims are
+    re-judged and its figures redrawn from its data.json with this code. One that raises is recorded with its error
     and the others still run. Writes ``out/report.html`` (self-contained: claims of every
     reproduction first, then each one's figures, parameters and runtime, then the
     environment), ``out/claims.json`` and ``out/summary.json``.
@@ -237,14 +287,16 @@ def run_all(out: str | Path, *, quick: bool = False, force: bool = False, only: 
             if progress:
                 progress(n, "replotted")
             continue
-        hit = None if force else _cached(sub, quick)
-        if hit is not None:
-            entries.append(AllEntry(n, hit[0], hit[1], cached=True))
+        hit, why = (None, "forced") if force else staleness(n, sub, quick)
+        if hit is not None:  # reuse the data, re-judge the claims and redraw with this code
+            run(n, sub, replot=True)
+            meta, claims = _cached(sub, quick) or ({}, [])
+            entries.append(AllEntry(n, meta, claims, cached=True))
             if progress:
-                progress(n, "cached")
+                progress(n, "cached (claims re-judged)")
             continue
         if progress:
-            progress(n, "running")
+            progress(n, "running" + (f" ({why})" if why not in ("no finished run", "forced") else ""))
         try:
             run(n, sub, quick=quick)
             meta, claims = _cached(sub, quick) or ({}, [])  # read back exactly what was written

@@ -30,6 +30,8 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "table1": ("attnrank.studies.table1", "Table 1: LM test perplexity over attention decay x MLP decay (mean +- std over "
                                     "seeds); does attention decay hurt, does decoupling help"),
     "scale": ("attnrank.studies.scale", "Scale invariance and weight decay: ReLU+LayerNorm MLPs on digits (no residual, post-norm, pre-norm); effective learning rate, angular update, equilibrium norm"),
+    "compress": ("attnrank.studies.compress", "Our check: does attention trained with weight decay compress at a lower "
+                                              "perplexity cost? (LM at exposures 0-8, cut to the same budgets)"),
 }
 
 
@@ -62,25 +64,27 @@ QUOTES: dict[str, tuple[str, str]] = {
     "collapse": ("SANs, particularly those lacking skip connections and multi-layer perceptrons (MLPs), lose their "
                  "expressive power at a rate that doubles exponentially with the increase in network depth. [...] "
                  "Skip connections help prevent rank collapse, while MLPs slow down the convergence.",
-                 "article on Dong, Cordonnier, Loukas 2021 (seed 001)"),
+                 "article on Dong, Cordonnier, Loukas 2021"),
     "scale": ("for every network with such architecture, we can design an equivalent network (i.e. computing "
               "exactly the same function) with arbitrarily small weight matrix norms [...] (pre-norm) residual "
               "connections break the scale invariance [...] there is still the question of whether these solutions "
               "are actually found using gradient descent.", "article 'Weight Decay is Useless Without Residual "
-                                                             "Connections' (seed 002)"),
+                                                             "Connections'"),
 }
 
 
 VERDICTS = ("held", "not held", "inconclusive")
-KINDS = ("finding", "identity")
+KINDS = ("finding", "identity", "check")
 
 
 @dataclass
 class Claim:
     """One checked claim, with numbers.
 
-    ``kind``: ``finding`` (what a document reports from experiments) or ``identity`` (algebra
-    that can fail only through a bug: verified, listed apart). ``verdict``: ``held``, ``not
+    ``kind``: ``finding`` (what a document reports from experiments; only these are tallied as
+    the documents' findings), ``identity`` (algebra that can fail only through a bug: verified,
+    listed apart) or ``check`` (what we added ourselves: sanity checks, standard theory; judged
+    like a finding but tallied apart and never counted as a document's finding). ``verdict``: ``held``, ``not
     held`` (the effect is absent or reversed beyond the spread) or ``inconclusive`` (inside the
     spread, or the run's decay exposure is below what the claim needs; ``reason`` says which).
     Give either ``held=`` (a two-way verdict) or ``verdict=``; ``held`` is always kept equal to
@@ -105,6 +109,9 @@ class Claim:
     reason: str = ""
     exposure: Any = None
     key: str = ""
+    quote: str = ""
+    supports: str = ""
+    rule: str = ""
 
     def __post_init__(self) -> None:
         if self.verdict is None:
@@ -148,17 +155,51 @@ def span(values: Any) -> str:
 
 
 def tally(claims: list[dict[str, Any]]) -> dict[str, Any]:
-    """Counts for a headline: findings held / not held / inconclusive, identities verified / failed.
+    """Counts for a headline: the documents' findings held / not held / inconclusive (each
+    statement once: a claim that ``supports`` another is not counted again), our own checks
+    apart, identities verified / failed.
 
     Takes claim dicts as written to claims.json (older files without ``kind``/``verdict`` count
     as two-way findings)."""
-    out = {"findings": dict.fromkeys(VERDICTS, 0), "identities": {"verified": 0, "failed": 0}}
+    out = {"findings": dict.fromkeys(VERDICTS, 0), "identities": {"verified": 0, "failed": 0},
+           "checks": dict.fromkeys(VERDICTS, 0), "supporting": 0}
     for c in claims:
         verdict = c.get("verdict") or ("held" if c.get("held") else "not held")
-        if c.get("kind", "finding") == "identity":
+        kind = c.get("kind", "finding")
+        if kind == "identity":
             out["identities"]["verified" if verdict == "held" else "failed"] += 1
+        elif kind == "check":
+            out["checks"][verdict] += 1
+        elif c.get("supports"):
+            out["supporting"] += 1
         else:
             out["findings"][verdict] += 1
+    return out
+
+
+#: words a claim's ``source`` must not contain: it names a document and a place in it, or says "our
+#: check" / "derived here" (never a tracker issue or our private notes)
+_BAD_SOURCES = ("issue", "REFERENCE.md", "seed 0")
+
+
+def citation_problems(claims: list[dict[str, Any]]) -> list[str]:
+    """What a referee would object to in claim dicts (as in claims.json): a finding without a
+    quote or a rule, a check without a rule, a source naming an issue or our notes instead of a
+    document, a ``supports`` that names no finding of the same list. Empty when all is well."""
+    out = []
+    by_name = {c["name"]: c for c in claims}
+    for c in claims:
+        kind = c.get("kind", "finding")
+        if kind == "finding" and not c.get("quote"):
+            out.append(f"{c['name']}: a finding with no quote of its document")
+        if kind in ("finding", "check") and not c.get("rule"):
+            out.append(f"{c['name']}: no rule recorded")
+        if any(b in (c.get("source") or "") for b in _BAD_SOURCES):
+            out.append(f"{c['name']}: source {c.get('source')!r} names an issue or our notes, not a document")
+        sup = c.get("supports")
+        if sup and (sup not in by_name or by_name[sup].get("kind", "finding") != "finding"
+                    or by_name[sup].get("supports")):
+            out.append(f"{c['name']}: supports {sup!r}, which is not a counted finding of this reproduction")
     return out
 
 
@@ -240,35 +281,21 @@ def _tuples(v: Any) -> Any:
 
 @dataclass(frozen=True)
 class Entry:
-    """A registered reproduction: a :class:`Study` or, for the older shape, ``fn(quick) -> Result``."""
+    """A registered reproduction: its :class:`Study`."""
 
     name: str
     title: str
     source: str
-    fn: Callable[..., Result] | None = None
-    study: Study | None = None
+    study: Study
 
 
 _REGISTRY: dict[str, Entry] = {}
 
 
-def register(name: str, *, title: str, source: str) -> Callable[[Callable[..., Result]], Callable[..., Result]]:
-    """Decorator: register ``fn(quick: bool = False) -> Result`` as reproduction ``name``."""
-
-    def deco(fn: Callable[..., Result]) -> Callable[..., Result]:
-        prev = _REGISTRY.get(name)
-        if prev is not None and (prev.fn is None or prev.fn.__module__ != fn.__module__):
-            raise ValueError(f"reproduction {name!r} registered twice ({prev.fn.__module__}, {fn.__module__})")
-        _REGISTRY[name] = Entry(name=name, title=title, source=source, fn=fn)
-        return fn
-
-    return deco
-
-
 def register_study(study: Study) -> Study:
     """Register ``study`` under ``study.name`` (its module must be in :data:`CATALOGUE`)."""
     prev = _REGISTRY.get(study.name)
-    if prev is not None and (prev.study is None or prev.study.run.__module__ != study.run.__module__):
+    if prev is not None and prev.study.run.__module__ != study.run.__module__:
         raise ValueError(f"reproduction {study.name!r} registered twice")
     _REGISTRY[study.name] = Entry(name=study.name, title=study.title, source=study.source, study=study)
     return study

@@ -4,12 +4,13 @@ seeds. Sizes: :func:`attnrank.studies.lm_common.lm_base`.
 
 The grid is set in decay exposure ``λ·Σlr`` (REFERENCE.md §3): each λ is a target exposure
 divided by the run's Σlr. Every cell runs the same seeds (same initialisation and data order),
-so differences between cells are paired by seed; the spread of a mean difference is 2 standard
-errors of the per-seed differences.
+so differences between cells are paired by seed; the spread of a mean difference is
+``t_{0.975, n−1}`` standard errors of the per-seed differences (:mod:`attnrank.studies.verdicts`).
 
 Claims: ``attn_decay_hurts`` (the largest attention λ gives a higher perplexity than attention
-λ = 0: main effect over the grid's MLP λs, each MLP λ reported) and ``decoupling_helps`` (at the coupled λ with ≥ 3 time constants, the
-best cell of that MLP column lies where attention decay is lower than MLP decay).
+λ = 0: main effect over the grid's MLP λs, each MLP λ reported), ``attn_decay_hurts_lam01`` (the
+literal λ = 0.1, in support) and ``decoupling_helps`` (judged only where some coupled decay beats
+no decay: attention 0 + MLP λ* against the best coupled λ*; otherwise untested).
 """
 
 from __future__ import annotations
@@ -26,34 +27,39 @@ import pandas as pd
 from attnrank.studies.lm_common import (
     MIN_EXPOSURE,
     SPREAD,
-    combine,
     exposure,
     lambdas_for,
     lm_base,
     lr_sum,
-    paired,
-    sign_verdict,
     sweep,
 )
 from attnrank.studies.registry import CATALOGUE, Claim, FigureOut, Study, g3, register_study
+from attnrank.studies.verdicts import paired, sign_verdict
 
-SOURCE = "Kobayashi et al. 2024, Table 1 (seed 000); REFERENCE.md §3"
-SRC_HURTS = "paper Table 1; REFERENCE.md §3 (low rank in attention can hurt LMs)"
-SRC_DECOUPLE = "paper Table 1 (decoupling attention decay helps)"
+SOURCE = "Kobayashi et al. 2024, Table 1 and abstract (paper)"
+SRC_HURTS = "paper, abstract (Table 1)"
+SRC_DECOUPLE = "paper, abstract (Table 1)"
+QUOTE_HURTS = "inducing low rank in attention matrix products can damage language model performance"
+QUOTE_DECOUPLE = "observe advantages when decoupling weight decay in attention layers from the rest of the parameters"
+RULE_DECOUPLE = ("only where some coupled lambda > 0 beats coupled 0 on mean ppl (else untested): ppl(best such coupled "
+                 "lambda*) - ppl(attn 0, MLP lambda*) > spread, paired by seed")
 ST_HURTS = ("Attention decay hurts test perplexity: attention decay exposure {e:g} gives a higher perplexity than "
             "no attention decay (main effect over the grid's MLP decays, paired by seed; each MLP decay reported).")
-ST_DECOUPLE = ("Decoupling helps: at a coupled lambda with >= {e:g} time constants, the best cell of the attention x "
-               "MLP grid lies where attention decay is lower than MLP decay.")
+ST_DECOUPLE = ("Where some decay helps (a coupled lambda beats no decay), removing the decay from attention only "
+               "(attention 0, MLP lambda*) beats the best coupled lambda*.")
 
 
 @dataclass(frozen=True)
 class Table1Params:
-    """What shapes table1: attention and MLP decay exposures (λ = E / Σlr), seeds, steps."""
+    """What shapes table1: attention and MLP decay exposures (λ = E / Σlr), seeds, steps; and two
+    cells at the literal λ = 0.1 beside the grid: (attention 0.1, MLP 0.1), the coupled default,
+    and (attention 0, MLP 0.1), its decoupled twin."""
 
     attn_exposures: tuple[float, ...] = (0.0, 1.0, 3.0)
     mlp_exposures: tuple[float, ...] = (0.0, 3.0)
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     steps: int = 600
+    literal_lambda: float = 0.1
     workers: int = 2
     profile: str = "full"
 
@@ -69,20 +75,28 @@ class Table1Params:
 
 
 def run(params: Table1Params) -> dict[str, Any]:
-    """Train the grid; one row per run (λs, exposures, seed, perplexities, final loss)."""
+    """Train the grid and the two literal cells; one row per run (λs, exposures, seed,
+    perplexities, final loss)."""
+    from attnrank.training.config import make_config
+
     t0 = time.perf_counter()
     base = lm_base(params.steps)
     lrs = lr_sum("lm", base)
     attn, mlp = lambdas_for(params.attn_exposures, lrs), lambdas_for(params.mlp_exposures, lrs)
     with tempfile.TemporaryDirectory() as tmp:
-        res = sweep("lm", base, {"attn_weight_decay": attn, "weight_decay": mlp}, list(params.seeds), Path(tmp),
+        res = sweep("lm", base, {"attn_weight_decay": attn, "weight_decay": mlp}, list(params.seeds), Path(tmp) / "grid",
                     params.workers)
-    runs = res.runs[["attn_weight_decay", "weight_decay", "seed", "test_ppl", "val_ppl", "loss"]].copy()
+        lit = sweep("lm", base, {"attn_weight_decay": [0.0, params.literal_lambda],
+                                 "weight_decay": [params.literal_lambda]}, list(params.seeds), Path(tmp) / "literal",
+                    params.workers)
+    cols = ["attn_weight_decay", "weight_decay", "seed", "test_ppl", "val_ppl", "loss"]
+    runs = pd.concat([res.runs[cols], lit.runs[cols]], ignore_index=True)
     ex = [exposure("lm", {**base, "attn_weight_decay": a, "weight_decay": m})
           for a, m in zip(runs["attn_weight_decay"], runs["weight_decay"], strict=True)]
     runs["exposure_attn"] = [e["attn"] for e in ex]
     runs["exposure_other"] = [e["other"] for e in ex]
-    return {"attn_lambdas": attn, "mlp_lambdas": mlp, "lr_sum": lrs, "seeds": list(params.seeds),
+    return {"attn_lambdas": attn, "mlp_lambdas": mlp, "literal_lambda": params.literal_lambda,
+            "lr_peak": make_config("lm", **base).lr, "lr_sum": lrs, "seeds": list(params.seeds),
             "runs": runs.to_dict("list"), "table": ppl_table(runs).to_dict("list"), "overrides": base,
             "runtime_s": time.perf_counter() - t0}
 
@@ -132,6 +146,8 @@ def attn_decay_hurts(runs: pd.DataFrame) -> Claim:
     if e_max < MIN_EXPOSURE:
         verdict, reason = "inconclusive", f"largest attention exposure {e_max:.4g} < {MIN_EXPOSURE:g}"
     return Claim(name="table1.attn_decay_hurts", source=SRC_HURTS, statement=ST_HURTS.format(e=round(e_max, 2)),
+                 quote=QUOTE_HURTS, rule=f"main effect over the grid's MLP lambdas of ppl(attn max) - ppl(attn 0) > "
+                                         f"spread ({SPREAD}); exposure at attn max >= {MIN_EXPOSURE:g}",
                  measured={"attn_lambda_max": a_max, "main_effect": main, "per_mlp_lambda": per}, verdict=verdict,
                  reason=reason, tolerance=SPREAD,
                  expected="mean over MLP lambdas of ppl(attn max) - ppl(attn 0) > seed spread (paired by seed)",
@@ -141,49 +157,71 @@ def attn_decay_hurts(runs: pd.DataFrame) -> Claim:
                      f"{main['n_seeds']} seeds)")
 
 
+def hurts_literal(runs: pd.DataFrame, lam: float, lr_peak: float | None) -> Claim:
+    """``table1.attn_decay_hurts_lam01`` (supporting evidence of ``attn_decay_hurts``): at MLP
+    λ = 0.1, attention λ = 0.1 against 0, paired by seed, judged literally (no exposure gate)."""
+    c = cells(runs)
+    have = (lam, lam) in c and (0.0, lam) in c
+    d = paired(c[(lam, lam)], c[(0.0, lam)]) if have else {"diff": float("nan"), "spread": float("nan"), "n_seeds": 0}
+    verdict = sign_verdict(d["diff"], d["spread"])
+    e = _exp(runs, "exposure_attn", "attn_weight_decay", lam) if have else float("nan")
+    eta_lam = lam * lr_peak if lr_peak else float("nan")
+    return Claim(name="table1.attn_decay_hurts_lam01", source=SRC_HURTS, quote=QUOTE_HURTS,
+                 supports="table1.attn_decay_hurts",
+                 statement=f"At MLP decay {lam:g}, attention decay {lam:g} gives a higher test perplexity than none.",
+                 rule=f"ppl(attn {lam:g}, MLP {lam:g}) - ppl(attn 0, MLP {lam:g}) > spread ({SPREAD})",
+                 measured={"difference": d, "exposure_attn": e, "eta_lambda_per_step": eta_lam}, verdict=verdict,
+                 reason="" if verdict == "held" else ("no run at the literal lambda" if not have else
+                                                      "inside the seed spread" if verdict == "inconclusive"
+                                                      else "attention decay did not raise perplexity"),
+                 expected="ppl difference > seed spread (paired)", tolerance=SPREAD,
+                 detail="the literal lambda of the paper's setting, here at exposure "
+                        f"{e:.3g} with eta*lambda {eta_lam:.2g} per step.",
+                 exposure={"got_attn": e, "eta_lambda_per_step": eta_lam},
+                 key=f"ppl {d['diff']:+.3g} (spread {g3(d['spread'])}) at exposure {g3(e)}")
+
+
 def decoupling_helps(runs: pd.DataFrame) -> Claim:
-    """``table1.decoupling_helps``: in the MLP column(s) whose coupled λ has ≥ 3 time constants, the
-    best cell has attention λ < MLP λ, beyond the paired spread against the best cell with
-    attention λ ≥ MLP λ. The best cell of the whole grid is reported too."""
+    """``table1.decoupling_helps``, judged apart from ``attn_decay_hurts``: only in a regime where
+    some decay helps overall (a coupled λ > 0, attention = MLP, with a lower mean perplexity than
+    coupled λ = 0); there, attention 0 + MLP λ* against the best coupled λ*, paired by seed, beyond
+    the spread. Without such a regime in the grid: inconclusive (untested)."""
     c = cells(runs)
     mean = {k: float(np.mean(list(v.values()))) for k, v in c.items()}
-    cols = [m for m in sorted({m for _, m in c}) if (m, m) in c
-            and _exp(runs, "exposure_other", "weight_decay", m) >= MIN_EXPOSURE]
-    measured: dict[str, Any] = {"grid_best_cell": list(min(mean, key=mean.get)), "cells_mean_ppl": {
-        f"attn={a:g},mlp={m:g}": v for (a, m), v in sorted(mean.items())}}
-    verdicts, key = [], []
-    for m in cols:
-        lower = [k for k in c if k[1] == m and k[0] < m]
-        other = [k for k in c if k[1] == m and k[0] >= m]
-        if not lower:
-            continue
-        bl, bo = min(lower, key=mean.get), min(other, key=mean.get)
-        d = paired(c[bo], c[bl])
-        verdicts.append(sign_verdict(d["diff"], d["spread"]))
-        measured[f"mlp_lambda={m:g}"] = {"best_lower_attn": bl[0], "best_other_attn": bo[0], **d,
-                                         "verdict": verdicts[-1]}
-        key.append(f"MLP {m:g}: attn {bl[0]:g} better than attn {bo[0]:g} by {d['diff']:.3g} ppl "
-                   f"(spread {g3(d['spread'])})")
-    verdict = combine(verdicts)
-    reason = "" if verdict == "held" else ("the two best cells are inside the seed spread" if verdict == "inconclusive"
-                                           else "the best cell has attention decay >= MLP decay, beyond the spread")
-    got = max((_exp(runs, "exposure_other", "weight_decay", m) for m in cols), default=0.0)
-    if not verdicts:
-        verdict, reason = "inconclusive", f"no coupled lambda with exposure >= {MIN_EXPOSURE:g} in the grid"
-    return Claim(name="table1.decoupling_helps", source=SRC_DECOUPLE, statement=ST_DECOUPLE.format(e=MIN_EXPOSURE),
-                 measured=measured, verdict=verdict, reason=reason,
-                 expected="ppl(best cell with attn >= MLP) - ppl(best cell with attn < MLP) > seed spread (paired)",
+    coupled = sorted(a for a, m in c if a == m)
+    measured: dict[str, Any] = {"coupled_mean_ppl": {f"{a:g}": mean[(a, a)] for a in coupled},
+                                "cells_mean_ppl": {f"attn={a:g},mlp={m:g}": v for (a, m), v in sorted(mean.items())}}
+    helping = [a for a in coupled if a > 0 and (0.0, 0.0) in mean and mean[(a, a)] < mean[(0.0, 0.0)]
+               and (0.0, a) in c]
+    if not helping:
+        return Claim(name="table1.decoupling_helps", source=SRC_DECOUPLE, statement=ST_DECOUPLE, quote=QUOTE_DECOUPLE,
+                     rule=RULE_DECOUPLE, measured=measured, verdict="inconclusive",
+                     reason="untested: no coupled decay > 0 beats coupled 0 in this grid (decay does not help here)",
+                     expected="ppl(best coupled lambda*) - ppl(attn 0, MLP lambda*) > seed spread", tolerance=SPREAD,
+                     key="coupled ppl " + ", ".join(f"{k}: {g3(v)}" for k, v in measured["coupled_mean_ppl"].items()))
+    best = min(helping, key=lambda a: mean[(a, a)])
+    d = paired(c[(best, best)], c[(0.0, best)])
+    verdict = sign_verdict(d["diff"], d["spread"])
+    measured.update({"best_coupled_lambda": best, "difference": d})
+    return Claim(name="table1.decoupling_helps", source=SRC_DECOUPLE, statement=ST_DECOUPLE, quote=QUOTE_DECOUPLE,
+                 rule=RULE_DECOUPLE, measured=measured, verdict=verdict,
+                 reason="" if verdict == "held" else ("inside the seed spread" if verdict == "inconclusive"
+                                                      else "decoupled is not better beyond the spread"),
+                 expected="ppl(best coupled lambda*) - ppl(attn 0, MLP lambda*) > seed spread (paired)",
                  tolerance=SPREAD,
-                 detail="Picking the best of several cells favours the side with more cells slightly (selection); "
-                        "the spread test does not correct for it.",
-                 exposure={"needed_coupled": MIN_EXPOSURE, "got_coupled": got},
-                 key="; ".join(key) or "—")
+                 detail="Regime: coupled lambda* beats coupled 0 on mean perplexity (decay helps); the decoupled cell "
+                        "drops attention decay only.",
+                 key=f"coupled {best:g} {g3(mean[(best, best)])} vs attn 0 + MLP {best:g} {g3(mean[(0.0, best)])}: "
+                     f"{d['diff']:+.3g} (spread {g3(d['spread'])})")
 
 
 def claims(data: dict[str, Any], params: Table1Params) -> list[Claim]:
     """Both table1 claims from the runs table."""
     runs = pd.DataFrame(data["runs"])
-    return [attn_decay_hurts(runs), decoupling_helps(runs)]
+    out = [attn_decay_hurts(runs)]
+    if "literal_lambda" in data:
+        out.append(hurts_literal(runs, float(data["literal_lambda"]), data.get("lr_peak")))
+    return out + [decoupling_helps(runs)]
 
 
 def figures(data: dict[str, Any], params: Table1Params) -> list[FigureOut]:

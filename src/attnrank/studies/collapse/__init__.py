@@ -1,5 +1,5 @@
 """Reproduction 'collapse': the second document's rank-collapse claims (Dong, Cordonnier, Loukas
-2021; REFERENCE.md §4).
+2021; docs/METHODS.md).
 
 params (:mod:`.params`) → experiment (:mod:`.experiment`: surgery on MiniLM, depth sweep,
 path-restricted model, path enumeration) → data → claims (:mod:`.claims`) → figures
@@ -16,7 +16,7 @@ from attnrank.studies.collapse.figures import figures
 from attnrank.studies.collapse.params import CollapseParams
 from attnrank.studies.registry import CATALOGUE, Study, register_study
 
-SOURCE = "Dong, Cordonnier, Loukas 2021 (seed 001); REFERENCE.md §4"
+SOURCE = "Dong, Cordonnier, Loukas 2021 (an article on it)"
 
 
 def notes(data: dict[str, Any], params: CollapseParams) -> list[str]:

@@ -11,24 +11,40 @@ import numpy as np
 from attnrank.analysis.collapse import INITS, WELL_KNOWN, path_counts, path_length_stats
 from attnrank.studies.collapse.params import CollapseParams
 from attnrank.studies.registry import Claim, arrow, g3
+from attnrank.studies.verdicts import combine_reason, mean_spread, side
 
-SRC_PURE = "seed 001 §3.1, §5.4 (BERT experiments); REFERENCE.md §4"
-SRC_SKIP = "seed 001 §4.1 (skip connections); REFERENCE.md §4"
-SRC_MLP = "seed 001 §4.2, §5.3 (MLPs); REFERENCE.md §4"
-SRC_MLP_NOT = "seed 001 §4.2 (MLPs slow, not stop, the convergence)"
-SRC_DEXP = "seed 001 §3.1 (bound with exponent 3^L); REFERENCE.md §4"
-SRC_PRODUCTS = "seed 001 §2.2, §5.1-5.2 (paths, products of stochastic matrices); REFERENCE.md §4"
-SRC_RESTRICTED = "seed 001 §2.2, §5.2 (expressivity falls with path length)"
-SRC_SUM = "seed 001 §2.2 (SAN output = sum over paths)"
-SRC_COUNTS = "seed 001 §4.1, |P_k| = C(L,k) H^k"
+SRC_ART = "article on Dong, Cordonnier, Loukas 2021 (collapse)"
+SRC_PURE = f"{SRC_ART}, Research Paper Focus"
+SRC_SKIP = f"{SRC_ART}, Research Paper Focus"
+SRC_MLP = f"{SRC_ART}, Research Paper Focus"
+SRC_MLP_NOT = f"{SRC_ART}, Research Paper Focus"
+SRC_DEXP = f"{SRC_ART}, Research Paper Focus; §3.1"
+SRC_PRODUCTS = f"{SRC_ART}, §5.2"
+SRC_RESTRICTED = f"{SRC_ART}, §5.2"
+SRC_SUM = f"{SRC_ART}, §2.2"
+SRC_COUNTS = f"{SRC_ART}, §4.1"
+Q_PURE = ("This phenomenon is characterized by the output of these networks converging to a rank-one matrix, where all "
+          "rows become identical.")
+Q_SKIP = "Skip connections help prevent rank collapse"
+Q_MLP = "MLPs slow down the convergence by increasing the Lipschitz constant"
+Q_DEXP = ("It reveals that SANs, particularly those lacking skip connections and multi-layer perceptrons (MLPs), lose "
+          "their expressive power at a rate that doubles exponentially with the increase in network depth.")
+Q_PATHS = ("The expressivity of paths in a SAN is shown to decrease with increasing path length, contradicting the "
+           "intuitive assumption that more layers (and hence longer paths) would increase expressivity.")
+Q_ENSEMBLE = "that deep SANs with skip connections act like ensembles of weakly-dependent shallow networks."
+Q_SUM = ("The study introduces a path decomposition method, expressing the SAN output as a sum of paths, each "
+         "representing a sequence of self-attention heads across layers.")
+Q_COUNTS = ("This equation calculates the total number of distinct paths of a given length in a SAN when skip "
+            "connections are included, illustrating the increase in path diversity due to skip connections.")
+RULE_RATIO = "per-sentence last/first residual; mean ± t_{0.975,n-1} SE against the threshold fixed in params"
 
 ST_PURE = ("Pure self-attention (skips and MLPs removed) collapses towards rank one: the last layer's "
            "relative residual is much smaller than the first's, pretrained and at random init.")
 ST_SKIP = "With skip connections (attention + skip, and the full model) the residual does not collapse."
 ST_MLP = "MLPs slow the collapse: attention + MLP keeps a larger residual than pure attention."
 ST_MLP_NOT = "Without skips, MLPs do not prevent the collapse: attention + MLP still collapses."
-ST_DEXP = ("In a pure self-attention network, log residual follows a doubly exponential form in depth "
-           "(log r_L = a + b kappa^L), not a single exponential (a + b L).")
+ST_DEXP = ("In a pure self-attention network, log residual follows the document's doubly exponential form in depth "
+           "(log r_L = a + b 3^L, the shape of its bound), better than a single exponential (a + b L).")
 ST_PRODUCTS = "Products of attention matrices along longer head paths are closer to rank one."
 ST_RESTRICTED = "The project's model restricted to paths of length k: longer paths give outputs closer to rank one."
 ST_SUM = "With frozen attention, a self-attention network with skips equals the sum of its path terms."
@@ -66,35 +82,14 @@ def _meta(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def mean_2se(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and twice its standard error (sample std / √n; 0 for one value)."""
-    v = np.asarray(values, dtype=float)
-    se = float(np.std(v, ddof=1) / np.sqrt(v.size)) if v.size > 1 else 0.0
-    return float(np.mean(v)), 2.0 * se
-
-
-def side(mean: float, two_se: float, threshold: float, below: bool) -> str:
-    """``held`` when the whole interval mean ± 2 SE is on the claimed side of ``threshold``
-    (``below``: ≤ it, else ≥ it), ``not held`` when it is wholly on the other side, else
-    ``inconclusive`` (NaN: not held)."""
-    if not math.isfinite(mean) or not math.isfinite(two_se):
-        return "not held"
-    lo, hi = mean - two_se, mean + two_se
-    if (hi <= threshold) if below else (lo >= threshold):
-        return "held"
-    if (lo > threshold) if below else (hi < threshold):
-        return "not held"
-    return "inconclusive"
+    """Mean over sentences and its spread ``t_{0.975, n−1}`` · SE (:func:`verdicts.mean_spread`;
+    the name is kept for the data's column labels)."""
+    return mean_spread(values)
 
 
 def combine(verdicts: dict[str, str]) -> tuple[str, str]:
-    """One verdict from several parts (any not held → not held; all held → held), and the reason."""
-    vals = set(verdicts.values())
-    if "not held" in vals:
-        return "not held", "not held for: " + ", ".join(k for k, v in verdicts.items() if v == "not held")
-    if vals == {"held"}:
-        return "held", ""
-    return "inconclusive", ("the interval mean ± 2 SE over sentences straddles the threshold for: "
-                            + ", ".join(k for k, v in verdicts.items() if v == "inconclusive"))
+    """One verdict from several parts (:func:`verdicts.combine_reason`)."""
+    return combine_reason(verdicts)
 
 
 def per_sentence_ratio(data: dict[str, Any], key: str) -> list[float]:
@@ -110,7 +105,7 @@ def threshold_claim(data: dict[str, Any], keys: Sequence[str], threshold: float,
     for key in keys:
         init, variant = key.split("/")
         m, two_se = mean_2se(per_sentence_ratio(data, key))
-        measured[key] = {**ratios(data["summary"], init, variant), "per-sentence last/first": m, "2 SE": two_se}
+        measured[key] = {**ratios(data["summary"], init, variant), "per-sentence last/first": m, "spread": two_se}
         verdicts[key] = side(m, two_se, threshold, below)
     verdict, reason = combine(verdicts)
     return measured, verdict, reason
@@ -118,19 +113,21 @@ def threshold_claim(data: dict[str, Any], keys: Sequence[str], threshold: float,
 
 def ratio_key(measured: dict[str, Any]) -> str:
     """last/first per sentence, mean ± 2 SE, per part: a threshold claim's key."""
-    return "last/first: " + "; ".join(f"{k} {g3(v['per-sentence last/first'])} ± {g3(v['2 SE'])}"
+    return "last/first: " + "; ".join(f"{k} {g3(v['per-sentence last/first'])} ± {g3(v['spread'])}"
                                       for k, v in measured.items())
 
 
-SPREAD = ("verdict per part on the per-sentence ratio last/first: held when mean ± 2 SE lies wholly on the "
-          "claimed side of the threshold, not held when wholly on the other side, else inconclusive")
+SPREAD = ("verdict per part on the per-sentence ratio last/first: held when mean ± t_{0.975,n-1} SE lies wholly on "
+          "the claimed side of the threshold, not held when wholly on the other side, else inconclusive (NaN: "
+          "inconclusive)")
 
 
 def pure_attention(data: dict[str, Any], p: CollapseParams) -> Claim:
     """Pure attention: last/first ≤ ratio_collapse for both inits (per sentence, mean ± 2 SE)."""
     measured, verdict, reason = threshold_claim(data, [f"{i}/pure" for i in INITS], p.ratio_collapse, below=True)
     return Claim(
-        name="collapse.pure_attention", source=SRC_PURE, statement=ST_PURE,
+        name="collapse.pure_attention", source=SRC_PURE, statement=ST_PURE, quote=Q_PURE,
+        rule=f"{RULE_RATIO}: <= {p.ratio_collapse:g} for pure attention, both inits",
         measured=measured, expected={f"{i}/pure": f"last/first <= {p.ratio_collapse:g}" for i in INITS},
         tolerance=f"'much smaller' taken as two orders of magnitude ({p.ratio_collapse:g}); {SPREAD}",
         verdict=verdict, reason=reason, key=ratio_key(measured),
@@ -144,7 +141,8 @@ def skip_prevents(data: dict[str, Any], p: CollapseParams) -> Claim:
     keys = [f"{i}/{v}" for i in INITS for v in ("skip", "full")]
     measured, verdict, reason = threshold_claim(data, keys, p.ratio_prevent, below=False)
     return Claim(
-        name="collapse.skip_prevents", source=SRC_SKIP, statement=ST_SKIP,
+        name="collapse.skip_prevents", source=SRC_SKIP, statement=ST_SKIP, quote=Q_SKIP,
+        rule=f"{RULE_RATIO}: >= {p.ratio_prevent:g} for skip and full, both inits",
         measured=measured, expected=f"last/first >= {p.ratio_prevent:g} for every variant with skips and both inits",
         tolerance=f"'does not collapse' taken as keeping at least half ({p.ratio_prevent:g}) of the first layer's "
                   f"residual; {SPREAD}",
@@ -164,7 +162,7 @@ def mlp_slows(data: dict[str, Any], p: CollapseParams) -> Claim:
         d = {f"layer {layer}": float(np.mean(np.log10(a[:, layer] / b[:, layer]))) for layer in layers}
         m, two_se = mean_2se(np.log10(a[:, layers] / b[:, layers]).mean(1)) if layers else (math.nan, math.nan)
         per_layer[i] = {"mean log10(mlp/pure)": float(np.mean(list(d.values()))) if d else math.nan,
-                        "2 SE over sentences": two_se, **d}
+                        "spread over sentences": two_se, **d}
         verdicts[i] = side(m, two_se, 0.0, below=False) if layers else "inconclusive"
         if verdicts[i] == "held" and m - two_se <= 0:  # a difference of exactly 0 is no slowing
             verdicts[i] = "inconclusive"
@@ -173,12 +171,14 @@ def mlp_slows(data: dict[str, Any], p: CollapseParams) -> Claim:
     if empty:
         reason = f"no layer above the floor to compare for: {', '.join(empty)}"
     return Claim(
-        name="collapse.mlp_slows", source=SRC_MLP, statement=ST_MLP,
+        name="collapse.mlp_slows", source=SRC_MLP, statement=ST_MLP, quote=Q_MLP,
+        rule="per sentence, mean over layers above the float64 floor of log10(res mlp / res pure) > 0 beyond "
+             "t_{0.975,n-1} SE, both inits",
         measured=per_layer, expected="mean over layers of log10(residual with MLP / without) > 0, for both inits",
         tolerance="sign, beyond the spread: per sentence the mean over judged layers of log10(mlp/pure); held when "
-                  "mean - 2 SE > 0, not held when mean + 2 SE < 0, else inconclusive",
+                  "mean - spread > 0, not held when mean + spread < 0, else inconclusive (spread = t_{0.975,n-1} SE)",
         verdict=verdict, reason=reason,
-        key="mean log10(mlp/pure): " + "; ".join(f"{i} {g3(v['mean log10(mlp/pure)'])} ± {g3(v['2 SE over sentences'])}"
+        key="mean log10(mlp/pure): " + "; ".join(f"{i} {g3(v['mean log10(mlp/pure)'])} ± {g3(v['spread over sentences'])}"
                                                  for i, v in per_layer.items()),
         detail="Paired per sentence: log10 of res_composite with MLP over without, at every layer >= 1 where pure "
                f"attention is still above the float64 floor ({p.floor:g}) in the geometric mean over sentences. "
@@ -189,7 +189,8 @@ def mlp_does_not_prevent(data: dict[str, Any], p: CollapseParams) -> Claim:
     """Attention + MLP without skips: last/first ≤ ratio_collapse for both inits (mean ± 2 SE)."""
     measured, verdict, reason = threshold_claim(data, [f"{i}/mlp" for i in INITS], p.ratio_collapse, below=True)
     return Claim(
-        name="collapse.mlp_does_not_prevent", source=SRC_MLP_NOT, statement=ST_MLP_NOT,
+        name="collapse.mlp_does_not_prevent", source=SRC_MLP_NOT, statement=ST_MLP_NOT, quote=Q_MLP,
+        supports="collapse.mlp_slows", rule=f"{RULE_RATIO}: <= {p.ratio_collapse:g} for attention + MLP, both inits",
         measured=measured, expected={f"{i}/mlp": f"last/first <= {p.ratio_collapse:g}" for i in INITS},
         tolerance=f"{p.ratio_collapse:g}; {SPREAD}", verdict=verdict, reason=reason, key=ratio_key(measured),
         detail="Same batch and measure as collapse.pure_attention.")
@@ -212,29 +213,35 @@ def depth_fits(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def doubly_exponential(data: dict[str, Any], p: CollapseParams) -> Claim:
-    """Every fitted curve: R²(doubly exponential) ≥ 0.95 and κ = 3 form beats the exponential."""
+    """The document's form, judged: for every curve with ≥ 4 depths above the floor, the
+    two-parameter fit ``log r_L = a + b·3^L`` (the shape of the stated bound) has R² ≥ 0.95 and
+    beats the two-parameter exponential ``a + b·L``. The free-κ fit is descriptive, reported only."""
     fits = depth_fits(data)
-    fitted = {k: v for k, v in fits.items() if v.get("R2 dexp") is not None}
-    bad = [k for k, v in fitted.items() if not (v["R2 dexp"] >= 0.95 and v["R2 dexp kappa=3"] > v["R2 exp"])]
-    unfitted = [k for k, v in fits.items() if "R2 dexp" not in v]
+    fitted = {k: v for k, v in fits.items() if v.get("R2 dexp kappa=3") is not None}
+    bad = [k for k, v in fitted.items() if not (v["R2 dexp kappa=3"] >= 0.95 and v["R2 dexp kappa=3"] > v["R2 exp"])]
+    unfitted = [k for k, v in fits.items() if "R2 dexp kappa=3" not in v]
     verdict = "inconclusive" if not fitted else ("not held" if bad else "held")
     reason = ("no curve has 4 depths above the float64 floor to fit" if not fitted
-              else f"not doubly exponential by the criterion: {', '.join(bad)}" if bad else "")
+              else f"the 3^L form does not fit (R2 < 0.95 or below the exponential): {', '.join(bad)}" if bad else "")
     sw = data["depth_sweep"]
     return Claim(
-        name="collapse.doubly_exponential", source=SRC_DEXP, statement=ST_DEXP, measured=fits,
-        expected="for every curve with >= 4 depths above the floor: R2(a + b kappa^L) >= 0.95, and the "
-                 "two-parameter kappa = 3 form fits better than the two-parameter exponential",
+        name="collapse.doubly_exponential", source=SRC_DEXP, statement=ST_DEXP, measured=fits, quote=Q_DEXP,
+        rule="every curve with >= 4 depths above the float64 floor: R2(a + b 3^L) >= 0.95 and > R2(a + b L) "
+             "(two parameters each; log r over the depths before the floor)",
+        expected="for every curve with >= 4 depths above the floor: R2(a + b 3^L) >= 0.95, above the two-parameter "
+                 "exponential's",
         tolerance="R2 on log r over the depths before the curve first reaches the float64 floor",
         verdict=verdict, reason=reason,
-        key=(f"{len(fitted)} of {len(fits)} curves fitted; lowest R2 dexp {g3(min(v['R2 dexp'] for v in fitted.values()))}"
-             if fitted else f"0 of {len(fits)} curves fitted"),
+        key=(f"{len(fitted)} of {len(fits)} curves fitted; lowest R2 of the 3^L form "
+             f"{g3(min(v['R2 dexp kappa=3'] for v in fitted.values()))}, of a + b L "
+             f"{g3(min(v['R2 exp'] for v in fitted.values()))}" if fitted else f"0 of {len(fits)} curves fitted"),
         detail="Depth sweep: the project's Transformer with no skip, no MLP, no norm, random init N(0, std^2) for "
                f"every weight, {len(sw['seeds'])} seeds x {sw['n_seqs']} byte sequences; geometric mean of "
-               "res_composite per depth. kappa fitted by profile least squares on [1.01, 10]. Not fitted (fewer "
-               f"than 4 depths above {p.floor:g}: they reach the rounding floor within 1-3 layers): "
-               f"{', '.join(unfitted) or 'none'}. The paper's bound is an upper bound; a fit says only how the "
-               "measured curve is shaped.")
+               "res_composite per depth. Descriptive only: a free kappa fitted by profile least squares on [1.01, 10] "
+               f"('kappa', 'R2 dexp'). Not fitted (fewer than 4 depths above {p.floor:g}: they reach the rounding "
+               f"floor within 1-3 layers): {', '.join(unfitted) or 'none'}. The stated bound itself "
+               "(4 gamma beta / sqrt(d_qk))^((3^L - 1)/2) |res(X)|^(3^L) is not checked as an inequality: the article "
+               "names gamma and beta only as 'constants that depend on the attention mechanism and weights'.")
 
 
 def path_products(data: dict[str, Any], p: CollapseParams) -> Claim:
@@ -242,7 +249,8 @@ def path_products(data: dict[str, Any], p: CollapseParams) -> Claim:
     ps = data["path_products"]
     means = [r["mean"] for r in ps]
     return Claim(
-        name="collapse.path_products", source=SRC_PRODUCTS, statement=ST_PRODUCTS,
+        name="collapse.path_products", source=SRC_PRODUCTS, statement=ST_PRODUCTS, quote=Q_PATHS,
+        rule="mean residual of sampled head-path products strictly decreasing in path length until the float64 floor",
         measured={f"k={int(r['length'])}": r["mean"] for r in ps},
         expected="mean residual strictly decreasing in path length k = 0..L",
         tolerance="strict monotonicity of the means", held=strictly_decreasing_to_floor(means, p.floor),
@@ -257,7 +265,9 @@ def path_restricted(data: dict[str, Any], p: CollapseParams) -> Claim:
     restricted = data["path_restricted"]
     verdict_keys = [k for k in restricted if k.startswith("norm=none")]
     return Claim(
-        name="collapse.path_restricted", source=SRC_RESTRICTED, statement=ST_RESTRICTED,
+        name="collapse.path_restricted", source=SRC_RESTRICTED, statement=ST_RESTRICTED, quote=Q_PATHS,
+        supports="collapse.path_products", rule="geometric-mean residual strictly decreasing in k until the floor, "
+                                                "norm-free network, both init scales",
         measured={k: {"residual by k": v["geo_mean"], "spearman": v["spearman_k_vs_log_residual"]}
                   for k, v in restricted.items()},
         expected="residual strictly decreasing in k (until the float64 floor) for the norm-free network (the "
@@ -274,12 +284,38 @@ def path_restricted(data: dict[str, Any], p: CollapseParams) -> Claim:
                "of falling).")
 
 
+def short_paths(data: dict[str, Any], p: CollapseParams) -> Claim:
+    """"Deep SANs with skip connections act like ensembles of weakly-dependent shallow networks":
+    in the norm-free path-restricted network, paths of length k ≤ L/2 carry at least
+    ``p.short_share`` of the output norm Σ_k ‖Y_k‖_F, per sequence mean ± t·SE, both init scales."""
+    rows = {k: v for k, v in data["path_restricted"].items() if k.startswith("norm=none") and "norm_share_by_k" in v}
+    parts, measured = {}, {}
+    for k, v in rows.items():
+        share = np.asarray(v["norm_share_by_k"], dtype=float)  # (sequences x seeds, L+1)
+        cut = (share.shape[1] - 1) // 2
+        m, sp = mean_spread(share[:, : cut + 1].sum(1))
+        parts[k] = side(m, sp, p.short_share, below=False)
+        measured[k] = {"share of paths k <= L/2": m, "spread": sp, "mean share by k": share.mean(0).tolist()}
+    verdict, reason = combine_reason(parts) if parts else ("inconclusive", "no path-share data (an older run)")
+    return Claim(
+        name="collapse.short_paths", source=f"{SRC_ART}, Research Paper Focus", quote=Q_ENSEMBLE,
+        statement="In a self-attention network with skips, the short paths (length <= L/2) carry most of the output.",
+        rule=f"per sequence, sum over k <= L/2 of |Y_k|_F / sum_k |Y_k|_F >= {p.short_share:g} beyond t_(0.975,n-1) SE, "
+             "norm-free network, both init scales",
+        measured=measured, expected=f"share >= {p.short_share:g}", verdict=verdict, reason=reason,
+        key="; ".join(f"{k}: {g3(v['share of paths k <= L/2'])} ± {g3(v['spread'])}" for k, v in measured.items()) or "—",
+        detail=f"The project's Transformer, {p.restricted_layers} layers x {p.sweep_heads} heads, skips, no MLP, no norm, "
+               "random init, attention frozen at the full forward pass so the output is exactly sum_k Y_k. A "
+               "weakly-dependent ensemble is read as: the short paths dominate the output.")
+
+
 def path_sum_exact(data: dict[str, Any], p: CollapseParams) -> Claim:
     """Σ_k Y_k equals the model's output to float64 rounding."""
     errs = [v["sum_rel_error"] for v in data["path_restricted"].values()]
     err = max(math.inf if e is None else e for e in errs)
     return Claim(
-        name="collapse.path_sum_exact", source=SRC_SUM, statement=ST_SUM,
+        name="collapse.path_sum_exact", source=SRC_SUM, statement=ST_SUM, quote=Q_SUM,
+        rule=f"relative error <= {SUM_TOL:g}",
         measured=err, expected=0.0, tolerance=SUM_TOL, held=err <= SUM_TOL, kind="identity",
         detail="max over settings and seeds of |sum_k Y_k - X_L|_F / |X_L|_F, float64, against the model's own "
                "forward.")
@@ -291,7 +327,8 @@ def path_counts_claim(data: dict[str, Any], p: CollapseParams) -> Claim:
     brute_ok = bool(rows) and all(r["counts"] == path_counts(r["layers"], r["heads"]) for r in rows)
     sums_ok = all(sum(path_counts(Lw, Hw)) == (Hw + 1) ** Lw for Lw, Hw in WELL_KNOWN.values())
     return Claim(
-        name="collapse.path_counts", source=SRC_COUNTS, statement=ST_COUNTS,
+        name="collapse.path_counts", source=SRC_COUNTS, statement=ST_COUNTS, quote=Q_COUNTS,
+        rule="exact integer equality",
         measured={"brute-force configs agreeing": len(rows) if brute_ok else "mismatch",
                   "sums equal (H+1)^L for the table": sums_ok,
                   "mean path length MiniLM (L=6, H=12)": path_length_stats(6, 12)["mean_length"]},
@@ -306,4 +343,4 @@ def path_counts_claim(data: dict[str, Any], p: CollapseParams) -> Claim:
 def claims(data: dict[str, Any], p: CollapseParams) -> list[Claim]:
     """Every collapse claim, in report order."""
     return [f(data, p) for f in (pure_attention, skip_prevents, mlp_slows, mlp_does_not_prevent, doubly_exponential,
-                                 path_products, path_restricted, path_sum_exact, path_counts_claim)]
+                                 path_products, path_restricted, short_paths, path_sum_exact, path_counts_claim)]

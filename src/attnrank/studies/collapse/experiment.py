@@ -56,7 +56,7 @@ def _restricted(p: CollapseParams) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for norm in p.restricted_norms:
         for std in p.restricted_stds:
-            logs, errs = [], []
+            logs, errs, shares = [], [], []
             for s in p.sweep_seeds:
                 with torch.random.fork_rng(devices=[]):
                     torch.manual_seed(s)
@@ -65,10 +65,12 @@ def _restricted(p: CollapseParams) -> dict[str, Any]:
                 r = path_restricted(m.double().eval(), ids)
                 logs.append(np.log(np.maximum(r["residual"], 1e-300)))
                 errs.append(r["sum_rel_error"])
+                shares.append(np.asarray(r["norm_share"]))  # (L+1, B): |Y_k|_F / sum_k |Y_k|_F per sequence
             lg = np.concatenate(logs, 1).mean(1)
             out[f"norm={norm}, init std {std:g}"] = {
                 "geo_mean": np.exp(lg).tolist(), "sum_rel_error": max(errs),
-                "spearman_k_vs_log_residual": float(spearmanr(np.arange(1, lg.size), lg[1:]).statistic)}
+                "spearman_k_vs_log_residual": float(spearmanr(np.arange(1, lg.size), lg[1:]).statistic),
+                "norm_share_by_k": np.concatenate(shares, 1).T.tolist()}  # per sequence and seed, by k
     return out
 
 

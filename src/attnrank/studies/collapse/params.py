@@ -19,7 +19,9 @@ class CollapseParams:
     the project's model restricted to paths (``restricted_layers`` layers, skips, no MLP, norm
     placements ``restricted_norms``, init scales ``restricted_stds``, same seeds and sequences).
     ``ratio_collapse`` / ``ratio_prevent``: last/first residual thresholds for "collapsed" /
-    "not collapsed"; ``floor``: residuals below it are float64 rounding noise.
+    "not collapsed"; ``short_share``: the share of the output norm that paths of length
+    ≤ L/2 must carry for "ensembles of shallow networks"; ``floor``: residuals below it are
+    float64 rounding noise.
     """
 
     model: str = "minilm"
@@ -39,6 +41,7 @@ class CollapseParams:
     restricted_stds: tuple[float, ...] = (0.02, 0.3)
     ratio_collapse: float = 1e-2
     ratio_prevent: float = 0.5
+    short_share: float = 0.5
     floor: float = FLOOR
     threads: int = 1
 

@@ -15,7 +15,7 @@ from attnrank.studies.fig1.figures import figures as draw
 from attnrank.studies.fig1.params import Fig1Params
 from attnrank.studies.registry import CATALOGUE, Study, register_study
 
-SOURCE = "Kobayashi et al. 2024, Fig. 1 and Prop. 3.1 (seed 000); REFERENCE.md §2"
+SOURCE = "Kobayashi et al. 2024, Fig. 1 and Prop. 3.1 (paper)"
 
 
 def notes(data: dict[str, Any], params: Fig1Params) -> list[str]:

@@ -11,18 +11,23 @@ from attnrank.studies.fig1.gd import fit_log_slope, predicted_slope
 from attnrank.studies.fig1.params import Fig1Params
 from attnrank.studies.registry import Claim, g3
 
-SRC_GAP = "paper Fig. 1 (left); §3"
-SRC_RATE = "paper Fig. 1 (center left); REFERENCE.md §2 (GD recursion derived there)"
-SRC_RECURSION = "REFERENCE.md §2 (derived there: 'verify numerically rather than trust')"
-SRC_SOFT = "paper Fig. 1 (center right); REFERENCE.md §2"
+SRC_GAP = "paper, Figure 1 caption (left)"
+SRC_RATE = "paper, Figure 1 caption (center left)"
+SRC_RECURSION = "derived here (the gradient-descent recursion of the imbalance; docs/METHODS.md)"
+SRC_SOFT = "paper, Figure 1 caption (center right)"
 SRC_THRESHOLD = "derived here (GD on the balanced scalar mode at lam = 2 d_i)"
-SRC_PROP31 = "paper Prop. 3.1"
-SRC_PROP31_GAP = "paper Prop. 3.1 / REFERENCE.md §1"
+SRC_PROP31 = "paper, Proposition 3.1"
+SRC_PROP31_GAP = "derived here (the converse of Proposition 3.1 for rescaled pairs)"
+Q_GAP = r"For all cases, other than $\lambda=0$, the trajectory converges exponentially quickly to $0$ as predicted by our theory."
+Q_RATE = r"As predicted the discrepancy exponentially vanishes, with a time constant proportional to the $\lambda$."
+Q_SOFT = (r"As predicted, $s_i$ decays linearly with $\lambda$, until $\lambda \geq s_i$, at which point the singular "
+          "value vanishes.")
+Q_PROP31 = r"In particular, $\|AB^\top\|_*=\frac{1}{2}(\|A\|^2 + \|B\|^2)$."
 
 ST_GAP = ("For lam > 0 the gap between the Frobenius bound (1/2)(|A|^2+|B|^2) and the nuclear norm "
           "|AB^T|_* decays exponentially to 0; for lam = 0 it does not.")
 ST_RATE = ("|A^T A - B^T B| vanishes exponentially with a time constant proportional to 1/lam; per "
-           "gradient-descent step each mode's discrepancy contracts by its REFERENCE.md §2 factor: 1 - 2 eta lam "
+           "gradient-descent step each mode's discrepancy contracts by its own factor (docs/METHODS.md): 1 - 2 eta lam "
            "(active modes), (1 - eta lam)^2 - 4 eta^2 d_i^2 (modes thresholded to zero).")
 ST_RECURSION = ("Under gradient descent, A^TA - B^TB <- (1 - eta lam)^2 (A^TA - B^TB) + eta^2 (B^T G^T G B - "
                 "A^T G G^T A), G = grad L(AB^T), holds exactly.")
@@ -63,7 +68,8 @@ def gap_decay(data: dict[str, Any]) -> Claim:
         meas[lam_key(lam)] = {"final/initial": ratio, "log_slope_per_step": fit["slope"]}
         ok &= bool(ratio <= GAP_FINAL and fit["slope"] < 0) if lam > 0 else bool(ratio >= GAP_KEPT)
     return Claim(
-        name="fig1.gap_decay", source=SRC_GAP, statement=ST_GAP, measured=meas,
+        name="fig1.gap_decay", source=SRC_GAP, statement=ST_GAP, quote=Q_GAP,
+        rule=f"lam > 0: final/initial gap <= {_e(GAP_FINAL)} and fitted log-slope < 0; lam = 0: final/initial >= {GAP_KEPT:g}", measured=meas,
         expected=f"lam > 0: final/initial <= {_e(GAP_FINAL)} and log-slope < 0; lam = 0: final/initial >= {GAP_KEPT:g}",
         tolerance=f"thresholds as stated ({_e(GAP_FINAL)}: an algebraic decay would leave ~1e-3 after 1000 steps)",
         held=ok, key=f"final/initial gap: largest at lam > 0 {g3(max((r for lam, r in ratios.items() if lam > 0), default=None))}"
@@ -129,13 +135,15 @@ def balance_rate(data: dict[str, Any]) -> Claim:
     worst = max(dev.values(), default=math.inf)
     return Claim(
         name="fig1.balance_rate", source=SRC_RATE, statement=ST_RATE, measured=meas, expected=exp,
+        quote=Q_RATE, rule=f"fitted late log-slope of |A^T A - B^T B| within {RATE_TOL:.0%} of the per-mode GD rate, every "
+                          "seed and lam > 0 (threshold lam apart)",
         tolerance=f"{RATE_TOL:.0%} relative, every seed", held=bool(dev) and worst <= RATE_TOL,
         key=f"largest |slope / predicted - 1| {g3(worst)} over {len(dev)} lam (single-rate prediction: "
             f"{g3(_single_rate_dev(r))})",
         detail=f"Measured: least-squares slope of log|A^TA - B^TB|_F per step over the steps where it is between "
                f"{_e(lo)} and {_e(hi)} of its start, for init seeds {r['seeds']}; shown is the seed farthest from its "
                f"prediction. Largest relative deviation per lam: {', '.join(f'{k}: {v:.2g}' for k, v in dev.items())}. "
-               "Predicted (REFERENCE.md §2): each mode's discrepancy contracts by its own factor per step, 1 - 2 eta lam "
+               "Predicted (docs/METHODS.md): each mode's discrepancy contracts by its own factor per step, 1 - 2 eta lam "
                "for a mode that stays active (d_i > lam/2), (1 - eta lam)^2 - 4 eta^2 d_i^2 for one thresholded to zero "
                "(d_i < lam/2: a_i^T a_i - b_i^T b_i of its rows); Delta at the start of the window is split into those "
                "parts, each is carried at its factor and the predicted |Delta| is fitted over the same window. 'set by' "
@@ -151,11 +159,11 @@ def balance_rate(data: dict[str, Any]) -> Claim:
 
 
 def gd_recursion(data: dict[str, Any]) -> Claim:
-    """fig1.gd_recursion: the REFERENCE.md §2 recursion reproduces every GD step to 1e-12."""
+    """fig1.gd_recursion: the docs/METHODS.md recursion reproduces every GD step to 1e-12."""
     err = data["recursion_error"]
     err = math.inf if err is None else float(err)
     return Claim(
-        name="fig1.gd_recursion", source=SRC_RECURSION, statement=ST_RECURSION,
+        name="fig1.gd_recursion", source=SRC_RECURSION, statement=ST_RECURSION, rule=f"relative error <= {RECURSION_TOL:g}",
         measured=err, expected=0.0, tolerance=RECURSION_TOL, held=err <= RECURSION_TOL, kind="identity",
         detail="max over all steps and lam of |Delta_{t+1} - predicted|_F / |A^T A|_F, float64.",
     )
@@ -182,7 +190,8 @@ def soft_threshold(data: dict[str, Any]) -> Claim:
     at_threshold = all(np.isclose(b, 2 * d).any() for b in bad)
     steps = data["steps"]
     return Claim(
-        name="fig1.soft_threshold", source=SRC_SOFT, statement=ST_SOFT,
+        name="fig1.soft_threshold", source=SRC_SOFT, statement=ST_SOFT, quote=Q_SOFT,
+        rule=f"max |s_i - max(d_i - lam/2, 0)| <= {SOFT_TOL:g} at the last step (threshold case lam = 2 d_i apart)",
         measured=max_err, expected=0.0, tolerance=SOFT_TOL, held=max_err <= SOFT_TOL,
         detail=f"max |s_i - max(d_i - lam/2, 0)| at t = {steps} over lam in {lambdas.tolist()} and all i, except the "
                "threshold case lam = 2 d_i exactly (lam = 0.4, d = 0.2), where convergence is algebraic (next claim). "
@@ -204,7 +213,7 @@ def threshold_algebraic(data: dict[str, Any]) -> Claim:
     inv_slope = float(np.polyfit(half, 1.0 / s[half], 1)[0])
     d_thr = [di for di in data["d"] if abs(lam - 2 * di) < 1e-12]
     return Claim(
-        name="fig1.threshold_algebraic", source=SRC_THRESHOLD,
+        name="fig1.threshold_algebraic", source=SRC_THRESHOLD, rule=f"slope of 1/s within {THRESHOLD_TOL:.0%} of 4 eta",
         statement=f"At the threshold lam = 2 d_i (lam = {lam:g}, d = {d_thr[0] if d_thr else float('nan'):g}) the "
                   "singular value vanishes only algebraically: 1/s grows by 4 eta per step.",
         measured=inv_slope, expected=4 * eta, tolerance="1% relative",
@@ -221,7 +230,8 @@ def prop31_balanced_equality(data: dict[str, Any]) -> Claim:
     rel = np.abs(bound - nuc) / bound
     worst = float(rel.max()) if np.isfinite(rel).all() else math.inf
     return Claim(
-        name="prop31.balanced_equality", source=SRC_PROP31, statement=ST_BALANCED,
+        name="prop31.balanced_equality", source=SRC_PROP31, statement=ST_BALANCED, quote=Q_PROP31,
+        rule=f"relative |bound - nuclear| <= {PROP31_TOL:g}",
         measured=worst, expected=0.0, tolerance=PROP31_TOL, held=worst <= PROP31_TOL, kind="identity",
         detail=f"{rel.size} random balanced pairs B = QA (Q Haar orthogonal), shapes (d, dh) in "
                "(5,5), (16,4), (64,8), (8,6; rank 3), scales e^U(-2,2); max relative |bound - nuclear| / bound "
@@ -236,6 +246,7 @@ def prop31_unbalanced_gap(data: dict[str, Any]) -> Claim:
     min_gap = float(min((p["gap_scaled"] / p["bound_scaled"]).min(), (p["gap_indep"] / p["bound_indep"]).min()))
     return Claim(
         name="prop31.unbalanced_gap", source=SRC_PROP31_GAP, statement=ST_UNBALANCED,
+        rule=f"every gap > 0; closed form to {PROP31_TOL:g} relative",
         measured={"min gap/bound": min_gap, "max |gap - closed form|/bound": float(gap_rel_err.max())},
         expected={"min gap/bound": "> 0", "max |gap - closed form|/bound": 0.0},
         tolerance="closed form to 1e-12 relative", held=bool(min_gap > 0 and gap_rel_err.max() <= PROP31_TOL),

@@ -4,11 +4,11 @@ Figure 1 — gradient descent (step η) on two n×n factors with loss
 ``‖ABᵀ − D‖²_F + (λ/2)(‖A‖²_F + ‖B‖²_F)``. With ``G = 2(ABᵀ − D)`` the gradients are
 ``∇_A = GB + λA`` and ``∇_B = GᵀA + λB``. The discrepancy ``Δ = AᵀA − BᵀB`` obeys, exactly,
 
-    Δ' = (1 − ηλ)² Δ + η² (BᵀGᵀGB − AᵀGGᵀA)          (REFERENCE.md §2)
+    Δ' = (1 − ηλ)² Δ + η² (BᵀGᵀGB − AᵀGGᵀA)          (docs/METHODS.md)
        = (1 − 2ηλ) Δ + η² (∇_Aᵀ∇_A − ∇_Bᵀ∇_B)          (same thing, regrouped)
 
 (both checked numerically in tests/studies/test_fig1.py). Near the minimiser the rate differs
-by mode (REFERENCE.md §2, :func:`mode_rates`): an active mode (``d_i > λ/2``) shrinks its
+by mode (docs/METHODS.md, :func:`mode_rates`): an active mode (``d_i > λ/2``) shrinks its
 discrepancy by ``1 − 2ηλ`` per step, a mode thresholded to zero (``d_i < λ/2``) by
 ``(1 − ηλ)² − 4η²d_i²``. The minimiser soft-thresholds the singular values of D:
 ``s_i = max(d_i − λ/2, 0)``. At the threshold ``λ = 2 d_i`` the balanced scalar mode obeys
@@ -37,7 +37,7 @@ def soft_threshold_sv(d, lam: float) -> np.ndarray:
 
 
 def mode_rates(d, lam: float, eta: float) -> list[dict[str, Any]]:
-    """Per-step contraction factor of each mode's discrepancy near the minimiser (REFERENCE.md §2).
+    """Per-step contraction factor of each mode's discrepancy near the minimiser (docs/METHODS.md).
 
     For every ``d_i``: ``active`` (``d_i > λ/2``): ``1 − 2ηλ``; ``thresholded`` (``d_i < λ/2``):
     ``(1 − ηλ)² − 4η²d_i²``; ``threshold`` (``λ = 2 d_i`` to 1e-12): ``None`` (the mode's
@@ -88,7 +88,7 @@ def gd_step(A: np.ndarray, B: np.ndarray, D: np.ndarray, lam, eta: float) -> tup
 
 
 def discrepancy_next_reference(A, B, D, lam: float, eta: float) -> np.ndarray:
-    """REFERENCE.md §2: ``(1−ηλ)²Δ + η²(BᵀGᵀGB − AᵀGGᵀA)``, the predicted Δ after one step."""
+    """docs/METHODS.md: ``(1−ηλ)²Δ + η²(BᵀGᵀGB − AᵀGGᵀA)``, the predicted Δ after one step."""
     G, _, _ = fig1_gradients(A, B, D, lam)
     At, Bt, Gt = (np.swapaxes(x, -1, -2) for x in (A, B, G))
     delta = At @ A - Bt @ B

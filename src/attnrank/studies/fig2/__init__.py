@@ -14,7 +14,7 @@ from attnrank.studies.fig2 import claims, experiment, figures
 from attnrank.studies.fig2.params import Fig2Params
 from attnrank.studies.registry import CATALOGUE, Study, register_study
 
-SOURCE = "Kobayashi et al. 2024, Fig. 2 (seed 000); REFERENCE.md §3"
+SOURCE = "Kobayashi et al. 2024, Fig. 2 (paper)"
 
 
 def notes(data: dict[str, Any], p: Fig2Params) -> list[str]:
@@ -31,9 +31,22 @@ def notes(data: dict[str, Any], p: Fig2Params) -> list[str]:
         + ", ".join(f"{k}: {v['attn']:.2g}" for k, v in data["exposure"].items())
         + f"; lambdas below {p.min_exposure:g} are reported, not judged.",
         "Late spikes (the largest logged training loss after it first fell below 1e-3, worst seed; a spike undoes "
-        "the balancing, so a profile is sized to end before them): "
-        + ", ".join(f"lambda {k}: {v:.2g}" for k, v in late_spikes(data).items()) + ".",
+        "the balancing): " + ", ".join(f"lambda {k}: {v:.2g}" for k, v in late_spikes(data).items()) + ".",
+        *horizon_notes(data, p),
     ]
+
+
+def horizon_notes(data: dict[str, Any], p: Fig2Params) -> list[str]:
+    """What the horizon study and the SGD control ran."""
+    h = data.get("horizon")
+    if not h:
+        return []
+    return [f"Horizon study (fig2.balance_lasts): AdamW at constant lr {p.lr:g} on recall with label noise "
+            f"{h['label_noise']:g} (the loss cannot reach 0), {h['steps']} steps fixed before the runs, seeds "
+            f"{h['seeds']}; exposure reached at the horizon per lambda: "
+            + ", ".join(f"{k}: {v:.3g}" for k, v in h["exposure_end"].items())
+            + ". Exposure 30 for lambda = 0.1 would need ~100,000 steps, beyond this machine's budget; lambda = 0.1 "
+              "is reported at the exposure it reached."]
 
 
 def late_spikes(data: dict[str, Any], below: float = 1e-3) -> dict[str, float]:

@@ -22,18 +22,18 @@ from attnrank.studies.fig2.params import Fig2Params
 from attnrank.training.config import TrainConfig, decay_exposure, recall_config
 from attnrank.training.loop import train
 
-SERIES_KEYS = ("rank", "effective_rank", "balance", "balance_rel", "gap", "nuclear", "frob_bound")
+SERIES_KEYS = ("rank", "effective_rank", "balance", "balance_rel", "gap", "nuclear", "frob_bound", "gap_rel")
 
 
 def fig2_config(attn_wd: float, steps: int, seed: int = 0, other_wd: float = 0.1, lr: float = 3e-3,
-                schedule: str = "constant") -> TrainConfig:
+                schedule: str = "constant", **extra: Any) -> TrainConfig:
     """One Figure 2 run: the default recall task (4 pairs, 8 keys, 8 values, one query) and
     model (2 layers, width 64, 4 heads of width 16, no MLP), AdamW at peak ``lr`` (100 warmup
     steps, then ``schedule``), β = (0.9, 0.99), batch 64, weight decay ``other_wd`` on everything
-    but Q/K/V/O, λ on those."""
+    but Q/K/V/O, λ on those. ``extra``: further recall overrides (``label_noise``, ``bias`` …)."""
     return recall_config(steps=steps, attn_weight_decay=attn_wd, weight_decay=other_wd, seed=seed, lr=lr,
                          schedule=schedule, track_every=max(steps // 40, 10), log_every=max(steps // 40, 10),
-                         checkpoint_every=steps)
+                         checkpoint_every=steps, **extra)
 
 
 def _run_one(args: tuple[TrainConfig, str, str]) -> tuple[list[dict[str, Any]], dict[str, list]]:
@@ -70,16 +70,14 @@ def run_configs(configs: dict[str, TrainConfig], workers: int = 1, keep: str | o
 
 def series(rows: list[dict[str, Any]], product: str, layer: int) -> dict[str, list[float]]:
     """Per tracked step: mean over heads of one layer's metrics of one product."""
-    out: dict[str, list[float]] = {"step": [], **{k: [] for k in SERIES_KEYS}, "gap_rel": []}
+    out: dict[str, list[float]] = {"step": [], **{k: [] for k in SERIES_KEYS}}
     for r in rows:
         if "heads" not in r:
             continue
         h = r["heads"][product]
         out["step"].append(r["step"])
-        for k in SERIES_KEYS:
+        for k in SERIES_KEYS:  # gap_rel: the tracker's per-head gap / bound (core.metrics)
             out[k].append(float(np.mean(h[k][layer])))
-        gap_rel = np.asarray(h["gap"][layer]) / np.asarray(h["frob_bound"][layer])
-        out["gap_rel"].append(float(np.mean(gap_rel)))
     return out
 
 
@@ -110,4 +108,67 @@ def run(p: Fig2Params) -> dict[str, Any]:
         for product in ("ov", "qk"):
             data[product].setdefault(lam, {})[seed] = {str(layer): series(rows, product, layer) for layer in (0, 1)}
             data["sv"][product].setdefault(lam, {})[seed] = sv[product]
+    if p.horizon_steps > 0:
+        data["horizon"] = horizon_runs(p)
+    if p.sgd_steps > 0:
+        data["sgd_control"] = sgd_control(p)
     return data
+
+
+# -- the horizon study and the SGD positive control (claims: .horizon) ----------------------------
+
+def horizon_runs(p: Fig2Params) -> dict[str, Any]:
+    """AdamW, constant lr, label noise: per λ and seed the layer-1 OV series (gap/bound, relative
+    imbalance, effective rank), the loss, and per λ the exposure at each tracked step."""
+    configs = {(f"{lam:g}", str(s)): fig2_config(lam, p.horizon_steps, s, p.other_weight_decay, p.lr, "constant",
+                                                 label_noise=p.horizon_label_noise)
+               for lam in p.horizon_lambdas for s in p.horizon_seeds}
+    runs = run_configs({f"h-lam={k[0]},seed={k[1]}": c for k, c in configs.items()}, workers=p.workers)
+    out: dict[str, Any] = {"lambdas": list(p.horizon_lambdas), "seeds": list(p.horizon_seeds), "ov": {}, "loss": {},
+                           "exposure_end": {}, "steps": p.horizon_steps, "label_noise": p.horizon_label_noise}
+    for (lam, seed), (rows, _) in zip(configs, runs.values(), strict=True):
+        out["exposure_end"][lam] = decay_exposure(configs[lam, seed])["attn"]
+        s = series(rows, "ov", 0)
+        out["ov"].setdefault(lam, {})[seed] = {k: s[k] for k in ("step", "gap_rel", "balance_rel", "effective_rank")}
+        out["loss"].setdefault(lam, {})[seed] = training_curve(rows)
+    return out
+
+
+def _ov_imbalance(model: Any) -> float:
+    """Mean over layer-1 heads of ‖PᵀP − W_V W_Vᵀ‖_F, read from the live model."""
+    from attnrank.io.sources import open_reader
+
+    A, B = open_reader(model).read_layer(0).ov_factors()
+    A, B = A.double(), B.double()
+    return float((A.transpose(-1, -2) @ A - B.transpose(-1, -2) @ B).flatten(1).norm(dim=-1).mean())
+
+
+def sgd_control(p: Fig2Params) -> dict[str, Any]:
+    """Plain SGD (coupled L2 λ on attention, 0.1 elsewhere) on the recall model without biases:
+    the layer-1 OV imbalance every ``p.sgd_every`` steps, per λ and seed."""
+    import torch
+
+    from attnrank.training.optim import param_groups
+
+    out: dict[str, Any] = {"lr": p.sgd_lr, "lambdas": list(p.sgd_lambdas), "runs": {}}
+    for lam in p.sgd_lambdas:
+        for seed in p.horizon_seeds[:2]:
+            cfg = fig2_config(lam, p.sgd_steps, seed, p.other_weight_decay, p.sgd_lr, "constant", bias=False)
+            job = cfg.job(None, torch.device("cpu"))
+            opt = torch.optim.SGD(param_groups(job.model, p.other_weight_decay, lam), lr=p.sgd_lr)
+            steps, imb, losses = [], [], []
+            for t in range(p.sgd_steps + 1):
+                if t % p.sgd_every == 0:
+                    steps.append(t)
+                    imb.append(_ov_imbalance(job.model))
+                if t == p.sgd_steps:
+                    break
+                x, y = job.stream.next()
+                loss, _ = job.loss_and_accuracy(job.model(x), y)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                losses.append(float(loss.detach()))
+            out["runs"][f"{lam:g}/{seed}"] = {"step": steps, "imbalance": imb, "loss_first": losses[0],
+                                              "loss_last": losses[-1]}
+    return out

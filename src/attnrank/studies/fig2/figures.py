@@ -51,6 +51,52 @@ def fig2_panels(data: dict[str, Any]) -> Any:
     return fig
 
 
+def horizon_panels(data: dict[str, Any]) -> Any:
+    """The horizon runs against exposure (gap/bound, relative imbalance; every seed) and the SGD
+    positive control against its theory line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    h, c = data.get("horizon"), data.get("sgd_control")
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.4))
+    if h:
+        cmap = plt.get_cmap("viridis", max(len(h["lambdas"]), 2))
+        for j, lam in enumerate(h["lambdas"]):
+            key = f"{lam:g}"
+            per_step = h["exposure_end"][key] / max(h["steps"], 1)
+            for k, x in enumerate(h["ov"][key].values()):
+                e = np.asarray(x["step"], float) * (per_step if lam > 0 else data["config"]["lr"])
+                label = f"λ = {lam:g} (exposure {h['exposure_end'][key]:.3g})" if k == 0 else None
+                for ax, col in ((axes[0], "gap_rel"), (axes[1], "balance_rel")):
+                    y = np.maximum(np.asarray([np.nan if v is None else v for v in x[col]], float), 1e-12)
+                    ax.semilogy(e, y, color=cmap(j), lw=1, alpha=0.8, label=label)
+        axes[0].axhline(GAP_TOL, color="0.5", ls="--", lw=1)
+        axes[0].set_title(f"(bound − nuclear)/bound of $P W_V$, constant lr, label noise {h['label_noise']:g}",
+                          fontsize=9)
+        axes[1].set_title("relative imbalance of $P W_V$ (every seed)", fontsize=9)
+        for ax in axes[:2]:
+            ax.set_xlabel("exposure λ·Σlr (λ = 0: Σlr)")
+            ax.legend(fontsize=7)
+    if c:
+        for key, r in c["runs"].items():
+            lam = float(key.split("/")[0])
+            t, y = np.asarray(r["step"], float), np.asarray(r["imbalance"], float)
+            axes[2].semilogy(t, y, lw=1, label=f"λ = {key}")
+            axes[2].semilogy(t, y[0] * (1 - c["lr"] * lam) ** (2 * t), color="k", ls=":", lw=0.8)
+        axes[2].set_title(f"plain SGD (η = {c['lr']:g}): ‖PᵀP − W_V W_Vᵀ‖ and e^(−2ηλt) (dotted)", fontsize=9)
+        axes[2].set_xlabel("step")
+        axes[2].legend(fontsize=6)
+    fig.tight_layout()
+    return fig
+
+
 def figures(data: dict[str, Any], p: Fig2Params) -> list[FigureOut]:
-    """The one Figure 2 figure."""
-    return [FigureOut("fig2", fig2_panels(data), "Layer-1 P W_V over training per attention decay λ.")]
+    """The Figure 2 panels, and the horizon study with the SGD control when they ran."""
+    out = [FigureOut("fig2", fig2_panels(data), "Layer-1 P W_V over training per attention decay λ.")]
+    if data.get("horizon") or data.get("sgd_control"):
+        out.append(FigureOut("fig2_horizon", horizon_panels(data), "Horizon study: AdamW at constant lr on recall "
+                             "with label noise, gap/bound and imbalance against exposure (floor and rebound); plain "
+                             "SGD positive control against exp(-2 eta lambda t)."))
+    return out

@@ -15,7 +15,7 @@ from attnrank.studies.fig5.figures import figures as draw
 from attnrank.studies.fig5.params import Fig5Params
 from attnrank.studies.registry import CATALOGUE, Study, register_study
 
-SOURCE = "Kobayashi et al. 2024, Fig. 5 (seed 000); REFERENCE.md §2"
+SOURCE = "Kobayashi et al. 2024, Fig. 5 (paper)"
 
 
 def notes(data: dict[str, Any], params: Fig5Params) -> list[str]:

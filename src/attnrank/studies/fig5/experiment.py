@@ -22,10 +22,12 @@ def circle(p: Fig5Params) -> Circle:
 
 
 def configs(p: Fig5Params) -> list[dict[str, Any]]:
-    """The ε sweep at ``lam_main`` and the λ_wd sweep at ``eps_main``, both optimisers each."""
+    """The ε sweep at ``lam_main``, the λ_wd sweep at ``eps_main`` and the point ``disc`` where the
+    conjecture is judged, both optimisers each."""
     cfgs = [{"eps": e, "lam_wd": p.lam_main, "opt": opt} for e in p.eps_sweep for opt in ("adamw", "adam_l2")]
     cfgs += [{"eps": p.eps_main, "lam_wd": lw, "opt": opt} for lw in p.wd_sweep if lw != p.lam_main
              for opt in ("adamw", "adam_l2")]
+    cfgs += [{"eps": p.disc[1], "lam_wd": p.disc[0], "opt": opt} for opt in ("adamw", "adam_l2")]
     return cfgs
 
 

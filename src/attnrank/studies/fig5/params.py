@@ -11,6 +11,10 @@ class Fig5Params:
 
     ``schedules``: (lr, steps, record_every) per learning rate; the first is the main one (the
     trajectories of the figure, the λ_wd sweep). ``traj_eps``: the ε whose trajectories are kept.
+    ``disc``: (λ_wd, ε) where the conjecture is judged: λ_L2 = λ_wd·ε = 0.09 moves the L2 optimum
+    of S visibly (0.5× and 2× it lie further from it than the tolerance), and λ_wd·|θ| stays small.
+    At ``lam_main``·``eps_main`` = 1e-3 the optima at 0.5×, 1× and 2× lie within 2e-4 of each
+    other, so no end point could tell them apart there.
     """
 
     center: tuple[float, float] = (1.6, 0.6)
@@ -24,6 +28,7 @@ class Fig5Params:
     schedules: tuple[tuple[float, int, int], ...] = ((1e-2, 20000, 10), (1e-3, 100000, 50))
     betas: tuple[float, float] = (0.9, 0.999)
     traj_eps: tuple[float, ...] = (0.1, 0.01)
+    disc: tuple[float, float] = (0.03, 3.0)
 
     @classmethod
     def quick(cls) -> Fig5Params:

@@ -1,4 +1,4 @@
-"""Reproduction 'scale': the third document's scale-invariance claims (REFERENCE.md §5).
+"""Reproduction 'scale': the third document's scale-invariance claims (docs/METHODS.md).
 
 ReLU + LayerNorm MLPs on digits in three residual variants (none, post-norm, pre-norm; see
 :mod:`attnrank.training.batched`), trained with SGD over a λ grid and an η·λ = const group, and
@@ -20,7 +20,7 @@ from attnrank.studies.scale.params import ScaleParams
 
 STUDY = register_study(Study(
     name="scale", title=CATALOGUE["scale"][1],
-    source="Dar 2023, 'Weight decay is useless without residual connections' (seed 002); REFERENCE.md §5",
+    source="Dar 2023, 'Weight decay is useless without residual connections'",
     params=ScaleParams, run=run_experiment, claims=judge, figures=draw, notes=prose))
 
 __all__ = ["STUDY", "ScaleParams"]

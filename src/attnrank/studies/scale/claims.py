@@ -2,13 +2,14 @@
 
 Identities (algebra the architecture makes exact; they fail only through a bug): shrinking every W
 of a none/post network leaves its loss unchanged, pre-norm's does not, <grad L, W> = 0, and the
-per-tensor tool's verdicts on the trained networks. Findings (training dynamics, REFERENCE.md §5):
+per-tensor tool's verdicts on the trained networks. Findings (training dynamics, docs/METHODS.md):
 norms and effective learning rates against λ, the SGD angular update and equilibrium norm, λ acting
-only through η·λ, AdamW's norm scaling. Each finding records the decay exposure λ·η·steps its runs
+only through η·λ, AdamW's norm scaling — standard theory, not statements of the article, so they
+are our ``check``s, tallied apart from the documents' findings. Each records the decay exposure λ·η·steps its runs
 got and the exposure it needs (3 time constants), and the equilibrium claims judge equilibrium from
 the data (norm drift over the tail); a run short of either makes the claim inconclusive.
 
-The article itself (seed 002) claims the optimum, not what SGD reaches ("there is still the
+The article itself claims the optimum, not what SGD reaches ("there is still the
 question of whether these solutions are actually found using gradient descent"): the final
 losses against λ are reported in a note, not judged.
 """
@@ -24,9 +25,23 @@ from attnrank.studies.registry import Claim, arrow, g3, span
 from attnrank.studies.scale.params import ScaleParams
 from attnrank.studies.scale.summary import EQ_DRIFT, TIME_CONSTANTS_NEEDED, run_summary, summaries
 
-SOURCE = "article (seed 002); REFERENCE.md §5"
-SOURCE_PRODUCT = SOURCE + " (decay only changes the effective learning rate)"
-SOURCE_TOOL = "attnrank scale (this issue) on the trained networks"
+ARTICLE = "article 'Weight Decay is Useless Without Residual Connections'"
+SOURCE = f"{ARTICLE}, 'How to Disappear Completely'"
+SOURCE_THEORY = "our check: standard theory of scale-invariant weights (not a statement of the article)"
+SOURCE_PRODUCT = SOURCE_THEORY
+SOURCE_TOOL = "our check: attnrank scale on the trained networks"
+SOURCE_HOMOG = f"{ARTICLE}, 'Positive Scaling of ReLU Networks'"
+Q_HOMOG = ("But there’s more: if we do this with any of the weight matrices along the way (and the corresponding bias "
+           "terms) — the same effect takes place: the output will be multiplied by the same factor.")
+HOMOGENEOUS = ("In a ReLU network without LayerNorm, scaling one weight matrix by a > 0 multiplies the output by a "
+               "(exactly when the later layers have no biases).")
+Q_SHRINK_NONE = ("As we have seen, for every network with such architecture, we can design an equivalent network (i.e. "
+                 "computing exactly the same function) with arbitrarily small weight matrix norms, meaning the "
+                 "regularization term can go to zero without affecting the empirical loss term.")
+Q_SHRINK_POST = ("If we apply LayerNorm and only then the residual connection, it turns out that we still get the scaling "
+                 "invariance of LayerNorm: x + LayerNorm(a f(x)) = x + LayerNorm(f(x)).")
+Q_SHRINK_PRE = ("Now, when we apply LayerNorm to this, the scaling factor can no longer cancel out: LayerNorm(x + a f(x)) "
+                "≠ LayerNorm(x + f(x)).")
 VARIANTS = ("none", "post", "pre")
 INVARIANT = ("none", "post")
 
@@ -92,11 +107,33 @@ def judged(ok: bool, blocked: list[str]) -> tuple[str, str]:
     return "held", ""
 
 
+def homogeneous(data: dict[str, Any], p: ScaleParams) -> Claim:
+    """scale.homogeneous (identity): in a bias-free ReLU network without LayerNorm, scaling one
+    weight matrix by a > 0 scales the output by a (relative error ≤ 1e-12); with biases in the
+    later layers it does not (> 1e-3), the caveat the article's "(and the corresponding bias
+    terms)" leaves implicit."""
+    h = data.get("homogeneity")
+    if h is None:
+        return Claim(name="scale.homogeneous", source=SOURCE_HOMOG, statement=HOMOGENEOUS, quote=Q_HOMOG,
+                     measured=None, expected="<= 1e-12", held=False, kind="identity", rule="relative error <= 1e-12",
+                     detail="no homogeneity data (an older run)")
+    free, biased = max(h["no biases"].values()), max(h["with biases"].values())
+    return Claim(
+        name="scale.homogeneous", source=SOURCE_HOMOG, statement=HOMOGENEOUS, quote=Q_HOMOG, kind="identity",
+        rule="bias-free: max relative |f(a W_i) - a f(W)| <= 1e-12 over layers and a; with biases: > 1e-3",
+        measured={"no biases: max relative error": free, "with biases: max relative error": biased, **h},
+        expected={"no biases": "<= 1e-12", "with biases": "> 1e-3"}, tolerance=1e-12,
+        held=free <= 1e-12 and biased > 1e-3, key=f"max relative error: no biases {g3(free)}, with biases {g3(biased)}",
+        detail="float64 ReLU MLP 64-64-64-10 (seeded PyTorch init) on the test digits; a in {0.5, 3}; one layer's "
+               "weight (and bias) scaled at a time.")
+
+
 def shrink_free(shrink: dict[str, Any], v: str, p: ScaleParams) -> Claim:
     """none/post: scaling every W leaves the loss unchanged (epsilon 0): an identity."""
     m, c = shrink[v], p.shrink
     return Claim(
         name=f"scale.shrink_free_{v}", source=SOURCE, statement=SHRINK_FREE.format(v=v, c=c, c2=c**2),
+        quote=Q_SHRINK_NONE if v == "none" else Q_SHRINK_POST, rule="rel_change(eps=0) <= 1e-10",
         measured={"rel_change(eps=0)": m["rel_change_eps0"], "rel_change(eps=1e-5)": m["rel_change_eps"]},
         expected={"rel_change(eps=0)": 0.0}, tolerance=1e-10, held=m["rel_change_eps0"] <= 1e-10, kind="identity",
         detail=f"Trained lam = 0 network (seed {p.seeds[0]}), clean training loss {g3(m['loss'])}, float64. "
@@ -109,7 +146,8 @@ def shrink_costly_pre(shrink: dict[str, Any], p: ScaleParams) -> Claim:
     """pre: scaling every W changes the function."""
     m = shrink["pre"]
     return Claim(
-        name="scale.shrink_costly_pre", source=SOURCE, statement=SHRINK_COSTLY.format(c=p.shrink),
+        name="scale.shrink_costly_pre", source=SOURCE, statement=SHRINK_COSTLY.format(c=p.shrink), quote=Q_SHRINK_PRE,
+        rule="rel_change(eps=0) > 1e-3",
         measured={"rel_change(eps=0)": m["rel_change_eps0"], "rel_change(eps=1e-5)": m["rel_change_eps"]},
         expected="rel_change(eps=0) > 1e-3", tolerance=1e-3, held=m["rel_change_eps0"] > 1e-3, kind="identity",
         detail=f"Trained lam = 0 pre-norm network, clean training loss {g3(m['loss'])}; relative change of that loss. "
@@ -120,7 +158,7 @@ def gradient_orthogonal(summ: dict[str, list[dict[str, Any]]]) -> Claim:
     """<grad L, W> = 0 for the scale-invariant variants, not for pre."""
     cos = {v: max(r["cos_gw_max"] for r in summ[v]) for v in VARIANTS}
     return Claim(
-        name="scale.gradient_orthogonal", source=SOURCE, statement=GRADIENT_ORTHOGONAL,
+        name="scale.gradient_orthogonal", source=SOURCE_THEORY, statement=GRADIENT_ORTHOGONAL,
         measured={f"max |cos(grad, W)| {v}": cos[v] for v in VARIANTS},
         expected={"none": 0.0, "post": 0.0, "pre": "not 0 (not invariant)"}, tolerance=1e-4,
         held=cos["none"] <= 1e-4 and cos["post"] <= 1e-4 and cos["pre"] > 1e-4, kind="identity",
@@ -138,7 +176,9 @@ def norm_and_effective_lr(summ: dict[str, list[dict[str, Any]]], v: str) -> Clai
     verdict, reason = judged(ok, short_runs(decayed, equilibrium=False))
     pre = by_lam(summ["pre"], "norm")
     return Claim(
-        name=f"scale.norm_and_effective_lr_{v}", source=SOURCE, statement=NORM_AND_EFF_LR.format(v=v),
+        name=f"scale.norm_and_effective_lr_{v}", source=SOURCE_THEORY, kind="check",
+        rule="|W| strictly decreasing and eta/|W|^2 strictly increasing over the lambda grid; runs short of exposure "
+             "or equilibrium make it inconclusive", statement=NORM_AND_EFF_LR.format(v=v),
         measured={"|W| by lam": nrm, "eta/|W|^2 by lam": elr},
         expected="|W| strictly decreasing and eta/|W|^2 strictly increasing in lam", verdict=verdict, reason=reason,
         exposure=exposure_record(decayed), key=f"|W| over lam {min(nrm):g} … {max(nrm):g}: {arrow(nrm)}" if nrm else "no run",
@@ -170,7 +210,8 @@ def angular_update_sgd(summ: dict[str, list[dict[str, Any]]], p: ScaleParams) ->
     ang, verdict, reason, rows = _sgd_equilibrium(summ, "angle_ratio")
     pre_ang = [r["angle_ratio"] for r in summ["pre"] if r["lam"] > 0]
     return Claim(
-        name="scale.angular_update_sgd", source=SOURCE, statement=ANGULAR_UPDATE,
+        name="scale.angular_update_sgd", source=SOURCE_THEORY, kind="check",
+        rule="measured / sqrt(2 eta lam / (1 + beta)) within [0.8, 1.25] for every run; " + f"equilibrium: |d ln|W|/dt| tau <= {EQ_DRIFT:g} over the last quarter; exposure >= {TIME_CONSTANTS_NEEDED:g} time constants", statement=ANGULAR_UPDATE,
         measured=ang, expected="ratio measured / sqrt(2 eta lam/(1+beta)) = 1 for every run at equilibrium",
         tolerance="within [0.8, 1.25]", verdict=verdict, reason=reason, exposure=exposure_record(rows),
         key=_ratio_range(ang),
@@ -185,7 +226,8 @@ def equilibrium_norm_sgd(summ: dict[str, list[dict[str, Any]]]) -> Claim:
     """Measured |W| / sqrt(η E|g|²/(2λ(1−β))) within [0.8, 1.25] for every run at equilibrium."""
     nrm, verdict, reason, rows = _sgd_equilibrium(summ, "norm_ratio")
     return Claim(
-        name="scale.equilibrium_norm_sgd", source=SOURCE, statement=EQUILIBRIUM_NORM,
+        name="scale.equilibrium_norm_sgd", source=SOURCE_THEORY, kind="check",
+        rule="measured |W| / predicted within [0.8, 1.25] for every run; " + f"equilibrium: |d ln|W|/dt| tau <= {EQ_DRIFT:g} over the last quarter; exposure >= {TIME_CONSTANTS_NEEDED:g} time constants", statement=EQUILIBRIUM_NORM,
         measured=nrm, expected="ratio measured |W| / predicted = 1 for every run at equilibrium",
         tolerance="within [0.8, 1.25]", verdict=verdict, reason=reason, exposure=exposure_record(rows),
         key=_ratio_range(nrm),
@@ -246,7 +288,9 @@ def lambda_only_through_product(summ: dict[str, list[dict[str, Any]]], p: ScaleP
     if verdict == "held" and blocked:
         verdict, reason = "inconclusive", "not decided by these runs: " + "; ".join(blocked)
     return Claim(
-        name="scale.lambda_only_through_product", source=SOURCE_PRODUCT, statement=ONLY_THROUGH_PRODUCT,
+        name="scale.lambda_only_through_product", source=SOURCE_PRODUCT, kind="check",
+        rule="relative spread of the final loss over (eta, lam) pairs with one eta*lam: <= 0.1 for none and post, "
+             "larger for pre than for both", statement=ONLY_THROUGH_PRODUCT,
         measured={**{f"{v} relative spread": sp[v] for v in VARIANTS},
                   **{f"{v} noise (2 s.e., relative)": noise[v] for v in VARIANTS}},
         expected={"none": "<= 0.1", "post": "<= 0.1", "pre": "> max(none, post)"},
@@ -276,7 +320,8 @@ def adamw_norm_scaling(asum: list[dict[str, Any]]) -> Claim:
     else:
         verdict, reason = judged(abs(slope - 0.5) <= 0.1, blocked)
     return Claim(
-        name="scale.adamw_norm_scaling", source=SOURCE, statement=ADAMW_NORM,
+        name="scale.adamw_norm_scaling", source=SOURCE_THEORY, kind="check",
+        rule="slope of log|W| on log(eta/lam) = 0.5 +- 0.1 over the AdamW runs; " + f"equilibrium: |d ln|W|/dt| tau <= {EQ_DRIFT:g} over the last quarter; exposure >= {TIME_CONSTANTS_NEEDED:g} time constants", statement=ADAMW_NORM,
         measured={"slope d log|W| / d log(eta/lam)": slope,
                   "|W|": {f"eta={r['lr']:g} lam={r['lam']:g}": r["norm"] for r in asum}},
         expected={"slope": 0.5}, tolerance=0.1, verdict=verdict, reason=reason, exposure=exposure_record(asum),
@@ -311,7 +356,7 @@ def claims(data: dict[str, Any], p: ScaleParams) -> list[Claim]:
     """Every claim of the scale reproduction, from the stored data."""
     summ = summaries(data, p.tail)
     asum = run_summary(data["adamw"], p.tail)
-    out = [shrink_free(data["shrink"], v, p) for v in INVARIANT]
+    out = [homogeneous(data, p)] + [shrink_free(data["shrink"], v, p) for v in INVARIANT]
     out += [shrink_costly_pre(data["shrink"], p), gradient_orthogonal(summ)]
     out += [norm_and_effective_lr(summ, v) for v in INVARIANT]
     out += [angular_update_sgd(summ, p), equilibrium_norm_sgd(summ), lambda_only_through_product(summ, p),

@@ -15,7 +15,7 @@ ADAM_BETA1 = 0.9
 # 2ηλ/(1−β)·(1 + 2 s_signed): a norm moving at s per τ shifts the angular-update relation by
 # about s (a run still descending from its initial norm has s ≈ 0.2, and an angle ratio ≈ 0.8).
 EQ_DRIFT = 0.05
-# Decay time constants a training finding needs (REFERENCE.md §5 gives no other horizon).
+# Decay time constants a training finding needs (docs/METHODS.md gives no other horizon).
 TIME_CONSTANTS_NEEDED = 3.0
 
 

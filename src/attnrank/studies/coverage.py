@@ -1,0 +1,107 @@
+"""Coverage: every statement of the three source documents that reports an experiment or a
+theorem, one sentence each in our words, with the claim that tests it here or the reason none
+can. Rendered in the combined report and in docs/METHODS.md (by docs/gallery.py); a test checks
+that every claim named here exists in a study and every finding of a study is named here.
+"""
+
+from __future__ import annotations
+
+PAPER = "paper (Kobayashi, Akram, von Oswald 2024)"
+COLLAPSE = "article on Dong, Cordonnier, Loukas 2021"
+SCALE = "article 'Weight Decay is Useless Without Residual Connections'"
+
+#: (document, place, the statement in one sentence, claims that test it (comma-separated; empty
+#: when none), why none can here / how far the test goes)
+COVERAGE: tuple[tuple[str, str, str, str, str], ...] = (
+    (PAPER, "abstract; Prop. 3.1", "For balanced factors (AᵀA = BᵀB) the Frobenius bound equals the nuclear norm, so "
+     "L2 on the factors and nuclear norm on the product share their minima.",
+     "prop31.balanced_equality, prop31.unbalanced_gap, fig1.soft_threshold", ""),
+    (PAPER, "abstract; Figure 1 left", "Under gradient descent the L2 and nuclear-norm losses become identical "
+     "exponentially quickly for λ > 0.", "fig1.gap_decay", ""),
+    (PAPER, "abstract", "This explains why the regularisation acts in the early stages of training.",
+     "fig2.early_stages", "judged on the recall task: when the balance and the rank move, in steps and exposure"),
+    (PAPER, "abstract; TL;DR", "Weight decay significantly reduces the rank of W_KᵀW_Q and P W_V, even in fully "
+     "online training.", "fig2.rank_falls, fig3.lm.rank_falls, fig3.vit.rank_falls", ""),
+    (PAPER, "abstract (Table 1)", "Inducing low rank in the attention products can damage language-model "
+     "performance.", "table1.attn_decay_hurts", "a 4-layer byte-level LM, not a Pile LM"),
+    (PAPER, "abstract (Table 1)", "Decoupling the attention layers' weight decay from the rest of the parameters "
+     "has advantages.", "table1.decoupling_helps", "judged only where some decay helps; else untested"),
+    (PAPER, "Lemma 3.2, Theorems 3.3 and 3.4", "Further theorems on the dynamics and minima.", "",
+     "not testable: the source text gives only their names, not their statements"),
+    (PAPER, "Figure 1 center left", "The imbalance AᵀA − BᵀB vanishes exponentially with a time constant set by λ.",
+     "fig1.balance_rate", ""),
+    (PAPER, "Figure 1 center right", "The singular values of ABᵀ shrink linearly with λ until they vanish.",
+     "fig1.soft_threshold", ""),
+    (PAPER, "Figure 1 right", "Singular values of ABᵀ over training at λ = 0.4.", "",
+     "a plot without a statement beyond the panels before it (drawn in fig1's figure)"),
+    (PAPER, "Figure 2 left", "In a 2-layer transformer on associative recall the rank of P W_V falls as the "
+     "attention decay grows.", "fig2.rank_falls", ""),
+    (PAPER, "Figure 2 center", "The imbalance ‖PᵀP − W_V W_Vᵀ‖ vanishes under AdamW with a time constant that "
+     "follows the decay strength.", "fig2.balance_time_constant",
+     "fig2.balance_lasts (supporting fig2.gap_vanishes) records at a long horizon whether the balance lasts"),
+    (PAPER, "Figure 2 right", "The gap between the Frobenius bound and the nuclear norm of P W_V approaches 0.",
+     "fig2.gap_vanishes", "judged at a horizon fixed in params"),
+    (PAPER, "Figure 2 caption", "The L2 optimisation thus gradually switches to the nuclear-norm one, explaining "
+     "the rank regularisation.", "", "an interpretation of the measured panels, no separate measurement"),
+    (PAPER, "Figure 2 caption", "The findings are qualitatively identical for W_KᵀW_Q.", "fig2.qk_identical", ""),
+    (PAPER, "Figure 3 caption", "In an LM (layer 5, the Pile) and a ViT (ImageNet) the rank of both products falls "
+     "as the attention decay grows.", "fig3.lm.rank_falls, fig3.vit.rank_falls",
+     "CPU-scale LM on the stdlib corpus and ViT on digits"),
+    (PAPER, "Figure 3 caption", "Decay 0.1, as used to pretrain large models, noticeably reduces the rank against "
+     "no decay.", "fig3.lm.lam01_literal, fig3.vit.lam01_literal",
+     "λ = 0.1 literally, and at the exposure it has in LLaMA-2-7B pretraining in support"),
+    (PAPER, "Figure 4 caption", "In LLaMA-2-7B the squared row norms of W_Q and W_K (W_V and P) are mostly equal.",
+     "fig4.rows_equal", "not testable here unless --model names a real pretrained checkpoint"),
+    (PAPER, "Figure 4 caption", "This indicates that training advanced enough for the balance condition to "
+     "emerge.", "fig4.lm.decay_balances", "an interpretation; our check asks the causal question on our own LMs"),
+    (PAPER, "Figure 4 caption", "In LLaMA-2-7B the Frobenius bound and the nuclear norm of every head almost "
+     "coincide.", "fig4.bound_coincides", "not testable here unless --model names a real pretrained checkpoint"),
+    (PAPER, "Figure 5 caption left", "AdamW converges to the optimum of the L2-regularised loss with λ_L2 = λ_wd·ε.",
+     "fig5.direct_adamw_reaches_l2_optimum", "judged where λ_wd·ε moves the optimum visibly"),
+    (PAPER, "Figure 5 caption right", "With w = a·b both optimisers reach the same, L1-regularised (sparse) point.",
+     "fig5.factorized_adamw_reaches_l1_optimum", ""),
+    (COLLAPSE, "Research Paper Focus; §3.1", "Pure self-attention loses rank doubly exponentially with depth.",
+     "collapse.doubly_exponential", "the fitted form a + b·3^L; the stated bound is not checked as an inequality "
+     "(γ and β are not defined in the text)"),
+    (COLLAPSE, "Research Paper Focus", "The output converges to a rank-one matrix with identical rows.",
+     "collapse.pure_attention", ""),
+    (COLLAPSE, "Research Paper Focus; §4.1", "Skip connections prevent rank collapse.", "collapse.skip_prevents", ""),
+    (COLLAPSE, "Research Paper Focus; §4.2, §5.3", "MLPs slow the convergence by raising the Lipschitz constant.",
+     "collapse.mlp_slows", "the slowing is judged; the Lipschitz mechanism is not measured"),
+    (COLLAPSE, "Research Paper Focus", "Deep SANs with skips act like ensembles of weakly-dependent shallow "
+     "networks.", "collapse.short_paths", "the share of the output norm carried by short paths"),
+    (COLLAPSE, "§2.2", "The SAN output is a sum over paths through heads.", "collapse.path_sum_exact", ""),
+    (COLLAPSE, "§3.2", "In multi-head SANs the rate is modulated by the number of heads.", "",
+     "not testable as stated: the bound's form is not in the text"),
+    (COLLAPSE, "§4.1", "With skips there are C(L,k)·H^k paths of length k.", "collapse.path_counts", ""),
+    (COLLAPSE, "§5.2", "The expressivity of a path falls with its length.", "collapse.path_products", ""),
+    (COLLAPSE, "§5.4", "The predictions were validated on BERT, Albert and XLNet.", "collapse.pure_attention",
+     "on MiniLM-L6 (a BERT) only; Albert and XLNet are not on this machine"),
+    (SCALE, "Positive Scaling of ReLU Networks", "Scaling a weight matrix (and its bias) of a ReLU network without "
+     "LayerNorm scales the output by the same factor.", "scale.homogeneous", ""),
+    (SCALE, "TL;DR; How to Disappear Completely", "With LayerNorm and no residuals every weight can be shrunk "
+     "without changing the function, so weight decay does not change the optimal loss.", "scale.shrink_free_none",
+     ""),
+    (SCALE, "residual connections", "Post-norm residuals keep the scale invariance.", "scale.shrink_free_post", ""),
+    (SCALE, "residual connections", "Pre-norm residuals break the scale invariance.", "scale.shrink_costly_pre", ""),
+    (SCALE, "closing", "Whether gradient descent finds these solutions is an open question.", "",
+     "a question, not a claim; our checks on the training dynamics (scale.*) address it"),
+    (SCALE, "note on BatchNorm", "BatchNorm is scale-invariant too and shares the problem.", "",
+     "not tested: no BatchNorm model here"),
+    (SCALE, "word of caution", "Optimisation may reach generalising solutions without explicit regularisation.",
+     "", "cited work (Neyshabur 2017), no experiment in the article"),
+)
+
+
+def claims_named() -> set[str]:
+    """Every claim name the coverage table refers to."""
+    return {n.strip() for row in COVERAGE for n in row[3].split(",") if n.strip()}
+
+
+def markdown() -> str:
+    """The coverage table as a Markdown table."""
+    lines = ["| document | place | statement | tested by | note |", "| --- | --- | --- | --- | --- |"]
+    for doc, place, st, claims, why in COVERAGE:
+        tested = ", ".join(f"`{n.strip()}`" for n in claims.split(",") if n.strip()) or "—"
+        lines.append(f"| {doc} | {place} | {st} | {tested} | {why} |")
+    return "\n".join(lines)
