@@ -180,6 +180,10 @@ def test_balance_lasts_reports_a_transient_balance():
     assert c.measured["per_lambda_seed"]["3"]["0"]["rebound"] == pytest.approx(0.046)
     low = H.balance_lasts(_horizon([0.05, 0.004, 0.003], exposure=(0.0, 1.0, 3.0)), P)
     assert low.verdict == "inconclusive"
+    lost = _horizon([0.05, 0.004, 0.003])  # a judged lambda whose gap was never measured (NaN rows)
+    lost["horizon"]["ov"]["3"]["1"]["gap_rel"] = [None] * 5
+    c = H.balance_lasts(lost, P)
+    assert c.verdict == "inconclusive" and "not measured" in c.reason
 
 
 def test_sgd_control_against_the_gradient_flow_rate():

@@ -47,12 +47,7 @@ def reproduce(
     from attnrank.studies import registry
 
     if list_:
-        rows = registry.listing()
-        if as_json:
-            sys.stdout.write(json.dumps([{"name": n, "title": t} for n, t in rows], indent=2) + "\n")
-        else:
-            for n, t in rows:
-                out_console.print(styled("bold", n, f"  {t}"), highlight=False, soft_wrap=True)
+        _print_listing(registry.listing(), as_json)
         return
     if name is None:
         raise AttnRankError("give a reproduction NAME, 'all', or --list")
@@ -83,24 +78,37 @@ def reproduce(
         sys.stdout.write(json.dumps({"name": name, "out": str(out), "runtime_s": summary.runtime_s,
                                      "claims": [c.to_json() for c in summary.claims]}, indent=2) + "\n")
     elif not quiet:
-        from attnrank.report.html import brief, measured_brief
-        from attnrank.studies.registry import tally
-
-        claims = [c.to_json() for c in summary.claims]
-        table = Table(title=f"{name}: {headline(tally(claims))} ({summary.runtime_s:.1f} s)")
-        table.add_column("claim")
-        table.add_column("kind")
-        table.add_column("verdict")
-        table.add_column("measured", overflow="fold")
-        table.add_column("expected", overflow="fold")
-        for c in claims:
-            table.add_row(Text(c["name"]), c["kind"], verdict_badge(c),
-                          Text(measured_brief(c)), Text(brief(c["expected"])))
-        out_console.print(table)
-        out_console.print(f"wrote {out / 'report.html'} (+ claims.json, data.json, run.json, "
-                          f"{sum(f.suffix == '.png' for f in summary.files)} PNG)", highlight=False)
+        _print_claims(name, out, summary)
     if strict and not summary.all_held:
         raise typer.Exit(1)
+
+
+def _print_listing(rows: list[tuple[str, str]], as_json: bool) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps([{"name": n, "title": t} for n, t in rows], indent=2) + "\n")
+    else:
+        for n, t in rows:
+            out_console.print(styled("bold", n, f"  {t}"), highlight=False, soft_wrap=True)
+
+
+def _print_claims(name: str, out: Path, summary) -> None:
+    """One reproduction's claims as a console table: kind, verdict, measured against expected."""
+    from attnrank.report.html import brief, measured_brief
+    from attnrank.studies.registry import tally
+
+    claims = [c.to_json() for c in summary.claims]
+    table = Table(title=f"{name}: {headline(tally(claims))} ({summary.runtime_s:.1f} s)")
+    table.add_column("claim")
+    table.add_column("kind")
+    table.add_column("verdict")
+    table.add_column("measured", overflow="fold")
+    table.add_column("expected", overflow="fold")
+    for c in claims:
+        table.add_row(Text(c["name"]), c["kind"], verdict_badge(c),
+                      Text(measured_brief(c)), Text(brief(c["expected"])))
+    out_console.print(table)
+    out_console.print(f"wrote {out / 'report.html'} (+ claims.json, data.json, run.json, "
+                      f"{sum(f.suffix == '.png' for f in summary.files)} PNG)", highlight=False)
 
 
 def _reproduce_all(out: Path, *, quick: bool, force: bool, strict: bool, as_json: bool, quiet: bool,

@@ -59,7 +59,7 @@ def spectra(
         check_writable(out)  # before the analysis, not after it
     figures = FigureProcess() if out is not None and plots else None  # imports matplotlib beside torch
     with gc_paused():  # torch's and pandas' import: no collections while ~1M objects are made
-        from attnrank.analysis.scan import analyze, overall, save
+        from attnrank.analysis.scan import analyze, save
     with progress_bar(quiet or as_json or fmt == "csv") as bar:
         task = bar.add_task("layers", total=None)
         result = analyze(path, config=config, tol=tol, layers=layers, layout=layout, threads=threads, revision=revision,
@@ -70,6 +70,14 @@ def spectra(
         err_console.print(styled("yellow", "warning: ", f"NaN/Inf weights in layer {rec['layer']} head {rec['head']} "
                                                        f"({rec['product']}): metrics set to NaN"), highlight=False)
     written = _save_set(lambda d: save(result, d, plots=plots, figures=figures), out)
+    _report(result, fmt=fmt, as_json=as_json, quiet=quiet, out=out, written=written)
+
+
+def _report(result, *, fmt: str, as_json: bool, quiet: bool, out: Path | None, written: list[Path]) -> None:
+    """What ``spectra`` prints: the remote transfer line, then the csv table, the JSON summary or
+    the console table on stdout."""
+    from attnrank.analysis.scan import overall
+
     if "remote" in result.meta and not (quiet or as_json):
         from attnrank.io.remote import transfer_line
 
@@ -87,14 +95,22 @@ def spectra(
         return
     if quiet:
         return
+    _print_table(result, summary)
+    if written:
+        out_console.print(f"wrote {len(written)} files to {out}: " + ", ".join(p.name for p in written),
+                          highlight=False)
+
+
+def _print_table(result, summary) -> None:
+    """The header line (source, sizes, dtypes, τ) and the per-layer means of the console metrics."""
+    from attnrank.analysis.rotary import rotary_line
+    from attnrank.core.metrics import CONSOLE_CAPTION, CONSOLE_METRICS
+
     c = result.meta["config"]
     out_console.print(styled(
         "bold", str(result.meta["source"]), f"  model_type={result.meta['model_type']}  layers={c['n_layers']}  "
         f"d={c['d_model']}  heads={c['n_heads']} (kv {c['n_kv_heads']})  dh={c['head_dim']}  "
-        f"dtype={','.join(result.meta['dtype_read'])}  tau={tol:g}"), highlight=False)
-    from attnrank.analysis.rotary import rotary_line
-    from attnrank.core.metrics import CONSOLE_CAPTION, CONSOLE_METRICS
-
+        f"dtype={','.join(result.meta['dtype_read'])}  tau={result.meta['tolerance']:g}"), highlight=False)
     table = Table(title="mean over heads per layer", caption=CONSOLE_CAPTION)
     table.add_column("layer", justify="right")
     for p in ("qk", "ov"):
@@ -109,9 +125,6 @@ def spectra(
     out_console.print(table)
     if line := rotary_line(result.meta):
         out_console.print(line, highlight=False)
-    if written:
-        out_console.print(f"wrote {len(written)} files to {out}: " + ", ".join(p.name for p in written),
-                          highlight=False)
 
 
 @app.command()

@@ -264,8 +264,6 @@ def run_all(out: str | Path, *, quick: bool = False, force: bool = False, only: 
     ``replot``: run nothing; re-judge and redraw every reproduction that has a stored run in
     ``out/NAME`` (see :func:`run`), keeping each one's recorded profile.
     """
-    from attnrank.report.html import render_combined
-
     if replot and not Path(out).is_dir():
         raise AttnRankError(f"--replot needs a finished `reproduce all` in {out}; there is no such directory")
     out = prepare_out_dir(out)
@@ -274,44 +272,59 @@ def run_all(out: str | Path, *, quick: bool = False, force: bool = False, only: 
         get(n)  # unknown names fail before any work
     entries: list[AllEntry] = []
     for n in todo:
-        sub = out / n
-        if replot:
-            if not (sub / "data.json").exists():
-                if progress:
-                    progress(n, "no stored run")
-                continue
-            run(n, sub, replot=True)
-            meta = _read_json(sub / "run.json", n)
-            entries.append(AllEntry(n, meta, _read_json(sub / "claims.json", n), cached=True))
-            quick = bool(meta.get("quick"))
-            if progress:
-                progress(n, "replotted")
-            continue
-        hit, why = (None, "forced") if force else staleness(n, sub, quick)
-        if hit is not None:  # reuse the data, re-judge the claims and redraw with this code
-            run(n, sub, replot=True)
-            meta, claims = _cached(sub, quick) or ({}, [])
-            entries.append(AllEntry(n, meta, claims, cached=True))
-            if progress:
-                progress(n, "cached (claims re-judged)")
-            continue
+        entry = _replot_part(n, out / n, progress) if replot else _run_part(n, out / n, quick, force, progress)
+        if entry is not None:
+            entries.append(entry)
+            if replot:
+                quick = bool(entry.meta.get("quick"))
+    _write_combined(out, entries, quick)
+    return entries
+
+
+def _replot_part(n: str, sub: Path, progress: Callable[[str, str], None] | None) -> AllEntry | None:
+    """Re-judge and redraw one stored part (None where it has no stored run)."""
+    if not (sub / "data.json").exists():
         if progress:
-            progress(n, "running" + (f" ({why})" if why not in ("no finished run", "forced") else ""))
-        try:
-            run(n, sub, quick=quick)
-            meta, claims = _cached(sub, quick) or ({}, [])  # read back exactly what was written
-        except AttnRankError:
-            raise
-        except Exception as e:  # noqa: BLE001 - one failing reproduction must not stop the others
-            entries.append(AllEntry(n, {"name": n, "title": get(n).title, "source": get(n).source,
-                                        "quick": quick}, [], cached=False,
-                                    error=f"{type(e).__name__}: {' '.join(str(e).split())[:500]}"))
-            if progress:
-                progress(n, "failed")
-            continue
-        entries.append(AllEntry(n, meta, claims, cached=False))
+            progress(n, "no stored run")
+        return None
+    run(n, sub, replot=True)
+    meta = _read_json(sub / "run.json", n)
+    if progress:
+        progress(n, "replotted")
+    return AllEntry(n, meta, _read_json(sub / "claims.json", n), cached=True)
+
+
+def _run_part(n: str, sub: Path, quick: bool, force: bool,
+              progress: Callable[[str, str], None] | None) -> AllEntry:
+    """One part of ``run_all``: reused while not stale (claims re-judged), else run; an
+    unexpected failure is recorded on the entry, not raised."""
+    hit, why = (None, "forced") if force else staleness(n, sub, quick)
+    if hit is not None:  # reuse the data, re-judge the claims and redraw with this code
+        run(n, sub, replot=True)
+        meta, claims = _cached(sub, quick) or ({}, [])
         if progress:
-            progress(n, "done")
+            progress(n, "cached (claims re-judged)")
+        return AllEntry(n, meta, claims, cached=True)
+    if progress:
+        progress(n, "running" + (f" ({why})" if why not in ("no finished run", "forced") else ""))
+    try:
+        run(n, sub, quick=quick)
+        meta, claims = _cached(sub, quick) or ({}, [])  # read back exactly what was written
+    except AttnRankError:
+        raise
+    except Exception as e:  # noqa: BLE001 - one failing reproduction must not stop the others
+        if progress:
+            progress(n, "failed")
+        return AllEntry(n, {"name": n, "title": get(n).title, "source": get(n).source, "quick": quick}, [],
+                        cached=False, error=f"{type(e).__name__}: {' '.join(str(e).split())[:500]}")
+    if progress:
+        progress(n, "done")
+    return AllEntry(n, meta, claims, cached=False)
+
+
+def _write_combined(out: Path, entries: list[AllEntry], quick: bool) -> None:
+    """out/claims.json, out/summary.json and the self-contained out/report.html."""
+    from attnrank.report.html import render_combined
 
     figures: dict[str, list[dict[str, str]]] = {}
     for e in entries:
@@ -335,4 +348,3 @@ def run_all(out: str | Path, *, quick: bool = False, force: bool = False, only: 
     write_json(out / "claims.json", all_claims)
     write_json(out / "summary.json", summary)
     write_text(out / "report.html", render_combined(entries=entries, figures=figures, summary=summary))
-    return entries

@@ -33,15 +33,18 @@ from attnrank.analysis.compress.plan import Rule, choose
 from attnrank.analysis.compress.write import ShardWriter, copy_side_files, save_hf_side
 from attnrank.errors import AttnRankError
 from attnrank.util.env import versions
-from attnrank.util.fileio import check_writable, prepare_out_dir, staged_output, write_json
+from attnrank.util.fileio import check_writable, staged_output, write_json
 
 __all__ = ["Plan", "Rule", "TextSpec", "compress", "cost_curve", "cut_in_place", "kept_fraction", "make_plan",
            "report_lines"]
 
 
 def _check_out(out: Path) -> dict[str, Any] | None:
-    """``out`` must be empty or hold a previous compress output (whose files are then replaced)."""
-    out = check_writable(prepare_out_dir(out))
+    """``out`` must be empty or hold a previous compress output (whose files are then replaced).
+    A missing ``out`` is not created here: a run that fails before writing leaves nothing behind."""
+    out = check_writable(out)
+    if not out.exists():
+        return None
     entries = [p for p in out.iterdir() if not p.name.startswith(".")]
     if not entries:
         return None

@@ -34,6 +34,9 @@ def curve_facts(h: dict[str, Any], lam: str, seed: str) -> dict[str, Any]:
     """Floor, where it was reached (step and exposure), the end value and the rebound of gap/bound."""
     x = h["ov"][lam][seed]
     gap = np.asarray([np.nan if v is None else v for v in x["gap_rel"]], dtype=float)
+    if not np.isfinite(gap).any():  # nothing measured: no floor, no rebound (the claim says inconclusive)
+        return {"initial": float("nan"), "floor": float("nan"), "floor_step": None, "floor_exposure": float("nan"),
+                "end": float("nan"), "rebound": float("nan"), "end_balance_rel": x["balance_rel"][-1]}
     i = int(np.nanargmin(gap))
     e_per_step = h["exposure_end"][lam] / max(h["steps"], 1)
     return {"initial": float(gap[0]), "floor": float(gap[i]), "floor_step": int(x["step"][i]),
@@ -55,8 +58,10 @@ def balance_lasts(data: dict[str, Any], p: Fig2Params) -> Claim:
     facts = {k: {s: curve_facts(h, k, s) for s in map(str, h["seeds"])} for k in map("{:g}".format, h["lambdas"])}
     bad = [k for k in judged if any(f["end"] > GAP_TOL for f in facts[k].values())]
     transient = [k for k in bad if any(f["floor"] <= GAP_TOL for f in facts[k].values())]
-    verdict = "inconclusive" if not judged else ("not held" if bad else "held")
+    unmeasured = [k for k in judged if not all(np.isfinite(f["end"]) for f in facts[k].values())]
+    verdict = "inconclusive" if not judged or unmeasured else ("not held" if bad else "held")
     reason = ("no lambda > 0 reaches the exposure at the horizon" if not judged else
+              f"gap/bound not measured at the horizon for lambda = {', '.join(unmeasured)}" if unmeasured else
               (f"gap/bound above {GAP_TOL:g} at the horizon for lambda = {', '.join(bad)}"
                + (f"; transient at lambda = {', '.join(transient)}: reached <= {GAP_TOL:g}, then rebounded"
                   if transient else "") if bad else ""))
