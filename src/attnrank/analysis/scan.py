@@ -280,33 +280,13 @@ def analyze(
     reader = open_reader(source, config=config, layout=layout, revision=revision, base=base, delta=delta,
                          fold_norm=fold_norm, download=download, remote=remote, allow_full=allow_full)
     dims = reader.dims
-    if layers is None or isinstance(layers, str):
-        sel = parse_layers(layers, dims.n_layers)
-    else:
-        sel = parse_layers(",".join(str(i) for i in layers), dims.n_layers)
+    spec = layers if layers is None or isinstance(layers, str) else ",".join(str(i) for i in layers)
+    sel = parse_layers(spec, dims.n_layers)
     tol = float(tol)
 
     vecs = _Vectors(dims, len(sel)) if vectors else None
     rot, rot_why = rotary_scan(reader.ckpt.config, reader.position, dims.head_dim, reader.qk_norm, tol, rotary)
-    frames: list[pd.DataFrame] = []
-    sv: dict[str, list[np.ndarray]] = {p: [] for p in PRODUCTS}
-    norms: dict[str, list[np.ndarray]] = {k: [] for k in ("q", "k", "v", "p")}
-    timing: dict[str, float] = {}
-    roots: dict[str, torch.Tensor] = {}  # each layer's W_Q, W_K roots, for the rotary scan
-    for done, (i, hw, metrics, row_norms) in enumerate(_stream(reader, sel, tol, threads, timing, roots), 1):
-        for product, m in metrics.items():
-            frames.append(_rows(i, product, m, hw.group, dims.head_dim))
-            sv[product].append(m.sv.numpy())
-        for k, v in row_norms.items():
-            norms[k].append(v.numpy())
-        if rot is not None:
-            rot.add(i, hw, row_norms, roots)
-        if vecs is not None:
-            vecs.add(hw)
-        del hw, metrics
-        if progress:
-            progress(done, len(sel))
-
+    frames, sv, norms, timing = _scan_layers(reader, sel, tol, threads, rot, vecs, progress)
     table = _table(frames)
     meta = _meta(reader, sel, tol, table)
     meta["timing_s"] = {k: round(v, 4) for k, v in timing.items()}  # where the stream's time went
@@ -320,6 +300,32 @@ def analyze(
         rotary=rotary,
         vectors=vecs.arrays() if vecs is not None else None,
     )
+
+
+def _scan_layers(reader: AttentionReader, sel: list[int], tol: float, threads: int | None, rot: Any,
+                 vecs: _Vectors | None, progress: Callable[[int, int], None] | None):
+    """Stream the selected layers: each one's table rows, singular values and row norms (and its
+    rotary bands and singular vectors where asked), then the stream's timing."""
+    frames: list[pd.DataFrame] = []
+    sv: dict[str, list[np.ndarray]] = {p: [] for p in PRODUCTS}
+    norms: dict[str, list[np.ndarray]] = {k: [] for k in ("q", "k", "v", "p")}
+    timing: dict[str, float] = {}
+    roots: dict[str, torch.Tensor] = {}  # each layer's W_Q, W_K roots, for the rotary scan
+    head_dim = reader.dims.head_dim
+    for done, (i, hw, metrics, row_norms) in enumerate(_stream(reader, sel, tol, threads, timing, roots), 1):
+        for product, m in metrics.items():
+            frames.append(_rows(i, product, m, hw.group, head_dim))
+            sv[product].append(m.sv.numpy())
+        for k, v in row_norms.items():
+            norms[k].append(v.numpy())
+        if rot is not None:
+            rot.add(i, hw, row_norms, roots)
+        if vecs is not None:
+            vecs.add(hw)
+        del hw, metrics
+        if progress:
+            progress(done, len(sel))
+    return frames, sv, norms, timing
 
 
 class _Vectors:
