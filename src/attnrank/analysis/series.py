@@ -293,18 +293,10 @@ def track(series: str | os.PathLike | Sequence[str | os.PathLike], out: str | os
     ``force``: measure into an ``out`` made from other checkpoints or another tolerance (its
     tables of checkpoints that are not these are redone). ``metrics``: for a run directory, also
     use the tracker rows of ``metrics.jsonl`` at steps without a checkpoint."""
-    if not 0 < tol < 1:
-        raise AttnRankError(f"tolerance must lie in (0, 1); got {tol}")
-    if workers is not None:
-        from attnrank.util.threads import check_threads
-
-        check_threads(workers, "workers")  # 1..4 per CPU
+    out = _check_args(tol, workers, out)
     items = resolve_series(series, revisions, remote=remote)
     ids: dict[str, str] = {}
     arch = check_architectures(items, ids)
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise AttnRankError(f"--out {out} exists and is not a directory")
     spec = {"kind": "attnrank-series", "tol": tol, "architecture": arch,
             "items": [{**asdict(i), "identity": ids[i.label]} for i in items]}
     _check_out(out, spec, force)
@@ -343,6 +335,20 @@ def track(series: str | os.PathLike | Sequence[str | os.PathLike], out: str | os
                    spec, extra)
     res.failed = failed
     return res
+
+
+def _check_args(tol: float, workers: int | None, out: str | os.PathLike) -> Path:
+    """``track``'s options, before anything is read: the tolerance, the worker count, ``--out``."""
+    if not 0 < tol < 1:
+        raise AttnRankError(f"tolerance must lie in (0, 1); got {tol}")
+    if workers is not None:
+        from attnrank.util.threads import check_threads
+
+        check_threads(workers, "workers")  # 1..4 per CPU
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise AttnRankError(f"--out {out} exists and is not a directory")
+    return out
 
 
 CHECKPOINT_TRIES = 2  # a checkpoint's analysis is tried this often before it is recorded as failed

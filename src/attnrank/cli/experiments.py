@@ -112,6 +112,15 @@ def scale(
         return
     if quiet:
         return
+    _print_scale(result, tol, with_eps)
+    if written:
+        out_console.print(f"wrote {len(written)} files to {out}: " + ", ".join(p.name for p in written),
+                          highlight=False)
+
+
+
+def _print_scale(result, tol: float, with_eps: bool) -> None:
+    """The scale verdicts per tensor and group, and the per-head pair symmetries."""
     m = result.meta
     out_console.print(styled("bold", str(m["source"]), f"  model_type={m['model_type']}  inputs: {m['inputs']}  "
                              f"c in {m['scales']}  tol={tol:g}  eps {'kept' if with_eps else '0 for verdicts'}"),
@@ -138,10 +147,6 @@ def scale(
                           f"OV {m['pairs']['whole_model_ov']:.1e}", highlight=False)
     elif m.get("pairs_note"):
         out_console.print(m["pairs_note"], highlight=False)
-    if written:
-        out_console.print(f"wrote {len(written)} files to {out}: " + ", ".join(p.name for p in written),
-                          highlight=False)
-
 
 @app.command()
 @user_errors
