@@ -9,9 +9,7 @@ of the paper is the first layer (index 0 here).
 
 from __future__ import annotations
 
-import os
 import tempfile
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -19,53 +17,47 @@ import numpy as np
 
 from attnrank.io.rundir import read_metrics
 from attnrank.studies.fig2.params import Fig2Params
-from attnrank.training.config import TrainConfig, decay_exposure, recall_config
-from attnrank.training.loop import train
+from attnrank.training.config import RecallTrainConfig, decay_exposure, recall_config
 
 SERIES_KEYS = ("rank", "effective_rank", "balance", "balance_rel", "gap", "nuclear", "frob_bound", "gap_rel")
 
 
+def fig2_overrides(steps: int, other_wd: float = 0.1, lr: float = 3e-3, schedule: str = "constant",
+                   **extra: Any) -> dict[str, Any]:
+    """The recall overrides every Figure 2 run shares (all but attention λ and seed): the default
+    recall task (4 pairs, 8 keys, 8 values, one query) and model (2 layers, width 64, 4 heads of
+    width 16, no MLP), AdamW at peak ``lr`` (100 warmup steps, then ``schedule``), β = (0.9, 0.99),
+    batch 64, weight decay ``other_wd`` on everything but Q/K/V/O. ``extra``: further recall
+    overrides (``label_noise``, ``bias`` …)."""
+    return {"steps": steps, "weight_decay": other_wd, "lr": lr, "schedule": schedule,
+            "track_every": max(steps // 40, 10), "log_every": max(steps // 40, 10), "checkpoint_every": steps, **extra}
+
+
 def fig2_config(attn_wd: float, steps: int, seed: int = 0, other_wd: float = 0.1, lr: float = 3e-3,
-                schedule: str = "constant", **extra: Any) -> TrainConfig:
-    """One Figure 2 run: the default recall task (4 pairs, 8 keys, 8 values, one query) and
-    model (2 layers, width 64, 4 heads of width 16, no MLP), AdamW at peak ``lr`` (100 warmup
-    steps, then ``schedule``), β = (0.9, 0.99), batch 64, weight decay ``other_wd`` on everything
-    but Q/K/V/O, λ on those. ``extra``: further recall overrides (``label_noise``, ``bias`` …)."""
-    return recall_config(steps=steps, attn_weight_decay=attn_wd, weight_decay=other_wd, seed=seed, lr=lr,
-                         schedule=schedule, track_every=max(steps // 40, 10), log_every=max(steps // 40, 10),
-                         checkpoint_every=steps, **extra)
+                schedule: str = "constant", **extra: Any) -> RecallTrainConfig:
+    """One Figure 2 run's config: :func:`fig2_overrides` with attention λ ``attn_wd`` on Q/K/V/O."""
+    return recall_config(attn_weight_decay=attn_wd, seed=seed, **fig2_overrides(steps, other_wd, lr, schedule, **extra))
 
 
-def _run_one(args: tuple[TrainConfig, str, str]) -> tuple[list[dict[str, Any]], dict[str, list]]:
-    import torch
-
+def train_grid(base: dict[str, Any], lambdas: list[float], seeds: list[int], workers: int = 1
+               ) -> dict[tuple[str, str], tuple[list[dict[str, Any]], dict[str, list]]]:
+    """Train attention λ × seed on the recall task through the one sweep path (``run_sweep``, one
+    thread per run, as fig3 and table1); by ``(f"{λ:g}", str(seed))``, each run's metrics rows and
+    the final singular values of both products (``{product: [layer][head][i]}``). Results do not
+    depend on ``workers``."""
     from attnrank.analysis.scan import analyze
     from attnrank.io.rundir import latest_checkpoint
+    from attnrank.studies.lm_common import sweep
 
-    cfg, name, root = args
-    torch.set_num_threads(1)  # runs go side by side, one core each; deterministic either way
-    run = Path(root) / name
-    train(run, cfg, device="cpu", tensorboard=False)
-    sv = analyze(latest_checkpoint(run), threads=1).sv  # final singular values, (layers, heads, k)
-    return read_metrics(run), {product: np.asarray(sv[product]).tolist() for product in ("ov", "qk")}
-
-
-def run_configs(configs: dict[str, TrainConfig], workers: int = 1, keep: str | os.PathLike | None = None
-                ) -> dict[str, tuple[list[dict[str, Any]], dict[str, list]]]:
-    """Train every config (in parallel spawned processes, one thread each); by name, their
-    metrics rows and the final singular values of both products (``{product: [layer][head][i]}``). With ``workers > 1`` a calling script needs the ``if __name__ == "__main__":``
-    guard. Results do not depend on ``workers``."""
+    out: dict[tuple[str, str], tuple[list[dict[str, Any]], dict[str, list]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        root = str(keep) if keep is not None else tmp
-        jobs = [(cfg, name, root) for name, cfg in configs.items()]
-        if workers <= 1 or len(jobs) == 1:
-            rows = [_run_one(j) for j in jobs]
-        else:
-            import multiprocessing as mp
-
-            with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=mp.get_context("spawn")) as pool:
-                rows = list(pool.map(_run_one, jobs))
-    return dict(zip(configs, rows, strict=True))
+        res = sweep("recall", base, {"attn_weight_decay": list(lambdas)}, list(seeds), Path(tmp), workers)
+        for _, r in res.runs.iterrows():
+            run = res.out / "runs" / r["name"]
+            sv = analyze(latest_checkpoint(run), threads=1).sv  # final singular values, (layers, heads, k)
+            out[f"{float(r['attn_weight_decay']):g}", str(int(r["seed"]))] = (
+                read_metrics(run), {product: np.asarray(sv[product]).tolist() for product in ("ov", "qk")})
+    return out
 
 
 def series(rows: list[dict[str, Any]], product: str, layer: int) -> dict[str, list[float]]:
@@ -98,11 +90,12 @@ def run(p: Fig2Params) -> dict[str, Any]:
     and the figure need). Keys: ``f"{λ:g}"`` then ``str(seed)``."""
     configs = {(f"{lam:g}", str(seed)): fig2_config(lam, p.steps, seed, p.other_weight_decay, p.lr, p.schedule)
                for lam in p.lambdas for seed in p.seeds}
-    runs = run_configs({f"lam={k[0]},seed={k[1]}": c for k, c in configs.items()}, workers=p.workers)
+    runs = train_grid(fig2_overrides(p.steps, p.other_weight_decay, p.lr, p.schedule), list(p.lambdas), list(p.seeds),
+                      p.workers)
     data: dict[str, Any] = {"lambdas": list(p.lambdas), "seeds": list(p.seeds), "ov": {}, "qk": {}, "training": {},
                             "sv": {"ov": {}, "qk": {}}, "exposure": {},
                             "config": next(iter(configs.values())).to_dict()}
-    for (lam, seed), (rows, sv) in zip(configs, runs.values(), strict=True):
+    for (lam, seed), (rows, sv) in ((k, runs[k]) for k in configs):
         data["exposure"][lam] = decay_exposure(configs[lam, seed])
         data["training"].setdefault(lam, {})[seed] = training_curve(rows)
         for product in ("ov", "qk"):
@@ -123,10 +116,12 @@ def horizon_runs(p: Fig2Params) -> dict[str, Any]:
     configs = {(f"{lam:g}", str(s)): fig2_config(lam, p.horizon_steps, s, p.other_weight_decay, p.lr, "constant",
                                                  label_noise=p.horizon_label_noise)
                for lam in p.horizon_lambdas for s in p.horizon_seeds}
-    runs = run_configs({f"h-lam={k[0]},seed={k[1]}": c for k, c in configs.items()}, workers=p.workers)
+    runs = train_grid(fig2_overrides(p.horizon_steps, p.other_weight_decay, p.lr, "constant",
+                                     label_noise=p.horizon_label_noise),
+                      list(p.horizon_lambdas), list(p.horizon_seeds), p.workers)
     out: dict[str, Any] = {"lambdas": list(p.horizon_lambdas), "seeds": list(p.horizon_seeds), "ov": {}, "loss": {},
                            "exposure_end": {}, "steps": p.horizon_steps, "label_noise": p.horizon_label_noise}
-    for (lam, seed), (rows, _) in zip(configs, runs.values(), strict=True):
+    for (lam, seed), (rows, _) in ((k, runs[k]) for k in configs):
         out["exposure_end"][lam] = decay_exposure(configs[lam, seed])["attn"]
         s = series(rows, "ov", 0)
         out["ov"].setdefault(lam, {})[seed] = {k: s[k] for k in ("step", "gap_rel", "balance_rel", "effective_rank")}
