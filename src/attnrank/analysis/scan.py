@@ -25,7 +25,7 @@ from attnrank.core.linalg import (
     factor_roots,
     metrics_from_roots,
 )
-from attnrank.core.metrics import METRICS, SUMMARY_METRICS, conventions
+from attnrank.core.metrics import METRICS, PRODUCTS, SUMMARY_METRICS, conventions
 from attnrank.errors import AttnRankError
 from attnrank.io.checkpoint import Checkpoint
 from attnrank.io.layouts import AttentionReader, HeadWeights, Layout
@@ -34,7 +34,6 @@ from attnrank.util.env import versions
 from attnrank.util.fileio import prepare_out_dir, write_atomic, write_json
 from attnrank.util.threads import torch_threads
 
-PRODUCTS = ("qk", "ov")
 TABLE_COLUMNS = ("layer", "head", "kv_head", "product", *METRIC_COLUMNS, "head_dim", "finite")
 
 

@@ -17,7 +17,7 @@ import torch
 
 from attnrank.analysis.compress import rotary_cut
 from attnrank.analysis.compress.cut import (
-    PRODUCTS,
+    CUT_ORDER,
     cut_biases,
     cut_unit,
     join,
@@ -27,7 +27,7 @@ from attnrank.analysis.compress.cut import (
     unit_spectra,
 )
 from attnrank.analysis.compress.plan import Rule, choose
-from attnrank.errors import AttnRankError
+from attnrank.errors import AttnRankError, one_line
 from attnrank.io.layouts import SPLITS, AttentionReader, HeadWeights
 from attnrank.io.sources import open_reader
 from attnrank.util.threads import torch_threads
@@ -59,15 +59,15 @@ def parse_products(products: str | list[str] | tuple[str, ...] | None, reader: A
     """The products to cut and a note (QK skipped by default where it cannot be cut)."""
     _, refusal = qk_rotary(reader)
     if products is None:
-        return (("ov",), f"QK not cut: {refusal}") if refusal else (PRODUCTS, None)
+        return (("ov",), f"QK not cut: {refusal}") if refusal else (CUT_ORDER, None)
     items = products.split(",") if isinstance(products, str) else list(products)
     items = [p.strip().lower() for p in items if p.strip()]
-    bad = [p for p in items if p not in PRODUCTS]
+    bad = [p for p in items if p not in CUT_ORDER]
     if bad or not items:
         raise AttnRankError(f"--products must name ov and/or qk (comma-separated); got {products!r}")
     if "qk" in items and refusal:
         raise AttnRankError(f"--products qk: {refusal}; cut OV only (--products ov)")
-    return tuple(p for p in PRODUCTS if p in items), None
+    return tuple(p for p in CUT_ORDER if p in items), None
 
 
 def open_source(source: Any, **kw: Any) -> tuple[AttentionReader, Any, str | None]:
@@ -85,7 +85,7 @@ def open_source(source: Any, **kw: Any) -> tuple[AttentionReader, Any, str | Non
         with quiet_transformers() as tf:
             model = tf.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
     except Exception as e:  # noqa: BLE001 - an architecture transformers cannot load from GGUF
-        raise AttnRankError(f"cannot load {path} with transformers (gguf_file=): {' '.join(str(e).split())[:200]}"
+        raise AttnRankError(f"cannot load {path} with transformers (gguf_file=): {one_line(e, 200)}"
                             ) from None
     try:
         with quiet_transformers() as tf:

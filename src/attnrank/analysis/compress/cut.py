@@ -38,7 +38,8 @@ import torch
 from attnrank.core.linalg import factor_roots, product_svd
 from attnrank.io.layouts import SPLITS, Dims, HeadWeights
 
-PRODUCTS = ("ov", "qk")
+#: the order products are cut and reported in (a cut order, not the metric table's product list)
+CUT_ORDER = ("ov", "qk")
 
 
 def unit_factors(hw: HeadWeights, product: str) -> tuple[torch.Tensor, torch.Tensor]:

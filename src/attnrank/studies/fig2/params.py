@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-OTHER_WD = 0.1  # the paper: every parameter but attention keeps decay 0.1
+from attnrank.studies.lm_common import OTHER_WD
 
 
 @dataclass(frozen=True)
