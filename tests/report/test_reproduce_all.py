@@ -2,6 +2,7 @@
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -137,3 +138,22 @@ def test_a_reused_part_is_rejudged_and_a_stale_one_rerun(tmp_path, study, monkey
     assert rep.staleness("st", tmp_path / "st", True)[1] == "package version changed"
     rep.run_all(tmp_path, quick=True)
     assert STATE["runs"] == 3
+
+
+def test_the_experiment_hash_covers_the_code_that_makes_the_data(tmp_path, monkeypatch):
+    import attnrank
+
+    pkg = Path(attnrank.__file__).parent
+    srcs = {f.relative_to(pkg).as_posix() for f in rep.experiment_sources("fig1")}
+    # the study's run and params, and what trains, reads and measures: a change there makes a run stale
+    assert {"studies/fig1/experiment.py", "studies/fig1/params.py", "studies/fig1/gd.py", "training/optim.py",
+            "core/linalg.py", "io/checkpoint.py", "models/transformer.py", "analysis/scan.py"} <= srcs
+    assert "studies/lm_common.py" in {f.relative_to(pkg).as_posix() for f in rep.experiment_sources("table1")}
+    # claims, figures and the report are re-judged from data.json: not part of the hash
+    assert not {"studies/fig1/claims.py", "studies/fig1/figures.py", "report/html.py"} & srcs
+    f = tmp_path / "a.py"
+    f.write_text("x = 1\n")
+    monkeypatch.setattr(rep, "experiment_sources", lambda name: [f])
+    h1 = rep.experiment_hash("fig1")
+    f.write_text("x = 2\n")
+    assert rep.experiment_hash("fig1") != h1

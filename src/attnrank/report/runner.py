@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from attnrank.errors import AttnRankError
+from attnrank.errors import AttnRankError, one_line
 from attnrank.studies.registry import QUOTES, Claim, Result, citation_problems, get, names, tally
 from attnrank.util.env import versions
 from attnrank.util.fileio import (
@@ -193,19 +193,73 @@ class AllEntry:
     error: str | None = None
 
 
-def experiment_hash(name: str) -> str:
-    """SHA-256 of the source files that make a study's data (the module of its ``run`` and of its
-    params class): a stored run is reused only while these are unchanged. Claims and figures are
-    always re-judged from the stored data, so their code may change freely."""
-    import hashlib
+#: the layers below ``studies`` that make a study's data (training, models, readers, measures)
+DATA_LAYERS = ("util", "core", "io", "models", "analysis", "training")
+
+
+#: modules of ``studies`` that judge or draw stored data (re-run on every re-judging, never hashed)
+JUDGING = ("claims", "figures", "registry", "verdicts", "coverage", "lm_plots")
+
+
+def _study_imports(path: Path, pkg: Path) -> set[Path]:
+    """The ``attnrank.studies`` modules ``path`` imports (absolute or relative), as files."""
+    import ast
+
+    inside = path.is_relative_to(pkg)
+    base = path.relative_to(pkg).with_suffix("").parts[:-1] if inside else ()
+    out: set[Path] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (inside or not node.level):
+            mod = (node.module or "").split(".")
+            parts = [*base[:len(base) - node.level + 1], *mod] if node.level else mod[1:]
+            cands = [parts] + [[*parts, a.name] for a in node.names]
+        elif isinstance(node, ast.Import):
+            cands = [a.name.split(".")[1:] for a in node.names]
+        else:
+            continue
+        for c in cands:
+            f = pkg.joinpath(*c)
+            for cand in (f.with_suffix(".py"), f / "__init__.py"):
+                if c[:1] == ["studies"] and cand.is_file():
+                    out.add(cand)
+    return out
+
+
+def experiment_sources(name: str) -> list[Path]:
+    """The source files a study's data depends on: the modules of its ``run`` and of its params
+    class with the ``studies`` modules they import (transitively; not the judging ones,
+    :data:`JUDGING`), every module of :data:`DATA_LAYERS`, and the package's top-level modules."""
     import inspect
 
+    import attnrank
+
     study = get(name).study
-    files = sorted(f for f in {inspect.getsourcefile(study.run), inspect.getsourcefile(study.params)}
-                   if f and Path(f).is_file())
+    pkg = Path(attnrank.__file__).parent
+    todo = [Path(f) for f in (inspect.getsourcefile(study.run), inspect.getsourcefile(study.params)) if f]
+    files: set[Path] = set()
+    while todo:
+        f = todo.pop()
+        if f not in files and f.is_file():
+            files.add(f)
+            todo += [g for g in _study_imports(f, pkg) if g.stem not in JUDGING and g.name != "__init__.py"]
+    files |= {f for layer in DATA_LAYERS for f in (pkg / layer).rglob("*.py")}
+    files |= set(pkg.glob("*.py"))
+    return sorted(files)
+
+
+def experiment_hash(name: str) -> str:
+    """SHA-256 of :func:`experiment_sources` (each file's path inside the package and its bytes):
+    a stored run is reused only while none of them changed. Claims and figures are always
+    re-judged from the stored data, so their code may change freely."""
+    import hashlib
+
+    import attnrank
+
+    pkg = Path(attnrank.__file__).parent
     h = hashlib.sha256()
-    for f in files:
-        h.update(Path(f).read_bytes())
+    for f in experiment_sources(name):
+        rel = f.relative_to(pkg).as_posix() if f.is_relative_to(pkg) else f.name
+        h.update(rel.encode() + b"\0" + f.read_bytes() + b"\0")
     return h.hexdigest()
 
 
@@ -316,7 +370,7 @@ def _run_part(n: str, sub: Path, quick: bool, force: bool,
         if progress:
             progress(n, "failed")
         return AllEntry(n, {"name": n, "title": get(n).title, "source": get(n).source, "quick": quick}, [],
-                        cached=False, error=f"{type(e).__name__}: {' '.join(str(e).split())[:500]}")
+                        cached=False, error=one_line(e, 500, typed=True))
     if progress:
         progress(n, "done")
     return AllEntry(n, meta, claims, cached=False)
