@@ -193,6 +193,8 @@ class AllEntry:
     error: str | None = None
 
 
+#: the package directory (src/attnrank)
+PKG = Path(__file__).resolve().parents[1]
 #: the layers below ``studies`` that make a study's data (training, models, readers, measures)
 DATA_LAYERS = ("util", "core", "io", "models", "analysis", "training")
 
@@ -231,10 +233,8 @@ def experiment_sources(name: str) -> list[Path]:
     :data:`JUDGING`), every module of :data:`DATA_LAYERS`, and the package's top-level modules."""
     import inspect
 
-    import attnrank
-
     study = get(name).study
-    pkg = Path(attnrank.__file__).parent
+    pkg = PKG
     todo = [Path(f) for f in (inspect.getsourcefile(study.run), inspect.getsourcefile(study.params)) if f]
     files: set[Path] = set()
     while todo:
@@ -253,9 +253,7 @@ def experiment_hash(name: str) -> str:
     re-judged from the stored data, so their code may change freely."""
     import hashlib
 
-    import attnrank
-
-    pkg = Path(attnrank.__file__).parent
+    pkg = PKG
     h = hashlib.sha256()
     for f in experiment_sources(name):
         rel = f.relative_to(pkg).as_posix() if f.is_relative_to(pkg) else f.name
