@@ -10,7 +10,7 @@ import torch
 
 from attnrank.errors import AttnRankError
 from attnrank.io.checkpoint import Checkpoint
-from attnrank.io.layouts import AttentionReader, layout_for, supported_model_types
+from attnrank.io.layouts import AttentionReader, layout_for, layout_model_types
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +90,7 @@ def test_minilm_ov_factors_reproduce_hf_per_head_value_output(hf_run, minilm_dir
 def test_unknown_model_type_lists_supported():
     with pytest.raises(AttnRankError, match="unsupported model_type 'mamba'.*bert"):
         layout_for({"model_type": "mamba"})
-    assert "bert" in supported_model_types()
+    assert "bert" in layout_model_types()
 
 
 def test_prefixed_checkpoint_is_found(tmp_path, minilm_dir):

@@ -16,7 +16,7 @@ from attnrank.errors import AttnRankError
 def bridge():
     tl = pytest.importorskip("transformer_lens.model_bridge",
                              reason="TransformerLens is in the bench extra: pip install 'attnrank[bench]'")
-    from attnrank.io.sources import local_path
+    from attnrank.io.checkpoint import local_path
 
     return tl.TransformerBridge.boot_transformers(str(local_path("minilm", None)), device="cpu")
 

@@ -15,14 +15,16 @@ as products of stacked factors ``[W_K', −W_K]ᵀ [W_Q', W_Q]`` (inner size 2·
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from attnrank.errors import AttnRankError
-from attnrank.io.checkpoint import Checkpoint, _TorchFile
+from attnrank.errors import AttnRankError, one_line
+from attnrank.io.checkpoint import _TorchFile
 from attnrank.io.layouts import AttentionReader, HeadWeights
+from attnrank.io.tensor_source import BaseCheckpoint, TensorMeta
 from attnrank.io.validate import as_float, check_dtype, check_readable, read_json
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -59,22 +61,20 @@ def _adapter_tensors(path: Path) -> dict[str, torch.Tensor]:
             with safe_open(str(st), framework="pt") as h:
                 return {k: h.get_tensor(k) for k in h.keys()}
         except Exception as e:  # corrupt or truncated
-            raise AttnRankError(f"cannot read {st}: {' '.join(str(e).split())[:200]}") from None
+            raise AttnRankError(f"cannot read {st}: {one_line(e, 200)}") from None
     if pt.is_file():
         f = _TorchFile(pt)
         return {k: f.get_tensor(k) for k in f.keys()}
     raise AttnRankError(f"{path}: no adapter_model.safetensors or adapter_model.bin")
 
 
-class AdaptedCheckpoint(Checkpoint):
-    """The base checkpoint with each LoRA-targeted weight replaced by ``W + s · B A`` (float64)."""
+class AdaptedCheckpoint(BaseCheckpoint):
+    """The base checkpoint with each LoRA-targeted weight replaced by ``W + s · B A`` (float64);
+    ``source``, ``path`` and ``config`` are the base's."""
 
-    def __init__(self, adapter: Path, base: Checkpoint):
+    def __init__(self, adapter: Path, base: BaseCheckpoint):
         self.adapter_path, self.base = adapter, base
         self.adapter_config = cfg = read_adapter_config(adapter)
-        self.source, self.path, self.config_path = base.source, base.path, base.config_path
-        self.config = base.config
-        self._index, self._handles = {}, {}
         tensors = _adapter_tensors(adapter)
         self.fan_in_fan_out = bool(cfg.get("fan_in_fan_out", False))
         self.rslora = bool(cfg.get("use_rslora", False))
@@ -101,6 +101,8 @@ class AdaptedCheckpoint(Checkpoint):
             self._lora[self._base_name(module, base_keys)] = (a, b)
         if not self._lora:
             raise AttnRankError(f"{adapter}: the adapter holds no lora_A / lora_B weights")
+        super().__init__(dict.fromkeys(base_keys), source=base.source, path=base.path, config=base.config,
+                         config_path=base.config_path)
 
     def _base_name(self, module: str, base_keys: list[str]) -> str:
         rel = module.removeprefix(_PREFIX)
@@ -132,13 +134,12 @@ class AdaptedCheckpoint(Checkpoint):
         """The base tensors the adapter updates."""
         return sorted(self._lora)
 
-    def keys(self) -> list[str]:
-        return self.base.keys()
+    @property
+    def ranks(self) -> list[int]:
+        """The adapter's LoRA ranks."""
+        return sorted({int(a.shape[0]) for a, _ in self._lora.values()})
 
-    def __contains__(self, name: str) -> bool:
-        return name in self.base
-
-    def get(self, name: str) -> torch.Tensor:
+    def _read(self, name: str, entry: Any) -> torch.Tensor:
         w = self.base.get(name)
         d = self.update(name)
         if d is None:
@@ -148,14 +149,15 @@ class AdaptedCheckpoint(Checkpoint):
                                 f"its update of {name} is {tuple(d.shape)}, the base weight {tuple(w.shape)}")
         return w.to(torch.float64) + d
 
-    def dtype(self, name: str) -> str:
-        return "float64 (adapted)" if name in self._lora else self.base.dtype(name)
+    def _meta(self, name: str, entry: Any) -> TensorMeta:
+        m = self.base.meta(name)
+        return replace(m, dtype="float64 (adapted)", nbytes=None) if name in self._lora else m
 
     def release(self) -> None:
         self.base.release()
 
     @property
-    def files(self) -> list[Path]:
+    def files(self) -> list[Any]:
         return self.base.files
 
     def close(self) -> None:
@@ -186,7 +188,7 @@ class DeltaReader(AttentionReader):
 def adapter_origin(ckpt: AdaptedCheckpoint, delta: bool) -> dict[str, Any]:
     """What meta.json says about an adapter source."""
     cfg = ckpt.adapter_config
-    ranks = sorted({int(a.shape[0]) for a, _ in ckpt._lora.values()})
+    ranks = ckpt.ranks
     return {"input": "adapter", "adapter": {
         "path": str(ckpt.adapter_path.resolve()), "base": ckpt.base.source, "peft_type": "LORA",
         "r": ranks, "lora_alpha": ckpt.alpha, "use_rslora": ckpt.rslora, "scaling": [ckpt.scaling(r) for r in ranks],

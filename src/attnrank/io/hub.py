@@ -14,7 +14,7 @@ import re
 import shlex
 from pathlib import Path
 
-from attnrank.errors import AttnRankError
+from attnrank.errors import AttnRankError, one_line
 
 # what `attnrank spectra ID` needs: configs and weights, never tokenizers, optimizer states, ...
 FETCH_PATTERNS = ("*.json", "*.safetensors", "pytorch_model*.bin")
@@ -73,7 +73,7 @@ def cached_snapshot(repo_id: str, revision: str | None = None, *, download: bool
             return Path(snapshot_download(repo_id, revision=revision, cache_dir=where,
                                           allow_patterns=list(FETCH_PATTERNS)))
         except Exception as e:  # network, auth, not found: one line
-            raise AttnRankError(f"cannot download {repo_id}: {' '.join(str(e).split())[:300]}") from None
+            raise AttnRankError(f"cannot download {repo_id}: {one_line(e, 300)}") from None
     check_cached_ref(where, repo_id, revision)
     try:
         path = Path(snapshot_download(repo_id, revision=revision, cache_dir=where, local_files_only=True))

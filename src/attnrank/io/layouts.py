@@ -49,8 +49,8 @@ from typing import Any
 
 import torch
 
-from attnrank.errors import AttnRankError
-from attnrank.io.checkpoint import Checkpoint
+from attnrank.errors import AttnRankError, one_line
+from attnrank.io.tensor_source import BaseCheckpoint
 from attnrank.io.validate import (
     MAX_HEAD_DIM,
     MAX_HEADS,
@@ -152,15 +152,15 @@ def _split_conv1d_fused(raw, dims: Dims) -> HeadWeights:
     return _fused_rows(qkv, o, dims)
 
 
-def _split_interleaved(raw, dims: Dims) -> HeadWeights:
+def _split_fused_per_head(raw, dims: Dims) -> HeadWeights:
     H, dh, d = dims.n_heads, dims.head_dim, dims.d
     if dims.n_kv_heads != H:
-        raise AttnRankError("an interleaved fused QKV layout needs n_kv_heads == n_heads")
+        raise AttnRankError("a fused_per_head QKV layout needs n_kv_heads == n_heads")
     w = _expect(raw, "qkv", H * 3 * dh, d).reshape(H, 3, dh, d)
     return HeadWeights(w[:, 0], w[:, 1], w[:, 2], _heads_out(_expect(raw, "o", d, H * dh), dims))
 
 
-def _split_grouped(raw, dims: Dims) -> HeadWeights:
+def _split_fused_per_kv_group(raw, dims: Dims) -> HeadWeights:
     H, Hkv, dh, d = dims.n_heads, dims.n_kv_heads, dims.head_dim, dims.d
     g = H // Hkv
     w = _expect(raw, "qkv", Hkv * (g + 2) * dh, d).reshape(Hkv, g + 2, dh, d)
@@ -172,8 +172,8 @@ SPLITS: dict[str, Callable[[dict[str, torch.Tensor], Dims], HeadWeights]] = {
     "separate": _split_separate,
     "fused": _split_fused,
     "conv1d_fused": _split_conv1d_fused,
-    "fused_per_head": _split_interleaved,
-    "fused_per_kv_group": _split_grouped,
+    "fused_per_head": _split_fused_per_head,
+    "fused_per_kv_group": _split_fused_per_kv_group,
 }
 SPLIT_ROLES = {"separate": ("q", "k", "v", "o"), "fused": ("qkv", "o"), "conv1d_fused": ("qkv", "o"),
                "fused_per_head": ("qkv", "o"), "fused_per_kv_group": ("qkv", "o")}
@@ -360,8 +360,10 @@ _BERT_QKVO = _qkvo("encoder.layer.{i}.attention.", "self.query", "self.key", "se
 
 
 def _bert_position(c: dict[str, Any]) -> str:
-    pe = c.get("position_embedding_type", "absolute")
-    return "absolute" if pe == "absolute" else pe
+    """BERT-family position encoding as its config names it (``absolute`` unless it says
+    ``relative_key`` or ``relative_key_query``)."""
+    return c.get("position_embedding_type", "absolute")
+
 
 _LLAMA_QKVO = _qkvo("layers.{i}.self_attn.", "q_proj", "k_proj", "v_proj", "o_proj")
 _INPUT_LN = "layers.{i}.input_layernorm.weight"
@@ -426,7 +428,8 @@ LAYOUTS: tuple[Layout, ...] = (
 )
 
 
-def supported_model_types() -> list[str]:
+def layout_model_types() -> list[str]:
+    """model_types that have a row in the layout table (readable without a --layout file)."""
     return sorted(t for lay in LAYOUTS for t in lay.model_types)
 
 
@@ -441,7 +444,7 @@ def layout_for(config: dict[str, Any]) -> Layout:
         if mt in lay.model_types:
             return lay
     raise AttnRankError(
-        f"unsupported model_type {mt!r}; supported: {', '.join(supported_model_types())} "
+        f"unsupported model_type {mt!r}; supported: {', '.join(layout_model_types())} "
         "(or describe the layout in a TOML file and pass --layout FILE)"
     )
 
@@ -474,25 +477,12 @@ def layout_from_toml(path: str | os.PathLike) -> Layout:
     try:
         spec = tomllib.loads(read_text(p, "layout file"))
     except (tomllib.TOMLDecodeError, RecursionError) as e:
-        raise AttnRankError(f"cannot read layout file {p}: {' '.join(str(e).split())[:200] or 'nested too deeply'}"
+        raise AttnRankError(f"cannot read layout file {p}: {one_line(str(e), 200) or 'nested too deeply'}"
                             ) from None
     where = f"layout {p}"
     _only_keys(spec, _TOML_KEYS, where)
-    split = spec.get("split", "separate")
-    if not isinstance(split, str):
-        raise AttnRankError(f"{where}: split must be a string, one of {', '.join(SPLITS)}; got {split!r}"[:300])
-    alias = split if split in SPLIT_ALIASES else None
-    split = SPLIT_ALIASES.get(split, split)
-    if split not in SPLITS:
-        raise AttnRankError(f"layout {p}: split must be one of {', '.join(SPLITS)}; got {split!r}")
-    tensors = spec.get("tensors", {})
-    need = SPLIT_ROLES[split]
-    if not isinstance(tensors, dict) or set(tensors) != set(need):
-        got = ", ".join(sorted(map(str, tensors))) if isinstance(tensors, dict) and tensors else "nothing"
-        raise AttnRankError(f"layout {p}: the [tensors] table must name exactly {', '.join(need)} for split "
-                            f"{split!r}, each a tensor name containing {{i}} (got {got})")
-    for role, t in tensors.items():
-        tensor_pattern(t, f"{where} [tensors] {role}")
+    split, alias = _toml_split(spec.get("split", "separate"), p)
+    tensors = _toml_tensors(spec.get("tensors", {}), split, p)
     dims = _toml_sizes(spec.get("sizes"), where)
     norm = _toml_norm(p, spec.get("norm"))
     position = spec.get("position", "none")
@@ -511,6 +501,29 @@ def layout_from_toml(path: str | os.PathLike) -> Layout:
 
 _TOML_KEYS = ("split", "position", "qk_norm", "tensors", "sizes", "norm")
 _POSITIONS = ("absolute", "rotary", "alibi", "none")
+
+
+def _toml_split(split: Any, p: Path) -> tuple[str, str | None]:
+    """The layout file's ``split``, and the retired name it was given by (None if current)."""
+    if not isinstance(split, str):
+        raise AttnRankError(f"layout {p}: split must be a string, one of {', '.join(SPLITS)}; got {split!r}"[:300])
+    alias = split if split in SPLIT_ALIASES else None
+    split = SPLIT_ALIASES.get(split, split)
+    if split not in SPLITS:
+        raise AttnRankError(f"layout {p}: split must be one of {', '.join(SPLITS)}; got {split!r}")
+    return split, alias
+
+
+def _toml_tensors(tensors: Any, split: str, p: Path) -> dict[str, str]:
+    """The layout file's ``[tensors]`` table: exactly the roles ``split`` reads, each a name pattern."""
+    need = SPLIT_ROLES[split]
+    if not isinstance(tensors, dict) or set(tensors) != set(need):
+        got = ", ".join(sorted(map(str, tensors))) if isinstance(tensors, dict) and tensors else "nothing"
+        raise AttnRankError(f"layout {p}: the [tensors] table must name exactly {', '.join(need)} for split "
+                            f"{split!r}, each a tensor name containing {{i}} (got {got})")
+    for role, t in tensors.items():
+        tensor_pattern(t, f"layout {p} [tensors] {role}")
+    return tensors
 
 
 def _only_keys(table: dict[str, Any], allowed: tuple[str, ...], where: str) -> None:
@@ -571,7 +584,7 @@ class AttentionReader:
     the folded factors come back in float64. ``origin``: what the source was (for meta.json).
     """
 
-    def __init__(self, ckpt: Checkpoint, layout: Layout | None = None, *, fold_norm: bool = False,
+    def __init__(self, ckpt: BaseCheckpoint, layout: Layout | None = None, *, fold_norm: bool = False,
                  origin: dict[str, Any] | None = None):
         self.ckpt = ckpt
         self.origin: dict[str, Any] = dict(origin or {})

@@ -11,25 +11,25 @@ import torch
 import torch.nn as nn
 
 from attnrank.errors import AttnRankError
-from attnrank.io.checkpoint import Checkpoint
+from attnrank.io.checkpoint import read_config
+from attnrank.io.tensor_source import BaseCheckpoint, TensorMeta, dtype_name
 
 
-class LiveCheckpoint(Checkpoint):
-    """A :class:`Checkpoint` view of a model in memory: the same layout path (prefix search,
-    shape checks, per-head split) reads the live parameters instead of a file.
+class LiveCheckpoint(BaseCheckpoint):
+    """A checkpoint view of a model in memory: the same layout path (prefix search, shape
+    checks, per-head split) reads the live parameters instead of a file.
 
     ``model``: an ``nn.Module`` (parameters and buffers by their dotted names) or a
     ``state_dict`` (a mapping of names to tensors). ``config`` is the dict a saved checkpoint's
     ``config.json`` would hold (or the path of one); for a module it defaults to
     ``model.config_dict()`` (attnrank models) or ``model.config.to_dict()`` (Hugging Face).
     ``require_config=False`` (a layout given) lets it be empty. Anything else: AttnRankError.
+    ``kind``: ``live`` (a module) or ``state_dict``.
     """
 
     def __init__(self, model: nn.Module | Mapping[str, torch.Tensor],
                  config: dict[str, Any] | str | os.PathLike | None = None, *, require_config: bool = True):
         if isinstance(config, (str, os.PathLike)):
-            from attnrank.io.checkpoint import read_config
-
             config = read_config(Path(config))
         if isinstance(model, nn.Module):
             kind = "live"
@@ -52,33 +52,14 @@ class LiveCheckpoint(Checkpoint):
                                     "config.json) or layout= (a TOML layout)")
             config = {}
         self.kind = kind
-        self.source = f"{kind}:{type(model).__name__}"
-        self.path = Path(".")
-        self.config_path = Path(f"<{self.source}>")
-        self.config = dict(config)
-        self._tensors: dict[str, torch.Tensor] = tensors
-        self._index = {}
-        self._handles = {}
+        label = f"{kind}:{type(model).__name__}"
+        super().__init__(tensors, source=label, path=label, config=config, config_path=f"<{label}>")
 
-    def keys(self) -> list[str]:
-        return list(self._tensors)
+    def _read(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        return t.detach()
 
-    def __contains__(self, name: str) -> bool:
-        return name in self._tensors
-
-    def get(self, name: str) -> torch.Tensor:
-        try:
-            return self._tensors[name].detach()
-        except KeyError:
-            raise AttnRankError(f"tensor {name!r} not found in {self.source}") from None
-
-    def dtype(self, name: str) -> str:
-        return str(self._tensors[name].dtype).removeprefix("torch.")
-
-    @property
-    def files(self) -> list[Path]:
-        return []
-
+    def _meta(self, name: str, t: torch.Tensor) -> TensorMeta:
+        return TensorMeta(dtype_name(t.dtype), tuple(t.shape), t.numel() * t.element_size(), None)
 
 
 # -- TransformerLens ---------------------------------------------------------------------------------
@@ -109,10 +90,10 @@ def transformer_lens_view(obj: Any, config: Any, layout: Any) -> tuple[Any, Any,
     tl = _is_transformer_lens(obj)
     inner = obj.__dict__.get("original_model") if tl and hasattr(obj, "__dict__") else None
     if isinstance(inner, nn.Module) and hasattr(getattr(inner, "config", None), "to_dict"):
-        from attnrank.io.layouts import supported_model_types
+        from attnrank.io.layouts import layout_model_types
 
         cfg = inner.config.to_dict()
-        if cfg.get("model_type") in supported_model_types():
+        if cfg.get("model_type") in layout_model_types():
             # the bridge wraps each Hugging Face module: its parameters are named with
             # "._original_component" segments; without them they are the checkpoint's names
             named = {**dict(inner.named_parameters(remove_duplicate=False)),

@@ -52,8 +52,9 @@ from urllib.parse import quote, unquote, urljoin, urlsplit
 import numpy as np
 import torch
 
-from attnrank.errors import AttnRankError
-from attnrank.io.checkpoint import HF_WEIGHTS, Checkpoint
+from attnrank.errors import AttnRankError, one_line
+from attnrank.io.checkpoint import HF_WEIGHTS
+from attnrank.io.tensor_source import ST_DTYPES, BaseCheckpoint, TensorMeta, dtype_name
 from attnrank.io.validate import MAX_JSON_BYTES
 
 RETRIES = 3  # more tries of one request after a dropped connection, a timeout, a short body or a 5xx
@@ -62,10 +63,7 @@ MAX_HEADER = 100 << 20  # safetensors' own limit on a header's length
 MAX_GGUF_HEADER = 256 << 20
 GGUF_FIRST_CHUNK = 1 << 20
 HEADER_THREADS = 8  # shard headers fetched concurrently
-ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-             "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-             "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
-             "C64": torch.complex64}
+
 
 
 def is_url(source: Any) -> bool:
@@ -187,7 +185,7 @@ def _http_errors(loc: Location, url: str, what: str):
     except httpx2.TooManyRedirects:
         raise AttnRankError(f"redirect loop reading {what}: {url} redirects more than 20 times") from None
     except (httpx2.TimeoutException, httpx2.NetworkError, httpx2.RemoteProtocolError) as e:
-        raise _Retry(f"{type(e).__name__}: {' '.join(str(e).split())[:160]}") from None
+        raise _Retry(one_line(e, 160, typed=True)) from None
     except (httpx2.InvalidURL, httpx2.UnsupportedProtocol) as e:
         raise AttnRankError(f"not a URL that can be read: {url} ({e})") from None
     except hfe.RevisionNotFoundError:
@@ -382,7 +380,7 @@ def _json(data: bytes, what: str, url: str) -> Any:
     try:
         return json.loads(data)
     except (ValueError, RecursionError) as e:
-        raise AttnRankError(f"{url}: {what} is not valid JSON ({' '.join(str(e).split())[:120]})") from None
+        raise AttnRankError(f"{url}: {what} is not valid JSON ({one_line(e, 120)})") from None
 
 
 @dataclass(frozen=True)
@@ -438,46 +436,47 @@ def _entry(f: RemoteFile, name: str, e: Any, data_start: int, size: int) -> _At:
     return _At(f, dtype, tuple(shape), data_start + b, data_start + end)
 
 
-class RemoteCheckpoint(Checkpoint):
-    """A :class:`Checkpoint` whose config, index and safetensors headers were fetched over
-    HTTP; ``get`` fetches one tensor with one ranged GET."""
+class RemoteCheckpoint(BaseCheckpoint):
+    """A checkpoint whose config, index and safetensors headers were fetched over HTTP;
+    ``get`` fetches one tensor with one ranged GET."""
 
     def __init__(self, loc: Location, transfer: Transfer, *, weights: str | None = None,
                  config: dict[str, Any] | None = None, allow_full: bool = False):
         self.loc, self.transfer, self.allow_full = loc, transfer, allow_full
-        self.source = loc.label
         cfg_file = RemoteFile(loc, "config.json", transfer, what="config.json (for a GGUF file, pass its URL: "
                               ".../resolve/REVISION/FILE.gguf on the Hub)" if loc.repo_id else None)
-        self.config_path = cfg_file.url
-        self._index, self._handles = {}, {}
         if config is None:
-            cfg = _json(cfg_file.read_all() or b"", "config.json", cfg_file.url)
-            if not isinstance(cfg, dict):
+            config = _json(cfg_file.read_all() or b"", "config.json", cfg_file.url)
+            if not isinstance(config, dict):
                 raise AttnRankError(f"{cfg_file.url} is not a JSON object")
-            config = cfg
-        self.config = dict(config)
-        self.path = loc.where
-        self.weight_names = [weights] if weights else self._weight_names()
-        hint = None if weights or getattr(self, "_weight_map", None) else (
+        weight_map = None if weights else self._weight_map()
+        self.weight_names = [weights] if weights else sorted(set(weight_map.values())) if weight_map else \
+            ["model.safetensors"]
+        hint = None if weights or weight_map else (
             "model.safetensors (reading remotely needs safetensors weights, model.safetensors or "
             "model.safetensors.index.json, or the URL of a .gguf file)")
         self._files = {n: RemoteFile(loc, n, transfer, allow_full=allow_full, what=hint) for n in self.weight_names}
-        self._tensors: dict[str, _At] = {}
         with ThreadPoolExecutor(min(HEADER_THREADS, len(self._files))) as pool:
             headers = dict(zip(self._files, pool.map(read_safetensors_header, self._files.values()),
                                strict=True))
+        tensors: dict[str, _At] = {}
         for name, f in self._files.items():
             transfer.weight_file(name, f.size or 0)
             for t, at in headers[name].items():
-                self._tensors.setdefault(t, at)
-        self._check_index(headers)
+                tensors.setdefault(t, at)
+        for t, shard in (weight_map or {}).items():  # the index decides which shard holds a tensor
+            if t not in headers[shard]:
+                raise AttnRankError(f"shard {shard} lacks tensors its index names, e.g. {t}")
+            tensors[t] = headers[shard][t]
+        super().__init__(tensors, source=loc.label, path=loc.where, config=config, config_path=cfg_file.url)
 
-    def _weight_names(self) -> list[str]:
+    def _weight_map(self) -> dict[str, str] | None:
+        """The shard index's ``weight_map`` (tensor -> shard file), None without an index."""
         index_name = HF_WEIGHTS[0]  # model.safetensors.index.json
         idx_file = RemoteFile(self.loc, index_name, self.transfer)
         raw = idx_file.read_all(missing_ok=True)
         if raw is None:
-            return ["model.safetensors"]
+            return None
         data = _json(raw, "shard index", idx_file.url)
         wm = data.get("weight_map") if isinstance(data, dict) else None
         if not isinstance(wm, dict) or not wm or not all(isinstance(v, str) for v in wm.values()):
@@ -486,35 +485,18 @@ class RemoteCheckpoint(Checkpoint):
         for shard in set(wm.values()):
             if shard.startswith("/") or ".." in Path(shard).parts or "://" in shard or not shard.strip():
                 raise AttnRankError(f"shard index {idx_file.url} names a file outside the checkpoint: {shard!r}")
-        self._weight_map = wm
-        return sorted(set(wm.values()))
+        return wm
 
-    def _check_index(self, headers: dict[str, dict[str, _At]]) -> None:
-        wm = getattr(self, "_weight_map", None)
-        if not wm:
-            return
-        for t, shard in wm.items():
-            if t not in headers[shard]:
-                raise AttnRankError(f"shard {shard} lacks tensors its index names, e.g. {t}")
-            self._tensors[t] = headers[shard][t]
-
-    def keys(self) -> list[str]:
-        return list(self._tensors)
-
-    def __contains__(self, name: str) -> bool:
-        return name in self._tensors
-
-    def get(self, name: str) -> torch.Tensor:
+    def _read(self, name: str, at: _At) -> torch.Tensor:
         """Fetch one tensor (one ranged GET) in its stored dtype."""
-        try:
-            at = self._tensors[name]
-        except KeyError:
-            raise AttnRankError(f"tensor {name!r} not found in {self.path}") from None
         buf = at.file.read(at.start, at.end, "tensor")
         dtype = ST_DTYPES[at.dtype]
         if not buf:
             return torch.empty(at.shape, dtype=dtype)
         return torch.frombuffer(buf, dtype=dtype).reshape(at.shape)
+
+    def _meta(self, name: str, at: _At) -> TensorMeta:
+        return TensorMeta(dtype_name(ST_DTYPES[at.dtype]), at.shape, at.end - at.start, at.file.name)
 
     def get_many(self, names: dict[str, str]) -> dict[str, torch.Tensor]:
         """Several tensors (``{role: name}``, one layer's) fetched concurrently: one round trip of
@@ -525,15 +507,8 @@ class RemoteCheckpoint(Checkpoint):
             futures = {role: pool.submit(self.get, n) for role, n in names.items()}
             return {role: f.result() for role, f in futures.items()}
 
-    def dtype(self, name: str) -> str:
-        d = self._tensors[name].dtype
-        return str(ST_DTYPES[d]).removeprefix("torch.") if d in ST_DTYPES else d
-
-    def release(self) -> None:
-        """Nothing is mapped: tensors are fetched into memory and dropped by the caller."""
-
     @property
-    def files(self) -> list[str]:  # type: ignore[override]
+    def files(self) -> list[Any]:
         return list(self.weight_names)
 
     def close(self) -> None:
@@ -553,12 +528,11 @@ def _gguf_class():
             self.remote = f
             tmp = _gguf_header_file(f)
             try:
-                super().__init__(tmp)
+                super().__init__(tmp, label=f.loc.label, where=f.url)
             except AttnRankError as e:
                 raise AttnRankError(str(e).replace(str(tmp), f.url)) from None
             finally:
                 os.unlink(tmp)
-            self.source, self.path, self.config_path = f.loc.label, f.url, f.url
             f.transfer.weight_file(f.name, f.size or 0)
 
         def _tensor_data(self, t: Any) -> np.ndarray:
@@ -566,7 +540,7 @@ def _gguf_class():
             return np.frombuffer(buf, dtype=t.data.dtype).reshape(t.data.shape)
 
         @property
-        def files(self) -> list[str]:  # type: ignore[override]
+        def files(self) -> list[Any]:
             return [self.remote.name]
 
         def close(self) -> None:
@@ -621,7 +595,7 @@ def _header_complete(ag: Any, tmp: str, fetched: int) -> None:
     try:
         end = GGUFReader(tmp).data_offset
     except Exception as e:  # noqa: BLE001 - cut short or corrupt
-        raise AttnRankError(f"cannot read GGUF file {tmp}: {' '.join(str(e).split())[:200]}") from None
+        raise AttnRankError(f"cannot read GGUF file {tmp}: {one_line(e, 200)}") from None
     if end > fetched:
         raise AttnRankError(f"cannot read GGUF file {tmp}: its header runs past byte {fetched:,}")
 
@@ -646,7 +620,7 @@ def _location(source: str, revision: str | None) -> tuple[Location, str | None]:
 
 
 def open_remote(source: str, *, revision: str | None = None, allow_full: bool = False,
-                config: str | os.PathLike | dict[str, Any] | None = None) -> tuple[Checkpoint, dict[str, Any], Any]:
+                config: str | os.PathLike | dict[str, Any] | None = None) -> tuple[BaseCheckpoint, dict[str, Any], Any]:
     """``(checkpoint, origin, layout)`` of a Hub id or URL read over HTTP (module docstring);
     ``layout`` is the GGUF file's own, else None. ``origin['remote']`` is the live
     :attr:`Transfer.stats`, complete once the analysis has read its layers."""

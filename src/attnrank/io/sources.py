@@ -5,7 +5,8 @@ Sources (:func:`open_reader`):
 
 - a live ``nn.Module`` (a Hugging Face ``PreTrainedModel``: its config gives the layout; the
   project's models; any module with ``layout=``) or a ``state_dict`` with ``config=``/``layout=``;
-- a :class:`~attnrank.io.checkpoint.Checkpoint` object;
+- a reader of this package (any :class:`~attnrank.io.tensor_source.BaseCheckpoint`: a
+  :class:`~attnrank.io.checkpoint.Checkpoint`, a GGUF, live, adapted or remote one);
 - ``minilm`` (shipped), a checkpoint directory, a single weights file (``config=``), a training
   run directory or a Trainer ``output_dir`` / ``checkpoint-N`` (weights chosen by Hugging Face's
   file names, optimizer and RNG states ignored);
@@ -29,10 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from attnrank.errors import AttnRankError
-from attnrank.io.checkpoint import SHIPPED, Checkpoint, local_path, resolve_dir
+from attnrank.io.checkpoint import SHIPPED, Checkpoint, Located, locate
 from attnrank.io.layouts import AttentionReader, Layout, layout_from_toml
-
-_TRAINER_FILES = ("trainer_state.json", "optimizer.pt", "training_args.bin")
+from attnrank.io.tensor_source import BaseCheckpoint
 
 
 def open_reader(source: Any, *, config: str | os.PathLike | dict[str, Any] | None = None,
@@ -49,13 +49,13 @@ def open_reader(source: Any, *, config: str | os.PathLike | dict[str, Any] | Non
     if remote or allow_full or _is_url(source):
         return _open_remote(source, config=config, layout=layout, revision=revision, base=base, delta=delta,
                             fold_norm=fold_norm, download=download, allow_full=allow_full)
-    if (base is not None or delta) and not _is_adapter_source(source, revision):
-        raise AttnRankError("--base and --delta apply to a LoRA adapter directory (adapter_config.json)")
-    if isinstance(source, Checkpoint):
-        ckpt, origin = source, _origin("checkpoint", source)
-    elif isinstance(source, (str, os.PathLike)):
+    if isinstance(source, (str, os.PathLike)):
         return _open_path(source, config=config, layout=layout, revision=revision, base=base, delta=delta,
                           fold_norm=fold_norm, download=download)
+    if base is not None or delta:
+        raise AttnRankError(_NOT_ADAPTER)
+    if isinstance(source, BaseCheckpoint):
+        ckpt, origin = source, _origin("checkpoint", source)
     else:
         from attnrank.io.live import transformer_lens_view  # TransformerLens models: what to read
 
@@ -65,6 +65,9 @@ def open_reader(source: Any, *, config: str | os.PathLike | dict[str, Any] | Non
     if revision is not None:
         raise AttnRankError("--revision applies to a Hugging Face Hub id")
     return AttentionReader(ckpt, layout, fold_norm=fold_norm, origin=origin)
+
+
+_NOT_ADAPTER = "--base and --delta apply to a LoRA adapter directory (adapter_config.json)"
 
 
 def _is_url(source: Any) -> bool:
@@ -103,7 +106,7 @@ def _check_options(*, config: Any, layout: Any, revision: Any, base: Any) -> Non
             raise AttnRankError(f"{name} must be {want}; got {type(value).__name__} {str(value)[:40]!r}")
 
 
-def _open_live(obj: Any, config: Any, layout: Layout | None) -> tuple[Checkpoint, dict[str, Any]]:
+def _open_live(obj: Any, config: Any, layout: Layout | None) -> tuple[BaseCheckpoint, dict[str, Any]]:
     import torch.nn as nn
 
     from attnrank.io.live import LiveCheckpoint
@@ -120,67 +123,40 @@ def _open_live(obj: Any, config: Any, layout: Layout | None) -> tuple[Checkpoint
     return ckpt, origin
 
 
-def _is_adapter_source(source: Any, revision: str | None) -> bool:
-    if not isinstance(source, (str, os.PathLike)):
-        return False
-    try:
-        p = local_path(source, revision)
-    except AttnRankError:
-        return False
-    from attnrank.io.adapters import is_adapter_dir
-
-    return is_adapter_dir(p)
-
-
 def _open_path(source: str | os.PathLike, *, config: Any, layout: Layout | None, revision: str | None,
                base: Any, delta: bool, fold_norm: bool, download: bool) -> AttentionReader:
     from attnrank.io import hub
-
-    s = str(source)
-    if download and not Path(s).exists() and s not in SHIPPED:
-        path, kind = hub.cached_snapshot(s, revision, download=True), "hub"
-    else:
-        if revision is not None and (Path(s).exists() or s in SHIPPED):
-            raise AttnRankError("--revision applies to a Hugging Face Hub id, not to a local path")
-        path = local_path(source, revision)
-        kind = "shipped" if s in SHIPPED else "hub" if not Path(s).exists() else "directory" if path.is_dir() else "file"
-    extra: dict[str, Any] = {}
-    if kind == "hub":
-        extra["hub"] = {"repo_id": s, "revision": revision or "main", "commit": path.name,
-                        "cache": str(hub.cache_dir())}
     from attnrank.io.adapters import is_adapter_dir
 
-    if is_adapter_dir(path):
-        return _open_adapter(path, base, delta=delta, layout=layout, fold_norm=fold_norm, extra=extra, source=s)
-    gguf_file = _gguf_in(path)
+    loc = locate(source, revision, download=download)  # resolved once; the readers take what it found
+    adapter = is_adapter_dir(loc.given)
+    if (base is not None or delta) and not adapter:
+        raise AttnRankError(_NOT_ADAPTER)
+    extra: dict[str, Any] = {}
+    if loc.hub:
+        extra["hub"] = {"repo_id": loc.source, "revision": revision or "main", "commit": loc.given.name,
+                        "cache": str(hub.cache_dir())}
+    if adapter:
+        return _open_adapter(loc, base, delta=delta, layout=layout, fold_norm=fold_norm, extra=extra)
+    gguf_file = _gguf_in(loc.given)
     if gguf_file is not None:
         from attnrank.io.gguf import GGUFCheckpoint, gguf_origin
 
-        g = GGUFCheckpoint(gguf_file)
-        origin = {**_origin(kind, g, s), **extra, **gguf_origin(g)}
+        g = GGUFCheckpoint(gguf_file, label=loc.source)
+        origin = {**_origin(loc.kind, g), **extra, **gguf_origin(g)}
         return AttentionReader(g, layout or g.layout, fold_norm=fold_norm, origin=origin)
-    if path.is_dir():
-        resolved = resolve_dir(path)
-        if resolved != path:
-            kind = "run" if (path / "checkpoints").is_dir() else "trainer"
-            extra["resolved_from"] = str(path.resolve())
-            path = resolved
-        if kind == "directory" and any((path / f).exists() for f in _TRAINER_FILES):
-            kind = "trainer"
-    ckpt = Checkpoint(path, config=config if not isinstance(config, dict) else None,
-                      require_config=layout is None and not isinstance(config, dict))
-    if isinstance(config, dict):
-        ckpt.config = dict(config)
-    ckpt.source = s
-    origin = {**_origin(kind, ckpt, s), **extra}
-    if kind == "trainer":
-        origin["ignored_files"] = sorted(p.name for p in path.iterdir() if p.is_file() and p not in ckpt.files
+    if loc.resolved_from is not None:
+        extra["resolved_from"] = str(loc.resolved_from.resolve())
+    ckpt = Checkpoint(loc, config=config, require_config=layout is None)
+    origin = {**_origin(loc.kind, ckpt), **extra}
+    if loc.kind == "trainer":
+        origin["ignored_files"] = sorted(p.name for p in loc.path.iterdir() if p.is_file() and p not in ckpt.files
                                          and p.suffix in (".pt", ".pth", ".bin"))
     return AttentionReader(ckpt, layout, fold_norm=fold_norm, origin=origin)
 
 
-def _open_adapter(path: Path, base: Any, *, delta: bool, layout: Layout | None, fold_norm: bool,
-                  extra: dict[str, Any], source: str) -> AttentionReader:
+def _open_adapter(loc: Located, base: Any, *, delta: bool, layout: Layout | None, fold_norm: bool,
+                  extra: dict[str, Any]) -> AttentionReader:
     from attnrank.io.adapters import (
         AdaptedCheckpoint,
         DeltaReader,
@@ -188,17 +164,13 @@ def _open_adapter(path: Path, base: Any, *, delta: bool, layout: Layout | None, 
         read_adapter_config,
     )
 
-    cfg = read_adapter_config(path)
+    cfg = read_adapter_config(loc.given)
     base = base if base is not None else cfg.get("base_model_name_or_path")
     if not base:
-        raise AttnRankError(f"{path}: the adapter names no base model; pass --base PATH|ID")
-    base_path = local_path(base)
-    base_ckpt = Checkpoint(resolve_dir(base_path) if base_path.is_dir() else base_path,
-                           require_config=layout is None)
-    base_ckpt.source = str(base)
-    ckpt = AdaptedCheckpoint(path, base_ckpt)
-    origin = {**_origin("adapter", ckpt, source), **extra, **adapter_origin(ckpt, delta)}
-    origin["path"] = str(path.resolve())
+        raise AttnRankError(f"{loc.given}: the adapter names no base model; pass --base PATH|ID")
+    ckpt = AdaptedCheckpoint(loc.given, Checkpoint(locate(base), require_config=layout is None))
+    origin = {**_origin("adapter", ckpt, loc.source), **extra, **adapter_origin(ckpt, delta)}
+    origin["path"] = str(loc.given.resolve())
     cls = DeltaReader if delta else AttentionReader
     return cls(ckpt, layout, fold_norm=fold_norm, origin=origin)
 
@@ -218,7 +190,7 @@ def _gguf_in(path: Path) -> Path | None:
     return None
 
 
-def _origin(kind: str, ckpt: Checkpoint, source: str | None = None) -> dict[str, Any]:
+def _origin(kind: str, ckpt: BaseCheckpoint, source: str | None = None) -> dict[str, Any]:
     path = getattr(ckpt, "path", None)
     return {"input": kind, "source": source if source is not None else ckpt.source,
             "path": str(Path(path).resolve()) if path is not None and kind not in ("live", "state_dict") else None,

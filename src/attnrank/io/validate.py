@@ -26,7 +26,7 @@ from numbers import Integral, Real
 from pathlib import Path
 from typing import Any
 
-from attnrank.errors import AttnRankError
+from attnrank.errors import AttnRankError, one_line
 
 # Bounds on sizes a config may state (far above any released model; they keep products of
 # sizes well inside 64-bit integers and loops over layers finite).
@@ -80,7 +80,7 @@ def os_error(e: OSError, path: str | os.PathLike, doing: str = "read") -> AttnRa
         return AttnRankError(f"no space left on the device: cannot {doing} {path}")
     if e.errno == errno.ENOENT:
         return AttnRankError(f"no such file or directory: {path}")
-    reason = e.strerror or " ".join(str(e).split())[:200] or type(e).__name__
+    reason = e.strerror or one_line(e, 200)
     return AttnRankError(f"cannot {doing} {path}: {reason}")
 
 
@@ -156,7 +156,7 @@ def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
     except RecursionError:
         raise AttnRankError(f"cannot parse {path}: nested too deeply") from None
     except ValueError as e:
-        raise AttnRankError(f"cannot parse {path}: {' '.join(str(e).split())[:200]}") from None
+        raise AttnRankError(f"cannot parse {path}: {one_line(e, 200)}") from None
 
 
 def inside(root: Path, name: Any, where: str) -> Path:
