@@ -1,8 +1,9 @@
 """Training configurations: what one run is (task, model, optimiser, schedule), as a dataclass
 recorded whole in the run's ``config.json``.
 
-:class:`TrainConfig` (associative recall), :class:`LMTrainConfig` (a causal LM on a text
-corpus) and :class:`ViTTrainConfig` (a ViT on images) each know their task's :class:`Job`
+:class:`TrainConfig` holds what every run has (optimizer, schedule, cadence); a run is one of its
+subclasses, :class:`RecallTrainConfig` (associative recall), :class:`LMTrainConfig` (a causal LM
+on a text corpus) and :class:`ViTTrainConfig` (a ViT on images), each knowing its task's :class:`Job`
 (model, data stream, loss, evaluation); the flat-override builders :func:`recall_config`,
 :func:`lm_config`, :func:`vit_config` (:data:`CONFIG_BUILDERS`, :func:`make_config`) are what the
 CLI and sweeps call. :func:`lr_at` is the learning-rate schedule the loop follows and
@@ -48,13 +49,12 @@ class Job:
 
 @dataclass
 class TrainConfig:
-    """One training run on associative recall (every field is recorded in config.json).
+    """What every training run has (every field is recorded in config.json): its task and model,
+    the optimizer, the schedule and how often it logs, tracks and checkpoints. A base class: a
+    run is a :class:`RecallTrainConfig`, :class:`LMTrainConfig` or :class:`ViTTrainConfig`, each
+    with its ``TASK_NAME`` (config.json's ``task_name``), task, default model and :class:`Job`;
+    the defaults below are those of a task that does not set its own.
 
-    ``model`` defaults to :func:`recall_model`: a 2-layer, width-64, 4-head (head width
-    16) pre-norm causal transformer with learned positions and **no MLP**, weights drawn
-    with std 0.1. Why (measured here, 2 CPU cores): with MLPs, or with std 0.02, the
-    induction-style circuit recall needs did not form within 6,000 steps; attention-only
-    with std 0.1 learns the task in a few hundred steps.
     Optimizer: AdamW, decoupled decay per :func:`attnrank.training.optim.param_groups` group
     (``attn_weight_decay`` on Q/K/V/O, ``weight_decay`` on every other matrix and on the
     embeddings, none on biases and norm gains); learning rate warmed up linearly over
@@ -62,8 +62,8 @@ class TrainConfig:
     at the last step (``schedule="cosine"``); :func:`lr_at` is the schedule.
     """
 
-    task: RecallConfig = field(default_factory=RecallConfig)
-    model: ModelConfig | None = None
+    task: Any = None  # each subclass: its task's config
+    model: Any = None  # None: the task's default model
     steps: int = 3000
     batch_size: int = 64
     lr: float = 3e-3
@@ -82,28 +82,28 @@ class TrainConfig:
     tol: float = DEFAULT_TOL
     schedule: str = "constant"
 
-    TASK_NAME: ClassVar[str] = "recall"
+    TASK_NAME: ClassVar[str] = ""  # each subclass: its task's name
 
     def __post_init__(self) -> None:
+        if not self.TASK_NAME:
+            raise TypeError("TrainConfig is the base of the training configs: build a RecallTrainConfig, "
+                            "LMTrainConfig or ViTTrainConfig (or make_config(kind, ...))")
         self._coerce()
         self.validate()
 
     def _coerce(self) -> None:
-        if isinstance(self.task, dict):
-            self.task = RecallConfig(**{k: v for k, v in self.task.items()
-                                        if k in {f.name for f in fields(RecallConfig)}})
-        if self.model is None:
-            self.model = recall_model(self.task)
-        elif isinstance(self.model, dict):
-            self.model = ModelConfig.from_dict(self.model)
+        """Turn ``task`` and ``model`` given as dicts (a stored config.json) into their configs,
+        and fill in the task's default model."""
+        raise NotImplementedError
+
+    def _validate_task(self) -> None:
+        """Check the task and that the model fits it (one :class:`AttnRankError` line)."""
+        raise NotImplementedError
 
     def job(self, run: Path | None, dev: torch.device) -> Job:
         """The task's data stream, model, loss and evaluation (the loop is task-agnostic).
         The model is drawn from the global RNG seeded with ``seed`` just before."""
-        torch.manual_seed(self.seed)
-        model = Transformer(self.model)
-        return Job(model=model, stream=RecallStream(self.task, self.batch_size, self.seed),
-                   loss_and_accuracy=recall_loss_and_accuracy, evaluate=None)
+        raise NotImplementedError
 
     def validate(self) -> None:
         def positive_int(name: str, allow_zero: bool = False) -> None:
@@ -166,12 +166,6 @@ class TrainConfig:
                    f"a model of {n_params:,} parameters with a batch of {self.batch_size} x {tokens} tokens "
                    f"(batch_size {self.batch_size})")
 
-    def _validate_task(self) -> None:
-        if self.model.vocab_size < self.task.vocab_size:
-            raise AttnRankError(f"model vocab_size {self.model.vocab_size} < task vocab {self.task.vocab_size}")
-        if self.model.max_seq_len < self.task.seq_len:
-            raise AttnRankError(f"model max_seq_len {self.model.max_seq_len} < sequence length {self.task.seq_len}")
-
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["task"] = self.task.to_dict()
@@ -185,6 +179,43 @@ class TrainConfig:
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
 
+
+@dataclass
+class RecallTrainConfig(TrainConfig):
+    """One training run on associative recall (:class:`attnrank.models.tasks.RecallConfig`,
+    fully online: no held-out data), with :class:`TrainConfig`'s defaults.
+
+    ``model`` defaults to :func:`recall_model`: a 2-layer, width-64, 4-head (head width
+    16) pre-norm causal transformer with learned positions and **no MLP**, weights drawn
+    with std 0.1. Why (measured here, 2 CPU cores): with MLPs, or with std 0.02, the
+    induction-style circuit recall needs did not form within 6,000 steps; attention-only
+    with std 0.1 learns the task in a few hundred steps.
+    """
+
+    TASK_NAME: ClassVar[str] = "recall"
+    task: RecallConfig = field(default_factory=RecallConfig)
+    model: ModelConfig | None = None
+
+    def _coerce(self) -> None:
+        if isinstance(self.task, dict):
+            self.task = RecallConfig(**{k: v for k, v in self.task.items()
+                                        if k in {f.name for f in fields(RecallConfig)}})
+        if self.model is None:
+            self.model = recall_model(self.task)
+        elif isinstance(self.model, dict):
+            self.model = ModelConfig.from_dict(self.model)
+
+    def _validate_task(self) -> None:
+        if self.model.vocab_size < self.task.vocab_size:
+            raise AttnRankError(f"model vocab_size {self.model.vocab_size} < task vocab {self.task.vocab_size}")
+        if self.model.max_seq_len < self.task.seq_len:
+            raise AttnRankError(f"model max_seq_len {self.model.max_seq_len} < sequence length {self.task.seq_len}")
+
+    def job(self, run: Path | None, dev: torch.device) -> Job:
+        torch.manual_seed(self.seed)
+        model = Transformer(self.model)
+        return Job(model=model, stream=RecallStream(self.task, self.batch_size, self.seed),
+                   loss_and_accuracy=recall_loss_and_accuracy, evaluate=None)
 
 
 def parameter_count(m: Any) -> int:
@@ -242,23 +273,23 @@ SCHEDULES = ("constant", "cosine")
 #: the model fields a flat override may set (recall, LM and ViT builders alike)
 MODEL_KEYS = frozenset({"n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "mlp", "skip", "norm",
                         "learned_positions", "bias", "d_mlp", "init_std", "tie_embeddings"})
-#: the default recall model (see :class:`TrainConfig`)
+#: the default recall model (see :class:`RecallTrainConfig`)
 RECALL_MODEL = {"n_layers": 2, "d_model": 64, "n_heads": 4, "mlp": False, "init_std": 0.1}
 
 
 def recall_model(task: RecallConfig, **overrides: Any) -> ModelConfig:
-    """The default recall model (:data:`RECALL_MODEL`, see :class:`TrainConfig`), sized to ``task``."""
+    """The default recall model (:data:`RECALL_MODEL`, see :class:`RecallTrainConfig`), sized to ``task``."""
     return ModelConfig(vocab_size=task.vocab_size, max_seq_len=task.seq_len, **{**RECALL_MODEL, **overrides})
 
 
-def recall_config(**overrides: Any) -> TrainConfig:
-    """A :class:`TrainConfig` for associative recall from flat overrides (validated): task
-    fields ``n_pairs``, ``n_keys``, ``n_values``, ``n_queries``; model fields (:data:`MODEL_KEYS`:
-    ``n_layers``, ``d_model``, ``n_heads``, ``head_dim``, ``mlp``, ``init_std`` …); and any
-    :class:`TrainConfig` field. None means default."""
-    t, m, rest = _split_overrides(overrides, RecallConfig, MODEL_KEYS, TrainConfig)
+def recall_config(**overrides: Any) -> RecallTrainConfig:
+    """A :class:`RecallTrainConfig` from flat overrides (validated): task fields ``n_pairs``,
+    ``n_keys``, ``n_values``, ``n_queries``; model fields (:data:`MODEL_KEYS`: ``n_layers``,
+    ``d_model``, ``n_heads``, ``head_dim``, ``mlp``, ``init_std`` …); and any
+    :class:`RecallTrainConfig` field. None means default."""
+    t, m, rest = _split_overrides(overrides, RecallConfig, MODEL_KEYS, RecallTrainConfig)
     task = RecallConfig(**t)
-    return TrainConfig(task=task, model=recall_model(task, **m), **rest)
+    return RecallTrainConfig(task=task, model=recall_model(task, **m), **rest)
 
 
 # -- language model and ViT ----------------------------------------------------------------------
@@ -271,8 +302,8 @@ VIT_MODEL = {"n_layers": 4, "d_model": 64, "n_heads": 4, "mlp": True, "init_std"
 
 @dataclass
 class LMTrainConfig(TrainConfig):
-    """An autoregressive LM on a text corpus (:class:`attnrank.models.data.LMTaskConfig`), with the
-    recall run's optimizer and decay groups; Adam β = (0.9, 0.95) as in the paper's LMs.
+    """An autoregressive LM on a text corpus (:class:`attnrank.models.data.LMTaskConfig`), with
+    :class:`TrainConfig`'s optimizer and decay groups; Adam β = (0.9, 0.95) as in the paper's LMs.
     ``eval_every``: steps between validation evaluations (0: only at the end, where the
     validation and test splits are both scored)."""
 
@@ -415,7 +446,8 @@ CONFIG_BUILDERS: dict[str, Callable[..., TrainConfig]] = {"recall": recall_confi
 
 
 #: sweep / CLI kinds → config classes (``from_dict`` of a stored config.json)
-CONFIG_CLASSES: dict[str, type[TrainConfig]] = {"recall": TrainConfig, "lm": LMTrainConfig, "vit": ViTTrainConfig}
+CONFIG_CLASSES: dict[str, type[TrainConfig]] = {"recall": RecallTrainConfig, "lm": LMTrainConfig,
+                                                "vit": ViTTrainConfig}
 
 
 def make_config(kind: str, **overrides: Any) -> TrainConfig:

@@ -43,7 +43,7 @@ from typing import Any
 from attnrank.analysis.tracker import RankTracker, scalars
 from attnrank.core.linalg import DEFAULT_TOL
 from attnrank.core.metrics import SUMMARY_METRICS
-from attnrank.errors import AttnRankError
+from attnrank.errors import AttnRankError, one_line
 from attnrank.util.fileio import write_json
 
 #: ``--log`` backends → (module to import, extra that installs it)
@@ -236,7 +236,7 @@ def open_loggers(run: Path, backends: tuple[str, ...] | None, config: dict[str, 
             raise
         hint = " (W&B: run `wandb login`, or set WANDB_MODE=offline)" if b == "wandb" else ""
         raise AttnRankError(f"--log {b}: the {b} logger could not start: {type(e).__name__}: "
-                            f"{' '.join(str(e).split())[:300]}{hint}") from None
+                            f"{one_line(e, 300)}{hint}") from None
     return RunLoggers(out)
 
 
@@ -301,10 +301,69 @@ def _callback_base() -> type:
     return TrainerCallback
 
 
+class _RankCallbackLogic:
+    """What :class:`RankCallback` does, apart from its ``transformers.TrainerCallback`` base
+    (defined here so that importing this module does not import transformers)."""
+
+    def __init__(self, trainer: Any = None, every: int = 100, *, tol: float = DEFAULT_TOL,
+                 prefix: str = "rank", per_layer: bool = True, jsonl: bool = True,
+                 config: dict[str, Any] | None = None):
+        if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+            raise AttnRankError(f"every must be a positive integer, got {every!r}")
+        self.trainer, self.every, self.tol, self.prefix = trainer, every, tol, prefix
+        self.per_layer, self.jsonl, self.config = per_layer, jsonl, config
+        self.tracker: RankTracker | None = None
+        self.rows: list[dict[str, Any]] = []
+        self._last: int | None = None
+        self.report: ReportTo | None = None
+        self.reached: set[str] = set()
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if model is None:
+            raise AttnRankError("RankCallback: the Trainer passed no model to its callbacks")
+        self.tracker = RankTracker(model, every=self.every, tol=self.tol, config=self.config)
+        if self.trainer is None and state.is_world_process_zero:
+            self.report = ReportTo(args)
+        if state.global_step == 0:
+            self._measure(args, state)
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        s = state.global_step
+        if self.tracker is None and model is not None:  # added after on_train_begin had passed
+            self.on_train_begin(args, state, control, model=model)
+        if self.tracker is not None and (s % self.every == 0 or s == state.max_steps):
+            self._measure(args, state)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.report is not None:
+            self.report.close()
+
+    def _measure(self, args, state) -> None:
+        step = int(state.global_step)
+        if step == self._last:
+            return
+        self._last = step
+        row = self.tracker.measure(step)
+        self.rows.append(row)
+        values = scalars(row, prefix=self.prefix, per_layer=self.per_layer)
+        values = {k: v for k, v in values.items() if math.isfinite(v)}
+        if self.jsonl and state.is_world_process_zero:
+            out = Path(args.output_dir)
+            out.mkdir(parents=True, exist_ok=True)
+            with open(out / RANKS_FILE, "a") as fh:
+                fh.write(json.dumps(row, separators=(",", ":")) + "\n")
+        if self.trainer is not None:
+            self.trainer.log(dict(values))
+        else:
+            if self.report is not None:
+                self.reached.update(self.report.log(values, step))
+            state.log_history.append({**values, "step": step})
+
+
 def _make_rank_callback() -> type:
     TrainerCallback = _callback_base()
 
-    class RankCallback(TrainerCallback):
+    class RankCallback(_RankCallbackLogic, TrainerCallback):
         """Measure every head every ``every`` optimizer steps and log the ranks to ``report_to``.
 
         Passed the Hugging Face way (the model comes with the callback's arguments)::
@@ -323,60 +382,6 @@ def _make_rank_callback() -> type:
         rows file (rank 0 only); ``config``: the model's config dict when it has no
         ``model.config`` (see :class:`RankTracker`).
         """
-
-        def __init__(self, trainer: Any = None, every: int = 100, *, tol: float = DEFAULT_TOL,
-                     prefix: str = "rank", per_layer: bool = True, jsonl: bool = True,
-                     config: dict[str, Any] | None = None):
-            if not isinstance(every, int) or isinstance(every, bool) or every < 1:
-                raise AttnRankError(f"every must be a positive integer, got {every!r}")
-            self.trainer, self.every, self.tol, self.prefix = trainer, every, tol, prefix
-            self.per_layer, self.jsonl, self.config = per_layer, jsonl, config
-            self.tracker: RankTracker | None = None
-            self.rows: list[dict[str, Any]] = []
-            self._last: int | None = None
-            self.report: ReportTo | None = None
-            self.reached: set[str] = set()
-
-        def on_train_begin(self, args, state, control, model=None, **kwargs):
-            if model is None:
-                raise AttnRankError("RankCallback: the Trainer passed no model to its callbacks")
-            self.tracker = RankTracker(model, every=self.every, tol=self.tol, config=self.config)
-            if self.trainer is None and state.is_world_process_zero:
-                self.report = ReportTo(args)
-            if state.global_step == 0:
-                self._measure(args, state)
-
-        def on_step_end(self, args, state, control, model=None, **kwargs):
-            s = state.global_step
-            if self.tracker is None and model is not None:  # added after on_train_begin had passed
-                self.on_train_begin(args, state, control, model=model)
-            if self.tracker is not None and (s % self.every == 0 or s == state.max_steps):
-                self._measure(args, state)
-
-        def on_train_end(self, args, state, control, **kwargs):
-            if self.report is not None:
-                self.report.close()
-
-        def _measure(self, args, state) -> None:
-            step = int(state.global_step)
-            if step == self._last:
-                return
-            self._last = step
-            row = self.tracker.measure(step)
-            self.rows.append(row)
-            values = scalars(row, prefix=self.prefix, per_layer=self.per_layer)
-            values = {k: v for k, v in values.items() if math.isfinite(v)}
-            if self.jsonl and state.is_world_process_zero:
-                out = Path(args.output_dir)
-                out.mkdir(parents=True, exist_ok=True)
-                with open(out / RANKS_FILE, "a") as fh:
-                    fh.write(json.dumps(row, separators=(",", ":")) + "\n")
-            if self.trainer is not None:
-                self.trainer.log(dict(values))
-            else:
-                if self.report is not None:
-                    self.reached.update(self.report.log(values, step))
-                state.log_history.append({**values, "step": step})
 
     return RankCallback
 

@@ -54,7 +54,7 @@ import torch
 import torch.nn as nn
 
 from attnrank.analysis.tracker import RankTracker
-from attnrank.errors import AttnRankError
+from attnrank.errors import AttnRankError, one_line
 from attnrank.io.rundir import (
     CHECKPOINTS,
     LOCK,
@@ -139,7 +139,7 @@ def resume_config(run_dir: str | os.PathLike, kind: str, given: dict[str, Any]) 
     try:
         stored = json.loads(p.read_text())
     except (OSError, ValueError, UnicodeDecodeError) as e:
-        raise AttnRankError(f"cannot read {p}: {' '.join(str(e).split())[:200]}") from None
+        raise AttnRankError(f"cannot read {p}: {one_line(e, 200)}") from None
     if not isinstance(stored, dict) or stored.get("kind") != "attnrank-run":
         raise AttnRankError(f"{p} is not the config.json of an attnrank run")
     if stored.get("task_name") != kind:
@@ -148,7 +148,7 @@ def resume_config(run_dir: str | os.PathLike, kind: str, given: dict[str, Any]) 
     try:
         cfg = CONFIG_CLASSES[kind].from_dict(stored)
     except (TypeError, ValueError, KeyError) as e:
-        raise AttnRankError(f"{p} does not describe a run: {' '.join(str(e).split())[:200]}") from None
+        raise AttnRankError(f"{p} does not describe a run: {one_line(e, 200)}") from None
     diffs, change = [], {}
     for k, v in given.items():
         if v is None:
@@ -227,7 +227,10 @@ def train(
     threads: int | None = None,
     log: str | Sequence[str] | None = None,
 ) -> RunResult:
-    """Train on associative recall and log to ``run_dir`` (see the module docstring).
+    """Train the run ``cfg`` describes and log to ``run_dir`` (see the module docstring): any task,
+    recall, LM or ViT (:class:`~attnrank.training.config.RecallTrainConfig`,
+    :class:`~attnrank.training.config.LMTrainConfig`, :class:`~attnrank.training.config.ViTTrainConfig`);
+    the loop takes its model, data, loss and evaluation from ``cfg.job``.
 
     ``progress(step, total, row)`` is called after every step (``row`` is the logged row or
     None). ``log``: backends that receive every row besides metrics.jsonl (``tensorboard``,

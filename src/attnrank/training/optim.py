@@ -148,6 +148,35 @@ class ParamGroups(list):
         return self.summary(per_param=False)
 
 
+def _group_decays(weight_decay: float, attn_weight_decay: float | None, embedding_weight_decay: float | None,
+                  decay_bias_and_norm: bool) -> dict[str, float]:
+    """Each group's λ, the three decays checked (finite, >= 0; None defaults to ``weight_decay``)."""
+    for label, v in (("weight_decay", weight_decay), ("attn_weight_decay", attn_weight_decay),
+                     ("embedding_weight_decay", embedding_weight_decay)):
+        if v is not None and not (isinstance(v, int | float) and v >= 0 and v == v and v != float("inf")):
+            raise AttnRankError(f"{label} must be a finite number >= 0, got {v!r}")
+    return {
+        "attn": float(weight_decay if attn_weight_decay is None else attn_weight_decay),
+        "embedding": float(weight_decay if embedding_weight_decay is None else embedding_weight_decay),
+        "decay": float(weight_decay),
+        "no_decay": float(weight_decay) if decay_bias_and_norm else 0.0,
+    }
+
+
+def _group_of(p: nn.Parameter, names: list[str], modules: dict[str, nn.Module],
+              patterns: list[re.Pattern[str]] | None) -> str:
+    """The group of one parameter known by ``names`` (all its names when tied), by the rules'
+    precedence: ``no_decay``, ``attn``, ``embedding``, ``decay``."""
+    if p.ndim < 2:
+        return "no_decay"
+    if any((patterns and any(r.search(n) for r in patterns)) if patterns else _is_attention_name(n, modules)
+           for n in names):
+        return "attn"
+    if any(_is_embedding_name(n, modules) for n in names):
+        return "embedding"
+    return "decay"
+
+
 def param_groups(
     model: nn.Module,
     weight_decay: float = 0.1,
@@ -165,16 +194,7 @@ def param_groups(
     define the attention parameters instead of the built-in rule; matching tensors with
     ndim < 2 still go to ``no_decay``. Empty groups are dropped unless ``keep_empty``.
     """
-    for label, v in (("weight_decay", weight_decay), ("attn_weight_decay", attn_weight_decay),
-                     ("embedding_weight_decay", embedding_weight_decay)):
-        if v is not None and not (isinstance(v, int | float) and v >= 0 and v == v and v != float("inf")):
-            raise AttnRankError(f"{label} must be a finite number >= 0, got {v!r}")
-    lam = {
-        "attn": float(weight_decay if attn_weight_decay is None else attn_weight_decay),
-        "embedding": float(weight_decay if embedding_weight_decay is None else embedding_weight_decay),
-        "decay": float(weight_decay),
-        "no_decay": float(weight_decay) if decay_bias_and_norm else 0.0,
-    }
+    lam = _group_decays(weight_decay, attn_weight_decay, embedding_weight_decay, decay_bias_and_norm)
     patterns = [re.compile(p) for p in attn_patterns] if attn_patterns else None
     modules = dict(model.named_modules(remove_duplicate=False))
 
@@ -191,15 +211,7 @@ def param_groups(
         if not p.requires_grad:
             frozen.extend(names)
             continue
-        if p.ndim < 2:
-            group = "no_decay"
-        elif any((patterns and any(r.search(n) for r in patterns)) if patterns else _is_attention_name(n, modules)
-                 for n in names):
-            group = "attn"
-        elif any(_is_embedding_name(n, modules) for n in names):
-            group = "embedding"
-        else:
-            group = "decay"
+        group = _group_of(p, names, modules, patterns)
         buckets[group].append((names[0], p))
         records.append({"name": names[0], "aliases": names[1:], "group": group,
                         "weight_decay": lam[group], "shape": tuple(p.shape), "numel": p.numel()})

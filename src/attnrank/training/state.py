@@ -17,7 +17,7 @@ from typing import IO, Any
 import torch
 import torch.nn as nn
 
-from attnrank.errors import AttnRankError
+from attnrank.errors import AttnRankError, one_line
 from attnrank.io.rundir import CHECKPOINTS, STATE, STEP_DIR, checkpoint_dirs
 
 
@@ -118,7 +118,7 @@ def load_checkpoint(ckpt: Path, model: nn.Module, opt: torch.optim.Optimizer, st
         weights = load_file(str(ckpt / "model.safetensors"), device=str(dev))
         state = torch.load(ckpt / STATE, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise AttnRankError(f"cannot read checkpoint {ckpt}: {' '.join(str(e).split())[:300]}") from None
+        raise AttnRankError(f"cannot read checkpoint {ckpt}: {one_line(e, 300)}") from None
     check_state(state, ckpt / STATE)
     missing, unexpected = model.load_state_dict(weights, strict=False)
     missing = [m for m in missing if m not in model._tied_aliases()]
@@ -132,7 +132,7 @@ def load_checkpoint(ckpt: Path, model: nn.Module, opt: torch.optim.Optimizer, st
             torch.cuda.set_rng_state_all(state["cuda_rng"])
         stream.load_state_dict(state["stream"])
     except (ValueError, KeyError, TypeError, RuntimeError, IndexError) as e:  # parts of the wrong shape
-        raise AttnRankError(f"{ckpt / STATE} does not fit this run: {' '.join(str(e).split())[:200]}") from None
+        raise AttnRankError(f"{ckpt / STATE} does not fit this run: {one_line(e, 200)}") from None
     return state
 
 

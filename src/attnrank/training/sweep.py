@@ -57,7 +57,7 @@ import numpy as np
 import pandas as pd
 
 from attnrank.core.metrics import SUMMARY_METRICS
-from attnrank.errors import AttnRankError
+from attnrank.errors import AttnRankError, one_line
 from attnrank.io.rundir import locked_run, run_locked
 from attnrank.util.fileio import staged_output, write_json, write_text
 from attnrank.util.ray import ray_session
@@ -169,7 +169,7 @@ def load_spec(path: str | os.PathLike) -> SweepSpec:
         else:
             d = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
-        raise AttnRankError(f"sweep spec {p} does not parse: {' '.join(str(e).split())[:200]}") from None
+        raise AttnRankError(f"sweep spec {p} does not parse: {one_line(e, 200)}") from None
     if not isinstance(d, dict) or "kind" not in d:
         raise AttnRankError(f"sweep spec {p} needs a 'kind' (lm, vit, recall)")
     unknown = set(d) - {"kind", "base", "grid", "seeds"}
@@ -256,7 +256,7 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
                     tensorboard=False, threads=job.get("threads"))
         rec.update(status="ok", final=_flat_final(res.final), resumed_from=res.resumed_from)
     except Exception as e:  # noqa: BLE001 - a failed run is recorded; the sweep goes on
-        rec.update(error=f"{type(e).__name__}: {' '.join(str(e).split())}"[:1000],
+        rec.update(error=one_line(e, 1000, typed=True),
                    traceback=traceback.format_exc()[-4000:])
     write_json(Path(job["results_dir"]) / f"{job['name']}.json", rec)
     return rec
@@ -478,7 +478,7 @@ def _check_field_names(spec: SweepSpec) -> None:
 
 def _crashed(job: dict[str, Any], e: BaseException) -> dict[str, Any]:
     rec = {"name": job["name"], "overrides": job["overrides"], "run_dir": job["run_dir"], "status": "failed",
-           "error": f"worker died: {type(e).__name__}: {' '.join(str(e).split())}"[:1000], "final": {}}
+           "error": f"worker died: {one_line(e, 1000, typed=True)}", "final": {}}
     write_json(Path(job["results_dir"]) / f"{job['name']}.json", rec)
     return rec
 

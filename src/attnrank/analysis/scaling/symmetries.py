@@ -148,20 +148,13 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b))
 
 
-def pair_symmetries(model: nn.Module, forward: Callable[[], Any], layout: Layout, config: dict[str, Any], *,
-                    scales: Iterable[float] = DEFAULT_SCALES, seed: int = 0,
-                    progress: Callable[[int, int], None] | None = None) -> tuple[pd.DataFrame, dict[str, float]]:
-    """Per kv head and product: deviation of the attention module's output under the pair
-    symmetry (``pair_dev``, max over c) and under the one-sided control (``one_sided_dev``).
+Captured = dict[int, tuple[tuple, dict, torch.Tensor]]  # layer → (args, kwargs, output) of its attention module
 
-    Also returns whole-model deviations (every head of every layer scaled at once, a random
-    c per head in [1/4, 4]) for each product, and the maximum deviation with the pair applied
-    to the wrong partner (kv head j's K with query head group j+1's Q) as a second control.
-    """
-    scales = check_scales(scales)
-    sites, dims = attention_sites(model, layout, config)
-    params = dict(model.named_parameters(remove_duplicate=False))
-    captured: dict[int, tuple] = {}
+
+def _capture(model: nn.Module, forward: Callable[[], Any], sites: list[AttentionSite]) -> tuple[Captured, torch.Tensor]:
+    """One forward pass of the whole model with every attention module's inputs and output
+    captured; returns them and the model's (flattened) output."""
+    captured: Captured = {}
     hooks = []
     for s in sites:
         mod = model.get_submodule(s.module_name)
@@ -176,54 +169,93 @@ def pair_symmetries(model: nn.Module, forward: Callable[[], Any], layout: Layout
     finally:
         for h in hooks:
             h.remove()
+    return captured, y0
+
+
+def _head_rows(model: nn.Module, sites: list[AttentionSite], dims: Dims, params: dict[str, torch.Tensor],
+               captured: Captured, scales: tuple[float, ...],
+               progress: Callable[[int, int], None] | None) -> list[dict[str, Any]]:
+    """One row per layer, kv head and product: the pair symmetry's deviation (max over c) and
+    the one-sided control's (min over c) at the attention module's output."""
     rows = []
     total = len(sites) * dims.n_kv_heads
     done = 0
     g = dims.n_heads // dims.n_kv_heads
-    with torch.no_grad():
+    for s in sites:
+        mod = model.get_submodule(s.module_name)
+        args, kwargs, ref = captured[s.layer]
+
+        def local() -> torch.Tensor:
+            return first_tensor(mod(*args, **kwargs))  # noqa: B023 - called within this iteration
+
+        base_dev = _rel(local(), ref)  # re-running the module reproduces the captured output
+        for j in range(dims.n_kv_heads):
+            for product in ("qk", "ov"):
+                pair, one = [], []
+                for c in scales:
+                    with _applied(pair_edits(s, params, j, product, c)):
+                        pair.append(_rel(local(), ref))
+                    with _applied(pair_edits(s, params, j, product, c, one_sided=True)):
+                        one.append(_rel(local(), ref))
+                rows.append({"layer": s.layer, "kv_head": j, "heads": f"{j * g}-{(j + 1) * g - 1}" if g > 1 else str(j),
+                             "product": product, "pair_dev": max(pair), "one_sided_dev": min(one),
+                             "rerun_dev": base_dev})
+            done += 1
+            if progress:
+                progress(done, total)
+    return rows
+
+
+def _whole_model_devs(forward: Callable[[], Any], sites: list[AttentionSite], dims: Dims,
+                      params: dict[str, torch.Tensor], y0: torch.Tensor, seed: int) -> dict[str, float]:
+    """Per product: the whole model's deviation with every head of every layer scaled at once,
+    a random c per head (log-uniform in [1/4, 4], drawn from ``seed``)."""
+    gen = torch.Generator().manual_seed(seed)
+    whole = {}
+    for product in ("qk", "ov"):
+        edits = []
         for s in sites:
-            mod = model.get_submodule(s.module_name)
-            args, kwargs, ref = captured[s.layer]
-
-            def local() -> torch.Tensor:
-                return first_tensor(mod(*args, **kwargs))  # noqa: B023 - called within this iteration
-
-            base_dev = _rel(local(), ref)  # re-running the module reproduces the captured output
             for j in range(dims.n_kv_heads):
-                for product in ("qk", "ov"):
-                    pair, one = [], []
-                    for c in scales:
-                        with _applied(pair_edits(s, params, j, product, c)):
-                            pair.append(_rel(local(), ref))
-                        with _applied(pair_edits(s, params, j, product, c, one_sided=True)):
-                            one.append(_rel(local(), ref))
-                    rows.append({"layer": s.layer, "kv_head": j, "heads": f"{j * g}-{(j + 1) * g - 1}" if g > 1 else str(j),
-                                 "product": product, "pair_dev": max(pair), "one_sided_dev": min(one),
-                                 "rerun_dev": base_dev})
-                done += 1
-                if progress:
-                    progress(done, total)
-        # whole model: every head at once, a random c per head
-        gen = torch.Generator().manual_seed(seed)
-        whole = {}
-        for product in ("qk", "ov"):
-            edits = []
-            for s in sites:
-                for j in range(dims.n_kv_heads):
-                    c = float(torch.exp(torch.empty(1).uniform_(math.log(0.25), math.log(4.0), generator=gen)))
-                    edits += pair_edits(s, params, j, product, c)
-            with _applied(edits):
-                whole[product] = _rel(forward(), y0)
-        # wrong partner: Q of query-head group j+1 scaled by c, K of kv head j by 1/c
-        wrong = math.nan
-        if dims.n_kv_heads > 1:
-            s = sites[0]
-            mod = model.get_submodule(s.module_name)
-            args, kwargs, ref = captured[s.layer]
-            c = scales[-1]
-            e = _edits(s, params, s.index.wq[g:2 * g], c, True) + _edits(s, params, s.index.wk[0], 1.0 / c, True)
-            with _applied(e):
-                wrong = _rel(first_tensor(mod(*args, **kwargs)), ref)
+                c = float(torch.exp(torch.empty(1).uniform_(math.log(0.25), math.log(4.0), generator=gen)))
+                edits += pair_edits(s, params, j, product, c)
+        with _applied(edits):
+            whole[product] = _rel(forward(), y0)
+    return whole
+
+
+def _wrong_partner_dev(model: nn.Module, sites: list[AttentionSite], dims: Dims, params: dict[str, torch.Tensor],
+                       captured: Captured, c: float) -> float:
+    """Layer 0's deviation with Q of query-head group 1 scaled by c and K of kv head 0 by 1/c
+    (a pair that is not a symmetry); NaN without grouped kv heads to mismatch."""
+    if dims.n_kv_heads <= 1:
+        return math.nan
+    g = dims.n_heads // dims.n_kv_heads
+    s = sites[0]
+    mod = model.get_submodule(s.module_name)
+    args, kwargs, ref = captured[s.layer]
+    e = _edits(s, params, s.index.wq[g:2 * g], c, True) + _edits(s, params, s.index.wk[0], 1.0 / c, True)
+    with _applied(e):
+        return _rel(first_tensor(mod(*args, **kwargs)), ref)
+
+
+def pair_symmetries(model: nn.Module, forward: Callable[[], Any], layout: Layout, config: dict[str, Any], *,
+                    scales: Iterable[float] = DEFAULT_SCALES, seed: int = 0,
+                    progress: Callable[[int, int], None] | None = None) -> tuple[pd.DataFrame, dict[str, float]]:
+    """Per kv head and product: deviation of the attention module's output under the pair
+    symmetry (``pair_dev``, max over c) and under the one-sided control (``one_sided_dev``).
+
+    Also returns whole-model deviations (every head of every layer scaled at once, a random
+    c per head in [1/4, 4]) for each product, and the maximum deviation with the pair applied
+    to the wrong partner (kv head j's K with query head group j+1's Q) as a second control.
+    """
+    scales = check_scales(scales)
+    sites, dims = attention_sites(model, layout, config)
+    params = dict(model.named_parameters(remove_duplicate=False))
+    captured, y0 = _capture(model, forward, sites)
+    with torch.no_grad():
+        rows = _head_rows(model, sites, dims, params, captured, scales, progress)
+        whole = _whole_model_devs(forward, sites, dims, params, y0, seed)
+        wrong = _wrong_partner_dev(model, sites, dims, params, captured, scales[-1])
     extra = {"whole_model_qk": whole["qk"], "whole_model_ov": whole["ov"], "wrong_partner_qk_layer0": wrong}
     cols = ["layer", "kv_head", "heads", "product", "pair_dev", "one_sided_dev", "rerun_dev"]
     return pd.DataFrame(rows, columns=cols), extra
