@@ -27,9 +27,9 @@ from attnrank.core.linalg import (
 )
 from attnrank.core.metrics import METRICS, PRODUCTS, SUMMARY_METRICS, conventions
 from attnrank.errors import AttnRankError
-from attnrank.io.checkpoint import Checkpoint
 from attnrank.io.layouts import AttentionReader, HeadWeights, Layout
 from attnrank.io.sources import open_reader
+from attnrank.io.tensor_source import BaseCheckpoint
 from attnrank.util.env import versions
 from attnrank.util.fileio import prepare_out_dir, write_atomic, write_json
 from attnrank.util.threads import torch_threads
@@ -242,7 +242,7 @@ def _check_args(tol: Any, layers: Any, threads: Any, progress: Any) -> list[int]
 
 
 def analyze(
-    source: str | os.PathLike | Checkpoint | Any,
+    source: str | os.PathLike | BaseCheckpoint | Any,
     *,
     config: str | os.PathLike | None = None,
     tol: float = DEFAULT_TOL,

@@ -59,7 +59,7 @@ import pandas as pd
 
 from attnrank.core.linalg import DEFAULT_TOL
 from attnrank.core.metrics import SUMMARY_METRICS
-from attnrank.errors import AttnRankError
+from attnrank.errors import AttnRankError, one_line
 from attnrank.util.fileio import moved, staged_output, write_atomic, write_json
 from attnrank.util.ray import ray_session
 
@@ -361,8 +361,8 @@ def analyse_or_fail(item: dict[str, Any], tol: float) -> pd.DataFrame | str:
         try:
             return analyse_checkpoint(item, tol)
         except Exception as e:  # noqa: BLE001 - recorded with its type, never silent
-            err = str(e) if isinstance(e, AttnRankError) else f"{type(e).__name__}: {e}"
-    return " ".join(err.split())[:400]
+            err = one_line(e, 400, typed=not isinstance(e, AttnRankError))
+    return err
 
 
 def _reusable(ckdir: Path, label: str, identity: str, tol: float) -> bool:

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from attnrank.errors import AttnRankError
+from attnrank.errors import AttnRankError, one_line
 
 app = typer.Typer(
     add_completion=False,
@@ -56,7 +56,7 @@ _state = {"debug": False}  # --debug / ATTNRANK_DEBUG, read by main()
 
 def print_error(message: str) -> None:
     """``error: MESSAGE`` as one line on stderr (newlines in the message folded into spaces)."""
-    err_console.print(styled("bold red", "error: ", " ".join(str(message).split())), highlight=False,
+    err_console.print(styled("bold red", "error: ", one_line(message, None)), highlight=False,
                       soft_wrap=True)
 
 
@@ -81,7 +81,7 @@ def user_errors(fn):
         except OSError as e:
             where = f" {e.filename}" if getattr(e, "filename", None) else ""
             print_error(f"{e.strerror or type(e).__name__}:{where}" if where else
-                        (e.strerror or " ".join(str(e).split())[:200] or type(e).__name__))
+                        (e.strerror or one_line(e, 200)))
         except MemoryError:
             print_error("out of memory: the input asks for more than this machine can hold")
         except RecursionError:

@@ -46,7 +46,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from attnrank.errors import AttnRankError
+from attnrank.errors import AttnRankError, one_line
 from attnrank.models import corpus as stdlib_corpus
 from attnrank.models.stream import SeededStream
 
@@ -265,7 +265,7 @@ class BPETokenizer:
         try:
             return cls(Tokenizer.from_str(text))  # plain JSON; nothing is executed
         except Exception as e:  # noqa: BLE001 - any parse failure is a bad file
-            raise AttnRankError(f"cannot read tokenizer {path}: {' '.join(str(e).split())[:200]}") from None
+            raise AttnRankError(f"cannot read tokenizer {path}: {one_line(e, 200)}") from None
 
     def save(self, path: str | os.PathLike) -> None:
         from attnrank.util.fileio import write_text
@@ -542,9 +542,9 @@ def _open_image(path: Path) -> Any:
                 return im.copy()
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
         raise AttnRankError(f"--images: {path} declares more pixels than Pillow decodes safely "
-                            f"({' '.join(str(e).split())[:120]}): refused as a decompression bomb") from None
+                            f"({one_line(e, 120)}): refused as a decompression bomb") from None
     except (OSError, UnidentifiedImageError, ValueError, SyntaxError) as e:
-        raise AttnRankError(f"--images: cannot read {path}: {' '.join(str(e).split())[:160]}") from None
+        raise AttnRankError(f"--images: cannot read {path}: {one_line(e, 160)}") from None
 
 
 @functools.lru_cache(maxsize=4)

@@ -50,7 +50,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from attnrank.errors import AttnRankError
+from attnrank.errors import AttnRankError, one_line
 
 PROJECT_TYPE = "attnrank"
 KINDS = ("hf", "attnrank")
@@ -139,7 +139,7 @@ def tokenize(texts: list[str], path: Path, vocab_size: int, max_tokens: int) -> 
         try:
             tok = Tokenizer.from_str(text)
         except Exception as e:  # noqa: BLE001 - any parse failure is a bad input file
-            raise AttnRankError(f"cannot read {tj}: {' '.join(str(e).split())[:200]}") from None
+            raise AttnRankError(f"cannot read {tj}: {one_line(e, 200)}") from None
         tok.no_padding()
         tok.enable_truncation(max_length=max_tokens)
         ids = [enc.ids for enc in tok.encode_batch(list(texts))]
@@ -335,7 +335,7 @@ def _open_hf(path: Path, config: dict[str, Any], source: str, dtype: torch.dtype
     except AttnRankError:
         raise
     except Exception as e:  # noqa: BLE001 - unknown model_type, missing or corrupt weights, …
-        raise AttnRankError(f"cannot load {path} with transformers: {' '.join(str(e).split())[:300]}") from None
+        raise AttnRankError(f"cannot load {path} with transformers: {one_line(e, 300)}") from None
     model = model.to(dtype).eval()
     if hasattr(model.config, "use_cache"):
         model.config.use_cache = False

@@ -35,7 +35,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from attnrank.errors import AttnRankError
+from attnrank.errors import AttnRankError, one_line
 from attnrank.util.fileio import write_atomic, write_json
 
 NormPlacement = Literal["pre", "post", "none"]
@@ -222,7 +222,7 @@ class _Saveable(nn.Module):
         try:
             state = load_file(str(directory / WEIGHTS_NAME), device=str(map_location))
         except Exception as e:  # missing or corrupt file
-            raise AttnRankError(f"cannot read {directory / WEIGHTS_NAME}: {' '.join(str(e).split())}") from None
+            raise AttnRankError(f"cannot read {directory / WEIGHTS_NAME}: {one_line(e, None)}") from None
         missing, unexpected = model.load_state_dict(state, strict=False)
         missing = [m for m in missing if m not in model._tied_aliases()]
         if missing or unexpected:

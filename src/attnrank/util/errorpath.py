@@ -19,6 +19,8 @@ import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+from attnrank.errors import one_line
+
 DEBUG_ENV = "ATTNRANK_DEBUG"
 INTERRUPTED = 130
 BROKEN_PIPE = 141
@@ -31,10 +33,7 @@ def debug_from_env() -> bool:
 
 def unexpected(e: BaseException) -> str:
     """The one line for an exception no check turned into a user error."""
-    msg = " ".join(str(e).split())
-    if len(msg) > 300:
-        msg = msg[:297] + "..."
-    return (f"unexpected {type(e).__name__}{': ' + msg if msg else ''} (a bug in attnrank; run with --debug "
+    return (f"unexpected {one_line(e, 300, typed=True)} (a bug in attnrank; run with --debug "
             f"or {DEBUG_ENV}=1 for the traceback)")
 
 

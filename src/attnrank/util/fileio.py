@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from attnrank.errors import AttnRankError
+from attnrank.errors import AttnRankError, one_line
 
 STAGING_PREFIX = ".attnrank-staging-"
 _TMP_RE = re.compile(r"^\..+\.(\d+)\.[^.]+\.tmp")  # .NAME.PID.XXXX.tmpSUFFIX
@@ -45,7 +45,7 @@ def write_error(e: OSError, path: str | os.PathLike, doing: str = "write") -> At
         return AttnRankError(f"permission denied: cannot {doing} {path}")
     if e.errno == errno.EROFS:
         return AttnRankError(f"read-only file system: cannot {doing} {path}")
-    reason = e.strerror or " ".join(str(e).split())[:200] or type(e).__name__
+    reason = e.strerror or one_line(e, 200)
     return AttnRankError(f"cannot {doing} {path}: {reason}")
 
 

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from attnrank.errors import AttnRankError
+from attnrank.errors import AttnRankError, one_line
 
 _AUTH_HINT = ("set RAY_AUTH_MODE=token and the cluster's token in RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or "
               "~/.ray/auth_token (`ray get-auth-token` on the head node prints it)")
@@ -62,10 +62,10 @@ def ray_session(address: str) -> Iterator[Any]:
             ray.init(address=None if address == "local" else address, include_dashboard=False,
                      log_to_driver=False, configure_logging=False)
         except (ConnectionError, RuntimeError, ValueError) as e:
-            text = " ".join(str(e).split())
-            if _auth_error(f"{type(e).__name__} {text}"):
+            text = one_line(e, None, typed=True)
+            if _auth_error(text):
                 raise AttnRankError(f"Ray at {address!r} refused this client's authentication: {_AUTH_HINT}") from None
-            raise AttnRankError(f"cannot connect to Ray at {address!r}: {text[:200]}") from None
+            raise AttnRankError(f"cannot connect to Ray at {address!r}: {one_line(e, 200)}") from None
     try:
         yield ray
     finally:

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from attnrank.errors import AttnRankError
+from attnrank.errors import AttnRankError, one_line
 
 EVAL_SPLIT, CALIB_SPLIT = "test", "validation"
 
@@ -66,7 +66,7 @@ def load(path: str | Path, *, dtype: torch.dtype = torch.float32):
                                         trust_remote_code=False, attn_implementation="eager")
             tok = tf.AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
     except Exception as e:  # noqa: BLE001 - no tokenizer, unknown architecture, ...
-        raise AttnRankError(f"--eval: cannot load {path} with transformers: {' '.join(str(e).split())[:200]}") from None
+        raise AttnRankError(f"--eval: cannot load {path} with transformers: {one_line(e, 200)}") from None
     return model.eval(), tok
 
 
