@@ -17,6 +17,8 @@ The package, by part (REFERENCE.md §4):
   each length (:func:`path_restricted`).
 - :mod:`~attnrank.analysis.collapse.depth`: the depth sweep of pure self-attention networks
   and the exponential / doubly exponential fits of ``log r_L``.
+- :mod:`~attnrank.analysis.collapse.bound`: the stated bound as an inequality (β from the
+  weights; γ given, or the γ where it turns), and MLP Lipschitz upper bounds.
 
 Supported models: BERT-style (``bert``, ``roberta``, ``xlm-roberta``, ``electra``), GPT-2,
 LLaMA-style (``llama``, ``mistral``, ``qwen2``) Hugging Face directories, the shipped
@@ -39,11 +41,9 @@ from attnrank.analysis.collapse.measures import (
     PRIMARY,
     best_row,
     cosine_similarity,
-    effective_rank,
     linf_best_row,
     matrix_norm,
     residual,
-    stable_rank,
     token_measures,
 )
 from attnrank.analysis.collapse.paths import (
@@ -62,17 +62,17 @@ from attnrank.analysis.collapse.surgery import (
     VARIANT_SWITCHES,
     HFAdapter,
     ProjectAdapter,
+    collapse_model_types,
     make_adapter,
     run_variant,
-    supported_model_types,
     surgery_modules,
 )
 
 __all__ = [
     "CENTERS", "FLOOR", "INITS", "MEASURES", "NORMS", "PRIMARY", "SURGERY_VARIANTS", "VARIANT_LABELS",
     "VARIANT_SWITCHES", "WELL_KNOWN", "CollapseResult", "HFAdapter", "ProjectAdapter", "analyze", "best_row",
-    "byte_batch", "cosine_similarity", "depth_sweep", "effective_rank", "enumerate_paths", "fit_depth",
+    "byte_batch", "collapse_model_types", "cosine_similarity", "depth_sweep", "enumerate_paths", "fit_depth",
     "linf_best_row", "make_adapter", "matrix_norm", "path_counts", "path_length_stats", "path_products",
-    "path_restricted", "path_table", "pure_attention_config", "residual", "run_variant", "save", "stable_rank",
-    "supported_model_types", "surgery_modules", "token_measures",
+    "path_restricted", "path_table", "pure_attention_config", "residual", "run_variant", "save",
+    "surgery_modules", "token_measures",
 ]

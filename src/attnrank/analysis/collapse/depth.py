@@ -89,31 +89,42 @@ def depth_sweep(n_layers: int = 12, init_stds: Sequence[float] = (0.02, 0.2, 0.3
     randomly initialised (weights N(0, init_std²)), float64: residual ``res_composite`` after
     every depth 0..n_layers for real byte sequences; per init scale, the geometric mean over
     seeds × sequences and :func:`fit_depth` over the depths before the curve first drops below
-    ``floor``."""
-    from attnrank.models.transformer import Transformer
-
+    ``floor``. ``bound`` holds what the stated bound needs: per sequence (seed-major) log10 of the
+    absolute and relative residual per depth, β per layer per seed, H and d_qk."""
     ids = byte_batch(n_seqs, length)
     out: dict[str, Any] = {"depths": list(range(n_layers + 1)), "init_stds": list(init_stds), "seeds": list(seeds),
                            "n_seqs": n_seqs, "length": length, "d_model": d_model, "n_heads": n_heads,
                            "floor": floor, "skip": skip, "mlp": mlp, "norm": norm, "curves": {}}
     for std in init_stds:
-        logs = []
-        for seed in seeds:
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(seed)
-                model = Transformer(pure_attention_config(n_layers, std, d_model=d_model, n_heads=n_heads,
-                                                          max_seq_len=max(64, length), skip=skip, mlp=mlp,
-                                                          norm=norm))
-            model = model.double().eval()
-            with torch.no_grad():
-                _, hidden = model(ids, return_hidden=True)
-            r = residual(torch.stack(hidden, 1), "composite")  # (seqs, L+1)
-            logs.append(np.log(np.maximum(r, 1e-300)))
-        logr = np.concatenate(logs)  # (seeds·seqs, L+1)
+        runs = [_sweep_seed(ids, seed, n_layers, std, d_model=d_model, n_heads=n_heads, skip=skip, mlp=mlp,
+                            norm=norm) for seed in seeds]
+        logr = np.concatenate([r["log_rel"] for r in runs])  # (seeds·seqs, L+1)
         geo = np.exp(logr.mean(0))
         above = geo > floor
         n_fit = int(np.argmin(above)) if not above.all() else above.size
         out["curves"][f"{std:g}"] = {"geo_mean": geo.tolist(), "log_mean": logr.mean(0).tolist(),
                                      "log_std": logr.std(0).tolist(), "n_fit": n_fit,
-                                     "fit": fit_depth(np.arange(n_fit), logr.mean(0)[:n_fit])}
+                                     "fit": fit_depth(np.arange(n_fit), logr.mean(0)[:n_fit]),
+                                     "bound": {"log10_abs_res": np.concatenate([r["log10_abs"] for r in runs]).tolist(),
+                                               "log10_rel_res": (logr / math.log(10)).tolist(),
+                                               "beta_by_seed": [r["betas"] for r in runs],
+                                               "heads": n_heads, "d_qk": d_model // n_heads}}
     return out
+
+
+def _sweep_seed(ids: torch.Tensor, seed: int, n_layers: int, std: float, **cfg) -> dict[str, Any]:
+    """One seed of the sweep: log relative residual and log10 absolute residual (composite, mean
+    row) per sequence and depth, and per layer β = max_h ‖W_QK,h‖_1‖W_h‖_{1,∞} (float64)."""
+    from attnrank.analysis.collapse.bound import attention_weights, layer_beta, log10_abs_residual
+    from attnrank.models.transformer import Transformer
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Transformer(pure_attention_config(n_layers, std, max_seq_len=max(64, ids.shape[1]), **cfg))
+    model = model.double().eval()
+    with torch.no_grad():
+        _, hidden = model(ids, return_hidden=True)
+    Hs = torch.stack(hidden, 1)  # (seqs, L+1, T, d)
+    r = residual(Hs, "composite")  # (seqs, L+1)
+    return {"log_rel": np.log(np.maximum(r, 1e-300)), "log10_abs": log10_abs_residual(Hs),
+            "betas": [layer_beta(*attention_weights(b.attn)) for b in model.blocks]}

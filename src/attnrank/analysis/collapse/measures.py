@@ -7,8 +7,9 @@
   column-wise median for ℓ1, a linear program for ℓ∞; for the composite norm, which is not
   convex in x, the best of those three candidates: an upper bound on the exact minimum);
 - mean pairwise cosine similarity of the tokens (i ≠ j), effective rank ``exp(H(σ/Σσ))`` and
-  stable rank ``Σσ²/σ₁²`` of X (the core's rank measures, :mod:`attnrank.core.metrics`, with its
-  zero/NaN semantics: 0 for a zero X).
+  stable rank ``Σσ²/σ₁²`` of X (not centred), computed in :func:`token_measures` by the core's one
+  definition of each (:func:`attnrank.core.metrics.effective_rank`, ``stable_rank``) on X's
+  singular values, with its zero/NaN semantics: 0 for a zero X.
 
 The primary measure (plots, claims) is ``res_composite``: composite norm, mean row.
 """
@@ -133,17 +134,6 @@ def cosine_similarity(X) -> np.ndarray:
 
 def _svals(X) -> np.ndarray:
     return np.linalg.svd(_as_array(X), compute_uv=False)
-
-
-def effective_rank(X) -> np.ndarray:
-    """``exp(H(p))``, ``p = σ/Σσ`` (Roy & Vetterli), of X itself (not centred):
-    :func:`attnrank.core.metrics.effective_rank` of its singular values (0 for a zero X)."""
-    return core.effective_rank(_svals(X)).numpy()[()]
-
-
-def stable_rank(X) -> np.ndarray:
-    """``Σσ² / σ₁² = ‖X‖_F² / ‖X‖_2²``: :func:`attnrank.core.metrics.stable_rank` (0 for a zero X)."""
-    return core.stable_rank(_svals(X)).numpy()[()]
 
 
 def token_measures(X) -> dict[str, np.ndarray]:

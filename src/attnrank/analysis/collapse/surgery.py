@@ -41,7 +41,7 @@ VARIANT_SWITCHES = {"pure": (False, False), "mlp": (False, True), "skip": (True,
 INITS = ("pretrained", "random")
 
 
-def supported_model_types() -> list[str]:
+def collapse_model_types() -> list[str]:
     """model_types :func:`analyze` can run surgery on."""
     return sorted([*surgery_model_types(), PROJECT_TYPE])
 
@@ -60,7 +60,7 @@ def surgery_modules(config: dict[str, Any]) -> Modules | None:
         lay = None
     if lay is None or lay.modules is None:
         raise AttnRankError(f"collapse does not support model_type {mt!r}; supported: "
-                            f"{', '.join(supported_model_types())}")
+                            f"{', '.join(collapse_model_types())}")
     return lay.modules
 
 

@@ -30,6 +30,9 @@ def notes(data: dict[str, Any], params: CollapseParams) -> list[str]:
         "The depth sweep uses larger init scales (0.2-0.5) so that attention is not uniform and the decay spans "
         "several layers before the floor; the scales are our choice.",
         f"Runs use {params.threads} torch thread(s) (faster for these small models on a shared CPU).",
+        "The stated bound's gamma is not defined in any text we could read (the article: 'constants that depend on "
+        "the attention mechanism and weights'); beta is computed from the real weights and the bound claim reports "
+        "the log10 gamma at which the inequality turns and at which it becomes vacuous.",
     ]
 
 

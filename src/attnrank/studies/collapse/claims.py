@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from attnrank.analysis.collapse import INITS, WELL_KNOWN, path_counts, path_length_stats
+from attnrank.analysis.collapse.bound import bound_verdict, check_bound, summarize_thresholds
 from attnrank.studies.collapse.params import CollapseParams
 from attnrank.studies.registry import Claim, arrow, g3
 from attnrank.studies.verdicts import combine_reason, mean_spread, side
@@ -240,8 +241,183 @@ def doubly_exponential(data: dict[str, Any], p: CollapseParams) -> Claim:
                "res_composite per depth. Descriptive only: a free kappa fitted by profile least squares on [1.01, 10] "
                f"('kappa', 'R2 dexp'). Not fitted (fewer than 4 depths above {p.floor:g}: they reach the rounding "
                f"floor within 1-3 layers): {', '.join(unfitted) or 'none'}. The stated bound itself "
-               "(4 gamma beta / sqrt(d_qk))^((3^L - 1)/2) |res(X)|^(3^L) is not checked as an inequality: the article "
-               "names gamma and beta only as 'constants that depend on the attention mechanism and weights'.")
+               "(4 gamma beta H / sqrt(d_qk))^((3^L - 1)/2) |res(X)|^(3^L) is checked as an inequality, with beta from "
+               "the real weights, in collapse.stated_bound.")
+
+
+Q_BOUND = ("Each path in a SAN is shown to converge to a rank-1 matrix with identical rows, a process that occurs "
+           "doubly exponentially with network depth:")
+Q_LIPSCHITZ = "It acts as a control parameter for the convergence rate, with higher values slowing down rank collapse."
+BOUND_SOURCES = (
+    "The article (its §3.1) prints the bound as an image and says only that 'γ and β are constants that depend on "
+    "the attention mechanism and weights'. Its form, from the paper (arXiv 2103.03404, Theorems 2.2/2.3; full text "
+    "stored at https://d6108366.hf-mirror.com/papers/2103.03404.md, of which only the opening could be read here) "
+    "as restated by secondary notes (markup rendered): 'the key inequality proposed in the paper is as follows, where β denotes an "
+    "upper bound on the weights: (‖W_QK‖_1 ‖W_V‖_∞ ≤ β) ‖res(Y(X))‖_{1,∞} ≤ (4βH/√d_qk)^((3^L−1)/2) "
+    "‖res(X)‖_{1,∞}^(3^L)' (github.com/Gyvichi/Gyvichi.github.io, _posts/2024-08-15-Attn-Not-Need.md; it drops γ); "
+    "'β ≥ ‖W_QK‖₁‖W_V‖₁,∞ and γ depends on the attention entries; the convergence condition 4γβ < √d_qk is not "
+    "checked against any trained model's actual values' (a public research-notes repository found by exact-string "
+    "search). No text we could read defines γ.")
+
+
+def _bound_stacks(data: dict[str, Any], p: CollapseParams) -> dict[str, list[dict[str, Any]]]:
+    """Per network stack, one entry per independent network (sweep seed, MiniLM init):
+    log10 absolute residuals (inputs x depths), which entries lie above the float64 floor, β per
+    layer, H and d_qk."""
+    lf = math.log10(p.floor)
+    out: dict[str, list[dict[str, Any]]] = {}
+    for std, c in data["depth_sweep"]["curves"].items():
+        b = c.get("bound")
+        if not b:
+            continue
+        a, rel = np.asarray(b["log10_abs_res"], float), np.asarray(b["log10_rel_res"], float)
+        n = a.shape[0] // len(b["beta_by_seed"])
+        out[f"SAN init std {std}"] = [
+            {"res": a[i * n:(i + 1) * n], "valid": rel[i * n:(i + 1) * n, 1:] > lf, "betas": betas,
+             "heads": b["heads"], "d_qk": b["d_qk"]} for i, betas in enumerate(b["beta_by_seed"])]
+    for init, v in data.get("bound", {}).get("minilm", {}).items():
+        a = np.asarray(v["log10_res_pure"], float)
+        rel = a - np.asarray(v["log10_norm_pure"], float)
+        out[f"MiniLM {init} pure (LayerNorm kept)"] = [{"res": a, "valid": rel[:, 1:] > lf, "betas": v["beta_by_layer"],
+                                                        "heads": v["heads"], "d_qk": v["d_qk"]}]
+    return out
+
+
+def _stack_thresholds(nets: list[dict[str, Any]]) -> dict[str, Any]:
+    """:func:`summarize_thresholds` per network, reduced: the largest γ needed, the vacuity range."""
+    rows = [summarize_thresholds(n["res"], n["betas"], n["heads"], n["d_qk"], n["valid"]) for n in nets]
+    need = [r["log10_gamma_needed"] for r in rows if r["log10_gamma_needed"] is not None]
+    by_depth = np.array([[np.nan if x is None else x for x in r["log10_gamma_needed_by_depth"]] for r in rows])
+    return {"beta (max over layers, per network)": [r["beta"] for r in rows], "H": rows[0]["heads"],
+            "d_qk": rows[0]["d_qk"], "median log10 |res(X)|": float(np.median([r["log10_res_input_median"]
+                                                                                for r in rows])),
+            "judged depths": sorted({L for r in rows for L in r["judged_depths"]}),
+            "log10 gamma needed by depth": [None if np.isnan(col).all() else float(np.nanmax(col)) for col in by_depth.T],
+            "log10 gamma needed": max(need) if need else None,
+            "log10 gamma vacuous (some input)": min(r["log10_gamma_vacuous_some"] for r in rows),
+            "log10 gamma vacuous (every input)": max(r["log10_gamma_vacuous_all"] for r in rows)}
+
+
+def _bound_judged(stacks: dict[str, list[dict[str, Any]]], log10_gamma: float) -> tuple[dict[str, Any], str, str]:
+    """With γ given: :func:`check_bound` per network; held iff the inequality holds at every judged
+    depth of every network ("held (vacuous at depths …)" where it is trivially true)."""
+    parts, out = {}, {}
+    for name, nets in stacks.items():
+        checks = [check_bound(n["res"], max(n["betas"]), n["heads"], n["d_qk"], log10_gamma, n["valid"])
+                  for n in nets]
+        verdicts = [bound_verdict(c) for c in checks]
+        parts[name] = "not held" if any(v == "not held" for v, _ in verdicts) else "held"
+        out[name] = {"worst log10 margin by network": [min(c["log10_margin"], default=None) for c in checks],
+                     "verdicts": [r for _, r in verdicts]}
+    bad = [k for k, v in parts.items() if v == "not held"]
+    verdict = "not held" if bad else "held"
+    notes = "; ".join(f"{k}: {v['verdicts'][0]}" for k, v in out.items())
+    return out, verdict, (f"violated for {', '.join(bad)}; " if bad else "") + notes
+
+
+def stated_bound(data: dict[str, Any], p: CollapseParams) -> Claim:
+    """The stated bound as an inequality on pure attention, β from the real weights; γ is not
+    defined in any readable source, so unless ``p.bound_log10_gamma`` is set the claim reports
+    the log10 γ above which the inequality holds at every depth, and above which it is vacuous."""
+    stacks = _bound_stacks(data, p)
+    rule = ("per network and depth L >= 1 above the float64 floor, per input X: |res(X_L)|_{1,inf} <= "
+            "(4 gamma beta H / sqrt(d_qk))^((3^L-1)/2) |res(X)|_{1,inf}^(3^L), log10; held iff it holds at every "
+            "judged depth of every network ('held (vacuous at depths ...)' where the right side >= |res(X)|); "
+            "inconclusive while gamma is undefined")
+    measured = {k: _stack_thresholds(v) for k, v in stacks.items()}
+    if not stacks:
+        verdict, reason = "inconclusive", "no bound data (an older run)"
+    elif p.bound_log10_gamma is not None:
+        judged, verdict, reason = _bound_judged(stacks, p.bound_log10_gamma)
+        measured = {k: {**measured[k], **judged[k]} for k in measured}
+    else:
+        verdict, reason = "inconclusive", _gamma_reason(measured)
+    return Claim(
+        name="collapse.stated_bound", source=f"{SRC_ART}, §3.1-3.2", quote=Q_BOUND, rule=rule,
+        statement="The residual of a pure self-attention network obeys the stated doubly exponential bound, with "
+                  "beta computed from the real weights.",
+        measured=measured, expected="|res(X_L)| <= the right-hand side at every depth", verdict=verdict,
+        reason=reason, key=_bound_key(measured),
+        tolerance="exact inequality in log10; depths whose relative residual is at the float64 floor are not judged",
+        detail=BOUND_SOURCES + " We use the multi-head form (H in the base); beta = max over layers and heads of "
+               "|W_Q,h W_K,h^T|_1 |W_V,h W_O,h|_{1,inf} (l1 = max column abs-sum, {1,inf} = sqrt(l1 linf), row-vector "
+               "convention X W); res = X - 1 xbar^T with the mean row, absolute (an upper bound of the minimum over x "
+               "on the left side; on the right it can make the bound looser). Networks: the depth sweep's SANs (no "
+               "skip, MLP or norm: the theorem's setting), per seed; MiniLM's pure variant keeps LayerNorm, which the "
+               "theorem does not cover. 'log10 gamma needed': the inequality holds at that depth for every input iff "
+               "log10 gamma >= it; 'vacuous': the right side >= |res(X)| iff log10 gamma >= it (for every L).")
+
+
+def _gamma_reason(measured: dict[str, Any]) -> str:
+    need = [v["log10 gamma needed"] for v in measured.values() if v["log10 gamma needed"] is not None]
+    vac = max(v["log10 gamma vacuous (every input)"] for v in measured.values())
+    nontrivial = [k for k, v in measured.items() if v["log10 gamma needed"] is not None
+                  and v["log10 gamma needed"] < v["log10 gamma vacuous (every input)"]]
+    return (f"gamma is not defined in any source we could read. The inequality holds at every judged depth of every "
+            f"network iff log10 gamma >= {g3(max(need)) if need else '—'}; from log10 gamma >= {g3(vac)} on it is "
+            f"vacuous (right side >= |res(X)|) for every input of every network; between the two it holds "
+            f"non-trivially for some input only in: {', '.join(nontrivial) or 'no network'}")
+
+
+def _bound_key(measured: dict[str, Any]) -> str:
+    return "; ".join(f"{k}: log10 γ needed {g3(v['log10 gamma needed'])}, vacuous from "
+                     f"{g3(v['log10 gamma vacuous (every input)'])}" for k, v in measured.items()) or "—"
+
+
+def _lipschitz_points(data: dict[str, Any], p: CollapseParams) -> list[dict[str, Any]]:
+    """Per (init, layer l) where pure and MLP residuals are above the floor before and after l: the
+    MLP's Lipschitz bound and how much less the residual shrinks in layer l with the MLP:
+    log10(r_mlp(l)/r_mlp(l-1)) - log10(r_pure(l)/r_pure(l-1)) (geometric means over sentences)."""
+    pts = []
+    for i, v in data.get("bound", {}).get("minilm", {}).items():
+        gp = geo_curve(data["primary_by_seq"][f"{i}/pure"])
+        gm = geo_curve(data["primary_by_seq"][f"{i}/mlp"])
+        for layer, lip in enumerate(v["mlp_lipschitz_by_layer"][: min(gp.size, gm.size) - 1], start=1):
+            if lip is None or min(gp[layer - 1], gp[layer], gm[layer - 1], gm[layer]) <= p.floor:
+                continue
+            slow = math.log10(gm[layer] / gm[layer - 1]) - math.log10(gp[layer] / gp[layer - 1])
+            pts.append({"init": i, "layer": layer, "lipschitz bound": lip, "slowing (log10)": slow,
+                        "log10 r_mlp/r_pure": math.log10(gm[layer] / gp[layer])})
+    return pts
+
+
+def mlp_lipschitz(data: dict[str, Any], p: CollapseParams) -> Claim:
+    """Layers whose MLP has a larger Lipschitz bound slow the collapse more: Spearman ρ > 0
+    (one-sided p < alpha) over (init, layer) points above the floor; fewer than
+    ``lipschitz_min_points``: inconclusive; ρ <= 0: not held."""
+    from scipy.stats import spearmanr
+
+    pts = _lipschitz_points(data, p)
+    n = len(pts)
+    rho, pval = (math.nan, math.nan)
+    if n >= 3 and len({q["lipschitz bound"] for q in pts}) > 1 and len({q["slowing (log10)"] for q in pts}) > 1:
+        r = spearmanr([q["lipschitz bound"] for q in pts], [q["slowing (log10)"] for q in pts], alternative="greater")
+        rho, pval = float(r.statistic), float(r.pvalue)
+    if n < p.lipschitz_min_points or math.isnan(rho):
+        verdict, reason = "inconclusive", f"{n} points above the float64 floor (need {p.lipschitz_min_points})"
+    elif rho <= 0:
+        verdict, reason = "not held", f"Spearman rho = {rho:.3g} <= 0 over {n} points"
+    elif pval < p.lipschitz_alpha:
+        verdict, reason = "held", ""
+    else:
+        verdict, reason = "inconclusive", f"rho = {rho:.3g} > 0 but one-sided p = {pval:.3g} >= {p.lipschitz_alpha:g}"
+    act = {i: v.get("activation_lipschitz") for i, v in data.get("bound", {}).get("minilm", {}).items()}
+    return Claim(
+        name="collapse.mlp_lipschitz", source=f"{SRC_ART}, §5.3", quote=Q_LIPSCHITZ,
+        statement="Layers whose MLP has a larger Lipschitz constant slow the collapse more.",
+        rule=f"Spearman rho between the MLP Lipschitz bound of layer l and the slowing of layer l (log10 step ratio "
+             f"with MLP minus without), over (init, layer) points above the float64 floor: held iff rho > 0 with "
+             f"one-sided p < {p.lipschitz_alpha:g}; not held iff rho <= 0; inconclusive with fewer than "
+             f"{p.lipschitz_min_points} points or p >= {p.lipschitz_alpha:g}",
+        measured={"points": pts, "n": n, "spearman rho": rho, "one-sided p": pval, "activation sup|f'|": act},
+        expected="rho > 0", verdict=verdict, reason=reason,
+        key=f"rho = {g3(rho)} (one-sided p = {g3(pval)}, n = {n})",
+        detail="MiniLM-L6 (pretrained and re-initialised), per layer the MLP's Lipschitz upper bound |W_out|_2 "
+               "sup|act'| |W_in|_2 (spectral norms in float64; sup|GELU'| measured on a dense grid, about 1.129), "
+               "per token in l2 and without the LayerNorm that follows it. The slowing compares the attention + MLP "
+               "variant with pure attention layer by layer (geometric means of res_composite over sentences); the "
+               "two variants see different inputs at layer l, so this is the step's shrink factor, not a paired "
+               "difference.")
 
 
 def path_products(data: dict[str, Any], p: CollapseParams) -> Claim:
@@ -343,4 +519,5 @@ def path_counts_claim(data: dict[str, Any], p: CollapseParams) -> Claim:
 def claims(data: dict[str, Any], p: CollapseParams) -> list[Claim]:
     """Every collapse claim, in report order."""
     return [f(data, p) for f in (pure_attention, skip_prevents, mlp_slows, mlp_does_not_prevent, doubly_exponential,
-                                 path_products, path_restricted, short_paths, path_sum_exact, path_counts_claim)]
+                                 stated_bound, mlp_lipschitz, path_products, path_restricted, short_paths,
+                                 path_sum_exact, path_counts_claim)]

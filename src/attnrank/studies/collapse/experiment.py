@@ -20,6 +20,8 @@ from attnrank.analysis.collapse import (
     path_table,
     pure_attention_config,
 )
+from attnrank.analysis.collapse.bound import surgery_bound
+from attnrank.analysis.collapse.surgery import INITS
 from attnrank.studies.collapse.claims import geo_curve
 from attnrank.studies.collapse.params import CollapseParams
 from attnrank.util.threads import torch_threads
@@ -86,13 +88,16 @@ def _enumeration() -> list[dict[str, Any]]:
 
 
 def run(p: CollapseParams) -> dict[str, Any]:
-    """Surgery on ``p.model``, the depth sweep, the path-restricted model, path enumeration."""
+    """Surgery on ``p.model``, the depth sweep, the path-restricted model, the bound's inputs (β,
+    absolute residuals, MLP Lipschitz bounds), path enumeration."""
     with torch_threads(p.threads):
         data = _surgery(p)
         data["depth_sweep"] = depth_sweep(n_layers=p.sweep_depth, init_stds=p.sweep_init_stds, seeds=p.sweep_seeds,
                                           n_seqs=p.sweep_seqs, length=p.sweep_length, d_model=p.sweep_d_model,
                                           n_heads=p.sweep_heads, floor=p.floor)
         data["path_restricted"] = _restricted(p)
+        data["bound"] = {"minilm": surgery_bound(p.model, n_seqs=p.n_seqs, max_tokens=p.max_tokens, seed=p.seed,
+                                                 inits=INITS)}
     data["path_enumeration"] = _enumeration()
     data["path_table"] = path_table().to_dict(orient="records")
     return data

@@ -21,7 +21,11 @@ class CollapseParams:
     ``ratio_collapse`` / ``ratio_prevent``: last/first residual thresholds for "collapsed" /
     "not collapsed"; ``short_share``: the share of the output norm that paths of length
     ≤ L/2 must carry for "ensembles of shallow networks"; ``floor``: residuals below it are
-    float64 rounding noise.
+    float64 rounding noise. ``lipschitz_min_points`` / ``lipschitz_alpha``: the MLP-Lipschitz
+    claim needs at least that many (layer, init) points above the floor (with fewer, a one-sided
+    Spearman test at 0.05 needs a perfect ordering) and a one-sided p below alpha.
+    ``bound_log10_gamma``: log10 of the γ of the stated bound; None, because no text we could read
+    defines it (the bound claim then reports the γ at which the inequality turns).
     """
 
     model: str = "minilm"
@@ -44,6 +48,9 @@ class CollapseParams:
     short_share: float = 0.5
     floor: float = FLOOR
     threads: int = 1
+    lipschitz_min_points: int = 5
+    lipschitz_alpha: float = 0.05
+    bound_log10_gamma: float | None = None
 
     @classmethod
     def quick(cls) -> CollapseParams:
