@@ -166,8 +166,9 @@ def test_rank_measures_match_numpy_on_random_spectra(seed):
 
 
 def test_the_collapse_and_study_measures_are_the_core_ones():
-    """The token-representation measures (collapse) and the studies' ranks call core.metrics: same
-    values on random input (to the bit: the core sums as numpy does), and the core's zero semantics."""
+    """The token-representation measures (collapse) and the studies' ranks call core.metrics directly
+    (no adapter of their own): same values on random input (to the bit: the core sums as numpy
+    does), and the core's zero semantics."""
     from attnrank.analysis.collapse import measures as collapse
     from attnrank.studies import lm_common
 
@@ -175,11 +176,15 @@ def test_the_collapse_and_study_measures_are_the_core_ones():
     X = rng.standard_normal((3, 10, 6))
     s = np.linalg.svd(X, compute_uv=False)
     p = s / s.sum(-1, keepdims=True)
-    np.testing.assert_array_equal(collapse.effective_rank(X), np.exp(-(p * np.log(p)).sum(-1)))
-    np.testing.assert_array_equal(collapse.stable_rank(X), (s * s).sum(-1) / s[..., 0] ** 2)
-    np.testing.assert_array_equal(lm_common.effective_rank(s), effective_rank(s).numpy())
-    np.testing.assert_array_equal(lm_common.numerical_rank(s, 0.3), numerical_rank(s, 0.3).numpy())
-    Z = np.zeros((4, 3))
-    assert collapse.effective_rank(Z) == 0 and collapse.stable_rank(Z) == 0  # was NaN (0/0) before core
-    assert lm_common.effective_rank(np.zeros((1, 3)))[0] == 0  # was 1.0 (exp of an empty entropy)
-    assert np.isnan(lm_common.numerical_rank(np.array([[np.nan, 1.0]]), 0.1)[0])  # was 0
+    m = collapse.token_measures(X)
+    np.testing.assert_array_equal(m["effective_rank"], np.exp(-(p * np.log(p)).sum(-1)))
+    np.testing.assert_array_equal(m["stable_rank"], (s * s).sum(-1) / s[..., 0] ** 2)
+    run = {"runs": [{"lam": 0.0, "seed": 0, "sv": {"qk": s.tolist()}}]}
+    assert lm_common.per_run(run, "qk", "effective")[0.0][0] == float(np.mean(effective_rank(s).numpy()))
+    assert lm_common.per_run(run, "qk", "numerical", 0.3)[0.0][0] == float(np.mean(numerical_rank(s, 0.3).numpy()))
+    Z = collapse.token_measures(np.zeros((4, 3)))
+    assert Z["effective_rank"] == 0 and Z["stable_rank"] == 0  # was NaN (0/0) before core
+    zero = {"runs": [{"lam": 0.0, "seed": 0, "sv": {"qk": [[0.0, 0.0, 0.0]]}}]}
+    assert lm_common.per_run(zero, "qk", "effective")[0.0][0] == 0  # was 1.0 (exp of an empty entropy)
+    nan = {"runs": [{"lam": 0.0, "seed": 0, "sv": {"qk": [[np.nan, 1.0]]}}]}
+    assert np.isnan(lm_common.per_run(nan, "qk", "numerical", 0.1)[0.0][0])  # was 0

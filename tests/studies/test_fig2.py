@@ -3,6 +3,7 @@ other), the tie-aware trend test, and a short real run."""
 
 import json
 
+import numpy as np
 import pytest
 
 from attnrank.studies.fig2 import claims as C
@@ -75,11 +76,31 @@ def test_trend_is_tie_aware_and_paired():
 
 def test_noise_floor_and_numerical_ranks_come_from_the_stored_singular_values():
     assert C.noise_floor(GOOD) == pytest.approx(0.2)
-    ranks = C.numerical_rank(GOOD, 2 * 0.2)
+    ranks = C.mean_numerical_rank(GOOD, 2 * 0.2)
     assert ranks == {"0": 2.0, "1": 2.0, "3": 2.0}
-    assert C.numerical_rank(GOOD, 1e-3) == {"0": 4.0, "1": 4.0, "3": 4.0}
+    assert C.mean_numerical_rank(GOOD, 1e-3) == {"0": 4.0, "1": 4.0, "3": 4.0}
     m = C.rank_falls(GOOD, P).measured
     assert m["tau_above_noise_floor"] == pytest.approx(0.4) and m["numerical_rank_tau_1e-3"]["3"] == 4.0
+
+
+def _without_control(data):
+    """``data`` without its lambda = 0 runs (before: the smallest lambda stood in for the control)."""
+    d = json.loads(json.dumps(data))
+    d["lambdas"] = [lam for lam in d["lambdas"] if lam != 0]
+    for part in (d["ov"], d["qk"], d["training"], d["sv"]["ov"], d["sv"]["qk"], d["exposure"]):
+        part.pop("0")
+    return d
+
+
+def test_without_a_lambda_0_control_there_is_no_floor_and_no_rank_verdict():
+    import math
+
+    d = _without_control(GOOD)
+    assert math.isnan(C.noise_floor(d)) and all(math.isnan(v) for v in C.mean_numerical_rank(d, math.nan).values())
+    c = C.rank_falls(d, P)
+    assert c.verdict == "inconclusive" and "no lambda = 0 control" in c.reason
+    assert math.isnan(c.measured["noise_floor_sigma_min_over_sigma_1_at_lambda_0"])
+    assert C.rank_falls(GOOD, P).verdict == "held"  # the same runs with their control are judged
 
 
 def test_claims_in_order_and_profiles():
@@ -151,12 +172,35 @@ def test_late_spikes_reads_the_loss_after_it_first_fell_below_the_threshold():
     assert out["1"] == 0.0  # never fell below: nothing to report
 
 
+def _with_curves(data, rank, balance):
+    """``data`` with every judged run's layer-1 OV effective rank and relative imbalance replaced (steps 0..100)."""
+    d = json.loads(json.dumps(data))
+    for k in ("1", "3"):
+        for s in d["ov"][k].values():
+            s["0"] = {**s["0"], "effective_rank": list(rank), "balance_rel": list(balance)}
+    return d
+
+
 def test_early_stages_both_ways():
-    c = C.early_stages(GOOD, P)  # linear series: half way at steps 50-75 of 100, after the first 25 %
-    assert c.verdict == "not held" and "half-way" in c.reason
-    assert c.measured["1"][0]["balance_half_step"] == 75 and c.measured["1"][0]["rank_half_step"] == 50
-    early = C.early_stages(GOOD, Fig2Params(lambdas=(0.0, 1.0, 3.0), steps=100, seeds=(0, 1), early_fraction=0.8))
-    assert early.verdict == "held" and early.measured["3"][0]["rank_half_exposure"] > 0
+    c = C.early_stages(GOOD, P)  # linear series: the balance halves at step 75, lambda 1's rank never reaches 7.5
+    assert c.verdict == "not held" and "later than step 25" in c.reason
+    assert c.measured["1"][0]["balance_half_step"] == 75 and c.measured["1"][0]["rank_target_step"] is None
+    assert c.measured["3"][0]["rank_target"] == pytest.approx(14 - 0.5 * 13) and c.measured["3"][0]["rank_target_step"] == 75
+    fast = make_data(eff=[14, 2, 1.5], brel=[0.15, 0.01, 0.002], gap=[0.05, 0.005, 0.001], acc=[1, 1, 1])
+    early = C.early_stages(fast, Fig2Params(lambdas=(0.0, 1.0, 3.0), steps=100, seeds=(0, 1), early_fraction=0.8))
+    assert early.verdict == "held" and early.measured["3"][0]["rank_target_exposure"] > 0
+
+
+def test_early_stages_target_is_fixed_before_the_run_not_by_its_end():
+    # a rank that barely moves and plateaus: half way to its own final value (13.75) is reached at step 25,
+    # so the old rule called it early; the fixed target (7.5, half way from 14 to 1) is never reached
+    plateau = _with_curves(GOOD, [14, 13.6, 13.5, 13.5, 13.5], [0.2, 0.05, 0.04, 0.03, 0.02])
+    c = C.early_stages(plateau, P)
+    assert c.verdict == "not held" and c.measured["3"][1]["rank_target_step"] is None and "never" in c.key
+    fast = _with_curves(GOOD, [14, 6, 3, 2.5, 2.5], [0.2, 0.05, 0.04, 0.03, 0.02])
+    c = C.early_stages(fast, P)
+    assert c.verdict == "held" and c.measured["1"][0]["rank_target_step"] == 25
+    assert "r0 - 0.5 (r0 - 1)" in c.rule and "not by the run's end" in c.rule
 
 
 def _horizon(ends, floors=None, exposure=(0.0, 30.0, 90.0)):
@@ -186,6 +230,23 @@ def test_balance_lasts_reports_a_transient_balance():
     assert c.verdict == "inconclusive" and "not measured" in c.reason
 
 
+def test_horizon_exposure_follows_the_runs_lr_schedule_not_a_straight_line():
+    from attnrank.studies.fig2 import horizon as H
+
+    lr, warmup, steps = 0.3, 10, 100
+    lr_sum = lr * (warmup + 1) / 2 + lr * (steps - warmup)  # 1.65 in the warmup, then 27
+    d = _horizon([0.05, 0.004, 0.003], exposure=(0.0, lr_sum, 3 * lr_sum))
+    d["config"] = {"lr": lr, "warmup": warmup, "steps": 2000, "schedule": "cosine"}  # the main runs' config
+    c = H.balance_lasts(d, P)
+    f = c.measured["per_lambda_seed"]["3"]["0"]  # floor at step 50: 3 x (1.65 + 40 x 0.3), not 50/100 x 85.95
+    assert f["floor_step"] == 50 and f["floor_exposure"] == pytest.approx(3 * (lr * 5.5 + 40 * lr))
+    assert f["floor_exposure"] != pytest.approx(50 / steps * 3 * lr_sum)
+    assert c.measured["lr_schedule"]["warmup"] == 10 and c.measured["lr_schedule"]["exposure_end_relative_mismatch"] < 1e-12
+    d["horizon"]["exposure_end"]["3"] *= 1.5  # a stored exposure the derived schedule cannot give: not guessed
+    c = H.balance_lasts(d, P)
+    assert np.isnan(c.measured["per_lambda_seed"]["3"]["0"]["floor_exposure"]) and "disagree" in c.detail
+
+
 def test_sgd_control_against_the_gradient_flow_rate():
     import math
 
@@ -203,3 +264,4 @@ def test_sgd_control_against_the_gradient_flow_rate():
     assert c.verdict == "held" and c.kind == "check"
     assert H.sgd_decays_at_theory_rate(data(0.8), P).verdict == "not held"
     assert H.sgd_decays_at_theory_rate({}, P).verdict == "inconclusive"
+    assert "0.05 to 0.01" in c.rule and "not reported" in c.rule  # the changed eta is on the record

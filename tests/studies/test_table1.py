@@ -10,8 +10,9 @@ from attnrank.studies.table1 import Table1Params, attn_decay_hurts, decoupling_h
 LR_SUM = 1.0
 
 
-def _runs(f, seeds=(0, 1, 2, 3, 4), attn=(0.0, 1.0, 3.0), mlp=(0.0, 3.0), seed_shift=1.0, jitter=0.0):
-    """Runs where ppl = f(attn exposure, mlp exposure) + a per-seed offset (shared by every cell) + jitter."""
+def _runs(f, seeds=(0, 1, 2, 3, 4), attn=(0.0, 1.0, 3.0), mlp=(0.0, 3.0), seed_shift=1.0, jitter=0.0, val=None):
+    """Runs where test ppl = f(attn exposure, mlp exposure) + a per-seed offset (shared by every cell) + jitter;
+    validation ppl = ``val`` (same signature; default f) + the same offset, 0.5 lower."""
     rng = np.random.default_rng(1)
     rows = []
     for a in attn:
@@ -19,6 +20,7 @@ def _runs(f, seeds=(0, 1, 2, 3, 4), attn=(0.0, 1.0, 3.0), mlp=(0.0, 3.0), seed_s
             for s in seeds:
                 rows.append({"attn_weight_decay": a / LR_SUM, "weight_decay": m / LR_SUM, "seed": s,
                              "test_ppl": f(a, m) + seed_shift * s + jitter * rng.standard_normal(),
+                             "val_ppl": (val or f)(a, m) + seed_shift * s - 0.5,
                              "exposure_attn": a, "exposure_other": m})
     return pd.DataFrame(rows)
 
@@ -49,6 +51,26 @@ def test_decoupling_helps_only_where_decay_helps_and_judged_apart_from_hurts():
     c = decoupling_helps(_runs(lambda a, m: 10 + a + m))
     assert c.verdict == "inconclusive" and "untested" in c.reason
     assert attn_decay_hurts(_runs(lambda a, m: 10 + a + m)).verdict == "held"
+
+
+def test_decoupling_regime_and_lambda_star_are_chosen_on_validation_not_test():
+    # test says coupled 3 helps (7 < 10) and decoupling wins, but validation says decay never helps: untested
+    c = decoupling_helps(_runs(lambda a, m: 10 - 2 * m + a, val=lambda a, m: 10 + a + m))
+    assert c.verdict == "inconclusive" and "validation" in c.reason
+    assert c.measured["coupled_mean_test_ppl"]["3"] < c.measured["coupled_mean_test_ppl"]["0"]
+    # validation picks coupled 1 (the lowest val ppl); the judgement is on test at lambda* = 1, where the
+    # decoupled cell (attn 0, MLP 1) is worse on test: not held, although at test's own best (3) it would hold
+    test = {(0, 0): 10, (1, 1): 9, (3, 3): 5, (0, 1): 9.5, (0, 3): 4}
+    val = {(0, 0): 10, (1, 1): 8, (3, 3): 9, (0, 1): 9, (0, 3): 9}
+    runs = _runs(lambda a, m: test.get((a, m), 12), attn=(0.0, 1.0, 3.0), mlp=(0.0, 1.0, 3.0),
+                 val=lambda a, m: val.get((a, m), 12))
+    c = decoupling_helps(runs)
+    assert c.measured["best_coupled_lambda"] == 1.0 and c.measured["chosen_on"] == "val_ppl"
+    assert c.measured["difference"]["diff"] == pytest.approx(-0.5) and c.verdict == "not held"
+    assert "validation" in c.rule and "test" in c.rule
+    # without a validation column nothing can choose lambda* apart from test: untested
+    c = decoupling_helps(_runs(lambda a, m: 10 - 2 * m + a).drop(columns="val_ppl"))
+    assert c.verdict == "inconclusive" and "validation" in c.reason
 
 
 def test_literal_lambda_cells_are_judged_in_support():

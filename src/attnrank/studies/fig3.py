@@ -164,6 +164,8 @@ def rank_falls(m: dict[str, Any], model: str, measure: str) -> Claim:
     reason = "; ".join(f"{p}: {t['reason']}" for p, t in tests.items() if t["reason"])
     if emax < MIN_EXPOSURE:
         verdict, reason = "inconclusive", f"largest exposure {emax:.3g} < {MIN_EXPOSURE:g}"
+    if measure != "effective" and "missing" in tol:  # no lambda = 0 control: no tau to judge at
+        verdict, reason = "inconclusive", tol["missing"]
     kind = "effective rank" if measure == "effective" else f"numerical rank at tau = {tol['tol']:.3g}"
     numerical = measure != "effective"
     return Claim(

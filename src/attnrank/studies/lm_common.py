@@ -19,8 +19,9 @@ import numpy as np
 from attnrank.core import metrics as core
 from attnrank.studies.verdicts import SPREAD_RULE
 
+#: the paper: every parameter but attention keeps decay 0.1
 OTHER_WD = 0.1
-PRODUCTS = ("qk", "ov")
+PRODUCTS = core.PRODUCTS
 LOW_TOL = 1e-3  # the tracker's numerical-rank threshold
 FLOOR_FACTOR = 2.0  # τ above the noise floor: this many times the measured relative floor
 #: decay exposure λ·Σlr of λ = 0.1 in LLaMA-2-7B pretraining (peak lr 3e-4, cosine, ~500k steps;
@@ -85,19 +86,7 @@ def lambdas_for(exposures: tuple[float, ...] | list[float], lrsum: float) -> lis
     return out
 
 
-# -- ranks from exact spectra ------------------------------------------------------------------------
-
-def numerical_rank(sv: Any, tol: float) -> np.ndarray:
-    """``#{σ_i > tol·σ_1}`` over the last axis of singular values (descending), as floats (NaN
-    for a non-finite item): :func:`attnrank.core.metrics.numerical_rank`."""
-    r = core.numerical_rank(np.asarray(sv, dtype=float), tol).numpy()
-    return np.where(r < 0, np.nan, r.astype(float))
-
-
-def effective_rank(sv: Any) -> np.ndarray:
-    """``exp(H(p))``, ``p_i = σ_i / Σσ`` over the last axis: :func:`attnrank.core.metrics.effective_rank`."""
-    return core.effective_rank(np.asarray(sv, dtype=float)).numpy()
-
+# -- ranks from exact spectra (attnrank.core.metrics, the one definition of each) --------------------
 
 def noise_floors(kind: str, overrides: dict[str, Any], attn_lambdas: list[float], seed: int = 0) -> list[float]:
     """σ_1 of ``W_Kᵀ W_Q`` for a head pair that gets no gradient in expectation, per attention λ:
@@ -128,7 +117,9 @@ def noise_floors(kind: str, overrides: dict[str, Any], attn_lambdas: list[float]
 
 def floor_tol(m: dict[str, Any]) -> dict[str, Any]:
     """τ above the AdamW noise floor of one model's sweep, fixed by the simulation and the λ = 0
-    control, never by the spectra of the decayed runs it helps judge (a pre-registered rule):
+    control, never by the spectra of the decayed runs it helps judge (a pre-registered rule); with
+    no λ = 0 run in the sweep ``tol`` is NaN and ``missing`` says why (the judgement it feeds is
+    inconclusive: "no λ = 0 control"):
 
     - ``simulated_floor`` (sets τ): per product and λ, the σ_1 of a W_Q, W_K pair fed only
       zero-mean noise (:func:`noise_floors`, from the run's config alone: schedule, betas, ε, λ,
@@ -143,13 +134,13 @@ def floor_tol(m: dict[str, Any]) -> dict[str, Any]:
     On the record: that λ = 0 rule was tried first and replaced after its τ was seen, so this one is
     not pre-registered; it judges only supporting evidence, never a tallied finding.)"""
     lams = sorted({r["lam"] for r in m["runs"]})
-    zero = min(lams)
     tail: dict[str, dict[str, float]] = {}
     sim: dict[str, dict[str, float]] = {}
     for p in PRODUCTS:
-        s1 = float(np.median(np.concatenate([np.asarray(r["sv"][p], dtype=float)[..., 0].ravel()
-                                             for r in m["runs"] if r["lam"] == zero])))
-        sim[p] = {lam: float(fl / s1) for lam, fl in m["noise_floor_sigma1"].items()}
+        if 0.0 in lams:
+            s1 = float(np.median(np.concatenate([np.asarray(r["sv"][p], dtype=float)[..., 0].ravel()
+                                                 for r in m["runs"] if r["lam"] == 0.0])))
+            sim[p] = {lam: float(fl / s1) for lam, fl in m["noise_floor_sigma1"].items()}
         tail[p] = {}
         for lam in lams:
             rel = [np.asarray(r["sv"][p], dtype=float) for r in m["runs"] if r["lam"] == lam]
@@ -157,21 +148,32 @@ def floor_tol(m: dict[str, Any]) -> dict[str, Any]:
             tail[p][f"{lam:g}"] = float(np.median(np.concatenate([np.median(x[..., x.shape[-1] // 2:], -1).ravel()
                                                                   for x in rel])))
     top = f"{max(float(k) for k in m['noise_floor_sigma1']):g}"
+    rule = (f"tau = {FLOOR_FACTOR:g} x the simulated noise-floor sigma_1 at the largest lambda ({top}) over the "
+            "median trained sigma_1 of the lambda = 0 runs (larger of the two products), capped at 0.5")
+    if not sim:  # no control: no tau (the smallest decayed lambda must not stand in for it)
+        return {"tail_floor": tail, "simulated_floor": sim, "tol": float("nan"), "rule": rule,
+                "missing": "no lambda = 0 control: tau above the noise floor cannot be set"}
     at_top = max(sim[p].get(top, 0.0) for p in PRODUCTS)
-    return {"tail_floor": tail, "simulated_floor": sim, "tol": float(min(FLOOR_FACTOR * at_top, 0.5)),
-            "rule": f"tau = {FLOOR_FACTOR:g} x the simulated noise-floor sigma_1 at the largest lambda ({top}) over the "
-                    "median trained sigma_1 of the lambda = 0 runs (larger of the two products), capped at 0.5"}
+    return {"tail_floor": tail, "simulated_floor": sim, "tol": float(min(FLOOR_FACTOR * at_top, 0.5)), "rule": rule}
 
 
 def per_run(m: dict[str, Any], product: str, measure: str, tol: float = LOW_TOL,
             lambdas: list[float] | None = None) -> dict[float, dict[int, float]]:
-    """values[λ][seed]: a rank measure averaged over the selected heads of each run (only the
-    runs whose λ is in ``lambdas`` when given)."""
+    """values[λ][seed]: a rank measure (``"effective"``: :func:`attnrank.core.metrics.effective_rank`;
+    otherwise ``#{σ_i > tol·σ_1}``, :func:`attnrank.core.metrics.numerical_rank`) averaged over the
+    selected heads of each run (only the runs whose λ is in ``lambdas`` when given). NaN for a run
+    with a non-finite head, and for every run when ``tol`` is NaN (no τ could be set)."""
     out: dict[float, dict[int, float]] = {}
     for r in m["runs"]:
         if lambdas is not None and r["lam"] not in lambdas:
             continue
-        sv = r["sv"][product]
-        v = effective_rank(sv) if measure == "effective" else numerical_rank(sv, tol)
+        sv = np.asarray(r["sv"][product], dtype=float)
+        if measure == "effective":
+            v = core.effective_rank(sv).numpy()
+        elif not np.isfinite(tol):
+            v = np.full(sv.shape[:-1], np.nan)
+        else:  # the core marks a non-finite head -1 (an integer rank holds no NaN): NaN here
+            v = core.numerical_rank(sv, tol).numpy().astype(float)
+            v[v < 0] = np.nan
         out.setdefault(float(r["lam"]), {})[int(r["seed"])] = float(np.mean(v))
     return out

@@ -7,12 +7,14 @@ from typing import Any
 import numpy as np
 
 from attnrank.studies.fig2.claims import GAP_TOL, RANK_LAYER
+from attnrank.studies.fig2.horizon import horizon_lr_sums
 from attnrank.studies.fig2.params import Fig2Params
 from attnrank.studies.registry import FigureOut
 
 
 def fig2_panels(data: dict[str, Any]) -> Any:
-    """Rank, balance discrepancy, relative gap of layer-1 P W_V and accuracy over training, per λ."""
+    """Rank, balance discrepancy, relative gap of layer-1 P W_V and training loss over training, per λ
+    (the first seed)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -51,9 +53,10 @@ def fig2_panels(data: dict[str, Any]) -> Any:
     return fig
 
 
-def horizon_panels(data: dict[str, Any]) -> Any:
+def horizon_panels(data: dict[str, Any], p: Fig2Params | None = None) -> Any:
     """The horizon runs against exposure (gap/bound, relative imbalance; every seed) and the SGD
-    positive control against its theory line."""
+    positive control against its theory line. Exposure at a step is λ·Σlr up to it over the runs'
+    schedule, warmup included (:func:`horizon_lr_sums`, as the horizon claim reports it)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -62,12 +65,12 @@ def horizon_panels(data: dict[str, Any]) -> Any:
     h, c = data.get("horizon"), data.get("sgd_control")
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.4))
     if h:
+        lr_sums = horizon_lr_sums(data, p or Fig2Params())[0]
         cmap = plt.get_cmap("viridis", max(len(h["lambdas"]), 2))
         for j, lam in enumerate(h["lambdas"]):
             key = f"{lam:g}"
-            per_step = h["exposure_end"][key] / max(h["steps"], 1)
             for k, x in enumerate(h["ov"][key].values()):
-                e = np.asarray(x["step"], float) * (per_step if lam > 0 else data["config"]["lr"])
+                e = (lam if lam > 0 else 1.0) * lr_sums[np.minimum(np.asarray(x["step"], int), len(lr_sums) - 1)]
                 label = f"λ = {lam:g} (exposure {h['exposure_end'][key]:.3g})" if k == 0 else None
                 for ax, col in ((axes[0], "gap_rel"), (axes[1], "balance_rel")):
                     y = np.maximum(np.asarray([np.nan if v is None else v for v in x[col]], float), 1e-12)
@@ -96,7 +99,7 @@ def figures(data: dict[str, Any], p: Fig2Params) -> list[FigureOut]:
     """The Figure 2 panels, and the horizon study with the SGD control when they ran."""
     out = [FigureOut("fig2", fig2_panels(data), "Layer-1 P W_V over training per attention decay λ.")]
     if data.get("horizon") or data.get("sgd_control"):
-        out.append(FigureOut("fig2_horizon", horizon_panels(data), "Horizon study: AdamW at constant lr on recall "
+        out.append(FigureOut("fig2_horizon", horizon_panels(data, p), "Horizon study: AdamW at constant lr on recall "
                              "with label noise, gap/bound and imbalance against exposure (floor and rebound); plain "
                              "SGD positive control against exp(-2 eta lambda t)."))
     return out
