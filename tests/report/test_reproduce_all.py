@@ -57,7 +57,8 @@ def probes(monkeypatch):
 
 def test_resume_failure_and_profiles(tmp_path, probes):
     entries = rep.run_all(tmp_path, quick=True)
-    assert [(e.name, e.cached, e.error is not None) for e in entries] == [("boom", False, True), ("ok", False, False)]
+    assert [(e.name, e.cached, e.error) for e in entries] == [("boom", False, "RuntimeError: diverged at step 7"),
+                                                              ("ok", False, None)]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["claims_held"] == 1 and summary["claims_total"] == 2
     assert "diverged at step 7" in (tmp_path / "report.html").read_text()

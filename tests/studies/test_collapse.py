@@ -4,8 +4,10 @@ its replot end to end (slow)."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import importlib
 import json
+import math
 
 import pytest
 
@@ -45,11 +47,28 @@ def _by_seq(pure=1e-16, mlp=1e-12, skip=0.7, full=0.85, spread=0.05):
     return out
 
 
+def _sweep_bound(rows=((0.0, -1.0, -4.0, -13.0),) * 2, beta=0.25):
+    """Two seeds x len(rows) sequences: log10 |res| (norm 1, so relative = absolute). With beta
+    0.25, H = 1, d_qk = 16: log10 c = log10(0.25) at gamma = 1; rhs -0.602, -2.41 at depths 1, 2."""
+    a = [list(r) for r in rows] * 2
+    return {"log10_abs_res": a, "log10_rel_res": a, "beta_by_seed": [[beta] * 3] * 2, "heads": 1, "d_qk": 16}
+
+
+def _minilm_bound(lips=(1.0, 2.0, 3.0, 4.0, 5.0, 6.0), shift=0.0):
+    """log10 |res| of the pure variant (norm 1): with beta 0.5, H 1, d_qk 16 (log10 c = -0.301 at
+    gamma = 1) the bound holds at depths 1-3 (rhs -0.30, -1.20, -3.91); depths 4-6 are at the floor."""
+    rows = [[0.0, -1.0, -3.0, -4.0, -15.0, -16.0, -16.0]] * 3
+    return {"beta_by_layer": [0.5] * 6, "mlp_lipschitz_by_layer": [x + shift for x in lips],
+            "activation_lipschitz": 1.1289, "heads": 1, "d_qk": 16, "log10_res_pure": rows,
+            "log10_norm_pure": [[0.0] * 7] * 3}
+
+
 def _data():
-    """Synthetic data shaped like experiment.run's, where every claim holds."""
+    """Synthetic data shaped like experiment.run's, where every claim holds (the stated bound
+    with gamma = 1; without a gamma it is inconclusive)."""
     seqs = 3
     by_seq = _by_seq()
-    curve = {"geo_mean": [1.0, 0.1, 1e-3], "n_fit": 6, "fit": _fit(0.8, 0.99, 0.97)}
+    curve = {"geo_mean": [1.0, 0.1, 1e-3], "n_fit": 6, "fit": _fit(0.8, 0.99, 0.97), "bound": _sweep_bound()}
     restricted = {"norm=none, init std 0.02": {"geo_mean": [1.0, 1e-5, 1e-11, 1e-16, 1e-16],
                                                "sum_rel_error": 1e-15, "spearman_k_vs_log_residual": -1.0,
                                                "norm_share_by_k": [[0.4, 0.3, 0.2, 0.07, 0.03],
@@ -68,21 +87,96 @@ def _data():
         "path_enumeration": [{"layers": 2, "heads": 2, "counts": [1, 4, 4]},
                              {"layers": 3, "heads": 1, "counts": [1, 3, 3, 1]}],
         "minilm_meta": {"n_seqs": seqs},
+        "bound": {"minilm": {"pretrained": _minilm_bound(), "random": _minilm_bound(shift=0.5)}},
     }
 
 
-def _by_name(data):
-    return {c.name: c for c in K.claims(json.loads(json.dumps(data)), P)}
+P1 = dataclasses.replace(P, bound_log10_gamma=0.0)  # gamma = 1, for the bound's logic only
+
+
+def _by_name(data, p=P):
+    return {c.name: c for c in K.claims(json.loads(json.dumps(data)), p)}
 
 
 def test_all_hold_on_collapsing_data():
-    by = _by_name(_data())
+    by = _by_name(_data(), P1)
     assert list(by) == ["collapse.pure_attention", "collapse.skip_prevents", "collapse.mlp_slows",
-                        "collapse.mlp_does_not_prevent", "collapse.doubly_exponential", "collapse.path_products",
-                        "collapse.path_restricted", "collapse.short_paths", "collapse.path_sum_exact",
-                        "collapse.path_counts"]
+                        "collapse.mlp_does_not_prevent", "collapse.doubly_exponential", "collapse.stated_bound",
+                        "collapse.mlp_lipschitz", "collapse.path_products", "collapse.path_restricted",
+                        "collapse.short_paths", "collapse.path_sum_exact", "collapse.path_counts"]
     assert all(c.verdict == "held" for c in by.values()), {n: c.measured for n, c in by.items() if not c.held}
     assert [n for n, c in by.items() if c.kind == "identity"] == ["collapse.path_sum_exact", "collapse.path_counts"]
+
+
+def test_measured_values_are_those_of_the_data():
+    """Every claim's numbers, worked out here from the synthetic data (not read from the claims)."""
+    import math
+
+    from scipy import stats
+
+    by = _by_name(_data())
+    pure = by["collapse.pure_attention"].measured["random/pure"]
+    assert pure["per-sentence last/first"] == pytest.approx(1e-16) and pure["spread"] == 0.0
+    assert pure["last/first"] == pytest.approx(1e-16) and pure["first"] == 1.0
+    skip = by["collapse.skip_prevents"].measured["pretrained/skip"]  # last 0.665, 0.7, 0.735 over first 1
+    lasts = [0.7 * (1 + 0.05 * (s - 1)) for s in range(3)]
+    se = math.sqrt(sum((x - 0.7) ** 2 for x in lasts) / 2) / math.sqrt(3)
+    assert skip["per-sentence last/first"] == pytest.approx(0.7)
+    assert skip["spread"] == pytest.approx(stats.t.ppf(0.975, 2) * se, rel=1e-12)
+    mlp = by["collapse.mlp_slows"].measured["random"]  # layers 1-3 above the floor: mlp/pure = 2, 10, 100
+    assert mlp["mean log10(mlp/pure)"] == pytest.approx((math.log10(2) + 1 + 2) / 3)
+    assert mlp["layer 1"] == pytest.approx(math.log10(2)) and mlp["spread over sentences"] == pytest.approx(0, abs=1e-12)
+    assert by["collapse.mlp_does_not_prevent"].measured["pretrained/mlp"]["per-sentence last/first"] == pytest.approx(1e-12)
+    fits = by["collapse.doubly_exponential"].measured
+    assert fits["SAN init std 0.3"] == {"points": 6, "R2 exp": 0.8, "R2 dexp": 0.99, "kappa": 2.5, "R2 dexp kappa=3": 0.97}
+    assert fits["MiniLM random pure"] == {"points": 2, "fitted": False}
+    assert by["collapse.path_products"].measured == {"k=0": 1.9, "k=1": 0.6, "k=2": 0.2, "k=3": 0.09}
+    short = by["collapse.short_paths"].measured["norm=none, init std 0.02"]  # k <= 2 carry 0.9 in each row
+    assert short["share of paths k <= L/2"] == pytest.approx(0.9) and short["spread"] == pytest.approx(0, abs=1e-12)
+    assert by["collapse.path_sum_exact"].measured == 2e-15  # the larger of the two settings' errors
+    counts = by["collapse.path_counts"].measured
+    # path length of L=6, H=12: binomial(6, 12/13) (each layer: skip or one of 12 heads), mean 6 * 12/13
+    assert counts["brute-force configs agreeing"] == 2 and counts["sums equal (H+1)^L for the table"] is True
+    assert counts["mean path length MiniLM (L=6, H=12)"] == pytest.approx(6 * 12 / 13)
+
+
+def test_stated_bound_is_inconclusive_without_gamma_and_reports_where_it_turns():
+    c = _by_name(_data())["collapse.stated_bound"]
+    assert c.verdict == "inconclusive" and "not defined" in c.reason
+    san = c.measured["SAN init std 0.3"]
+    # depth 1: needs log10 c >= -1 (c = 0.25 gamma); depth 2: 4 log10 c >= -4; depth 3 is at the floor
+    assert san["judged depths"] == [1, 2] and san["log10 gamma needed"] == pytest.approx(-1 - math.log10(0.25))
+    assert san["log10 gamma vacuous (every input)"] == pytest.approx(-math.log10(0.25))
+    assert c.measured["MiniLM pretrained pure (LayerNorm kept)"]["judged depths"] == [1, 2, 3]
+
+
+def test_stated_bound_holds_with_gamma_one_and_fails_on_a_counterexample():
+    d = _data()
+    c = _by_name(d, P1)["collapse.stated_bound"]
+    assert c.verdict == "held" and "vacuous" not in c.reason
+    d["depth_sweep"]["curves"]["0.3"]["bound"] = _sweep_bound(rows=((0.0, -1.0, -2.0, -13.0),) * 2)  # -2 > -2.41
+    c = _by_name(d, P1)["collapse.stated_bound"]
+    assert c.verdict == "not held" and "SAN init std 0.3" in c.reason and "depths 2" in c.reason
+    big = dataclasses.replace(P, bound_log10_gamma=3.0)  # c = 250 > 1: the bound is trivially true
+    c = _by_name(d, big)["collapse.stated_bound"]
+    assert c.verdict == "held" and "vacuous at depths 1, 2" in c.reason
+    del d["bound"]
+    del d["depth_sweep"]["curves"]["0.3"]["bound"]
+    assert "older run" in _by_name(d)["collapse.stated_bound"].reason
+
+
+def test_mlp_lipschitz_both_ways_and_with_too_few_points():
+    d = _data()
+    c = _by_name(d)["collapse.mlp_lipschitz"]  # slowing 0.30, 0.70, 1.0 at layers 1-3, Lipschitz rising
+    assert c.verdict == "held" and c.measured["n"] == 6 and c.measured["spearman rho"] > 0.9
+    assert [q["slowing (log10)"] for q in c.measured["points"][:3]] == pytest.approx([math.log10(2), 2 - math.log10(20), 1])
+    for i, shift in (("pretrained", 0.0), ("random", 0.5)):
+        d["bound"]["minilm"][i] = _minilm_bound(lips=(6.0, 5.0, 4.0, 3.0, 2.0, 1.0), shift=shift)
+    c = _by_name(d)["collapse.mlp_lipschitz"]
+    assert c.verdict == "not held" and c.measured["spearman rho"] < 0
+    del d["bound"]["minilm"]["random"]
+    c = _by_name(d)["collapse.mlp_lipschitz"]
+    assert c.verdict == "inconclusive" and "3 points" in c.reason
 
 
 def test_short_paths_both_ways_and_without_data():
@@ -212,6 +306,47 @@ def test_params_profiles_are_frozen_tuples():
         q.n_seqs = 3  # type: ignore[misc]
 
 
+def measured_from_data(measured, data):
+    """The numbers a run's claims report, worked out here from its data.json with numpy."""
+    import math
+
+    import numpy as np
+
+    for name, variants in (("pure_attention", ["pure"]), ("skip_prevents", ["skip", "full"]),
+                           ("mlp_does_not_prevent", ["mlp"])):
+        for key in (f"{i}/{v}" for i in ("pretrained", "random") for v in variants):
+            rows = np.asarray(data["primary_by_seq"][key], dtype=float)
+            got = measured[f"collapse.{name}"][key]["per-sentence last/first"]
+            assert got == pytest.approx(float(np.mean(rows[:, -1] / rows[:, 0])), rel=1e-12), (name, key)
+    assert measured["collapse.path_products"] == {f"k={r['length']}": r["mean"] for r in data["path_products"]}
+    restricted = data["path_restricted"]
+    assert measured["collapse.path_sum_exact"] == max(v["sum_rel_error"] for v in restricted.values())
+    for k, v in restricted.items():
+        if k.startswith("norm=none"):
+            share = np.asarray(v["norm_share_by_k"], dtype=float)
+            want = share[:, : (share.shape[1] - 1) // 2 + 1].sum(1).mean()
+            assert measured["collapse.short_paths"][k]["share of paths k <= L/2"] == pytest.approx(want, rel=1e-12)
+    for r in data["path_enumeration"]:  # C(L, k) H^k paths of length k: counted here, not by the package
+        assert r["counts"] == [math.comb(r["layers"], k) * r["heads"] ** k for k in range(r["layers"] + 1)]
+    geo = {k: np.exp(np.log(np.maximum(np.asarray(v, float), 1e-300)).mean(0)) for k, v in data["primary_by_seq"].items()}
+    for q in measured["collapse.mlp_lipschitz"]["points"]:
+        i, L = q["init"], q["layer"]
+        want = np.log10(geo[f"{i}/mlp"][L] / geo[f"{i}/mlp"][L - 1] * geo[f"{i}/pure"][L - 1] / geo[f"{i}/pure"][L])
+        assert q["slowing (log10)"] == pytest.approx(want, rel=1e-9)
+        assert q["lipschitz bound"] == data["bound"]["minilm"][i]["mlp_lipschitz_by_layer"][L - 1]
+    for std, c in data["depth_sweep"]["curves"].items():  # depth 1: (r1 - 3 r0) - log10(4 beta H / sqrt(d_qk))
+        b = c["bound"]
+        a, n = np.asarray(b["log10_abs_res"]), len(b["log10_abs_res"]) // len(b["beta_by_seed"])
+        ok = np.asarray(b["log10_rel_res"])[:, 1] > -12
+        need = [(a[j, 1] - 3 * a[j, 0]) - math.log10(4 * max(b["beta_by_seed"][j // n]) * b["heads"] / b["d_qk"] ** 0.5)
+                for j in range(a.shape[0]) if ok[j]]
+        got = measured["collapse.stated_bound"][f"SAN init std {std}"]["log10 gamma needed by depth"][0]
+        assert got == pytest.approx(max(need), rel=1e-9)
+    counts = measured["collapse.path_counts"]
+    assert counts["brute-force configs agreeing"] == len(data["path_enumeration"]) > 0
+    assert counts["mean path length MiniLM (L=6, H=12)"] == pytest.approx(6 * 12 / 13)
+
+
 @pytest.mark.slow
 def test_quick_run_and_replot(tmp_path):
     from attnrank.report import runner
@@ -219,7 +354,8 @@ def test_quick_run_and_replot(tmp_path):
     s = runner.run("collapse", tmp_path, quick=True)
     by = {c.name: c for c in s.claims}
     assert by["collapse.path_sum_exact"].held and by["collapse.path_counts"].held
-    assert all(c.measured is not None and c.detail for c in s.claims)
+    assert all(c.detail for c in s.claims)
+    measured_from_data({c.name: c.measured for c in s.claims}, json.loads((tmp_path / "data.json").read_text()))
     assert (tmp_path / "collapse_layers.png").exists() and (tmp_path / "report.html").exists()
     before = (tmp_path / "claims.json").read_text()
     (tmp_path / "depth_sweep.png").unlink()

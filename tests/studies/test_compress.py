@@ -32,6 +32,20 @@ def test_claims_both_ways(cost0, cost8, top, verdict):
     assert c["compress.decay_cheaper"].verdict == verdict
     assert c["compress.decay_cheaper"].kind == "check" and c["compress.decay_cheaper"].rule
     assert c["compress.decay_better_after_cut"].verdict == verdict  # same uncut ppl: both agree
+    # the numbers, worked out here: paired per seed, spread t_{0.975, n-1} * sd / sqrt(n)
+    from scipy import stats
+
+    d = [a - b for a, b in zip(cost0, cost8, strict=True)]
+    mean = sum(d) / len(d)
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1))
+    m = c["compress.decay_cheaper"].measured["0.5"]
+    assert m["per_seed"] == pytest.approx(d, abs=1e-12) and m["diff"] == pytest.approx(mean, abs=1e-12)
+    assert m["spread"] == pytest.approx(stats.t.ppf(0.975, len(d) - 1) * sd / math.sqrt(len(d)), rel=1e-9)
+    assert m["at_exposure_0"] == pytest.approx(sum(cost0) / 3) and m["at_top_exposure"] == pytest.approx(sum(cost8) / 3)
+    after = c["compress.decay_better_after_cut"].measured["0.5"]  # ln ppl_cut = ln 10 + cost
+    assert after["at_exposure_0"] == pytest.approx(math.log(10) + sum(cost0) / 3)
+    assert after["diff"] == pytest.approx(mean, abs=1e-12)
+    assert c["compress.decay_cheaper"].exposure == {"needed": study.MIN_EXPOSURE, "got_attn": top}
 
 
 def test_registered_and_figures_draw():

@@ -170,7 +170,36 @@ def test_quick_run_and_replot_give_the_same_claims(tmp_path):
     before = json.loads((tmp_path / "claims.json").read_text())
     runner.run("fig1", tmp_path, replot=True)
     assert json.loads((tmp_path / "claims.json").read_text()) == before
-    assert all(c["verdict"] in ("held", "not held", "inconclusive") for c in before)
+    assert {c["name"]: c["verdict"] for c in before} == dict.fromkeys(
+        ["fig1.gap_decay", "fig1.balance_rate", "fig1.gd_recursion", "fig1.soft_threshold",
+         "fig1.threshold_algebraic", "prop31.balanced_equality", "prop31.unbalanced_gap"], "held")
+    measured_from_data({c["name"]: c["measured"] for c in before}, json.loads((tmp_path / "data.json").read_text()))
+
+
+def measured_from_data(measured, data):
+    """The numbers a run's claims report, worked out here from its data.json (closed forms written out)."""
+    lambdas, d, eta = np.asarray(data["lambdas"]), np.sort(data["d"])[::-1], data["eta"]
+    cf = np.maximum(d[None, :] - lambdas[:, None] / 2, 0.0)  # s_i = max(d_i - lam/2, 0)
+    np.testing.assert_allclose(data["sv_closed_form"], cf, atol=1e-15)
+    at_threshold = np.isclose(lambdas[:, None], 2 * d[None, :], rtol=0, atol=1e-12)  # lam = 2 d_i: algebraic
+    err = np.abs(np.asarray(data["sv_final"]) - cf)
+    assert at_threshold.sum() == 1 and err[at_threshold].max() > 1e-4  # the slow mode the next claim measures
+    assert measured["fig1.soft_threshold"] == pytest.approx(err[~at_threshold].max(), rel=1e-12)
+    k = int(np.argmax(at_threshold[list(lambdas).index(data["sv_traj_lambda"])]))
+    inv = 1.0 / np.asarray(data["sv_traj"])[:, k]
+    half = np.arange(data["steps"] // 2, data["steps"] + 1)
+    slope = np.linalg.lstsq(np.stack([half, np.ones_like(half)], 1).astype(float), inv[half], rcond=None)[0][0]
+    assert measured["fig1.threshold_algebraic"] == pytest.approx(slope, rel=1e-9)
+    assert measured["fig1.threshold_algebraic"] == pytest.approx(4 * eta, rel=0.01)  # 1/s grows by 4 eta a step
+    assert measured["fig1.gd_recursion"] == data["recursion_error"]
+    p = {key: np.asarray(v, dtype=float) for key, v in data["prop31"].items()}
+    bal = np.abs(p["bound_bal"] - p["nuclear_bal"]) / p["bound_bal"]
+    assert measured["prop31.balanced_equality"] == pytest.approx(bal.max(), rel=1e-12)
+    assert measured["prop31.unbalanced_gap"]["min gap/bound"] == pytest.approx(
+        min((p["gap_scaled"] / p["bound_scaled"]).min(), (p["gap_indep"] / p["bound_indep"]).min()), rel=1e-12)
+    gap = np.asarray(data["gap"])
+    for lam, row in zip(data["lambdas"], gap, strict=True):
+        assert measured["fig1.gap_decay"][f"lam={lam:g}"]["final/initial"] == pytest.approx(row[-1] / row[0], abs=1e-18)
 
 
 # --------------------------------------------------------------------------- per-mode rates
@@ -224,6 +253,8 @@ def _rate_data(measured: float, lam: float = 0.25, predicted: float | None = Non
 def test_balance_rate_holds_at_prediction_and_fails_off_it():
     good = C.balance_rate(_rate_data(math.log(0.95) * 1.002))
     assert good.verdict == "held" and good.kind == "finding"
+    assert good.measured == {"lam=0.25": math.log(0.95) * 1.002}
+    assert good.expected["lam=0.25"]["slope"] == pytest.approx(math.log(1 - 0.2 * 0.25))
     assert good.expected["lam=0.25"]["set by"] == "active"
     assert C.balance_rate(_rate_data(math.log(0.95) * 1.03)).verdict == "not held"
     assert C.balance_rate(_rate_data(None)).verdict == "not held"  # no fit: not a pass
@@ -243,12 +274,18 @@ def _gap_data(decay: float) -> dict:
 
 
 def test_gap_decay_both_ways():
-    assert C.gap_decay(_gap_data(0.95)).verdict == "held"
+    c = C.gap_decay(_gap_data(0.95))
+    assert c.verdict == "held"  # gap 2 * 0.95^t: ratio 0.95^1000, log-slope ln 0.95 per step; flat at lam = 0
+    assert c.measured["lam=0.5"]["final/initial"] == pytest.approx(0.95**1000, rel=1e-9)
+    assert c.measured["lam=0.5"]["log_slope_per_step"] == pytest.approx(math.log(0.95), rel=1e-9)
+    assert c.measured["lam=0"]["final/initial"] == 1.0
     assert C.gap_decay(_gap_data(0.9999)).verdict == "not held"  # lam > 0 but the gap barely moves
 
 
 def test_gd_recursion_identity_both_ways():
     assert C.gd_recursion({"recursion_error": 3e-16}).verdict == "held"
+    assert C.gd_recursion({"recursion_error": 3e-16}).measured == 3e-16
+    assert C.gd_recursion({"recursion_error": None}).measured == math.inf
     c = C.gd_recursion({"recursion_error": 1e-6})
     assert c.kind == "identity" and c.verdict == "not held"
     assert C.gd_recursion({"recursion_error": None}).verdict == "not held"
@@ -264,8 +301,9 @@ def _sv_data(noise: float) -> dict:
 
 
 def test_soft_threshold_both_ways():
-    assert C.soft_threshold(_sv_data(1e-9)).verdict == "held"
-    assert C.soft_threshold(_sv_data(1e-3)).verdict == "not held"
+    for noise, verdict in ((1e-9, "held"), (1e-3, "not held")):  # every s_i off by noise: the largest error
+        c = C.soft_threshold(_sv_data(noise))
+        assert c.verdict == verdict and c.measured == pytest.approx(noise, rel=1e-6)
 
 
 def _threshold_data(rate: float) -> dict:
@@ -297,6 +335,9 @@ def test_prop31_identities_both_ways():
     for fn in (C.prop31_balanced_equality, C.prop31_unbalanced_gap):
         assert fn(ok).verdict == "held" and fn(ok).kind == "identity"
         assert fn(bad).verdict == "not held"
+    assert C.prop31_balanced_equality(bad).measured == pytest.approx(1e-6 / 3)  # |bound - nuclear| / bound
+    assert C.prop31_unbalanced_gap(bad).measured == pytest.approx(  # min(1, 0.5) / 4; gap off by 1e-6 of 4
+        {"min gap/bound": 0.125, "max |gap - closed form|/bound": 1e-6 / 4})
     zero_gap = _pairs(0.0)
     zero_gap["gap_indep"] = [0.0] * 4  # an "unbalanced" pair without a gap
     assert C.prop31_unbalanced_gap({"prop31": zero_gap}).verdict == "not held"

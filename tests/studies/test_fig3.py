@@ -110,6 +110,18 @@ def test_fig3_end_to_end_tiny():
     assert np.asarray(data["vit"]["runs"][0]["sv"]["ov"]).shape == (4, 4, 16)
     assert runs[2]["exposure"]["attn"] == pytest.approx(0.5, rel=1e-3) and data["lm"]["lambdas"][0] == 0.0
     cs = fig3.claims(data, p)
-    assert len(cs) == 8 and all(c.exposure is not None for c in cs)
+    by = {c.name: c for c in cs}
+    assert len(cs) == 8
+    for model in ("lm", "vit"):  # exposure = lam * sum(lr): 0 at lam 0, the target 0.5 at the top, linear in lam
+        got = by[f"fig3.{model}.rank_falls"].exposure["got_attn"]
+        assert by[f"fig3.{model}.rank_falls_numerical"].exposure["got_attn"] == got
+        lams = sorted(r["lam"] for r in data[model]["runs"] if r["seed"] == 0)
+        assert list(got) == [f"{lam:g}" for lam in lams] and got["0"] == 0.0
+        assert got[f"{lams[-1]:g}"] == pytest.approx(0.5, rel=1e-3)
+        for lam in lams[1:]:
+            assert got[f"{lam:g}"] == pytest.approx(0.5 * lam / lams[-1], rel=1e-3)  # recorded to 3-4 digits
+        matched = by[f"fig3.{model}.lam01_matched_lowers"]  # nearest the pretraining exposure 8: the top
+        assert matched.measured["lambda_matched"] == lams[-1] and matched.exposure["got_attn"] == got[f"{lams[-1]:g}"]
+        assert by[f"fig3.{model}.lam01_literal"].exposure["got_attn"] == got.get("0.1")
     literal = {c.name: c for c in cs}["fig3.lm.lam01_literal"]
     assert literal.exposure["eta_lambda_per_step"] == pytest.approx(0.1 * 3e-3)

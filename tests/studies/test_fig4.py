@@ -87,6 +87,13 @@ def test_own_lm_check_compares_decay_with_none_relative_to_the_start():
             + [_run(10.0, s, 8.0, 0.995 + s / 1000) for s in (0, 1)]}
     c = decay_balances(held, Fig4Params())
     assert c.kind == "check" and c.verdict == "held" and c.exposure["got_attn"] == [0.0, 8.0]
+    # final/initial per seed (initial 0.95): lambda 0 at 0.95, 0.951; lambda 10 at 0.995, 0.996: 0.045/0.95 higher
+    assert c.measured["lambda_top"] == 10.0
+    for p in ("qk", "ov"):
+        m = c.measured[p]
+        assert m["final_over_initial_at_0"] == pytest.approx(0.9505 / 0.95)
+        assert m["final_over_initial_at_top"] == pytest.approx(0.9955 / 0.95)
+        assert m["per_seed"] == pytest.approx([0.045 / 0.95] * 2) and m["spread"] == pytest.approx(0, abs=1e-12)
     flat = {"runs": [_run(0.0, s, 0.0, 0.98 + s / 1000) for s in (0, 1)]
             + [_run(10.0, s, 8.0, 0.96 + s / 1000) for s in (0, 1)]}
     assert decay_balances(flat, Fig4Params()).verdict == "not held"

@@ -86,6 +86,7 @@ def test_shrink_claims_both_ways():
     good = {"rel_change_eps0": 1e-16, "rel_change_eps": 1e-4, "loss": 0.1, "rel_change_eps_all_runs_max": 1e-3}
     bad = {**good, "rel_change_eps0": 1e-3}
     assert C.shrink_free({"none": good}, "none", P).held
+    assert C.shrink_free({"none": good}, "none", P).measured == {"rel_change(eps=0)": 1e-16, "rel_change(eps=1e-5)": 1e-4}
     assert not C.shrink_free({"none": bad}, "none", P).held
     assert C.shrink_costly_pre({"pre": {**good, "rel_change_eps0": 0.5}}, P).held
     assert not C.shrink_costly_pre({"pre": good}, P).held
@@ -94,6 +95,8 @@ def test_shrink_claims_both_ways():
 def test_gradient_orthogonal_both_ways():
     summ = {"none": [_row("none", 0.0)], "post": [_row("post", 0.0)], "pre": [_row("pre", 0.0, cos_gw_max=0.03)]}
     assert C.gradient_orthogonal(summ).held
+    assert C.gradient_orthogonal(summ).measured == {"max |cos(grad, W)| none": 1e-7, "max |cos(grad, W)| post": 1e-7,
+                                                    "max |cos(grad, W)| pre": 0.03}
     summ["none"] = [_row("none", 0.0, cos_gw_max=1e-2)]
     assert not C.gradient_orthogonal(summ).held
 
@@ -102,6 +105,8 @@ def test_norm_and_effective_lr_both_ways():
     rows = [_row("none", lam, norm=n, eff_lr=0.05 / n**2) for lam, n in ((0.0, 10.0), (1e-3, 5.0), (1e-2, 2.0))]
     summ = {"none": rows, "pre": rows}
     assert C.norm_and_effective_lr(summ, "none").held
+    assert C.norm_and_effective_lr(summ, "none").measured == {"|W| by lam": {0.0: 10.0, 1e-3: 5.0, 1e-2: 2.0},
+                                                              "eta/|W|^2 by lam": {0.0: 5e-4, 1e-3: 2e-3, 1e-2: 0.0125}}
     rows[1]["exposure"] = 0.05
     assert C.norm_and_effective_lr(summ, "none").verdict == "inconclusive"
     rows[2]["norm"], rows[2]["eff_lr"] = 6.0, 0.05 / 36
@@ -116,7 +121,9 @@ def _product_rows(v, losses, sem=1e-4):
 def test_lambda_only_through_product_three_ways():
     summ = {"none": _product_rows("none", (0.1, 0.1, 0.105)), "post": _product_rows("post", (0.1, 0.102, 0.1)),
             "pre": _product_rows("pre", (0.1, 0.2, 0.4))}
-    assert C.lambda_only_through_product(summ, P).held
+    c = C.lambda_only_through_product(summ, P)  # spread (max - min) / mean of the three losses
+    assert c.held and c.measured["none relative spread"] == pytest.approx(0.005 / (0.305 / 3))
+    assert c.measured["pre relative spread"] == pytest.approx(0.3 / (0.7 / 3))
     summ["none"] = _product_rows("none", (0.1, 0.2, 0.3))
     c = C.lambda_only_through_product(summ, P)
     assert c.verdict == "not held" and "none spread" in c.reason
@@ -136,8 +143,10 @@ def _adamw_rows(norms, **kw):
 
 def test_adamw_norm_scaling_three_ways():
     good = [(e / lam) ** 0.5 for e, lam in P.adamw_grid]
-    assert C.adamw_norm_scaling(_adamw_rows(good)).held
-    assert C.adamw_norm_scaling(_adamw_rows([(e / lam) ** 0.25 for e, lam in P.adamw_grid])).verdict == "not held"
+    c = C.adamw_norm_scaling(_adamw_rows(good))  # |W| = (eta/lam)^0.5: slope 0.5 on the log-log grid
+    assert c.held and c.measured["slope d log|W| / d log(eta/lam)"] == pytest.approx(0.5, rel=1e-12)
+    c = C.adamw_norm_scaling(_adamw_rows([(e / lam) ** 0.25 for e, lam in P.adamw_grid]))
+    assert c.verdict == "not held" and c.measured["slope d log|W| / d log(eta/lam)"] == pytest.approx(0.25, rel=1e-12)
     c = C.adamw_norm_scaling(_adamw_rows(good, equilibrated=False, drift=0.3))
     assert c.verdict == "inconclusive" and c.exposure["needed"] == 3.0
 
@@ -150,6 +159,32 @@ def test_verdicts_trained_both_ways():
     assert not C.verdicts_trained({"none": v("invariant"), "post": v("neither"), "pre": v("neither")}).held
 
 
+def measured_from_data(claims, data, p=P):
+    """The numbers a run's claims report, worked out here from its data.json and params."""
+    by = {c.name: c for c in claims}
+    homo = by["scale.homogeneous"].measured
+    for part in ("no biases", "with biases"):
+        assert homo[f"{part}: max relative error"] == max(data["homogeneity"][part].values())
+    for v, name in (("none", "shrink_free_none"), ("post", "shrink_free_post"), ("pre", "shrink_costly_pre")):
+        assert by[f"scale.{name}"].measured == {"rel_change(eps=0)": data["shrink"][v]["rel_change_eps0"],
+                                                "rel_change(eps=1e-5)": data["shrink"][v]["rel_change_eps"]}
+    assert by["scale.verdicts_trained"].measured == {v: data["verdicts_trained"][v]["verdicts"]
+                                                     for v in ("none", "post", "pre")}
+    adamw = by["scale.adamw_norm_scaling"].measured  # least-squares slope of log|W| on log(eta/lam), here
+    x, y = zip(*((float(k.split()[0][4:]) / float(k.split()[1][4:]), w) for k, w in adamw["|W|"].items()), strict=True)
+    assert len(x) == len(p.adamw_grid)
+    assert adamw["slope d log|W| / d log(eta/lam)"] == pytest.approx(np.polyfit(np.log(x), np.log(y), 1)[0], rel=1e-9)
+    for c in claims:  # exposure = lam * eta * steps; needed: 3 time constants, (1 - momentum) each for SGD
+        if c.kind == "identity":
+            assert c.exposure is None
+            continue
+        sgd = c.name != "scale.adamw_norm_scaling"
+        assert c.exposure["needed"] == pytest.approx(3 * (1 - p.momentum) if sgd else 3.0)
+        for key, got in c.exposure["got"].items():
+            lam, eta = (float(w.split("=")[1]) for w in key.split()[1:3])
+            assert got == pytest.approx(lam * eta * p.steps), (c.name, key)
+
+
 @pytest.mark.slow
 def test_reproduction_quick_and_replot(tmp_path):
     from attnrank.report import runner as rep
@@ -160,11 +195,10 @@ def test_reproduction_quick_and_replot(tmp_path):
     for name in ("scale.shrink_free_none", "scale.shrink_free_post", "scale.shrink_costly_pre",
                  "scale.verdicts_trained"):
         assert claims[name].held, (name, claims[name].measured)
-    for c in s.claims:  # every claim carries numbers; every finding its exposure
-        assert c.measured is not None and c.expected is not None
-        assert c.kind == "identity" or c.exposure["needed"] is not None
+    for c in s.claims:
         assert c.kind == "finding" or c.verdict == "held"
     data = json.loads((tmp_path / "data.json").read_text())
+    measured_from_data(s.claims, data)
     for v in ("none", "post", "pre"):
         runs = data["runs"][v]
         assert len(runs["norm"][0][0]) == P.depth and len(runs["step"]) == len(runs["norm"])
