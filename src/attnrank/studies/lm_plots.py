@@ -63,6 +63,8 @@ def table1_panels(data: dict) -> plt.Figure:
     im = axes[0].imshow(mean, cmap="viridis_r", aspect="auto")
     for i in range(len(attn)):
         for j in range(len(mlp)):
+            if not np.isfinite(mean[i, j]):  # a cell not run stays blank (no "nan" label)
+                continue
             txt = f"{mean[i, j]:.3f}" + ("" if not np.isfinite(std[i, j]) else f"\n± {std[i, j]:.3f}")
             axes[0].text(j, i, txt, ha="center", va="center", fontsize=8, color="w")
     axes[0].set_xticks(range(len(mlp)), [f"{m:g}" for m in mlp])
