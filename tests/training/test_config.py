@@ -80,3 +80,13 @@ def test_the_base_config_names_no_task_and_is_not_a_run():
     with pytest.raises(TypeError, match="base of the training configs"):
         TrainConfig()
     assert "eval_every" not in {f.name for f in fields(RecallTrainConfig)}  # LM/ViT only
+
+
+def test_lr_sums_count_the_warmup_and_end_at_the_runs_lr_sum():
+    from attnrank.training.config import decay_exposure, lr_sums, recall_config
+
+    cfg = recall_config(steps=5, lr=0.3, warmup=3, schedule="constant")
+    # by hand: warmup 0.1, 0.2, 0.3, then 0.3 per step
+    assert lr_sums(cfg) == pytest.approx([0.0, 0.1, 0.3, 0.6, 0.9, 1.2], rel=1e-12)
+    cos = recall_config(steps=40, lr=1e-2, warmup=4, schedule="cosine")
+    assert lr_sums(cos)[-1] == pytest.approx(decay_exposure(cos)["lr_sum"], rel=1e-12)

@@ -245,6 +245,15 @@ def lr_at(cfg: TrainConfig, step: int) -> float:
     return cfg.lr
 
 
+def lr_sums(cfg: TrainConfig) -> list[float]:
+    """``Σ_{s ≤ t} lr_s`` for t = 0 … ``cfg.steps`` (:func:`lr_at`'s schedule, warmup included):
+    entry t times λ is the decay exposure after t updates."""
+    out = [0.0]
+    for t in range(1, cfg.steps + 1):
+        out.append(out[-1] + lr_at(cfg, t))
+    return out
+
+
 def decay_exposure(cfg: TrainConfig, steps: int | None = None) -> dict[str, float]:
     """Decay exposure ``λ·Σ_t lr_t`` of each decay group after ``steps`` updates (default: the
     whole run): decoupled decay shrinks a weight by ``∏(1 − lr_t λ) ≈ exp(−λ Σ lr_t)``, so this

@@ -233,12 +233,14 @@ def gap_vanishes(data: dict[str, Any], p: Fig2Params, product: str = "ov") -> Cl
                "not judged.")
 
 
-def qk_identical(data: dict[str, Any], p: Fig2Params) -> Claim:
+def qk_identical(data: dict[str, Any], p: Fig2Params, ov_claims: list[Claim] | None = None) -> Claim:
     """"Qualitative findings are identical when studying W_KᵀW_Q": the three judgements made on
     P W_V (rank falls, imbalance time constant, gap vanishes), made again on layer 1's W_KᵀW_Q,
-    give the same verdicts."""
+    give the same verdicts. ``ov_claims``: those three OV claims where the caller has built them
+    already (in that order), else they are built here."""
     fns = (rank_falls, balance_time_constant, gap_vanishes)
-    ov = {f.__name__: f(data, p, "ov") for f in fns}
+    ov = (dict(zip([f.__name__ for f in fns], ov_claims, strict=True)) if ov_claims is not None
+          else {f.__name__: f(data, p, "ov") for f in fns})
     qk = {f.__name__: f(data, p, "qk") for f in fns}
     same = {n: ov[n].verdict == qk[n].verdict for n in ov}
     undecided = [n for n in ov if "inconclusive" in (ov[n].verdict, qk[n].verdict)]
@@ -261,11 +263,10 @@ def qk_identical(data: dict[str, Any], p: Fig2Params) -> Claim:
 
 def cumulative_lr(data: dict[str, Any], steps: list[int]) -> list[float]:
     """Σ_{s ≤ t} lr_s at each of ``steps``, from the runs' recorded schedule."""
-    from attnrank.training.config import lr_at, recall_config
+    from attnrank.training.config import lr_sums, recall_config
 
     c = data["config"]
-    cfg = recall_config(steps=c["steps"], lr=c["lr"], warmup=c["warmup"], schedule=c.get("schedule", "constant"))
-    cum = np.cumsum([0.0] + [lr_at(cfg, t) for t in range(1, c["steps"] + 1)])
+    cum = lr_sums(recall_config(steps=c["steps"], lr=c["lr"], warmup=c["warmup"], schedule=c.get("schedule", "constant")))
     return [float(cum[min(t, c["steps"])]) for t in steps]
 
 
@@ -360,5 +361,5 @@ def claims(data: dict[str, Any], p: Fig2Params) -> list[Claim]:
     """Every Figure 2 claim, in report order."""
     from attnrank.studies.fig2 import horizon
 
-    return [rank_falls(data, p), balance_time_constant(data, p), gap_vanishes(data, p), qk_identical(data, p),
-            early_stages(data, p), *horizon.claims(data, p), task_learned(data, p)]
+    ov = [rank_falls(data, p), balance_time_constant(data, p), gap_vanishes(data, p)]
+    return [*ov, qk_identical(data, p, ov), early_stages(data, p), *horizon.claims(data, p), task_learned(data, p)]

@@ -38,12 +38,12 @@ def horizon_lr_sums(data: dict[str, Any], p: Fig2Params) -> tuple[np.ndarray, di
     ``constant``; without a stored config, from ``p.lr`` and the recall default warmup), then
     checked against the stored per-λ exposure at the horizon. When they disagree (relative
     mismatch above 1e-9) the sums are NaN: exposures are then not reported rather than guessed."""
-    from attnrank.training.config import lr_at, recall_config
+    from attnrank.training.config import lr_sums, recall_config
 
     h, c = data["horizon"], data.get("config") or {}
     src = "stored main-run config (lr, warmup)" if "lr" in c and "warmup" in c else "params lr, recall default warmup"
     cfg = recall_config(steps=h["steps"], lr=c.get("lr", p.lr), warmup=c.get("warmup"), schedule="constant")
-    cum = np.cumsum([0.0] + [lr_at(cfg, t) for t in range(1, h["steps"] + 1)])
+    cum = np.asarray(lr_sums(cfg))
     errs = [abs(float(k) * cum[-1] / e - 1) for k, e in h["exposure_end"].items() if float(k) > 0 and e]
     mismatch = max(errs, default=0.0)
     record = {"lr": cfg.lr, "warmup": cfg.warmup, "schedule": "constant", "derived_from": src,
