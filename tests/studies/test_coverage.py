@@ -7,12 +7,20 @@ import json
 
 import pandas as pd
 
-from attnrank.studies import coverage, fig3, fig4, table1
+from attnrank.studies import coverage, decouple, fig3, fig4, table1
 from attnrank.studies.collapse.params import CollapseParams
 from attnrank.studies.fig2 import claims as fig2_claims
 from attnrank.studies.fig4 import Fig4Params
 from attnrank.studies.fig5 import claims as fig5_claims
-from tests.studies import test_collapse, test_fig2, test_fig3, test_fig4, test_fig5, test_table1
+from tests.studies import (
+    test_collapse,
+    test_decouple,
+    test_fig2,
+    test_fig3,
+    test_fig4,
+    test_fig5,
+    test_table1,
+)
 
 collapse_claims = importlib.import_module("attnrank.studies.collapse.claims")  # the package exports a function
 
@@ -29,6 +37,7 @@ def _all_claims():
     d4 = {"described": {"source": "x", **run}, "runs": [run]}
     out += [f(d4, Fig4Params()) for f in (fig4.llama_coincide, fig4.llama_rows, fig4.decay_balances)]
     out += fig5_claims.claims(test_fig5._data(), test_fig5.Q)
+    out += decouple.claims({"runs": test_decouple.helping(18.0).to_dict("list")}, decouple.DecoupleParams.quick())
     return out
 
 

@@ -183,21 +183,25 @@ def hurts_literal(runs: pd.DataFrame, lam: float, lr_peak: float | None) -> Clai
                  key=f"ppl {d['diff']:+.3g} (spread {g3(d['spread'])}) at exposure {g3(e)}")
 
 
-def _decouple_claim(measured: dict[str, Any], verdict: str, reason: str, key: str, detail: str = "") -> Claim:
-    return Claim(name="table1.decoupling_helps", source=SRC_DECOUPLE, statement=ST_DECOUPLE, quote=QUOTE_DECOUPLE,
+def _decouple_claim(measured: dict[str, Any], verdict: str, reason: str, key: str, detail: str = "", *,
+                    name: str = "table1.decoupling_helps", source: str = SRC_DECOUPLE, supports: str = "") -> Claim:
+    return Claim(name=name, source=source, statement=ST_DECOUPLE, quote=QUOTE_DECOUPLE, supports=supports,
                  rule=RULE_DECOUPLE, measured=measured, verdict=verdict, reason=reason, tolerance=SPREAD,
                  expected="test ppl(coupled lambda*) - test ppl(attn 0, MLP lambda*) > seed spread (paired), lambda* "
                           "chosen on validation ppl", detail=detail, key=key)
 
 
-def decoupling_helps(runs: pd.DataFrame) -> Claim:
+def decoupling_helps(runs: pd.DataFrame, *, name: str = "table1.decoupling_helps", source: str = SRC_DECOUPLE,
+                     supports: str = "") -> Claim:
     """``table1.decoupling_helps``, judged apart from ``attn_decay_hurts``: only in a regime where
     some decay helps overall (a coupled λ > 0, attention = MLP, with a lower mean *validation*
     perplexity than coupled λ = 0); there, attention 0 + MLP λ* against the coupled λ* with the
     lowest validation perplexity, judged on *test* perplexity, paired by seed, beyond the spread.
     The regime and λ* are chosen on the validation split so the test split that judges them did not
     pick them (no winner's curse). Without such a regime, or without validation perplexities:
-    inconclusive (untested)."""
+    inconclusive (untested). ``name``, ``source``, ``supports``: the same judgement in another
+    study's regime (:mod:`attnrank.studies.decouple`)."""
+    as_ = {"name": name, "source": source, "supports": supports}
     test = cells(runs)
     val = cells(runs, "val_ppl") if "val_ppl" in runs else {}
     mt = {k: float(np.mean(list(v.values()))) for k, v in test.items()}
@@ -211,12 +215,12 @@ def decoupling_helps(runs: pd.DataFrame) -> Claim:
     if not val:
         return _decouple_claim(measured, "inconclusive", "untested: no validation perplexity in the runs table to "
                                "choose lambda* on (choosing it on test would judge it on the split that picked it)",
-                               "no val_ppl recorded")
+                               "no val_ppl recorded", **as_)
     helping = [a for a in coupled if a > 0 and (0.0, 0.0) in mv and (a, a) in mv and mv[(a, a)] < mv[(0.0, 0.0)]
                and (0.0, a) in test]
     if not helping:
         return _decouple_claim(measured, "inconclusive", "untested: no coupled decay > 0 beats coupled 0 on "
-                               "validation perplexity in this grid (decay does not help here)", coupled_key)
+                               "validation perplexity in this grid (decay does not help here)", coupled_key, **as_)
     best = min(helping, key=lambda a: mv[(a, a)])
     d = paired(test[(best, best)], test[(0.0, best)])
     verdict = sign_verdict(d["diff"], d["spread"])
@@ -228,7 +232,8 @@ def decoupling_helps(runs: pd.DataFrame) -> Claim:
         f"coupled {best:g} (chosen on val) test {g3(mt[(best, best)])} vs attn 0 + MLP {best:g} "
         f"{g3(mt[(0.0, best)])}: {d['diff']:+.3g} (spread {g3(d['spread'])})",
         "Regime and lambda*: coupled lambda* beats coupled 0 on mean validation perplexity (decay helps), lambda* the "
-        "lowest such; the difference is then judged on test perplexity. The decoupled cell drops attention decay only.")
+        "lowest such; the difference is then judged on test perplexity. The decoupled cell drops attention decay only.",
+        **as_)
 
 
 def claims(data: dict[str, Any], params: Table1Params) -> list[Claim]:
@@ -237,7 +242,8 @@ def claims(data: dict[str, Any], params: Table1Params) -> list[Claim]:
     out = [attn_decay_hurts(runs)]
     if "literal_lambda" in data:
         out.append(hurts_literal(runs, float(data["literal_lambda"]), data.get("lr_peak")))
-    return out + [decoupling_helps(runs)]
+    # the sentence is counted once, in the regime where decay helps (the decouple study); here it supports
+    return out + [decoupling_helps(runs, supports="decouple.decoupling_helps")]
 
 
 def figures(data: dict[str, Any], params: Table1Params) -> list[FigureOut]:
