@@ -20,3 +20,16 @@ def sentences() -> list[str]:
     from attnrank.models.corpus import sentences as corpus_sentences
 
     return corpus_sentences("test", 3)
+
+
+@pytest.fixture
+def quick_figures(monkeypatch):
+    """For the figure tests: no ``Figure.tight_layout`` (it moves the layout only, and is about 90 %
+    of a figure's drawing time), and every figure closed afterwards."""
+    import matplotlib.pyplot as plt
+
+    from tests.figcheck import without_layout
+
+    without_layout(monkeypatch)
+    yield
+    plt.close("all")

@@ -15,16 +15,10 @@ from tests.figcheck import (
     offsets,
     ref_lines,
     scatters,
-    without_layout,
     xy,
 )
 
-
-@pytest.fixture(autouse=True)
-def _figures(monkeypatch):
-    without_layout(monkeypatch)
-    yield
-    plt.close("all")
+pytestmark = pytest.mark.usefixtures("quick_figures")  # tests/conftest.py
 
 
 def _spectra(L=3, H=4, dh=6, spread=True):

@@ -1,6 +1,5 @@
 """The collapse figures draw the stored curves and fits, read back from the artists."""
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
@@ -10,14 +9,9 @@ from attnrank.studies.collapse.figures import (
     figures,
 )
 from attnrank.studies.collapse.params import CollapseParams
-from tests.figcheck import assert_line, data_lines, ref_lines, scatters, without_layout
+from tests.figcheck import assert_line, data_lines, ref_lines, scatters
 
-
-@pytest.fixture(autouse=True)
-def _figures(monkeypatch):
-    without_layout(monkeypatch)
-    yield
-    plt.close("all")
+pytestmark = pytest.mark.usefixtures("quick_figures")  # tests/conftest.py
 
 
 def _sweep() -> dict:

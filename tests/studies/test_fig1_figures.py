@@ -1,6 +1,5 @@
 """The Figure 1 and Proposition 3.1 figures draw the stored series, read back from the artists."""
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
@@ -18,18 +17,13 @@ from tests.figcheck import (
     data_lines,
     ref_lines,
     scatters,
-    without_layout,
 )
 
 T, RATE = 400, 0.05
 LAMS = [0.0, 0.2, 0.4]
 
 
-@pytest.fixture(autouse=True)
-def _figures(monkeypatch):
-    without_layout(monkeypatch)
-    yield
-    plt.close("all")
+pytestmark = pytest.mark.usefixtures("quick_figures")  # tests/conftest.py
 
 
 def _data(seed: int = 0) -> dict:

@@ -1,13 +1,12 @@
 """The Figure 2 panels draw the stored series: each line read back from the figure equals the data."""
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
 from attnrank.studies.fig2.claims import GAP_TOL, RANK_LAYER
 from attnrank.studies.fig2.figures import fig2_panels, figures, horizon_panels
 from attnrank.studies.fig2.params import Fig2Params
-from tests.figcheck import assert_line, data_lines, ref_lines, without_layout
+from tests.figcheck import assert_line, data_lines, ref_lines
 
 LAMS, SEEDS, STEPS = [0.0, 2.0], [3, 1], [0, 50, 100, 150]
 LR, WARMUP, H_STEPS = 0.003, 100, 400
@@ -19,11 +18,7 @@ def _lr_sums() -> np.ndarray:
     return np.r_[0.0, np.cumsum(LR * np.minimum(s, WARMUP) / WARMUP)]
 
 
-@pytest.fixture(autouse=True)
-def _figures(monkeypatch):
-    without_layout(monkeypatch)
-    yield
-    plt.close("all")
+pytestmark = pytest.mark.usefixtures("quick_figures")  # tests/conftest.py
 
 
 def _ov(j: int, s: int) -> dict:

@@ -2,7 +2,6 @@
 
 import itertools
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
@@ -15,17 +14,12 @@ from tests.figcheck import (
     data_lines,
     ref_lines,
     scatters,
-    without_layout,
 )
 
 P = Fig5Params(eps_sweep=(0.1, 0.01, 1e-3), wd_sweep=(0.1, 0.5), schedules=((1e-2, 100, 10), (1e-3, 100, 10)))
 
 
-@pytest.fixture(autouse=True)
-def _figures(monkeypatch):
-    without_layout(monkeypatch)
-    yield
-    plt.close("all")
+pytestmark = pytest.mark.usefixtures("quick_figures")  # tests/conftest.py
 
 
 def _dist(eps, lam, lr, kind, which):

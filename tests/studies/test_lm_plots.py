@@ -1,7 +1,6 @@
 """The fig3, table1 and fig4 figures draw the stored numbers: read back from the artists, every
 point, line, error bar and image cell equals the data (ranks against a dense numpy reference)."""
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
@@ -14,16 +13,10 @@ from tests.figcheck import (
     errorbar_parts,
     ref_lines,
     scatters,
-    without_layout,
     xy,
 )
 
-
-@pytest.fixture(autouse=True)
-def _figures(monkeypatch):
-    without_layout(monkeypatch)
-    yield
-    plt.close("all")
+pytestmark = pytest.mark.usefixtures("quick_figures")  # tests/conftest.py
 
 
 # -- fig3 ------------------------------------------------------------------------------------------

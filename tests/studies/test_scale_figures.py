@@ -1,6 +1,5 @@
 """The scale figures draw the stored histories and summaries, read back from the artists."""
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
@@ -13,17 +12,12 @@ from tests.figcheck import (
     data_lines,
     ref_lines,
     scatters,
-    without_layout,
 )
 
 VARIANTS = ("none", "post")
 
 
-@pytest.fixture(autouse=True)
-def _figures(monkeypatch):
-    without_layout(monkeypatch)
-    yield
-    plt.close("all")
+pytestmark = pytest.mark.usefixtures("quick_figures")  # tests/conftest.py
 
 
 def _history(variant: str, optimizer: str = "sgd", lams=(0.0, 4e-3, 1.6e-2, 8e-3, 4e-3), seeds=(0, 0, 0, 1, 0),
