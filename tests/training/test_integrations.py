@@ -22,6 +22,21 @@ from attnrank.training.loop import train
 TINY = dict(n_pairs=3, n_keys=6, n_values=6, d_model=16, n_heads=2, batch_size=8)
 
 
+def wandb_rows(run_dir, key, wait_s=60.0):
+    """The history rows of an offline W&B run that hold ``key``. W&B's service process writes the
+    .wandb file after ``wandb.finish()`` returns; on a loaded machine that can lag, so the file is
+    re-read (every 0.5 s, up to ``wait_s``) until rows with the key appear. An empty list after
+    that fails the caller's comparison as before."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        rows = [h for h in wandb_history(run_dir) if key in h]
+        if rows or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.5)
+
+
 def wandb_history(run_dir):
     """History rows of an offline W&B run, read from its .wandb file (LevelDB log records of
     wandb's Record protobuf)."""
@@ -109,7 +124,7 @@ def test_trainer_run_logs_ranks_to_tensorboard_wandb_and_mlflow(tmp_path, offlin
         got = {e.step: e.value for e in acc.Scalars(f"train/{k}")}
         assert got == {s: pytest.approx(v[k], rel=1e-6) for s, v in want.items()}, k
     # W&B offline
-    hist = [h for h in wandb_history(tmp_path / "wandb") if f"train/{key}" in h]
+    hist = wandb_rows(tmp_path / "wandb", f"train/{key}")
     assert {h["train/global_step"]: h[f"train/{key}"] for h in hist} == \
         {s: pytest.approx(v[key], rel=1e-12) for s, v in want.items()}
     # MLflow file store (the Trainer's MLflow callback logs the keys as they are, asynchronously)
@@ -164,7 +179,7 @@ def test_callback_passed_the_hugging_face_way_logs_to_every_integration(tmp_path
     for k in (key, "rank/qk/effective_rank", "rank/ov/gap_rel"):
         got = {e.step: e.value for e in acc.Scalars(f"train/{k}")}
         assert got == {s: pytest.approx(v[k], rel=1e-6) for s, v in want.items()}, k
-    hist = [h for h in wandb_history(wandb_run_dir) if f"train/{key}" in h]
+    hist = wandb_rows(wandb_run_dir, f"train/{key}")
     assert {h["train/global_step"]: h[f"train/{key}"] for h in hist} == \
         {s: pytest.approx(v[key], rel=1e-12) for s, v in want.items()}
     got, _ = mlflow_history(uri, key)
