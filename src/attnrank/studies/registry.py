@@ -29,8 +29,8 @@ CATALOGUE: dict[str, tuple[str, str]] = {
                                   "(middle layer, per head) and ViT on digits (all heads and layers)"),
     "table1": ("attnrank.studies.table1", "Table 1: LM test perplexity over attention decay x MLP decay (mean +- std over "
                                     "seeds); does attention decay hurt, does decoupling help"),
-    "decouple": ("attnrank.studies.decouple", "Table 1's decoupling question where decay helps: the LM on a corpus small "
-                                              "enough to overfit; coupled vs decoupled decay, chosen on validation, "
+    "decouple": ("attnrank.studies.decouple", "Table 1's decoupling question where decay may help: the LM on a corpus "
+                                              "small enough to overfit; coupled vs decoupled decay, chosen on validation, "
                                               "judged on test perplexity"),
     "scale": ("attnrank.studies.scale", "Scale invariance and weight decay: ReLU+LayerNorm MLPs on digits (no residual, post-norm, pre-norm); effective learning rate, angular update, equilibrium norm"),
     "compress": ("attnrank.studies.compress", "Our check: does attention trained with weight decay compress at a lower "
