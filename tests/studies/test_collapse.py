@@ -289,8 +289,8 @@ def test_path_sum_and_counts_fail_on_a_bug():
 def test_side_and_combine():
     assert K.side(0.1, 0.05, 0.5, below=True) == "held" and K.side(0.9, 0.05, 0.5, below=True) == "not held"
     assert K.side(0.5, 0.1, 0.5, below=False) == "inconclusive" and K.side(float("nan"), 0, 1, True) == "inconclusive"
-    assert K.combine({"a": "held", "b": "inconclusive"})[0] == "inconclusive"
-    assert K.combine({"a": "not held", "b": "inconclusive"}) == ("not held", "not held for: a")
+    assert K.combine_reason({"a": "held", "b": "inconclusive"})[0] == "inconclusive"
+    assert K.combine_reason({"a": "not held", "b": "inconclusive"}) == ("not held", "not held for: a")
 
 
 def test_strictly_decreasing_to_floor():

@@ -88,11 +88,6 @@ def mean_2se(values: Sequence[float]) -> tuple[float, float]:
     return mean_spread(values)
 
 
-def combine(verdicts: dict[str, str]) -> tuple[str, str]:
-    """One verdict from several parts (:func:`verdicts.combine_reason`)."""
-    return combine_reason(verdicts)
-
-
 def per_sentence_ratio(data: dict[str, Any], key: str) -> list[float]:
     """Per sentence: last-layer over first-layer residual of ``init/variant`` ``key``."""
     rows = data["primary_by_seq"][key]
@@ -108,7 +103,7 @@ def threshold_claim(data: dict[str, Any], keys: Sequence[str], threshold: float,
         m, two_se = mean_2se(per_sentence_ratio(data, key))
         measured[key] = {**ratios(data["summary"], init, variant), "per-sentence last/first": m, "spread": two_se}
         verdicts[key] = side(m, two_se, threshold, below)
-    verdict, reason = combine(verdicts)
+    verdict, reason = combine_reason(verdicts)
     return measured, verdict, reason
 
 
@@ -167,7 +162,7 @@ def mlp_slows(data: dict[str, Any], p: CollapseParams) -> Claim:
         verdicts[i] = side(m, two_se, 0.0, below=False) if layers else "inconclusive"
         if verdicts[i] == "held" and m - two_se <= 0:  # a difference of exactly 0 is no slowing
             verdicts[i] = "inconclusive"
-    verdict, reason = combine(verdicts)
+    verdict, reason = combine_reason(verdicts)
     empty = [i for i in INITS if len(per_layer[i]) == 2]
     if empty:
         reason = f"no layer above the floor to compare for: {', '.join(empty)}"
