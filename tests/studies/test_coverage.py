@@ -65,3 +65,23 @@ def test_every_row_says_what_tests_it_or_why_nothing_can():
         assert tested_by or why, statement
     md = coverage.markdown()
     assert md.count("\n") == len(coverage.COVERAGE) + 1 and "`fig2.qk_identical`" in md
+
+
+def test_each_quoted_sentence_is_counted_once():
+    """No two counted findings quote the same sentence: a second test of one statement (another
+    model, threshold or regime) is supporting evidence of the first."""
+    from collections import Counter
+
+    counted = Counter(" ".join(c.quote.split()) for c in _all_claims() if c.kind == "finding" and not c.supports)
+    assert [q for q, n in counted.items() if n > 1] == []
+
+
+def test_a_support_of_an_absent_reproduction_is_counted_itself():
+    from attnrank.studies.registry import tally
+
+    alone = [{"name": "table1.decoupling_helps", "kind": "finding", "verdict": "inconclusive",
+              "supports": "decouple.decoupling_helps"}]
+    assert tally(alone)["findings"]["inconclusive"] == 1 and tally(alone)["supporting"] == 0
+    both = alone + [{"name": "decouple.decoupling_helps", "kind": "finding", "verdict": "not held"}]
+    t = tally(both)
+    assert t["findings"] == {"held": 0, "not held": 1, "inconclusive": 0} and t["supporting"] == 1

@@ -71,3 +71,11 @@ def test_registered_beside_table1_and_counted_once():
     assert dc.supports == "decouple.decoupling_helps"  # counted in the decouple study only
     names = [c.name for c in decouple.claims({"runs": helping(18.0).to_dict("list")}, decouple.DecoupleParams.quick())]
     assert names == ["decouple.decay_helps", "decouple.decoupling_helps"]
+
+
+def test_lambda_star_at_the_grid_edge_is_on_the_record():
+    edge = table1.decoupling_helps(helping(18.0)).measured  # lambda* = 1 < 3: inside
+    assert edge["lambda_star_at_grid_edge"] is False
+    r = runs({(0.0, 0.0): (20.0, 21.0), (1.0, 1.0): (18.0, 19.0), (0.0, 1.0): (17.5, 18.0)})
+    c = table1.decoupling_helps(r)
+    assert c.measured["lambda_star_at_grid_edge"] is True and "not bracketed" in c.detail

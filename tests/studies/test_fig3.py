@@ -88,13 +88,32 @@ def test_claims_shape_and_replot_equivalence():
     data = {"lm": _model({0.0: 16, 3.0: 8, 8.0: 4}), "vit": _model({0.0: 16, 3.0: 8, 8.0: 4}, n_layers=4)}
     p = Fig3Params.quick()
     names = [c.name for c in fig3.claims(data, p)]
-    assert names == [f"fig3.{m}.{n}" for m in ("lm", "vit") for n in ("rank_falls", "rank_falls_numerical",
-                                                                       "lam01_literal", "lam01_matched_lowers")]
+    assert names == ["fig3.rank_falls", "fig3.lam01_literal"] + [
+        f"fig3.{m}.{n}" for m in ("lm", "vit") for n in ("rank_falls", "rank_falls_numerical", "lam01_literal",
+                                                          "lam01_matched_lowers")]
     by = {c.name: c for c in fig3.claims(data, p)}
-    assert by["fig3.lm.rank_falls_numerical"].supports == "fig3.lm.rank_falls"
-    assert by["fig3.lm.lam01_matched_lowers"].supports == "fig3.lm.lam01_literal"
+    # each caption sentence is counted once, over both models; the per-model claims support it
+    for m in ("lm", "vit"):
+        assert by[f"fig3.{m}.rank_falls"].supports == by[f"fig3.{m}.rank_falls_numerical"].supports == "fig3.rank_falls"
+        assert by[f"fig3.{m}.lam01_literal"].supports == by[f"fig3.{m}.lam01_matched_lowers"].supports \
+            == "fig3.lam01_literal"
+    assert not by["fig3.rank_falls"].supports and not by["fig3.lam01_literal"].supports
+    assert by["fig3.rank_falls"].verdict == "held"  # both models' trends hold
     assert by["fig3.lm.lam01_literal"].verdict == "inconclusive"  # no run at lambda 0.1 in this grid
+    assert by["fig3.lam01_literal"].verdict == "inconclusive"
     assert len(fig3.figures(data, p)) == 1 and len(fig3.notes(data, p)) == 4
+
+
+def test_a_caption_sentence_holds_only_in_every_model():
+    lm, vit = _model({0.0: 16, 3.0: 8, 8.0: 4}), _model({0.0: 16, 3.0: 8, 8.0: 4}, n_layers=4)
+    flat = _model({0.0: 8, 3.0: 8, 8.0: 8}, n_layers=4)  # no trend in the ViT
+    rising = _model({0.0: 4, 3.0: 8, 8.0: 16}, n_layers=4)  # reversed in the ViT
+    p = Fig3Params.quick()
+    verdict = {name: {c.name: c.verdict for c in fig3.claims({"lm": lm, "vit": v}, p)}
+               for name, v in (("both", vit), ("flat", flat), ("rising", rising))}
+    assert verdict["both"]["fig3.rank_falls"] == "held"
+    assert verdict["flat"]["fig3.vit.rank_falls"] != "held" and verdict["flat"]["fig3.rank_falls"] != "held"
+    assert verdict["rising"]["fig3.vit.rank_falls"] == "not held" and verdict["rising"]["fig3.rank_falls"] == "not held"
 
 
 @pytest.mark.slow
@@ -111,7 +130,7 @@ def test_fig3_end_to_end_tiny():
     assert runs[2]["exposure"]["attn"] == pytest.approx(0.5, rel=1e-3) and data["lm"]["lambdas"][0] == 0.0
     cs = fig3.claims(data, p)
     by = {c.name: c for c in cs}
-    assert len(cs) == 8
+    assert len(cs) == 10
     for model in ("lm", "vit"):  # exposure = lam * sum(lr): 0 at lam 0, the target 0.5 at the top, linear in lam
         got = by[f"fig3.{model}.rank_falls"].exposure["got_attn"]
         assert by[f"fig3.{model}.rank_falls_numerical"].exposure["got_attn"] == got

@@ -18,7 +18,7 @@ import math
 from html import escape
 from typing import Any
 
-from attnrank.studies.registry import tally
+from attnrank.studies.registry import supporting, tally
 
 _CSS = """
 :root { --held: #155d15; --held-bg: #e3f2e3; --no: #8a1010; --no-bg: #fbe4e4; --inc: #7a5a00; --inc-bg: #fdf3d2; }
@@ -191,7 +191,7 @@ def _claim_rows(claims: list[dict[str, Any]], with_exposure: bool) -> str:
         if c.get("rule"):
             fold.append(f"<p><b>Rule (fixed before the run):</b> {escape(c['rule'])}</p>")
         if c.get("supports"):
-            fold.append(f"<p><b>Supporting evidence of</b> {escape(c['supports'])} (not counted again)</p>")
+            fold.append(f"<p><b>Supporting evidence of</b> {escape(c['supports'])} (not counted again where both are reported)</p>")
         fold.append(f"<p class='sub'>source: {escape(c.get('source', ''))}</p>")
         exp = f"<td class='n'>{escape(_exposure_text(c.get('exposure')))}</td>" if with_exposure else ""
         rows.append(
@@ -255,10 +255,11 @@ GROUP_TITLES = {
 def claim_groups(claims: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """Claims split as the tally counts them: findings, supporting evidence, our checks, identities."""
     out: dict[str, list[dict[str, Any]]] = {k: [] for k in GROUP_TITLES}
+    names = {c.get("name") for c in claims}
     for c in claims:
         kind = c.get("kind", "finding")
         key = ("identities" if kind == "identity" else "checks" if kind == "check"
-               else "supporting" if c.get("supports") else "findings")
+               else "supporting" if supporting(c, names) else "findings")
         out[key].append(c)
     return out
 

@@ -31,7 +31,7 @@ from attnrank.studies.lm_common import SPREAD, exposure, lambdas_for, lm_base, l
 from attnrank.studies.registry import CATALOGUE, Claim, FigureOut, Study, g3, register_study
 from attnrank.studies.verdicts import paired, sign_verdict
 
-SOURCE = "Kobayashi et al. 2024, abstract (Table 1); our regime where decay helps"
+SOURCE = "Kobayashi et al. 2024, abstract (Table 1); tested in a regime where decay may help"
 
 
 @dataclass(frozen=True)

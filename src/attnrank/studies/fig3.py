@@ -42,7 +42,7 @@ from attnrank.studies.lm_common import (
     vit_base,
 )
 from attnrank.studies.registry import CATALOGUE, Claim, FigureOut, Study, arrow, g3, register_study
-from attnrank.studies.verdicts import combine, paired, sign_verdict, trend
+from attnrank.studies.verdicts import combine, combine_reason, paired, sign_verdict, trend
 
 SOURCE = "Kobayashi et al. 2024, Figure 3 (paper)"
 SRC_TREND = "paper, Figure 3 caption"
@@ -171,7 +171,7 @@ def rank_falls(m: dict[str, Any], model: str, measure: str) -> Claim:
     return Claim(
         name=f"fig3.{model}.rank_falls" + ("_numerical" if numerical else ""), source=SRC_TREND,
         statement=ST_TREND.format(kind=kind, where=where(m, model), emax=emax), quote=QUOTE_TREND,
-        supports=f"fig3.{model}.rank_falls" if numerical else "",
+        supports="fig3.rank_falls",
         rule=f"paired trend over the exposure grid ({SPREAD}); largest exposure >= {MIN_EXPOSURE:g}"
              + (f"; {tol['rule']}" if numerical else ""),
         measured={"trend": tests, "numerical_rank_tau_1e-3": low, "tau_above_floor": tol, "lambdas": m["lambdas"]},
@@ -223,7 +223,7 @@ def literal_lowers(m: dict[str, Any], model: str, steps: int) -> Claim:
                                           else "no drop beyond the spread")
     eta_lam = lam * m.get("lr_peak", float("nan"))
     return Claim(
-        name=f"fig3.{model}.lam01_literal", source=SRC_MATCHED, quote=QUOTE_LAM01,
+        name=f"fig3.{model}.lam01_literal", source=SRC_MATCHED, quote=QUOTE_LAM01, supports="fig3.lam01_literal",
         statement=ST_LITERAL.format(lam=lam, steps=steps, where=where(m, model)),
         rule=f"rank(0) - rank({lam:g}) > spread for both products ({SPREAD}); no exposure gate (literal)",
         measured={**measured, "eta_lambda_per_step": eta_lam}, verdict=verdict, reason=reason,
@@ -251,7 +251,7 @@ def matched_exposure_lowers(m: dict[str, Any], model: str, steps: int) -> Claim:
     eta_lam = lam_eq * m.get("lr_peak", float("nan"))
     return Claim(
         name=f"fig3.{model}.lam01_matched_lowers", source=SRC_MATCHED, quote=QUOTE_LAM01,
-        supports=f"fig3.{model}.lam01_literal",
+        supports="fig3.lam01_literal",
         statement=ST_MATCHED.format(e=PRETRAIN_EXPOSURE, lam=lam_eq, steps=steps, where=where(m, model)),
         rule=f"rank(0) - rank(lambda at exposure {PRETRAIN_EXPOSURE:g}) > spread, both products ({SPREAD})",
         measured={"lambda_matched": lam_eq, **measured, "eta_lambda_per_step": eta_lam},
@@ -263,16 +263,37 @@ def matched_exposure_lowers(m: dict[str, Any], model: str, steps: int) -> Claim:
         key=_drop_key(lam_eq, measured))
 
 
+def in_all_models(name: str, parts: list[Claim], quote: str, source: str, statement: str) -> Claim:
+    """One caption sentence ("In all cases …") judged once over the models: held when its rule
+    holds in every model, not held when it fails in one, else inconclusive; the per-model claims
+    are its supporting evidence."""
+    verdict, reason = combine_reason({p.name: p.verdict for p in parts})
+    return Claim(name=name, source=source, quote=quote, statement=statement, verdict=verdict, reason=reason,
+                 rule="the per-model rule (" + "; ".join(f"{p.name}: {p.rule}" for p in parts) + ") in every model: "
+                      "held if it holds in all, not held if it fails in any, else inconclusive",
+                 measured={p.name: {"verdict": p.verdict, "key": p.key} for p in parts},
+                 expected="held in every model", tolerance=SPREAD, exposure={p.name: p.exposure for p in parts},
+                 key="; ".join(f"{p.name.split('.')[1].upper()} {p.verdict}: {p.key}" for p in parts))
+
+
 def claims(data: dict[str, Any], params: Fig3Params) -> list[Claim]:
-    """Per model: effective-rank trend (+ numerical-rank trend in support), λ = 0.1 literally (+
-    the matched exposure in support)."""
-    out = []
+    """The caption's two sentences, each judged once over both models (:func:`in_all_models`);
+    per model, in support: the effective-rank trend (+ the numerical-rank trend), λ = 0.1 literally
+    (+ the matched exposure)."""
+    per: list[Claim] = []
     for model in MODELS:
         m = data[model]
         steps = params.lm_steps if model == "lm" else params.vit_steps
-        out += [rank_falls(m, model, "effective"), rank_falls(m, model, "numerical"),
+        per += [rank_falls(m, model, "effective"), rank_falls(m, model, "numerical"),
                 literal_lowers(m, model, steps), matched_exposure_lowers(m, model, steps)]
-    return out
+    by = {c.name: c for c in per}
+    trend_all = in_all_models("fig3.rank_falls", [by[f"fig3.{m}.rank_falls"] for m in MODELS], QUOTE_TREND, SRC_TREND,
+                              "In both models (byte-level LM, ViT on digits), the effective rank of W_K^T W_Q and "
+                              "P W_V falls as the attention decay grows.")
+    literal_all = in_all_models("fig3.lam01_literal", [by[f"fig3.{m}.lam01_literal"] for m in MODELS], QUOTE_LAM01,
+                                SRC_MATCHED, "In both models, attention weight decay lambda = 0.1 (taken literally) "
+                                "lowers the effective rank of both products against no decay.")
+    return [trend_all, literal_all, *per]
 
 
 # -- figures and notes -----------------------------------------------------------------------------

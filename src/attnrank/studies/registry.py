@@ -159,15 +159,24 @@ def span(values: Any) -> str:
     return f"{g3(min(v))}–{g3(max(v))}" if v else "—"
 
 
+def supporting(c: dict[str, Any], names: set[Any]) -> bool:
+    """Whether claim ``c`` is supporting evidence among claims named ``names``: it ``supports`` one
+    of them. One that supports a claim of a reproduction not listed (``table1.decoupling_helps``
+    reported without ``decouple``) is counted as the finding it is, so its statement still counts
+    once."""
+    return bool(c.get("supports")) and c["supports"] in names
+
+
 def tally(claims: list[dict[str, Any]]) -> dict[str, Any]:
     """Counts for a headline: the documents' findings held / not held / inconclusive (each
-    statement once: a claim that ``supports`` another is not counted again), our own checks
+    statement once: a claim that ``supports`` another listed claim is not counted again), our own checks
     apart, identities verified / failed.
 
     Takes claim dicts as written to claims.json (older files without ``kind``/``verdict`` count
     as two-way findings)."""
     out = {"findings": dict.fromkeys(VERDICTS, 0), "identities": {"verified": 0, "failed": 0},
            "checks": dict.fromkeys(VERDICTS, 0), "supporting": 0}
+    names = {c.get("name") for c in claims}
     for c in claims:
         verdict = c.get("verdict") or ("held" if c.get("held") else "not held")
         kind = c.get("kind", "finding")
@@ -175,7 +184,7 @@ def tally(claims: list[dict[str, Any]]) -> dict[str, Any]:
             out["identities"]["verified" if verdict == "held" else "failed"] += 1
         elif kind == "check":
             out["checks"][verdict] += 1
-        elif c.get("supports"):
+        elif supporting(c, names):
             out["supporting"] += 1
         else:
             out["findings"][verdict] += 1

@@ -224,15 +224,19 @@ def decoupling_helps(runs: pd.DataFrame, *, name: str = "table1.decoupling_helps
     best = min(helping, key=lambda a: mv[(a, a)])
     d = paired(test[(best, best)], test[(0.0, best)])
     verdict = sign_verdict(d["diff"], d["spread"])
+    edge = best == max(coupled)
     measured.update({"best_coupled_lambda": best, "chosen_on": "val_ppl", "judged_on": "test_ppl", "difference": d,
-                     "regime_also_on_test": mt[(best, best)] < mt[(0.0, 0.0)]})
+                     "regime_also_on_test": mt[(best, best)] < mt[(0.0, 0.0)], "lambda_star_at_grid_edge": edge})
     return _decouple_claim(
         measured, verdict, "" if verdict == "held" else ("inside the seed spread" if verdict == "inconclusive"
                                                          else "decoupled is not better beyond the spread"),
         f"coupled {best:g} (chosen on val) test {g3(mt[(best, best)])} vs attn 0 + MLP {best:g} "
         f"{g3(mt[(0.0, best)])}: {d['diff']:+.3g} (spread {g3(d['spread'])})",
         "Regime and lambda*: coupled lambda* beats coupled 0 on mean validation perplexity (decay helps), lambda* the "
-        "lowest such; the difference is then judged on test perplexity. The decoupled cell drops attention decay only.",
+        "lowest such; the difference is then judged on test perplexity. The decoupled cell drops attention decay only."
+        + (" Caveat: lambda* is the grid's largest coupled lambda, so the best coupled decay was not bracketed, and the "
+           "decoupled twin has less total decay than lambda* by construction; a decoupled cell with its own MLP lambda "
+           "was not in the grid." if edge else ""),
         **as_)
 
 
