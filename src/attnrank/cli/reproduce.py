@@ -8,8 +8,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
-from rich.text import Text
 
 from attnrank.cli.common import (
     app,
@@ -92,21 +90,10 @@ def _print_listing(rows: list[tuple[str, str]], as_json: bool) -> None:
 
 
 def _print_claims(name: str, out: Path, summary) -> None:
-    """One reproduction's claims as a console table: kind, verdict, measured against expected."""
-    from attnrank.report.html import brief, measured_brief
-    from attnrank.studies.registry import tally
+    """One reproduction's claims as a console table (:func:`attnrank.report.console.claims_table`)."""
+    from attnrank.report.console import claims_table
 
-    claims = [c.to_json() for c in summary.claims]
-    table = Table(title=f"{name}: {headline(tally(claims))} ({summary.runtime_s:.1f} s)")
-    table.add_column("claim")
-    table.add_column("kind")
-    table.add_column("verdict")
-    table.add_column("measured", overflow="fold")
-    table.add_column("expected", overflow="fold")
-    for c in claims:
-        table.add_row(Text(c["name"]), c["kind"], verdict_badge(c),
-                      Text(measured_brief(c)), Text(brief(c["expected"])))
-    out_console.print(table)
+    out_console.print(claims_table(name, [c.to_json() for c in summary.claims], summary.runtime_s))
     out_console.print(f"wrote {out / 'report.html'} (+ claims.json, data.json, run.json, "
                       f"{sum(f.suffix == '.png' for f in summary.files)} PNG)", highlight=False)
 
@@ -124,37 +111,12 @@ def _reproduce_all(out: Path, *, quick: bool, force: bool, strict: bool, as_json
     if as_json:
         sys.stdout.write(json.dumps(summary, indent=2) + "\n")
     elif not quiet:
-        table = Table(title=f"reproduce all ({'quick' if summary['quick'] else 'full'}): {headline(summary['tally'])}")
-        for col in ("reproduction", "findings held / not held / inconclusive", "our checks held", "identities verified",
-                    "runtime", "note"):
-            table.add_column(col)
-        for r in summary["reproductions"]:
-            f, i, c = r["tally"]["findings"], r["tally"]["identities"], r["tally"].get("checks", {})
-            table.add_row(r["name"], f"{f['held']} / {f['not held']} / {f['inconclusive']}",
-                          f"{c.get('held', 0)} of {sum(c.values())}", f"{i['verified']} of {i['verified'] + i['failed']}",
-                          f"{r['runtime_s'] or 0:.1f} s", Text("cached" if r["cached"] else (r["error"] or "")))
-        out_console.print(table)
+        from attnrank.report.console import all_table
+
+        out_console.print(all_table(summary))
         out_console.print(f"wrote {out / 'report.html'} (+ claims.json, summary.json, one folder per reproduction)",
                           highlight=False)
     if any(e.error for e in entries):
         raise typer.Exit(3)
     if strict and summary["claims_held"] < summary["claims_total"]:
         raise typer.Exit(1)
-
-
-def headline(t: dict) -> str:
-    """'findings: 5 held, 1 not held, 2 inconclusive; identities: 7 of 7 verified' (+ our checks,
-    tallied apart; supporting evidence is not counted again)."""
-    f, i = t["findings"], t["identities"]
-    c = t.get("checks") or {"held": 0, "not held": 0, "inconclusive": 0}
-    checks = (f"; our checks: {c['held']} held, {c['not held']} not held, {c['inconclusive']} inconclusive"
-              if sum(c.values()) else "")
-    return (f"findings: {f['held']} held, {f['not held']} not held, {f['inconclusive']} inconclusive; "
-            f"identities: {i['verified']} of {i['verified'] + i['failed']} verified{checks}")
-
-
-def verdict_badge(c: dict) -> Text:
-    if c.get("kind") == "identity":
-        return Text("verified", style="green") if c["held"] else Text("FAILED", style="bold red")
-    style = {"held": "green", "not held": "red", "inconclusive": "yellow"}[c["verdict"]]
-    return Text(c["verdict"], style=style)
