@@ -47,7 +47,7 @@ def summary_table(summary: dict, claims: list[dict]) -> str:
     lines = ["| reproduction | findings held | not held | inconclusive | supporting re-tests | our checks held | "
              "identities verified | runtime |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in summary["reproductions"]:
-        t = tally([c for c in claims if c["reproduction"] == r["name"]])
+        t = tally([c for c in claims if c["reproduction"] == r["name"]], {c["name"] for c in claims})
         f, i = t["findings"], t["identities"]
         ident = f"{i['verified']} of {i['verified'] + i['failed']}" if i["verified"] + i["failed"] else "—"
         err = f" (error: {r['error']})" if r.get("error") else ""

@@ -85,3 +85,16 @@ def test_a_support_of_an_absent_reproduction_is_counted_itself():
     both = alone + [{"name": "decouple.decoupling_helps", "kind": "finding", "verdict": "not held"}]
     t = tally(both)
     assert t["findings"] == {"held": 0, "not held": 1, "inconclusive": 0} and t["supporting"] == 1
+
+
+def test_rows_of_a_combined_report_add_up_to_its_tally():
+    from attnrank.studies.registry import tally
+
+    a = [{"name": "table1.decoupling_helps", "kind": "finding", "verdict": "inconclusive",
+          "supports": "decouple.decoupling_helps"}]
+    b = [{"name": "decouple.decoupling_helps", "kind": "finding", "verdict": "not held"}]
+    names = {c["name"] for c in a + b}
+    rows = [tally(a, names), tally(b, names)]
+    total = tally(a + b)
+    assert {k: sum(r["findings"][k] for r in rows) for k in total["findings"]} == total["findings"]
+    assert sum(r["supporting"] for r in rows) == total["supporting"] == 1

@@ -266,8 +266,9 @@ def claim_groups(claims: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]
 
 def _summary_table(rows: list[tuple[str, dict[str, Any], list[dict[str, Any]], str | None]]) -> str:
     out = []
+    names = {c.get("name") for _, _, claims, _ in rows for c in claims}
     for name, meta, claims, error in rows:
-        t = tally(claims)
+        t = tally(claims, names)
         f, i = t["findings"], t["identities"]
         ident = f"{i['verified']} / {i['verified'] + i['failed']}" if i["verified"] + i["failed"] else "—"
         ch = t["checks"]

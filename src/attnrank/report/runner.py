@@ -385,11 +385,12 @@ def _write_combined(out: Path, entries: list[AllEntry], quick: bool) -> None:
             for f in e.meta.get("figures", [])
         ]
     all_claims = [{"reproduction": e.name, **c} for e in entries for c in e.claims]
+    reported = {c["name"] for c in all_claims}  # a row counts as the combined tally does
     summary = {
         "quick": quick,
         "reproductions": [{"name": e.name, "runtime_s": e.meta.get("runtime_s"), "cached": e.cached,
                            "claims_held": sum(bool(c["held"]) for c in e.claims),
-                           "claims_total": len(e.claims), "tally": tally(e.claims), "error": e.error}
+                           "claims_total": len(e.claims), "tally": tally(e.claims, reported), "error": e.error}
                           for e in entries],
         "claims_held": sum(bool(c["held"]) for c in all_claims),
         "claims_total": len(all_claims),

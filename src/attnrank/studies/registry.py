@@ -167,16 +167,17 @@ def supporting(c: dict[str, Any], names: set[Any]) -> bool:
     return bool(c.get("supports")) and c["supports"] in names
 
 
-def tally(claims: list[dict[str, Any]]) -> dict[str, Any]:
+def tally(claims: list[dict[str, Any]], names: set[Any] | None = None) -> dict[str, Any]:
     """Counts for a headline: the documents' findings held / not held / inconclusive (each
     statement once: a claim that ``supports`` another listed claim is not counted again), our own checks
     apart, identities verified / failed.
 
     Takes claim dicts as written to claims.json (older files without ``kind``/``verdict`` count
-    as two-way findings)."""
+    as two-way findings). ``names``: the claims reported beside these (default: these), so a
+    reproduction's row of a combined report counts as the combined tally does."""
     out = {"findings": dict.fromkeys(VERDICTS, 0), "identities": {"verified": 0, "failed": 0},
            "checks": dict.fromkeys(VERDICTS, 0), "supporting": 0}
-    names = {c.get("name") for c in claims}
+    names = {c.get("name") for c in claims} if names is None else names
     for c in claims:
         verdict = c.get("verdict") or ("held" if c.get("held") else "not held")
         kind = c.get("kind", "finding")
