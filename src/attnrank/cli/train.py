@@ -34,6 +34,12 @@ _N_LAYERS = Annotated[int | None, typer.Option("--n-layers", help="transformer l
 _D_MODEL = Annotated[int | None, typer.Option("--d-model", help="model width [default: 64]")]
 _N_HEADS = Annotated[int | None, typer.Option("--n-heads", help="attention heads [default: 4]")]
 _LOG_EVERY = Annotated[int | None, typer.Option("--log-every", help="steps between loss rows [default: 10]")]
+_TRACK_EVERY = Annotated[int | None, typer.Option("--track-every", help="steps between rank measurements [default: 100]")]
+_CHECKPOINT_EVERY = Annotated[int | None, typer.Option("--checkpoint-every", help="steps between checkpoints [default: 500]")]
+_EVAL_EVERY = Annotated[int, typer.Option("--eval-every", help="steps between validation evaluations (0: at the end only)")]
+_STEPS = Annotated[int, typer.Option("--steps", help="optimizer steps")]
+_JSON = Annotated[bool, typer.Option("--json", help="print the final summary as JSON on stdout")]
+_QUIET = Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar, no summary")]
 
 
 def _given(ctx: typer.Context, values: dict) -> tuple[dict, set]:
@@ -46,25 +52,25 @@ def _given(ctx: typer.Context, values: dict) -> tuple[dict, set]:
 def train_recall(
     ctx: typer.Context,
     out: Annotated[Path, typer.Option("--out", help="run directory (config.json, metrics.jsonl, checkpoints/)")],
-    attn_wd: Annotated[float, typer.Option("--attn-wd", help="AdamW weight decay of the attention projections Q, K, V, O")] = 0.1,
-    wd: Annotated[float, typer.Option("--wd", help="AdamW weight decay of every other matrix and the embeddings (biases, norms: 0)")] = 0.1,
+    attn_wd: _ATTN_WD = 0.1,
+    wd: _WD = 0.1,
     steps: Annotated[int, typer.Option("--steps", help="optimizer steps (one fresh batch each)")] = 3000,
-    seed: Annotated[int, typer.Option("--seed", help="seed of the initialisation and the data stream")] = 0,
-    device: Annotated[str, typer.Option("--device", help="auto (CUDA when present), cpu, cuda, cuda:N")] = "auto",
+    seed: _SEED = 0,
+    device: _DEVICE = "auto",
     resume: _RESUME = False,
     n_layers: _N_LAYERS = None,
     d_model: _D_MODEL = None,
     n_heads: _N_HEADS = None,
     lr: Annotated[float | None, typer.Option("--lr", help="peak learning rate [default: 3e-3]")] = None,
     batch_size: Annotated[int | None, typer.Option("--batch-size", help="sequences per step [default: 64]")] = None,
-    track_every: Annotated[int | None, typer.Option("--track-every", help="steps between rank measurements [default: 100]")] = None,
+    track_every: _TRACK_EVERY = None,
     log_every: _LOG_EVERY = None,
-    checkpoint_every: Annotated[int | None, typer.Option("--checkpoint-every", help="steps between checkpoints [default: 500]")] = None,
+    checkpoint_every: _CHECKPOINT_EVERY = None,
     keep_checkpoints: _KEEP = None,
     threads: _THREADS = 1,
     log: _LOG = None,
-    as_json: Annotated[bool, typer.Option("--json", help="print the final summary as JSON on stdout")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar, no summary")] = False,
+    as_json: _JSON = False,
+    quiet: _QUIET = False,
 ) -> None:
     """Associative recall (k1 v1 ... kn vn q -> v(q)), AdamW with its own decay on attention.
 
@@ -142,26 +148,26 @@ def train_lm(
     seq_len: Annotated[int, typer.Option("--seq-len", help="tokens per training window (context)")] = 64,
     max_chars: Annotated[int | None, typer.Option("--max-chars", help="characters read per split (default: all)")] = None,
     eval_tokens: Annotated[int, typer.Option("--eval-tokens", help="tokens scored per evaluation split at most")] = 65536,
-    eval_every: Annotated[int, typer.Option("--eval-every", help="steps between validation evaluations (0: at the end only)")] = 0,
+    eval_every: _EVAL_EVERY = 0,
     attn_wd: _ATTN_WD = 0.1,
     wd: _WD = 0.1,
-    steps: Annotated[int, typer.Option("--steps", help="optimizer steps")] = 2000,
+    steps: _STEPS = 2000,
     seed: _SEED = 0,
-    n_layers: Annotated[int | None, typer.Option("--n-layers", help="transformer layers [default: 4]")] = None,
-    d_model: Annotated[int | None, typer.Option("--d-model", help="model width [default: 64]")] = None,
-    n_heads: Annotated[int | None, typer.Option("--n-heads", help="attention heads [default: 4]")] = None,
+    n_layers: _N_LAYERS = None,
+    d_model: _D_MODEL = None,
+    n_heads: _N_HEADS = None,
     lr: Annotated[float | None, typer.Option("--lr", help="peak learning rate [default: 3e-3]")] = None,
     batch_size: Annotated[int | None, typer.Option("--batch-size", help="global batch (windows per step, split over DDP processes) [default: 32]")] = None,
-    track_every: Annotated[int | None, typer.Option("--track-every", help="steps between rank measurements [default: 100]")] = None,
+    track_every: _TRACK_EVERY = None,
     log_every: _LOG_EVERY = None,
-    checkpoint_every: Annotated[int | None, typer.Option("--checkpoint-every", help="steps between checkpoints [default: 500]")] = None,
+    checkpoint_every: _CHECKPOINT_EVERY = None,
     keep_checkpoints: _KEEP = None,
     device: _DEVICE = "auto",
     resume: _RESUME = False,
     threads: _THREADS = 1,
     log: _LOG = None,
-    as_json: Annotated[bool, typer.Option("--json", help="print the final summary as JSON on stdout")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar, no summary")] = False,
+    as_json: _JSON = False,
+    quiet: _QUIET = False,
 ) -> None:
     """Autoregressive LM (validation/test loss and perplexity). Under `torchrun --nproc-per-node N -m attnrank
     train lm ...` it trains with DDP (gloo on the CPU), each process taking 1/N of the global batch."""
@@ -182,25 +188,25 @@ def train_vit(
     images: Annotated[str | None, typer.Option("--images", help="image folder DIR/<class>/<image> (or DIR/train|validation|test/<class>/...); default: scikit-learn digits")] = None,
     image_size: Annotated[int | None, typer.Option("--image-size", help="resize images to this square size [default: 8 for digits, 32 for a folder]")] = None,
     patch_size: Annotated[int | None, typer.Option("--patch-size", help="patch size [default: 2 up to 16 pixels, else 4]")] = None,
-    eval_every: Annotated[int, typer.Option("--eval-every", help="steps between validation evaluations (0: at the end only)")] = 0,
+    eval_every: _EVAL_EVERY = 0,
     attn_wd: _ATTN_WD = 0.1,
     wd: _WD = 0.1,
-    steps: Annotated[int, typer.Option("--steps", help="optimizer steps")] = 2000,
+    steps: _STEPS = 2000,
     seed: _SEED = 0,
-    n_layers: Annotated[int | None, typer.Option("--n-layers", help="transformer layers [default: 4]")] = None,
-    d_model: Annotated[int | None, typer.Option("--d-model", help="model width [default: 64]")] = None,
-    n_heads: Annotated[int | None, typer.Option("--n-heads", help="attention heads [default: 4]")] = None,
+    n_layers: _N_LAYERS = None,
+    d_model: _D_MODEL = None,
+    n_heads: _N_HEADS = None,
     lr: Annotated[float | None, typer.Option("--lr", help="peak learning rate [default: 1e-3]")] = None,
     batch_size: Annotated[int | None, typer.Option("--batch-size", help="global batch [default: 64]")] = None,
-    track_every: Annotated[int | None, typer.Option("--track-every", help="steps between rank measurements [default: 100]")] = None,
-    checkpoint_every: Annotated[int | None, typer.Option("--checkpoint-every", help="steps between checkpoints [default: 500]")] = None,
+    track_every: _TRACK_EVERY = None,
+    checkpoint_every: _CHECKPOINT_EVERY = None,
     keep_checkpoints: _KEEP = None,
     device: _DEVICE = "auto",
     resume: _RESUME = False,
     threads: _THREADS = 1,
     log: _LOG = None,
-    as_json: Annotated[bool, typer.Option("--json", help="print the final summary as JSON on stdout")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar, no summary")] = False,
+    as_json: _JSON = False,
+    quiet: _QUIET = False,
 ) -> None:
     """Vision transformer classifying images (validation/test loss and accuracy)."""
     options = _given(ctx, dict(
