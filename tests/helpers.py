@@ -2,6 +2,7 @@
 
 import json
 import shutil
+from dataclasses import dataclass
 
 from safetensors.torch import load_file, save_file
 
@@ -22,3 +23,18 @@ def shard(src_dir, dst, n_shards=3, dtype=None):
     (dst / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     shutil.copy(src_dir / "config.json", dst / "config.json")
     return dst
+
+
+@dataclass(frozen=True)
+class Profile:
+    """The smallest study params: a ``profile`` name with ``quick()`` and ``full()`` (probe studies)."""
+
+    profile: str = "full"
+
+    @classmethod
+    def quick(cls):
+        return cls("quick")
+
+    @classmethod
+    def full(cls):
+        return cls()

@@ -9,29 +9,18 @@ is installed; `.ci/run` installs it.
 
 import io
 import shutil
-from dataclasses import dataclass
 
 import pytest
 
 from attnrank.report import runner as rep
 from attnrank.studies import registry
 from attnrank.studies.registry import Claim, Entry, FigureOut, Study
+from tests.helpers import Profile
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary (apt-get install chromium)")
 
 
-@dataclass(frozen=True)
-class _Profile:
-    profile: str = "full"
-
-    @classmethod
-    def quick(cls):
-        return cls("quick")
-
-    @classmethod
-    def full(cls):
-        return cls()
 
 
 def _probe_a_figures(data, p) -> list:
@@ -70,7 +59,7 @@ def test_combined_report_renders_in_chromium(tmp_path, monkeypatch):
 
     for name, claims, figures in (("browser_probe_a", _probe_a_claims, _probe_a_figures),
                                   ("browser_probe_b", _probe_b_claims, _probe_b_figures)):
-        study = Study(name=name, title=name, source="test", params=_Profile, run=lambda p: {}, claims=claims,
+        study = Study(name=name, title=name, source="test", params=Profile, run=lambda p: {}, claims=claims,
                       figures=figures)
         monkeypatch.setitem(registry._REGISTRY, name, Entry(name, name, "test", study))
     rep.run_all(tmp_path, quick=True, only=["browser_probe_a", "browser_probe_b"])

@@ -11,21 +11,11 @@ from attnrank.cli import app
 from attnrank.report import runner as rep
 from attnrank.studies import registry
 from attnrank.studies.registry import Claim, Entry
+from tests.helpers import Profile
 
 CALLS: dict[str, int] = {}
 
 
-@dataclass(frozen=True)
-class _Profile:
-    profile: str = "full"
-
-    @classmethod
-    def quick(cls):
-        return cls("quick")
-
-    @classmethod
-    def full(cls):
-        return cls()
 
 
 def _ok(p):
@@ -44,7 +34,7 @@ def _ok_claims(data, p):
 
 def _probe(name, run):
     return Entry(name, f"probe {name}", "test", registry.Study(name=name, title=f"probe {name}", source="test",
-                                                              params=_Profile, run=run, claims=_ok_claims,
+                                                              params=Profile, run=run, claims=_ok_claims,
                                                               figures=lambda d, p: []))
 
 

@@ -84,6 +84,22 @@ def offline(tmp_path, monkeypatch):
     (tmp_path / "wandb").mkdir()
 
 
+def tiny_gpt2_run(tmp_path):
+    """A 2-layer GPT-2 (seeded), 16 random token windows and 4 Trainer steps that report to
+    TensorBoard, W&B and MLflow, writing into ``tmp_path / "out"``."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    model = tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=32, n_positions=8, n_embd=16, n_layer=2, n_head=2,
+                                             bos_token_id=0, eos_token_id=0))
+    g = torch.Generator().manual_seed(0)
+    data = [{"input_ids": x, "labels": x} for x in torch.randint(0, 32, (16, 8), generator=g)]
+    args = tf.TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=4, per_device_train_batch_size=4,
+                                learning_rate=1e-2, logging_steps=100, save_strategy="no", use_cpu=True,
+                                report_to=["tensorboard", "wandb", "mlflow"], disable_tqdm=True)
+    return model, data, args
+
+
 def test_trainer_run_logs_ranks_to_tensorboard_wandb_and_mlflow(tmp_path, offline, monkeypatch):
     pytest.importorskip("wandb")
     pytest.importorskip("mlflow")
@@ -96,14 +112,7 @@ def test_trainer_run_logs_ranks_to_tensorboard_wandb_and_mlflow(tmp_path, offlin
     uri = (tmp_path / "mlruns").as_uri()
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))
-    torch.manual_seed(0)
-    model = tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=32, n_positions=8, n_embd=16, n_layer=2, n_head=2,
-                                                  bos_token_id=0, eos_token_id=0))
-    g = torch.Generator().manual_seed(0)
-    data = [{"input_ids": x, "labels": x} for x in torch.randint(0, 32, (16, 8), generator=g)]
-    args = tf.TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=4, per_device_train_batch_size=4,
-                                learning_rate=1e-2, logging_steps=100, save_strategy="no", use_cpu=True,
-                                report_to=["tensorboard", "wandb", "mlflow"], disable_tqdm=True)
+    model, data, args = tiny_gpt2_run(tmp_path)
     trainer = tf.Trainer(model=model, args=args, train_dataset=data)
     cb = RankCallback(trainer, every=2)
     trainer.add_callback(cb)
@@ -152,14 +161,7 @@ def test_callback_passed_the_hugging_face_way_logs_to_every_integration(tmp_path
     uri = (tmp_path / "mlruns").as_uri()
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)
-    torch.manual_seed(0)
-    model = tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=32, n_positions=8, n_embd=16, n_layer=2, n_head=2,
-                                                  bos_token_id=0, eos_token_id=0))
-    g = torch.Generator().manual_seed(0)
-    data = [{"input_ids": x, "labels": x} for x in torch.randint(0, 32, (16, 8), generator=g)]
-    args = tf.TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=4, per_device_train_batch_size=4,
-                                learning_rate=1e-2, logging_steps=100, save_strategy="no", use_cpu=True,
-                                report_to=["tensorboard", "wandb", "mlflow"], disable_tqdm=True)
+    model, data, args = tiny_gpt2_run(tmp_path)
     cb = RankCallback(every=2)
     tf.Trainer(model=model, args=args, train_dataset=data, callbacks=[cb]).train()
     import mlflow
