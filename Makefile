@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 demo: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/attnrank spectra minilm --out $(DEMO_OUT)
+	HF_HUB_OFFLINE=1 $(BIN)/headrank spectra minilm --out $(DEMO_OUT)
 	@echo
 	@echo "Open $(DEMO_OUT)/heads.csv (one row per layer x head x product) and the figures $(DEMO_OUT)/*.png"
 
@@ -31,7 +31,7 @@ test: $(STAMP)
 # The fuzz suite with many random inputs (make test runs a few fixed ones): FUZZ_EXAMPLES per test.
 FUZZ_EXAMPLES ?= 400
 fuzz: $(STAMP)
-	HF_HUB_OFFLINE=1 ATTNRANK_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q tests/fuzz \
+	HF_HUB_OFFLINE=1 HEADRANK_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q tests/fuzz \
 		--hypothesis-profile=fuzz --hypothesis-show-statistics
 
 lint: $(STAMP)
@@ -43,12 +43,12 @@ bench: $(STAMP)
 
 # Every reproduction, quick profile, then the README's figures and claims table (docs/).
 gallery: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/attnrank reproduce all --quick --out out/gallery
+	HF_HUB_OFFLINE=1 $(BIN)/headrank reproduce all --quick --out out/gallery
 	$(BIN)/python docs/gallery.py out/gallery docs
 
 # The full profile (longer; resumable: re-run to continue).
 reproduce-full: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/attnrank reproduce all --full --out out/full
+	HF_HUB_OFFLINE=1 $(BIN)/headrank reproduce all --full --out out/full
 
 # The full profile's claims table into docs/claims_full.md and the README.
 gallery-full: reproduce-full

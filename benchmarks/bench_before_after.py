@@ -1,4 +1,4 @@
-"""Same-run A/B of two attnrank source trees on a few layers of a benchmark checkpoint.
+"""Same-run A/B of two headrank source trees on a few layers of a benchmark checkpoint.
 
     python benchmarks/bench_before_after.py PATH --before OLD_SRC [--layers 0-7] [--repeats 1]
 
@@ -18,11 +18,11 @@ from pathlib import Path
 
 from bench_load import cpu_load, load_avg
 
-OURS = "import attnrank; attnrank.analyze({path!r}, layers={layers!r})"
+OURS = "import headrank; headrank.analyze({path!r}, layers={layers!r})"
 FLOOR = """
-from attnrank.io.checkpoint import Checkpoint
-from attnrank.io.layouts import AttentionReader
-from attnrank.analysis.scan import parse_layers
+from headrank.io.checkpoint import Checkpoint
+from headrank.io.layouts import AttentionReader
+from headrank.analysis.scan import parse_layers
 r = AttentionReader(Checkpoint({path!r}))
 for i in parse_layers({layers!r}, r.dims.n_layers):
     for t in (r.ckpt.get(n) for n in r.tensor_names(i).values()):

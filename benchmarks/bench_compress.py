@@ -1,5 +1,5 @@
-"""Benchmark: `attnrank compress` on a LLaMA-2-7B-shaped checkpoint, side by side with the I/O
-floor of the same job and with `attnrank spectra`, in one run.
+"""Benchmark: `headrank compress` on a LLaMA-2-7B-shaped checkpoint, side by side with the I/O
+floor of the same job and with `headrank spectra`, in one run.
 
     python benchmarks/bench_compress.py [--dir DIR] [--layers 4] [--kv 32] [--rank 64]
 
@@ -10,8 +10,8 @@ benchmark of bench_spectra.py's writer with fewer layers), then runs, each in it
 
 - floor: read every tensor with safetensors and write it back as safetensors shards (what any
   rewrite of the checkpoint costs, with no arithmetic);
-- spectra: attnrank.analyze (every head, QK + OV, all metrics);
-- compress ov: attnrank compress --rank R --products ov, two passes over the layers (spectra
+- spectra: headrank.analyze (every head, QK + OV, all metrics);
+- compress ov: headrank compress --rank R --products ov, two passes over the layers (spectra
   from roots, then exact singular vectors, written back);
 - compress ov+qk: the same with a layout declaring no rotary, so QK is cut too (the cost of
   cutting both products on a model where that is allowed).
@@ -65,13 +65,13 @@ def run_floor(path: Path, out: Path, _args) -> dict:
 
 
 def run_spectra(path: Path, _out: Path, _args) -> dict:
-    import attnrank
+    import headrank
 
-    return {"rows": len(attnrank.spectra(path, threads=1))}
+    return {"rows": len(headrank.spectra(path, threads=1))}
 
 
 def run_compress(path: Path, out: Path, args, layout: str | None = None) -> dict:
-    from attnrank.analysis.compress import compress
+    from headrank.analysis.compress import compress
 
     res = compress(str(path), out, rank=args.rank, layout=layout, products="ov" if layout is None else "ov,qk")
     return {"products": res["products"], "saved": res["totals"]["params_saved_factored"]}
@@ -113,7 +113,7 @@ def measure(name: str, path: Path, args) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--dir", type=Path, default=Path("/tmp/attnrank-bench-compress"))
+    ap.add_argument("--dir", type=Path, default=Path("/tmp/headrank-bench-compress"))
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--kv", type=int, default=32, help="kv heads (32: LLaMA-2-7B; 8: its GQA variant)")
     ap.add_argument("--rank", type=int, default=64)

@@ -1,4 +1,4 @@
-"""`attnrank collapse minilm` with its default threads against `--threads 1` (and the old default
+"""`headrank collapse minilm` with its default threads against `--threads 1` (and the old default
 of 2 threads), each run beside one CPU-bound job (a pure-Python busy loop started here and ended
 by its pid), interleaved in one run so that all see the same machine. Issue 27's target: the
 default takes at most 1.3x the `--threads 1` time. The load average (1 min) is printed before
@@ -32,7 +32,7 @@ def load() -> str:
 def one(command: list[str], extra: list[str]) -> float:
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     t = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "attnrank", *command, "--quiet", *extra], check=True, env=env,
+    subprocess.run([sys.executable, "-m", "headrank", *command, "--quiet", *extra], check=True, env=env,
                    stdout=subprocess.DEVNULL)
     return time.perf_counter() - t
 
@@ -58,7 +58,7 @@ def main() -> None:
         os.kill(burner.pid, signal.SIGTERM)
         burner.wait()
     base = statistics.median(times["--threads 1"])
-    print(f"\n`attnrank {a.command}` beside one CPU-bound process, median of {a.repeats}:")
+    print(f"\n`headrank {a.command}` beside one CPU-bound process, median of {a.repeats}:")
     for name, ts in times.items():
         m = statistics.median(ts)
         print(f"  {name:<26} {m:7.1f} s   {m / base:5.2f} x the --threads 1 time")

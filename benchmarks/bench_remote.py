@@ -1,5 +1,5 @@
 """Benchmark: reading a LLaMA-2-7B-shaped checkpoint from a Hub-like server with a bandwidth limit,
-the whole download then the analysis, against ``attnrank spectra ID --remote`` (HTTP ranges).
+the whole download then the analysis, against ``headrank spectra ID --remote`` (HTTP ranges).
 
     python benchmarks/bench_remote.py [--layers 4] [--bandwidth 50] [--kv 32] [--dir DIR]
 
@@ -11,9 +11,9 @@ through one token bucket of ``--bandwidth`` MB/s, as ``/{repo}/resolve/{revision
 redirects. Contenders, one after the other, same server, same run:
 
 - download: ``huggingface_hub.hf_hub_download`` of every file (what ``hf download`` does) into a
-  fresh cache, then ``attnrank.analyze`` of the snapshot;
-- remote:   ``attnrank.analyze(ID, remote=True)``: config, index, headers, attention tensors;
-- local:    ``attnrank.analyze`` of the files already on disk (no network): the compute alone.
+  fresh cache, then ``headrank.analyze`` of the snapshot;
+- remote:   ``headrank.analyze(ID, remote=True)``: config, index, headers, attention tensors;
+- local:    ``headrank.analyze`` of the files already on disk (no network): the compute alone.
 
 Printed: wall seconds, bytes the server sent, and the ratios. Nothing here asserts a time.
 """
@@ -56,7 +56,7 @@ def load_avg() -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--dir", type=Path, default=Path("/tmp/attnrank-bench-remote"))
+    ap.add_argument("--dir", type=Path, default=Path("/tmp/headrank-bench-remote"))
     ap.add_argument("--layers", type=int, default=4, help="layers written and read (32: the whole 7B)")
     ap.add_argument("--bandwidth", type=float, default=50.0, help="server bandwidth, MB/s (all bodies together)")
     ap.add_argument("--kv", type=int, default=32, help="kv heads (8: the GQA variant)")
@@ -85,30 +85,30 @@ def main() -> None:
 
     from huggingface_hub import hf_hub_download
 
-    import attnrank
+    import headrank
 
     results = {}
     try:
         here.send("reset")
         here.recv()
         t = time.perf_counter()
-        cache = Path(tempfile.mkdtemp(prefix="attnrank-bench-cache-", dir=args.dir))
+        cache = Path(tempfile.mkdtemp(prefix="headrank-bench-cache-", dir=args.dir))
         for f in files:
             local = hf_hub_download(REPO, f, cache_dir=cache, endpoint=url)
         t_dl = time.perf_counter() - t
-        res = attnrank.analyze(Path(local).parent, threads=1)
+        res = headrank.analyze(Path(local).parent, threads=1)
         results["download"] = (time.perf_counter() - t, sent(), f"download {t_dl:.1f} s + analyse")
         shutil.rmtree(cache)
 
         here.send("reset")
         here.recv()
         t = time.perf_counter()
-        rem = attnrank.analyze(REPO, remote=True, threads=1)
+        rem = headrank.analyze(REPO, remote=True, threads=1)
         results["remote"] = (time.perf_counter() - t, sent(), f"{rem.meta['remote']['requests']} requests")
         same = all((rem.sv[p] == res.sv[p]).all() for p in ("qk", "ov"))
 
         t = time.perf_counter()
-        attnrank.analyze(path, threads=1)
+        headrank.analyze(path, threads=1)
         results["local"] = (time.perf_counter() - t, 0, "files already on disk, no network")
     finally:
         here.send("stop")

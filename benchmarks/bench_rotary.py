@@ -1,4 +1,4 @@
-"""Benchmark: what the rotary-band table (``rotary.csv``) adds to ``attnrank.analyze``, side by
+"""Benchmark: what the rotary-band table (``rotary.csv``) adds to ``headrank.analyze``, side by
 side in one run: ``rotary=True`` (the default) against ``rotary=False`` on random checkpoints
 written here with transformers (no download).
 
@@ -39,7 +39,7 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from attnrank.analysis.scan import analyze
+    from headrank.analysis.scan import analyze
 
     with tempfile.TemporaryDirectory() as tmp:
         for name, (cls, cfg) in _models(args.d, args.layers).items():

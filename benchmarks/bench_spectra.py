@@ -1,4 +1,4 @@
-"""Benchmark: `attnrank spectra DIR --out OUT` as a user runs it (whole process, default
+"""Benchmark: `headrank spectra DIR --out OUT` as a user runs it (whole process, default
 options), side by side in one run with the I/O floor, TransformerLens' FactoredMatrix and a dense
 SVD, on LLaMA-shaped bf16 checkpoints.
 
@@ -14,11 +14,11 @@ Every contender runs in its own process, once on the machine as it is ("idle") a
 one CPU-bound process the benchmark starts ("load"; --no-load skips it):
 - floor: read exactly the attention tensors with safetensors, convert them to float32 (in-process
   time, no start-up): what any analysis must at least do;
-- attnrank: the whole `python -m attnrank spectra DIR --out OUT -q` process, start-up, figures and
+- headrank: the whole `python -m headrank spectra DIR --out OUT -q` process, start-up, figures and
   output files included (wall clock from fork to exit; CPU seconds and peak RSS of that process);
   also with --threads 2 (70B: idle only) and --no-plots (8 layers, idle), and meta.json's `timing_s`:
   the share of the stream the compute waited on reads and the reads on compute;
-- start-up: `attnrank spectra --help`, and a 1-layer run minus its compute (the fixed cost);
+- start-up: `headrank spectra --help`, and a 1-layer run minus its compute (the fixed cost);
 - tl / tl1: transformer_lens.FactoredMatrix(A, Bᵀ).S for every head of --tl-layers layers, both
   products, at torch's default threads and at 1 thread, extrapolated to all layers
   (pip install '.[bench]'; idle only);
@@ -149,8 +149,8 @@ def run_floor(path: Path, _: argparse.Namespace) -> dict:
 
 
 def _reader(path: Path):
-    from attnrank.io.checkpoint import Checkpoint
-    from attnrank.io.layouts import AttentionReader
+    from headrank.io.checkpoint import Checkpoint
+    from headrank.io.layouts import AttentionReader
 
     return AttentionReader(Checkpoint(path))
 
@@ -213,10 +213,10 @@ def measure_child(name: str, path: Path, args: argparse.Namespace, load: bool) -
 
 
 def measure_cli(path: Path, args: argparse.Namespace, load: bool, extra: tuple[str, ...] = ()) -> dict:
-    """The whole `python -m attnrank spectra PATH --out OUT -q` process: wall clock from fork
+    """The whole `python -m headrank spectra PATH --out OUT -q` process: wall clock from fork
     to exit, its peak RSS (wait4's ru_maxrss), and the stream timing meta.json records."""
     out = Path(tempfile.mkdtemp(prefix="out-", dir=args.dir))
-    cmd = [sys.executable, "-m", "attnrank", "spectra", str(path), "--out", str(out), "-q", *extra]
+    cmd = [sys.executable, "-m", "headrank", "spectra", str(path), "--out", str(out), "-q", *extra]
     before = load_avg()
     try:
         with cpu_load(load), tempfile.TemporaryFile() as err:
@@ -240,12 +240,12 @@ def measure_cli(path: Path, args: argparse.Namespace, load: bool, extra: tuple[s
 
 
 def measure_startup(path: Path, args: argparse.Namespace) -> dict:
-    """`attnrank spectra --help` (best of 3) and a 1-layer run's fixed cost (whole process
+    """`headrank spectra --help` (best of 3) and a 1-layer run's fixed cost (whole process
     minus the layer's compute as meta.json records it)."""
     helps = []
     for _ in range(3):
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "attnrank", "spectra", "--help"], capture_output=True)
+        subprocess.run([sys.executable, "-m", "headrank", "spectra", "--help"], capture_output=True)
         helps.append(time.perf_counter() - t0)
     ones = [measure_cli(path, args, False, ("--layers", "0"))]
     one = min((r for r in ones if "error" not in r), key=lambda r: r["seconds"], default=ones[0])
@@ -289,13 +289,13 @@ def run_model(label: str, args: argparse.Namespace) -> dict | None:
         r = res[mode] = {"floor": measure_child("floor", path, args, load)}
         _say("I/O floor", r["floor"])
         r["ours"] = measure_cli(path, args, load)
-        _say("attnrank whole process", r["ours"])
+        _say("headrank whole process", r["ours"])
         if not (load and label.startswith("llama-70b")):
             r["ours2"] = measure_cli(path, args, load, ("--threads", "2"))
-            _say("attnrank --threads 2", r["ours2"])
+            _say("headrank --threads 2", r["ours2"])
         if not load and label == "llama2-7b-8l":  # what the figures cost
             r["noplots"] = measure_cli(path, args, load, ("--no-plots",))
-            _say("attnrank --no-plots", r["noplots"])
+            _say("headrank --no-plots", r["noplots"])
         if label == "llama2-7b-8l" and args.tl_layers > 0 and not load:
             for name in ("tl", "tl1"):
                 r[name] = measure_child(name, path, args, load)
@@ -343,7 +343,7 @@ def verdicts(results: dict[str, dict]) -> list[str]:
         if r8:
             i = r8["idle"]
             check(f"8-layer 7B, whole process ({how}) / floor, idle", _ratio(i.get(ours), i["floor"]), 6)
-            check(f"8-layer 7B, TransformerLens (default threads) / attnrank ({how}), idle",
+            check(f"8-layer 7B, TransformerLens (default threads) / headrank ({how}), idle",
                   _ratio(i.get("tl", {}), i.get(ours), "per_layer_s", fa=r8["layers"]), 5, at_most=False)
         if r32:
             check(f"32-layer 7B, whole process ({how}) / floor, idle",
@@ -360,7 +360,7 @@ def verdicts(results: dict[str, dict]) -> list[str]:
 
 
 def table(results: dict[str, dict]) -> None:
-    """One markdown table: every shape and mode side by side, ratios to the floor and to attnrank."""
+    """One markdown table: every shape and mode side by side, ratios to the floor and to headrank."""
     cols = [(k, m) for k, r in results.items() for m in ("idle", "load") if m in r]
     print("\n| | " + " | ".join(f"{k}, {m}" for k, m in cols) + " |")
     print("| --- |" + " --- |" * len(cols))
@@ -383,25 +383,25 @@ def table(results: dict[str, dict]) -> None:
         return cell
 
     row("I/O floor: read the attention tensors, to float32", secs("floor"))
-    row("attnrank spectra --out, whole process (× floor)", secs("ours", vs="floor"))
-    row("attnrank --threads 2 (× floor)", secs("ours2", vs="floor"))
-    row("attnrank --no-plots (× floor)", secs("noplots", vs="floor"))
-    row("TransformerLens `FactoredMatrix.S`, default threads, extrapolated (× attnrank)",
+    row("headrank spectra --out, whole process (× floor)", secs("ours", vs="floor"))
+    row("headrank --threads 2 (× floor)", secs("ours2", vs="floor"))
+    row("headrank --no-plots (× floor)", secs("noplots", vs="floor"))
+    row("TransformerLens `FactoredMatrix.S`, default threads, extrapolated (× headrank)",
         secs("tl", "per_layer_s", True, vs="ours"))
-    row("TransformerLens, 1 thread, extrapolated (× attnrank)", secs("tl1", "per_layer_s", True, vs="ours"))
-    row("dense float64 SVD of the d × d product, extrapolated (× attnrank)",
+    row("TransformerLens, 1 thread, extrapolated (× headrank)", secs("tl1", "per_layer_s", True, vs="ours"))
+    row("dense float64 SVD of the d × d product, extrapolated (× headrank)",
         secs("dense", "per_layer_s", True, vs="ours"))
-    row("attnrank CPU seconds (user + sys, with its figure process)",
+    row("headrank CPU seconds (user + sys, with its figure process)",
         lambda m, r: "—" if "error" in r["ours"] else f"{r['ours']['cpu_s']:.1f} s")
-    row("peak RSS of attnrank", lambda m, r: "—" if "error" in r["ours"] else f"{r['ours']['peak_rss_mib'] / 1024:.2f} GiB")
+    row("peak RSS of headrank", lambda m, r: "—" if "error" in r["ours"] else f"{r['ours']['peak_rss_mib'] / 1024:.2f} GiB")
     row("stream: compute waited on reads / reads on compute", lambda m, r: _shares(r["ours"]).replace(
         "compute waited on reads ", "").replace("reads waited on compute ", "").replace(", ", " / "))
-    row("load average before attnrank (1, 5, 15 min)", lambda m, r: r["ours"].get("load_avg", "—"))
+    row("load average before headrank (1, 5, 15 min)", lambda m, r: r["ours"].get("load_avg", "—"))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--dir", type=Path, default=Path("/tmp/attnrank-bench"))
+    ap.add_argument("--dir", type=Path, default=Path("/tmp/headrank-bench"))
     ap.add_argument("--dense-heads", type=int, default=2)
     ap.add_argument("--tl-layers", type=int, default=1)
     ap.add_argument("--models", default="llama2-7b-8l,llama2-7b,llama-70b-attn")

@@ -1,4 +1,4 @@
-"""Wall time of `attnrank train` (recall, LM and ViT defaults, a fixed number of steps) at 1 and 2
+"""Wall time of `headrank train` (recall, LM and ViT defaults, a fixed number of steps) at 1 and 2
 torch threads, with the machine as it is ("idle": no job of ours besides the run) and with one
 concurrent CPU-bound job (a pure-Python busy loop started here and ended by its pid). The load
 average (`/proc/loadavg`, 1 min) is recorded before each run: the machine is shared.
@@ -24,7 +24,7 @@ def load() -> str:
 
 
 def one(kind: str, steps: int, threads: int, out: Path) -> float:
-    cmd = [sys.executable, "-m", "attnrank", "train", kind, "--out", str(out), "--steps", str(steps),
+    cmd = [sys.executable, "-m", "headrank", "train", kind, "--out", str(out), "--steps", str(steps),
            "--threads", str(threads), "--device", "cpu", "--quiet", "--log", "none",
            "--track-every", str(steps), "--checkpoint-every", str(steps)]
     env = dict(os.environ, HF_HUB_OFFLINE="1")
@@ -57,9 +57,9 @@ def main() -> None:
                 if burner is not None:
                     burner.kill()
                     burner.wait()
-    lines = [f"# `attnrank train` wall time, {a.steps} steps, 1 vs 2 torch threads", "",
+    lines = [f"# `headrank train` wall time, {a.steps} steps, 1 vs 2 torch threads", "",
              f"{os.cpu_count()} cores, shared with other jobs; load = 1-minute load average just before the run.",
-             "Command: `attnrank train KIND --steps N --threads T --device cpu --log none --quiet` (defaults "
+             "Command: `headrank train KIND --steps N --threads T --device cpu --log none --quiet` (defaults "
              "otherwise; one rank measurement and one checkpoint at the end).", "",
              "| task | threads | concurrent job of ours | run | load before | wall s |",
              "| --- | ---: | --- | ---: | ---: | ---: |"]

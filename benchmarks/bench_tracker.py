@@ -24,12 +24,12 @@ from pathlib import Path
 
 import torch
 
-from attnrank.analysis.tracker import RankTracker
-from attnrank.models.tasks import RecallStream, recall_loss_and_accuracy
-from attnrank.models.transformer import Transformer
-from attnrank.training.config import TrainConfig, lr_at, recall_config
-from attnrank.training.loop import train
-from attnrank.training.optim import param_groups
+from headrank.analysis.tracker import RankTracker
+from headrank.models.tasks import RecallStream, recall_loss_and_accuracy
+from headrank.models.transformer import Transformer
+from headrank.training.config import TrainConfig, lr_at, recall_config
+from headrank.training.loop import train
+from headrank.training.optim import param_groups
 
 
 def whole_runs(steps: int, repeats: int) -> tuple[dict[str, float], dict[str, float], int]:

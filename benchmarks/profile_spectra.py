@@ -1,4 +1,4 @@
-"""Profile of ``attnrank.analyze`` on a few layers of a benchmark checkpoint (torch.profiler).
+"""Profile of ``headrank.analyze`` on a few layers of a benchmark checkpoint (torch.profiler).
 
     python benchmarks/profile_spectra.py PATH [--layers 0-3] [--threads N] [--load] [--top 15]
 
@@ -29,14 +29,14 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     from torch.profiler import ProfilerActivity, profile
 
-    import attnrank
+    import headrank
 
-    attnrank.analyze(args.path, layers="0")  # warm imports and page cache
+    headrank.analyze(args.path, layers="0")  # warm imports and page cache
     print(f"load average before: {load_avg()}; torch threads {torch.get_num_threads()}; "
           f"concurrent CPU-bound process: {'yes' if args.load else 'no'}")
     with cpu_load(args.load), profile(activities=[ProfilerActivity.CPU]) as prof:
         t0 = time.perf_counter()
-        attnrank.analyze(args.path, layers=args.layers)
+        headrank.analyze(args.path, layers=args.layers)
         wall = time.perf_counter() - t0
     print(f"wall {wall:.2f} s for layers {args.layers}; load average after: {load_avg()}")
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.top))

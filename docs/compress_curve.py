@@ -30,7 +30,7 @@ def smollm2() -> str | None:
 
 
 def measure() -> dict:
-    from attnrank.analysis.compress import TextSpec, cost_curve
+    from headrank.analysis.compress import TextSpec, cost_curve
 
     models = {"MiniLM-L6 (encoder)": ("minilm", "ov,qk", TextSpec(n=64, seq_len=128))}
     gguf = smollm2()

@@ -14,10 +14,10 @@ import shutil
 import sys
 from pathlib import Path
 
-from attnrank.report.html import GROUP_TITLES, brief, claim_groups, measured_brief, reading
-from attnrank.studies import coverage
-from attnrank.studies.registry import citation_problems, tally
-from attnrank.util.fileio import write_text
+from headrank.report.html import GROUP_TITLES, brief, claim_groups, measured_brief, reading
+from headrank.studies import coverage
+from headrank.studies.registry import citation_problems, tally
+from headrank.util.fileio import write_text
 
 FIGURES = {"fig1/fig1.png": "gallery_fig1.png", "fig2/fig2.png": "gallery_fig2.png",
            "fig2/fig2_horizon.png": "gallery_fig2_horizon.png",

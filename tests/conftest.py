@@ -9,7 +9,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 @pytest.fixture(scope="session")
 def minilm_dir() -> Path:
-    from attnrank.io.checkpoint import shipped_model_path
+    from headrank.io.checkpoint import shipped_model_path
 
     return shipped_model_path("minilm")
 
@@ -17,7 +17,7 @@ def minilm_dir() -> Path:
 @pytest.fixture(scope="session")
 def sentences() -> list[str]:
     """Real English: the first three test-split sentences of the stdlib corpus."""
-    from attnrank.models.corpus import sentences as corpus_sentences
+    from headrank.models.corpus import sentences as corpus_sentences
 
     return corpus_sentences("test", 3)
 

@@ -1,4 +1,4 @@
-"""The attnrank command as a user meets it: real subprocesses, exit codes, files written."""
+"""The headrank command as a user meets it: real subprocesses, exit codes, files written."""
 
 import io
 import json
@@ -17,7 +17,7 @@ REQUIRED = ["layer", "head", "product", "sv_max", "nuclear", "frob_bound", "gap"
 
 def run(*args, cwd=None):
     env = dict(os.environ, HF_HUB_OFFLINE="1", COLUMNS="200")
-    return subprocess.run([sys.executable, "-m", "attnrank", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "headrank", *args], capture_output=True, text=True,
                           cwd=cwd, env=env, timeout=300)
 
 
@@ -169,7 +169,7 @@ def test_usage_errors_are_one_line(tmp_path, monkeypatch, args, needle):
     from .fuzz.harness import run_cli
 
     monkeypatch.chdir(tmp_path)
-    code, _, err = run_cli(*args)  # attnrank.cli.main in this process: the entry point's own handling
+    code, _, err = run_cli(*args)  # headrank.cli.main in this process: the entry point's own handling
     _one_error_line(code, err, needle)
     assert not (tmp_path / "x").exists()
 
@@ -186,8 +186,8 @@ def test_out_is_checked_before_the_analysis(tmp_path, monkeypatch, command):
     def must_not_run(*a, **k):
         raise AssertionError("the analysis ran before --out was checked")
 
-    for mod, fn in (("attnrank.analysis.scan", "analyze"), ("attnrank.analysis.collapse", "analyze"),
-                    ("attnrank.analysis.scaling", "analyze_scaling")):
+    for mod, fn in (("headrank.analysis.scan", "analyze"), ("headrank.analysis.collapse", "analyze"),
+                    ("headrank.analysis.scaling", "analyze_scaling")):
         monkeypatch.setattr(f"{mod}.{fn}", must_not_run)
     (tmp_path / "f").write_text("a file\n")
     src = write_tiny(tmp_path / "m")
@@ -224,7 +224,7 @@ def test_a_full_disk_leaves_the_previous_set_whole(tmp_path, monkeypatch):
 
 
 def test_temporaries_of_a_killed_run_are_cleaned(tmp_path):
-    from attnrank.util.fileio import STAGING_PREFIX
+    from headrank.util.fileio import STAGING_PREFIX
 
     from .fuzz.harness import run_cli, write_tiny
 
@@ -249,7 +249,7 @@ def test_unforeseen_errors_are_still_one_line(tmp_path, monkeypatch, exc, needle
     def fail(*a, **k):
         raise exc
 
-    monkeypatch.setattr("attnrank.analysis.scan.analyze", fail)
+    monkeypatch.setattr("headrank.analysis.scan.analyze", fail)
     code, _, err = run_cli("spectra", "minilm")
     _one_error_line(code, err, needle)
 
@@ -260,9 +260,9 @@ def test_no_private_typer_or_click_imports():
     import ast
     from pathlib import Path
 
-    import attnrank
+    import headrank
 
-    for f in Path(attnrank.__file__).parent.rglob("*.py"):
+    for f in Path(headrank.__file__).parent.rglob("*.py"):
         for node in ast.walk(ast.parse(f.read_text())):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
                      [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
@@ -279,23 +279,23 @@ def _raise(exc):
 def test_an_unexpected_exception_is_one_line_naming_debug(monkeypatch):
     from .fuzz.harness import run_cli
 
-    monkeypatch.delenv("ATTNRANK_DEBUG", raising=False)
-    monkeypatch.setattr("attnrank.analysis.scan.analyze", _raise(RuntimeError("shape '[4, -1, 2]' is invalid\nfor input")))
+    monkeypatch.delenv("HEADRANK_DEBUG", raising=False)
+    monkeypatch.setattr("headrank.analysis.scan.analyze", _raise(RuntimeError("shape '[4, -1, 2]' is invalid\nfor input")))
     code, _, err = run_cli("spectra", "minilm")
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert code == 1 and len(lines) == 1 and "Traceback" not in err, err
     assert lines[0].startswith("error: unexpected RuntimeError: shape '[4, -1, 2]' is invalid for input")
-    assert "--debug" in lines[0] and "ATTNRANK_DEBUG=1" in lines[0]
+    assert "--debug" in lines[0] and "HEADRANK_DEBUG=1" in lines[0]
 
 
 @pytest.mark.parametrize("how", ["option", "env"])
 def test_debug_shows_the_traceback(monkeypatch, how):
-    from attnrank import cli
+    from headrank import cli
 
-    monkeypatch.setattr("attnrank.analysis.scan.analyze", _raise(ZeroDivisionError("deep inside")))
-    monkeypatch.setattr(sys, "argv", ["attnrank", *(["--debug"] if how == "option" else []), "spectra", "minilm"])
+    monkeypatch.setattr("headrank.analysis.scan.analyze", _raise(ZeroDivisionError("deep inside")))
+    monkeypatch.setattr(sys, "argv", ["headrank", *(["--debug"] if how == "option" else []), "spectra", "minilm"])
     if how == "env":
-        monkeypatch.setenv("ATTNRANK_DEBUG", "1")
+        monkeypatch.setenv("HEADRANK_DEBUG", "1")
     with pytest.raises(ZeroDivisionError, match="deep inside"):
         cli.main()
 
@@ -303,18 +303,18 @@ def test_debug_shows_the_traceback(monkeypatch, how):
 def test_ctrl_c_prints_interrupted_exit_130(monkeypatch):
     from .fuzz.harness import run_cli
 
-    monkeypatch.setattr("attnrank.analysis.scan.analyze", _raise(KeyboardInterrupt()))
+    monkeypatch.setattr("headrank.analysis.scan.analyze", _raise(KeyboardInterrupt()))
     code, _, err = run_cli("spectra", "minilm")
     assert code == 130 and err.strip() == "error: interrupted", err
 
 
 def test_sigint_to_a_running_command(tmp_path):
-    """A real SIGINT to a running `attnrank train`: one line, exit 130, no traceback."""
+    """A real SIGINT to a running `headrank train`: one line, exit 130, no traceback."""
     import signal
     import time
 
     env = dict(os.environ, HF_HUB_OFFLINE="1")
-    p = subprocess.Popen([sys.executable, "-m", "attnrank", "train", "recall", "--out", str(tmp_path / "r"),
+    p = subprocess.Popen([sys.executable, "-m", "headrank", "train", "recall", "--out", str(tmp_path / "r"),
                           "--steps", "100000", "--quiet", "--log", "none"], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.monotonic() + 120
@@ -326,11 +326,11 @@ def test_sigint_to_a_running_command(tmp_path):
 
 
 def test_a_closed_stdout_is_quiet(tmp_path):
-    """`attnrank spectra M --format csv | head -1`: no "Broken pipe" line, no traceback."""
+    """`headrank spectra M --format csv | head -1`: no "Broken pipe" line, no traceback."""
     from .fuzz.harness import write_tiny
 
     src = write_tiny(tmp_path / "m")
-    cmd = (f"{sys.executable} -m attnrank spectra {src} --format csv; echo rc=$? >&2")
+    cmd = (f"{sys.executable} -m headrank spectra {src} --format csv; echo rc=$? >&2")
     for reader in ("head -c 10",):
         r = subprocess.run(f"({cmd}) | {reader}", shell=True, capture_output=True, text=True, timeout=300,
                            env=dict(os.environ, HF_HUB_OFFLINE="1"))
@@ -341,7 +341,7 @@ def test_a_closed_stdout_is_quiet(tmp_path):
 def test_line_progress_when_stderr_is_not_a_terminal():
     from rich.console import Console
 
-    from attnrank.util.progress import LineProgress
+    from headrank.util.progress import LineProgress
 
     t = [0.0]
     con = Console(file=io.StringIO(), width=200)
@@ -480,7 +480,7 @@ def test_a_full_disk_while_saving_a_checkpoint(tmp_path, monkeypatch):
             raise OSError(errno.ENOSPC, "No space left on device", str(file))
         return real_open(file, mode, *a, **k)
 
-    monkeypatch.setattr("attnrank.training.state.open", full_open, raising=False)
+    monkeypatch.setattr("headrank.training.state.open", full_open, raising=False)
     code, _, err = run_cli("train", "recall", "--out", str(tmp_path / "r"), "--steps", "2",
                            "--checkpoint-every", "2", "--quiet", "--log", "none")
     check_outcome(code, err)
@@ -523,7 +523,7 @@ def test_heartbeat_lines_for_a_long_call_without_progress():
 
     from rich.console import Console
 
-    from attnrank.util.progress import Heartbeat
+    from headrank.util.progress import Heartbeat
 
     con = Console(file=io.StringIO(), width=200)
     with Heartbeat(con, "reproducing fig3", every_s=0.2):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from attnrank.errors import ONE_LINE_LIMIT, AttnRankError, one_line
+from headrank.errors import ONE_LINE_LIMIT, HeadRankError, one_line
 
 
 def test_whitespace_and_newlines_fold_into_single_spaces():
@@ -13,7 +13,7 @@ def test_whitespace_and_newlines_fold_into_single_spaces():
 
 def test_an_empty_message_reads_as_the_type_name():
     assert one_line(KeyError()) == "KeyError"
-    assert one_line(AttnRankError(" \n ")) == "AttnRankError"
+    assert one_line(HeadRankError(" \n ")) == "HeadRankError"
     assert one_line("") == ""  # a string has no type to fall back on
     assert one_line(" \n ") == ""
 

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-import attnrank
+import headrank
 
-ROOT = Path(attnrank.__file__).parent
+ROOT = Path(headrank.__file__).parent
 # lowest first; a module may import from its own layer and the layers before it
 LAYERS = ("util", "core", "io", "models", "analysis", "training", "studies", "report", "cli")
-BASE = {"attnrank.errors"}  # the one error type, below everything
-FACADE = {"attnrank", "attnrank.__main__"}  # the package root (lazy public API) and `python -m`
+BASE = {"headrank.errors"}  # the one error type, below everything
+FACADE = {"headrank", "headrank.__main__"}  # the package root (lazy public API) and `python -m`
 
 
 def module_name(path: Path) -> str:
@@ -31,7 +31,7 @@ def layer(mod: str) -> int:
 
 
 def imports(path: Path) -> set[str]:
-    """attnrank modules imported anywhere in the file (module level and inside functions)."""
+    """headrank modules imported anywhere in the file (module level and inside functions)."""
     return imports_of(path.read_text(), module_name(path), path.name == "__init__.py")
 
 
@@ -40,7 +40,7 @@ def imports_of(src: str, mod: str, is_package: bool) -> set[str]:
     out: set[str] = set()
     for node in ast.walk(ast.parse(src)):
         if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names if a.name.split(".")[0] == "attnrank"}
+            out |= {a.name for a in node.names if a.name.split(".")[0] == "headrank"}
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = pkg.split(".")
@@ -48,7 +48,7 @@ def imports_of(src: str, mod: str, is_package: bool) -> set[str]:
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            if target.split(".")[0] != "attnrank":
+            if target.split(".")[0] != "headrank":
                 continue
             for a in node.names:  # `from pkg import module` imports the submodule
                 sub = f"{target}.{a.name}"
@@ -99,11 +99,11 @@ def test_the_checker_sees_upward_and_lazy_imports():
     """The checker itself: a lazy upward import inside a function of a core module is found,
     relative imports are resolved, and a sideways one is allowed."""
     src = ("from .linalg import x\n"
-           "def f():\n    from ..report import runner\n    from attnrank.io import layouts\n")
-    found = imports_of(src, "attnrank.core.spectra", is_package=False)
-    assert found == {"attnrank.core.linalg", "attnrank.report.runner", "attnrank.io.layouts"}
-    ups = {t for t in found if layer(t) > layer("attnrank.core.spectra")}
-    assert ups == {"attnrank.report.runner", "attnrank.io.layouts"}
+           "def f():\n    from ..report import runner\n    from headrank.io import layouts\n")
+    found = imports_of(src, "headrank.core.spectra", is_package=False)
+    assert found == {"headrank.core.linalg", "headrank.report.runner", "headrank.io.layouts"}
+    ups = {t for t in found if layer(t) > layer("headrank.core.spectra")}
+    assert ups == {"headrank.report.runner", "headrank.io.layouts"}
 
 
 MODULE_MAX, FUNCTION_MAX, STUDY_FUNCTION_MAX = 800, 60, 60

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from attnrank.analysis import collapse as C
-from attnrank.errors import AttnRankError
-from attnrank.models.opener import open_model, resolve, tokenize
-from attnrank.util.threads import torch_threads
+from headrank.analysis import collapse as C
+from headrank.errors import HeadRankError
+from headrank.models.opener import open_model, resolve, tokenize
+from headrank.util.threads import torch_threads
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -39,7 +39,7 @@ def test_norms_match_numpy(rng):
         assert C.matrix_norm(M, "linf")[i] == pytest.approx(linf)
         assert C.matrix_norm(M, "composite")[i] == pytest.approx(math.sqrt(l1 * linf))
         assert C.matrix_norm(M, "fro")[i] == pytest.approx(np.linalg.norm(M[i], "fro"))
-    with pytest.raises(AttnRankError):
+    with pytest.raises(HeadRankError):
         C.matrix_norm(M, "l2")
 
 
@@ -130,7 +130,7 @@ def test_path_counts_against_enumeration():
     assert st["log10_total_paths"] == pytest.approx(math.log10(13**6))
     t = C.path_table()
     assert set(C.WELL_KNOWN) == set(t.model) and (t.mean_length < t.layers).all()
-    with pytest.raises(AttnRankError):
+    with pytest.raises(HeadRankError):
         C.path_counts(3, 0)
 
 
@@ -148,7 +148,7 @@ def test_path_products_direct(rng):
 
 
 def test_path_restricted_sums_to_output_and_matches_explicit_paths():
-    from attnrank.models.transformer import Transformer
+    from headrank.models.transformer import Transformer
 
     ids = C.byte_batch(3, 12)
     for norm in ("none", "pre", "post"):
@@ -176,7 +176,7 @@ def test_path_restricted_sums_to_output_and_matches_explicit_paths():
             explicit[sum(h is not None for h in path)] += Z
     for k in range(4):
         torch.testing.assert_close(out["Y"][k], explicit[k], rtol=1e-10, atol=1e-12)
-    with pytest.raises(AttnRankError):
+    with pytest.raises(HeadRankError):
         C.path_restricted(Transformer(C.pure_attention_config(2, 0.3, d_model=16, n_heads=2)), ids)
 
 
@@ -305,26 +305,26 @@ def test_prenorm_full_variant_equals_hf(tmp_path, name):
 
 
 def test_training_run_directory_loads_its_newest_checkpoint(tmp_path):
-    from attnrank.io.rundir import latest_checkpoint
-    from attnrank.training.config import recall_config
-    from attnrank.training.loop import train
+    from headrank.io.rundir import latest_checkpoint
+    from headrank.training.config import recall_config
+    from headrank.training.loop import train
 
     cfg = recall_config(steps=2, n_layers=1, d_model=16, n_heads=2, n_pairs=2, n_keys=4, n_values=4,
                         batch_size=4, checkpoint_every=1, track_every=1, log_every=1)
     train(tmp_path / "run", cfg, device="cpu", tensorboard=False)
     path, cfg_json = resolve(tmp_path / "run")
     assert path == latest_checkpoint(tmp_path / "run") and path.name.endswith("2")
-    assert cfg_json["model_type"] == "attnrank"
+    assert cfg_json["model_type"] == "headrank"
 
 
 def test_project_model_variants(tmp_path):
-    from attnrank.models.transformer import ModelConfig, Transformer
+    from headrank.models.transformer import ModelConfig, Transformer
 
     torch.manual_seed(0)
     m = Transformer(ModelConfig(vocab_size=256, max_seq_len=32, n_layers=2, d_model=16, n_heads=2))
     m.save_pretrained(tmp_path / "model")
     lm = open_model(tmp_path / "model", n_inputs=0)
-    assert lm.model_type == "attnrank"
+    assert lm.model_type == "headrank"
     ad = C.make_adapter(lm, "pretrained", 0)
     ids = C.byte_batch(1, 20)
     cap = ad.reference(ids)
@@ -366,39 +366,39 @@ def test_analyze_end_to_end(tmp_path, sentences):
 
 
 def test_user_errors(tmp_path):
-    with pytest.raises(AttnRankError, match="no such file"):
+    with pytest.raises(HeadRankError, match="no such file"):
         C.analyze(tmp_path / "missing")
     bad = tmp_path / "t5"
     bad.mkdir()
     (bad / "config.json").write_text(json.dumps({"model_type": "t5"}))
-    with pytest.raises(AttnRankError, match="does not support model_type 't5'"):
+    with pytest.raises(HeadRankError, match="does not support model_type 't5'"):
         C.analyze(bad)
     (tmp_path / "run" / "checkpoints").mkdir(parents=True)
-    with pytest.raises(AttnRankError, match="without a complete checkpoint"):
+    with pytest.raises(HeadRankError, match="without a complete checkpoint"):
         C.analyze(tmp_path / "run")
-    with pytest.raises(AttnRankError, match="unknown variant"):
+    with pytest.raises(HeadRankError, match="unknown variant"):
         C.analyze("minilm", variants=("nope",))
-    with pytest.raises(AttnRankError):
+    with pytest.raises(HeadRankError):
         C.analyze("minilm", n_seqs=1)
 
 
 def test_surgery_modules_come_from_the_layout_table():
-    from attnrank.io.layouts import layout_for
+    from headrank.io.layouts import layout_for
 
     assert C.surgery_modules({"model_type": "bert"}) is layout_for({"model_type": "bert"}).modules
-    assert C.surgery_modules({"model_type": "attnrank"}) is None
-    with pytest.raises(AttnRankError, match="not 'ViT'"):
-        C.surgery_modules({"model_type": "attnrank", "architecture": "ViT"})
+    assert C.surgery_modules({"model_type": "headrank"}) is None
+    with pytest.raises(HeadRankError, match="not 'ViT'"):
+        C.surgery_modules({"model_type": "headrank", "architecture": "ViT"})
     for mt in ("gemma", "vit", "t5"):  # in the table without modules, or not at all
-        with pytest.raises(AttnRankError, match="does not support"):
+        with pytest.raises(HeadRankError, match="does not support"):
             C.surgery_modules({"model_type": mt})
-    assert {"bert", "roberta", "gpt2", "llama", "mistral", "qwen2", "attnrank"} <= set(C.collapse_model_types())
+    assert {"bert", "roberta", "gpt2", "llama", "mistral", "qwen2", "headrank"} <= set(C.collapse_model_types())
 
 
 def test_cli_collapse(tmp_path):
     from typer.testing import CliRunner
 
-    from attnrank.cli import app
+    from headrank.cli import app
 
     r = CliRunner().invoke(app, ["collapse", "minilm", "--seqs", "2", "--max-tokens", "12", "--threads", "1",
                                  "--json", "--out", str(tmp_path / "o")])

@@ -1,4 +1,4 @@
-"""The stated bound and the MLP Lipschitz bounds (attnrank.analysis.collapse.bound), against dense
+"""The stated bound and the MLP Lipschitz bounds (headrank.analysis.collapse.bound), against dense
 float64 numpy, plain-float formulas and the modules' own forward passes."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnrank.analysis.collapse import bound as B
-from attnrank.analysis.collapse.depth import pure_attention_config
-from attnrank.analysis.collapse.surgery import ProjectAdapter
-from attnrank.errors import AttnRankError
-from attnrank.models.transformer import Transformer
+from headrank.analysis.collapse import bound as B
+from headrank.analysis.collapse.depth import pure_attention_config
+from headrank.analysis.collapse.surgery import ProjectAdapter
+from headrank.errors import HeadRankError
+from headrank.models.transformer import Transformer
 
 
 def _model(mlp: bool = False, layers: int = 2, heads: int = 2, std: float = 0.3) -> Transformer:
@@ -50,9 +50,9 @@ def test_layer_beta_equals_dense_numpy_norms():
 
 
 def test_bad_weight_shapes_are_refused():
-    with pytest.raises(AttnRankError, match="do not split"):
+    with pytest.raises(HeadRankError, match="do not split"):
         B.head_matrices(torch.zeros(6, 4), torch.zeros(6, 4), torch.zeros(6, 4), torch.zeros(4, 6), 4)
-    with pytest.raises(AttnRankError, match="beta > 0"):
+    with pytest.raises(HeadRankError, match="beta > 0"):
         B.gamma_thresholds(np.zeros(1), np.zeros((1, 1)), 0.0, 1, 4)
 
 
@@ -138,8 +138,8 @@ def test_absolute_residual_is_the_composite_norm_of_the_centred_matrix():
 
 
 def test_bert_weights_reproduce_minilms_own_attention_with_biases_zeroed():
-    from attnrank.analysis.collapse.surgery import make_adapter
-    from attnrank.models.opener import open_model
+    from headrank.analysis.collapse.surgery import make_adapter
+    from headrank.models.opener import open_model
 
     op = open_model("minilm", dtype=torch.float64, n_inputs=0)
     ad = make_adapter(op, "pretrained", 0)

@@ -1,4 +1,4 @@
-"""`attnrank compress`: at full rank the written checkpoint reproduces the original's forward
+"""`headrank compress`: at full rank the written checkpoint reproduces the original's forward
 (the real Hugging Face modules, float64); at rank k every unit's product is the dense float64
 best rank-k approximation (numpy SVD of the formed product), for plain heads and for
 grouped-query groups cut jointly; biases; bad input."""
@@ -14,9 +14,9 @@ import transformers as tf
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from attnrank.analysis.compress import compress
-from attnrank.cli import app
-from attnrank.errors import AttnRankError
+from headrank.analysis.compress import compress
+from headrank.cli import app
+from headrank.errors import HeadRankError
 
 LLAMA = dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2, intermediate_size=64,
              vocab_size=97, head_dim=8)
@@ -189,7 +189,7 @@ def test_bad_input_is_one_line_and_exit_2(llama_dir, tmp_path, args, msg):
 def test_out_with_other_files_is_refused_and_a_rerun_replaces_the_set(llama_dir, tmp_path):
     (tmp_path / "o").mkdir()
     (tmp_path / "o" / "notes.txt").write_text("mine")
-    with pytest.raises(AttnRankError, match="no compress.json"):
+    with pytest.raises(HeadRankError, match="no compress.json"):
         compress(str(llama_dir), tmp_path / "o", rank=2)
     compress(str(llama_dir), tmp_path / "p", rank=2)
     (tmp_path / "p" / "1_Pooling").mkdir()  # as if the previous set had had it

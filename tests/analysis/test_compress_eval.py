@@ -11,9 +11,9 @@ import pytest
 import torch
 import transformers as tf
 
-from attnrank.analysis.compress import TextSpec, compress, cost_curve
-from attnrank.analysis.compress.cut import cut_unit
-from attnrank.models import corpus
+from headrank.analysis.compress import TextSpec, compress, cost_curve
+from headrank.analysis.compress.cut import cut_unit
+from headrank.models import corpus
 
 
 def test_whitened_cut_is_the_dense_best_rank_k_of_the_whitened_product():

@@ -10,7 +10,7 @@ import torch
 import transformers as tf
 from safetensors.torch import load_file
 
-from attnrank.analysis.compress import compress
+from headrank.analysis.compress import compress
 
 LLAMA = dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2, intermediate_size=64,
              vocab_size=97, head_dim=8, attention_bias=True)
@@ -99,16 +99,16 @@ def test_partial_rotary_cuts_the_non_rotary_part_to_the_dense_best_rank_k(tmp_pa
 
 
 def test_qk_norm_models_refuse_qk(tmp_path):
-    from attnrank.errors import AttnRankError
+    from headrank.errors import HeadRankError
 
     cfg = tf.Qwen3Config(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
                          intermediate_size=48, vocab_size=97, head_dim=8)
     _model(tf.Qwen3ForCausalLM, cfg, tmp_path / "src")
-    with pytest.raises(AttnRankError, match="normalised"):
+    with pytest.raises(HeadRankError, match="normalised"):
         compress(str(tmp_path / "src"), tmp_path / "o", rank=2, products="qk")
     from typer.testing import CliRunner
 
-    from attnrank.cli import app
+    from headrank.cli import app
 
     r = CliRunner().invoke(app, ["compress", str(tmp_path / "src"), "--out", str(tmp_path / "o"), "--rank", "2",
                                  "--products", "ov,qk"])

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from attnrank import analyze
+from headrank import analyze
 
 
 @pytest.fixture(scope="module")

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from attnrank.analysis import plots
-from attnrank.analysis.figproc import FigureProcess, display_name, figure_data
-from attnrank.analysis.scan import analyze, save
+from headrank.analysis import plots
+from headrank.analysis.figproc import FigureProcess, display_name, figure_data
+from headrank.analysis.scan import analyze, save
 
 
 @pytest.fixture(scope="module")

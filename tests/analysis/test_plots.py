@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from attnrank.analysis import plots
+from headrank.analysis import plots
 from tests.figcheck import (
     assert_line,
     assert_points,

@@ -15,7 +15,7 @@ import torch
 import transformers as tf
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from attnrank.analysis.rotary import (
+from headrank.analysis.rotary import (
     COMMUTES,
     DEFAULT_PARTIAL,
     RotarySpec,
@@ -26,14 +26,14 @@ from attnrank.analysis.rotary import (
     rotary_line,
     rotary_spec,
 )
-from attnrank.analysis.scan import analyze, layer_metrics
-from attnrank.core.metrics import METRIC_COLUMNS
-from attnrank.io.checkpoint import Checkpoint
-from attnrank.io.layouts import AttentionReader
+from headrank.analysis.scan import analyze, layer_metrics
+from headrank.core.metrics import METRIC_COLUMNS
+from headrank.io.checkpoint import Checkpoint
+from headrank.io.layouts import AttentionReader
 
 from ..core.test_metrics import dense_reference
 
-CAPTURE = "attnrank_rotary_capture"
+CAPTURE = "headrank_rotary_capture"
 _captured: dict[int, dict[str, torch.Tensor]] = {}
 
 
@@ -88,7 +88,7 @@ def _capture_run(name, model, n=9):
 
 
 def _weights(name, model, tmp_path, i):
-    """(wq (H, dh, d), wk (Hkv, dh, d)): through attnrank's own layout reader where the table has
+    """(wq (H, dh, d), wk (Hkv, dh, d)): through headrank's own layout reader where the table has
     the architecture, else (GPT-J) from the module's projections."""
     if name.startswith("gptj"):
         attn = model.h[i].attn

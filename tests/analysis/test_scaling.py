@@ -1,4 +1,4 @@
-"""Scale invariance (attnrank.analysis.scaling): constructed networks whose invariances are known
+"""Scale invariance (headrank.analysis.scaling): constructed networks whose invariances are known
 by hand (and ones known to break them), the attention pair symmetries on real models of several
 layouts (aliases included), and the `scale` command."""
 
@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 from typer.testing import CliRunner
 
-from attnrank.analysis.scaling import (
+from headrank.analysis.scaling import (
     analyze_scaling,
     classify_outputs,
     norm_eps_zero,
@@ -19,8 +19,8 @@ from attnrank.analysis.scaling import (
     parse_scales,
     scale_test,
 )
-from attnrank.cli import app
-from attnrank.errors import AttnRankError
+from headrank.cli import app
+from headrank.errors import HeadRankError
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -63,18 +63,18 @@ def test_classify_outputs_known_functions():
     assert mixed["verdict"] == "neither" and mixed["k_spread"] > 0.5
     bad = classify_outputs(y0, {c: torch.full_like(y0, float("nan")) for c in cs})
     assert bad["verdict"] == "neither" and math.isinf(bad["inv_dev"])
-    with pytest.raises(AttnRankError):
+    with pytest.raises(HeadRankError):
         classify_outputs(torch.zeros(5), {2.0: torch.zeros(5)})
 
 
 def test_parse_options():
     assert parse_scales("0.3, 1.7,4.1") == (0.3, 1.7, 4.1)
     for bad in ("1", "0,2", "-1", "a,b", "inf", ""):
-        with pytest.raises(AttnRankError):
+        with pytest.raises(HeadRankError):
             parse_scales(bad)
     assert parse_group("emb=a.*,b") == ("emb", ["a.*", "b"])
     for bad in ("emb", "=a", "emb="):
-        with pytest.raises(AttnRankError):
+        with pytest.raises(HeadRankError):
             parse_group(bad)
 
 
@@ -221,8 +221,8 @@ def test_norm_eps_zero_restores_and_finds_hf_style_norms():
 
 
 def test_minilm_pairs_hold_and_controls_do_not(minilm_dir):
-    from attnrank.io.layouts import layout_for
-    from attnrank.models.opener import open_model
+    from headrank.io.layouts import layout_for
+    from headrank.models.opener import open_model
 
     probe = open_model("minilm")
     pairs, extra = pair_symmetries(probe.model, probe.forward, layout_for(probe.config), probe.config,
@@ -288,9 +288,9 @@ def test_live_vit_found_through_layout_aliases(tmp_path):
     row's alias, which AttentionReader resolves; the pair symmetries are found through it."""
     from transformers import ViTConfig
 
-    from attnrank.analysis.scaling import attention_sites
-    from attnrank.io.layouts import layout_for
-    from attnrank.models.opener import open_model
+    from headrank.analysis.scaling import attention_sites
+    from headrank.io.layouts import layout_for
+    from headrank.models.opener import open_model
 
     path = _save_hf(tmp_path, "vit", ViTConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4,
                                                intermediate_size=64, image_size=8, patch_size=4, num_channels=1))
@@ -309,8 +309,8 @@ def test_live_vit_found_through_layout_aliases(tmp_path):
 # ---------------------------------------------------------------- the project's own model
 
 
-def _attnrank_dir(tmp_path, **cfg):
-    from attnrank.models.transformer import ModelConfig, Transformer
+def _headrank_dir(tmp_path, **cfg):
+    from headrank.models.transformer import ModelConfig, Transformer
 
     torch.manual_seed(0)
     m = Transformer(ModelConfig(vocab_size=16, max_seq_len=9, n_layers=2, d_model=32, n_heads=4, **cfg))
@@ -324,7 +324,7 @@ def _attnrank_dir(tmp_path, **cfg):
 def test_project_model_post_norm_without_skip_known_verdicts(tmp_path):
     """x ← N(f(x)): f is linear in W_V, W_O and the MLP's output matrix, so each is invariant;
     W_Q, W_K (softmax temperature) and the MLP's input matrix (GELU) are not; the head is linear."""
-    res = analyze_scaling(_attnrank_dir(tmp_path, norm="post", skip=False), pairs=True)
+    res = analyze_scaling(_headrank_dir(tmp_path, norm="post", skip=False), pairs=True)
     t = res.table.set_index("name")
     for i in range(2):
         for n in ("attn.v.weight", "attn.o.weight", "mlp.proj.weight"):
@@ -336,7 +336,7 @@ def test_project_model_post_norm_without_skip_known_verdicts(tmp_path):
 
 
 def test_project_model_pre_norm_residual_breaks_invariance_and_gqa_pairs(tmp_path):
-    res = analyze_scaling(_attnrank_dir(tmp_path, n_kv_heads=2))  # default: pre-norm with skips
+    res = analyze_scaling(_headrank_dir(tmp_path, n_kv_heads=2))  # default: pre-norm with skips
     t = res.table.set_index("name")
     for i in range(2):
         for n in ("attn.q.weight", "attn.k.weight", "attn.v.weight", "attn.o.weight", "mlp.proj.weight"):
@@ -344,12 +344,12 @@ def test_project_model_pre_norm_residual_breaks_invariance_and_gqa_pairs(tmp_pat
     assert t.loc["head.weight", "verdict"] == "homogeneous"
     assert t.loc["final_norm.weight", "verdict"] == "homogeneous"  # logits = head(γ ⊙ n), no bias
     assert len(res.pairs) == 2 * 2 * 2 and res.pairs["pair_dev"].max() < 1e-12
-    assert res.meta["kind"] == "attnrank"
+    assert res.meta["kind"] == "headrank"
 
 
 def test_training_run_directory_uses_newest_checkpoint_and_task_inputs(tmp_path):
-    from attnrank.training.config import recall_config
-    from attnrank.training.loop import train
+    from headrank.training.config import recall_config
+    from headrank.training.loop import train
 
     cfg = recall_config(steps=2, n_layers=1, d_model=16, n_heads=2, n_pairs=2, n_keys=4, n_values=4,
                         batch_size=4, checkpoint_every=1, track_every=1, log_every=1)

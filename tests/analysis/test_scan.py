@@ -9,10 +9,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-import attnrank
-from attnrank.analysis.scan import TABLE_COLUMNS, analyze, parse_layers
-from attnrank.core.metrics import METRIC_COLUMNS, SUMMARY_METRICS
-from attnrank.errors import AttnRankError
+import headrank
+from headrank.analysis.scan import TABLE_COLUMNS, analyze, parse_layers
+from headrank.core.metrics import METRIC_COLUMNS, SUMMARY_METRICS
+from headrank.errors import HeadRankError
 
 from ..core.test_metrics import dense_reference
 from ..helpers import shard
@@ -63,12 +63,12 @@ def test_one_head_against_dense_svd(minilm_dir, minilm_result):
 
 
 def test_public_api_and_layer_selection():
-    t = attnrank.spectra("minilm", layers=[1, 3], tol=1e-2)
+    t = headrank.spectra("minilm", layers=[1, 3], tol=1e-2)
     assert sorted(t["layer"].unique()) == [1, 3]
     assert parse_layers("0,2-4", 6) == [0, 2, 3, 4]
-    with pytest.raises(AttnRankError):
+    with pytest.raises(HeadRankError):
         parse_layers("7", 6)
-    with pytest.raises(AttnRankError):
+    with pytest.raises(HeadRankError):
         parse_layers("a-b", 6)
 
 
@@ -90,7 +90,7 @@ def test_shape_contradicting_config(tmp_path, minilm_dir):
     cfg = json.loads((minilm_dir / "config.json").read_text())
     cfg["num_attention_heads"] = 5  # 384 / 5 is not an integer head width: shapes disagree
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(AttnRankError, match="shape"):
+    with pytest.raises(HeadRankError, match="shape"):
         analyze(tmp_path)
 
 
@@ -143,10 +143,10 @@ def test_timing_says_where_the_stream_waited():
 def test_gqa_reduces_each_kv_head_once(monkeypatch):
     """Under grouped-query attention the K and V Grams belong to kv heads: 8 query heads on 2 kv
     heads reduce 8 + 2 + 2 + 8 factors, not 32; the spectra equal those of repeated factors."""
-    import attnrank.core.linalg as la
-    from attnrank.analysis.scan import layer_metrics
-    from attnrank.core.linalg import product_metrics
-    from attnrank.io.layouts import HeadWeights
+    import headrank.core.linalg as la
+    from headrank.analysis.scan import layer_metrics
+    from headrank.core.linalg import product_metrics
+    from headrank.io.layouts import HeadWeights
 
     g = torch.Generator().manual_seed(3)
     H, Hkv, dh, d = 8, 2, 6, 40

@@ -1,12 +1,12 @@
-"""attnrank.analyze / attnrank.spectra called with anything: one AttnRankError line, never a
+"""headrank.analyze / headrank.spectra called with anything: one HeadRankError line, never a
 raw TypeError, never a silent 'all layers' or 'the current directory'."""
 
 import numpy as np
 import pytest
 
-import attnrank
-from attnrank.analysis.scan import parse_layers
-from attnrank.errors import AttnRankError
+import headrank
+from headrank.analysis.scan import parse_layers
+from headrank.errors import HeadRankError
 
 from ..fuzz.harness import write_tiny
 
@@ -23,8 +23,8 @@ def tiny(tmp_path_factory):
     ("", "not a path: ''"),
 ])
 def test_bad_sources(source, needle):
-    with pytest.raises(AttnRankError, match=needle):
-        attnrank.spectra(source)
+    with pytest.raises(HeadRankError, match=needle):
+        headrank.spectra(source)
 
 
 @pytest.mark.parametrize("kwargs, needle", [
@@ -47,15 +47,15 @@ def test_bad_sources(source, needle):
     ({"revision": 1}, "revision must be a string"),
 ])
 def test_bad_arguments(tiny, kwargs, needle):
-    with pytest.raises(AttnRankError) as e:
-        attnrank.spectra(str(tiny), **kwargs)
+    with pytest.raises(HeadRankError) as e:
+        headrank.spectra(str(tiny), **kwargs)
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 
 def test_good_arguments_of_every_accepted_type(tiny):
-    t = attnrank.spectra(tiny, layers=(np.int64(1),), tol=np.float32(0.01), threads=1)
+    t = headrank.spectra(tiny, layers=(np.int64(1),), tol=np.float32(0.01), threads=1)
     assert set(t["layer"]) == {1}
-    assert set(attnrank.spectra(str(tiny), layers=" 0 - 1 ")["layer"]) == {0, 1}
+    assert set(headrank.spectra(str(tiny), layers=" 0 - 1 ")["layer"]) == {0, 1}
 
 
 @pytest.mark.parametrize("spec, want", [(None, [0, 1, 2, 3]), ("2", [2]), ("3,0-1", [0, 1, 3]), ("1-1", [1]),
@@ -66,6 +66,6 @@ def test_parse_layers(spec, want):
 
 @pytest.mark.parametrize("spec", ["3-1", "-1", "0-4", "0-1e20", "0-" + "9" * 40, "a", "1-", "-", ",", "1,,2", ""])
 def test_parse_layers_refuses(spec):
-    with pytest.raises(AttnRankError) as e:
+    with pytest.raises(HeadRankError) as e:
         parse_layers(spec, 4)
     assert len(str(e.value)) < 200

@@ -1,4 +1,4 @@
-"""Rank over training (`attnrank track`): a run directory's checkpoints, a list of checkpoint
+"""Rank over training (`headrank track`): a run directory's checkpoints, a list of checkpoint
 directories and Hub revisions in the local cache give the tracker's own numbers; resumable;
 local pool and a local Ray started here agree; mixed architectures and missing revisions are
 one line, exit 2."""
@@ -13,19 +13,19 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from attnrank.analysis.series import resolve_series, track
-from attnrank.analysis.tracker import tracker_table
-from attnrank.core.linalg import METRIC_COLUMNS
-from attnrank.errors import AttnRankError
-from attnrank.io.rundir import read_metrics
+from headrank.analysis.series import resolve_series, track
+from headrank.analysis.tracker import tracker_table
+from headrank.core.linalg import METRIC_COLUMNS
+from headrank.errors import HeadRankError
+from headrank.io.rundir import read_metrics
 
 TINY = dict(n_pairs=3, n_keys=6, n_values=6, d_model=16, n_heads=2, batch_size=8)
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    from attnrank.training.config import recall_config
-    from attnrank.training.loop import train
+    from headrank.training.config import recall_config
+    from headrank.training.loop import train
 
     d = tmp_path_factory.mktemp("series") / "run"
     train(d, recall_config(steps=12, track_every=2, checkpoint_every=4, keep_checkpoints=10, lr=1e-2,
@@ -69,7 +69,7 @@ def test_run_directory_equals_the_tracker_and_resumes(run, tmp_path):
     assert res2.computed == ["step-00000008"] and res2.skipped == ["step-00000004", "step-00000012"]
     assert (out / "checkpoints" / "step-00000004.csv").stat().st_mtime_ns == mtime
     assert (out / "table.csv").read_bytes() == first
-    with pytest.raises(AttnRankError, match="other settings"):
+    with pytest.raises(HeadRankError, match="other settings"):
         track(run, out, tol=1e-2)
 
 
@@ -92,34 +92,34 @@ def test_checkpoint_list_and_hub_revisions(run, tmp_path, monkeypatch):
     assert set(res.table["origin"]) == {"checkpoint"}
     same_as_tracker(res.table, run)
     assert sorted(res.table["checkpoint"].unique()) == ["step12", "step4", "step8"]
-    with pytest.raises(AttnRankError):
+    with pytest.raises(HeadRankError):
         track("org/tiny", tmp_path / "h2", revisions="step4,step999", workers=1)
     assert not (tmp_path / "h2").exists()  # refused before any work
 
 
 def test_bad_series_one_line_exit_2(run, tmp_path):
-    from attnrank.training.config import recall_config
-    from attnrank.training.loop import train
+    from headrank.training.config import recall_config
+    from headrank.training.loop import train
 
     other = tmp_path / "other"
     train(other, recall_config(steps=2, checkpoint_every=2, **dict(TINY, d_model=32)), device="cpu",
           tensorboard=False)
     mixed = [str(sorted((run / "checkpoints").iterdir())[0]), str(sorted((other / "checkpoints").iterdir())[0])]
-    with pytest.raises(AttnRankError, match="mixed architectures.*d_model 32 vs 16"):
+    with pytest.raises(HeadRankError, match="mixed architectures.*d_model 32 vs 16"):
         track(mixed, tmp_path / "m")
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tmp_path / "empty"))
     for args in (["track", *mixed, "--out", str(tmp_path / "m2")],
                  ["track", "org/none", "--revisions", "step1,step2", "--out", str(tmp_path / "m3")],
                  ["track", str(tmp_path / "nothing"), "--out", str(tmp_path / "m4")],
                  ["track", str(run), "--out", str(tmp_path / "m5"), "--tol", "2"]):
-        p = subprocess.run([sys.executable, "-m", "attnrank", *args, "--quiet"], capture_output=True, text=True,
+        p = subprocess.run([sys.executable, "-m", "headrank", *args, "--quiet"], capture_output=True, text=True,
                            env=env, timeout=120)
         lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
         assert p.returncode == 2 and len(lines) == 1 and "error" in lines[0], (args, p.stderr)
 
 
 def test_cli_track_json(run, tmp_path):
-    p = subprocess.run([sys.executable, "-m", "attnrank", "track", str(run), "--out", str(tmp_path / "c"),
+    p = subprocess.run([sys.executable, "-m", "headrank", "track", str(run), "--out", str(tmp_path / "c"),
                         "--workers", "1", "--json"], capture_output=True, text=True,
                        env=dict(os.environ, HF_HUB_OFFLINE="1"), timeout=120)
     assert p.returncode == 0, p.stderr
@@ -142,8 +142,8 @@ def test_ray_tasks_on_a_local_ray_equal_the_pool(run, tmp_path):
 
 
 def other_run(tmp_path, seed=1):
-    from attnrank.training.config import recall_config
-    from attnrank.training.loop import train
+    from headrank.training.config import recall_config
+    from headrank.training.loop import train
 
     d = tmp_path / f"run{seed}"
     train(d, recall_config(steps=8, track_every=4, checkpoint_every=4, keep_checkpoints=10, lr=1e-2, seed=seed,
@@ -158,7 +158,7 @@ def test_out_of_other_checkpoints_refused_unless_force(run, tmp_path):
     track(run, out, workers=1, plots=False)
     before = {f: (out / f).read_bytes() for f in ("table.csv", "summary.csv", "series.json")}
     b = other_run(tmp_path)
-    with pytest.raises(AttnRankError, match="other checkpoints.*--force"):
+    with pytest.raises(HeadRankError, match="other checkpoints.*--force"):
         track(b, out, workers=1, plots=False)
     assert {f: (out / f).read_bytes() for f in before} == before
     res = track(b, out, workers=1, plots=False, force=True)
@@ -169,7 +169,7 @@ def test_out_of_other_checkpoints_refused_unless_force(run, tmp_path):
     np.testing.assert_allclose(m["effective_rank"], m["effective_rank_b"], rtol=1e-12)
     # the same run retrained in place is other checkpoints too (sizes / times of its files)
     os.utime(b / "checkpoints" / "step-00000004" / "model.safetensors", ns=(1, 1))
-    with pytest.raises(AttnRankError, match="other checkpoints"):
+    with pytest.raises(HeadRankError, match="other checkpoints"):
         track(b, out, workers=1, plots=False)
 
 
@@ -182,7 +182,7 @@ def test_outputs_move_in_as_a_set(run, tmp_path):
     before = {f: (out / f).read_bytes() for f in ("table.csv", "summary.csv", "series.json")}
     (out / "over_training.png").mkdir()
     (out / "over_training.png" / "keep.txt").write_text("mine")
-    with pytest.raises(AttnRankError, match="directory of that name is in the way"):
+    with pytest.raises(HeadRankError, match="directory of that name is in the way"):
         track([it.source for it in resolve_series(run)], out, workers=1)
     assert {f: (out / f).read_bytes() for f in before} == before
     assert (out / "over_training.png" / "keep.txt").read_text() == "mine"
@@ -192,7 +192,7 @@ def test_outputs_move_in_as_a_set(run, tmp_path):
 def test_revisions_without_a_step_are_refused_or_read(run, tmp_path, monkeypatch):
     """`--revisions main,v1.0` does not make both step 0: a step is parsed from a revision's name,
     else read from its snapshot's trainer_state.json, else refused with one line."""
-    from attnrank.analysis.series import revision_step
+    from headrank.analysis.series import revision_step
 
     ckpts = sorted((run / "checkpoints").iterdir())
     cache = tmp_path / "hub"
@@ -201,7 +201,7 @@ def test_revisions_without_a_step_are_refused_or_read(run, tmp_path, monkeypatch
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     assert [revision_step("org/x", r) for r in ("step1000", "checkpoint-500", "global_step20", "70")] == \
         [1000, 500, 20, 70]
-    with pytest.raises(AttnRankError, match="cannot tell the training step of revision 'main'"):
+    with pytest.raises(HeadRankError, match="cannot tell the training step of revision 'main'"):
         track("org/tiny", tmp_path / "r", revisions="main,v1.0", workers=1, plots=False)
     assert not (tmp_path / "r").exists()
     for commit, step in (("a" * 40, 4), ("b" * 40, 8)):
@@ -213,7 +213,7 @@ def test_revisions_without_a_step_are_refused_or_read(run, tmp_path, monkeypatch
 
 
 def test_figure_drops_flat_panels_and_names_the_model(run, tmp_path):
-    from attnrank.analysis.series import _title, moving_panels
+    from headrank.analysis.series import _title, moving_panels
 
     res = track(run, tmp_path / "f", workers=1, plots=False)
     s = res.summary

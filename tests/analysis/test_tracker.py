@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from attnrank.analysis.tracker import RankTracker, log_to, scalars, tracker_table
-from attnrank.core.metrics import SUMMARY_METRICS
-from attnrank.errors import AttnRankError
-from attnrank.models.transformer import ModelConfig, Transformer
+from headrank.analysis.tracker import RankTracker, log_to, scalars, tracker_table
+from headrank.core.metrics import SUMMARY_METRICS
+from headrank.errors import HeadRankError
+from headrank.models.transformer import ModelConfig, Transformer
 
 
 @pytest.fixture(scope="module")
@@ -96,5 +96,5 @@ def test_log_to_tensorboard_and_duck_typed_sinks(model, tmp_path):
     assert [(k, s) for k, s, _ in got] == [("mlflow", 3), ("wandb", 3), ("fn", 0)]
     assert "rank/qk/effective_rank" not in got[0][2]  # non-finite: left out for MLflow
     assert got[1][2] == scalars(rows[1]) and len(got[2][2]) == 2 * len(SUMMARY_METRICS)
-    with pytest.raises(AttnRankError, match="cannot log"):
+    with pytest.raises(HeadRankError, match="cannot log"):
         log_to(object(), rows[0])

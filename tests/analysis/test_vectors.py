@@ -6,8 +6,8 @@ import torch
 import transformers as tf
 from typer.testing import CliRunner
 
-from attnrank.analysis.scan import analyze
-from attnrank.cli import app
+from headrank.analysis.scan import analyze
+from headrank.cli import app
 
 # grouped-query attention: 4 query heads over 2 kv heads
 SMALL = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,

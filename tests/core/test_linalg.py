@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnrank.core.linalg import (
+from headrank.core.linalg import (
     METRIC_COLUMNS,
     factor_root,
     product_metrics,
@@ -150,7 +150,7 @@ def test_factor_root_reproduces_gram(decades):
 
 def test_chunked_reduction_matches_dense(monkeypatch):
     """Many heads are reduced a few at a time (CHUNK_BYTES); chunk borders change nothing."""
-    import attnrank.core.linalg as la
+    import headrank.core.linalg as la
 
     g = torch.Generator().manual_seed(8)
     d, dh = 40, 10
@@ -170,7 +170,7 @@ def test_chunked_reduction_matches_dense(monkeypatch):
 
 def test_workers_change_no_bit():
     """Heads shared among threads (fixed chunks) give exactly the serial result."""
-    from attnrank.util.threads import torch_threads
+    from headrank.util.threads import torch_threads
 
     g = torch.Generator().manual_seed(9)
     A = torch.randn(5, 40, 10, generator=g).to(torch.bfloat16)
@@ -187,7 +187,7 @@ def test_workers_change_no_bit():
 @pytest.mark.parametrize("decades, certified", [(0.0, True), (3.0, True), (4.5, False), (6.0, False)])
 def test_gram_condition_certificate(decades, certified):
     """The Gram path is taken only where λ_min ≥ 1e-8 λ_max is proven (κ(X)² = 10^(2·decades))."""
-    from attnrank.core.linalg import _gram_certified
+    from headrank.core.linalg import _gram_certified
 
     g = torch.Generator().manual_seed(10)
     Q, _ = torch.linalg.qr(torch.randn(64, 8, generator=g, dtype=torch.float64))
@@ -204,7 +204,7 @@ def test_gram_buffers_in_both_layouts_match_dense(layout):
     rows strided) are upcast into different buffer layouts for the symmetric rank-k Gram; both
     give the root of the float64 Gram of the stored (bf16) values, and a reused buffer from a
     larger call changes nothing."""
-    import attnrank.core.linalg as la
+    import headrank.core.linalg as la
 
     g = torch.Generator().manual_seed(11)
     H, d, dh = 5, 96, 12

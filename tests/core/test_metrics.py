@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from attnrank.core import metrics
-from attnrank.core.linalg import product_metrics
-from attnrank.core.metrics import (
+from headrank.core import metrics
+from headrank.core.linalg import product_metrics
+from headrank.core.metrics import (
     CONSOLE_METRICS,
     METRIC_COLUMNS,
     METRICS,
@@ -169,8 +169,8 @@ def test_the_collapse_and_study_measures_are_the_core_ones():
     """The token-representation measures (collapse) and the studies' ranks call core.metrics directly
     (no adapter of their own): same values on random input (to the bit: the core sums as numpy
     does), and the core's zero semantics."""
-    from attnrank.analysis.collapse import measures as collapse
-    from attnrank.studies import lm_common
+    from headrank.analysis.collapse import measures as collapse
+    from headrank.studies import lm_common
 
     rng = np.random.default_rng(1)
     X = rng.standard_normal((3, 10, 6))

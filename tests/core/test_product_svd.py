@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnrank.core.linalg import product_svd
+from headrank.core.linalg import product_svd
 
 
 @pytest.mark.parametrize("m, n, r, rank", [(30, 20, 6, 6), (60, 20, 6, 3), (20, 20, 8, 8), (5, 40, 8, 5)])

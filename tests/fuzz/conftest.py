@@ -13,9 +13,9 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 
 _COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
                                                      HealthCheck.data_too_large])
-settings.register_profile("default", max_examples=int(os.environ.get("ATTNRANK_FUZZ_EXAMPLES", "25")),
+settings.register_profile("default", max_examples=int(os.environ.get("HEADRANK_FUZZ_EXAMPLES", "25")),
                           derandomize=True, database=None, **_COMMON)
-settings.register_profile("fuzz", max_examples=int(os.environ.get("ATTNRANK_FUZZ_EXAMPLES", "400")),
+settings.register_profile("fuzz", max_examples=int(os.environ.get("HEADRANK_FUZZ_EXAMPLES", "400")),
                           database=DirectoryBasedExampleDatabase(
-                              os.path.join(tempfile.gettempdir(), "attnrank-hypothesis")), **_COMMON)
+                              os.path.join(tempfile.gettempdir(), "headrank-hypothesis")), **_COMMON)
 settings.load_profile("default")

@@ -1,6 +1,6 @@
-"""In-process runs of the ``attnrank`` command for the fuzz suite, and the property they keep.
+"""In-process runs of the ``headrank`` command for the fuzz suite, and the property they keep.
 
-:func:`run_cli` calls :func:`attnrank.cli.main` (the real entry point, usage errors included)
+:func:`run_cli` calls :func:`headrank.cli.main` (the real entry point, usage errors included)
 with its stdout and stderr captured and a wall-clock limit: a hang fails the test rather than
 the suite. :func:`check_outcome` is the property: exit 0, or exit 2 with exactly one stderr line
 (``error: ...``); never a traceback; and the output directory never holds a temporary or a
@@ -68,12 +68,12 @@ def time_limit(seconds: int = LIMIT_S):
 
 
 def run_cli(*args: str) -> tuple[int, str, str]:
-    """``attnrank ARGS`` in this process: (exit status, stdout, stderr)."""
-    from attnrank import cli
+    """``headrank ARGS`` in this process: (exit status, stdout, stderr)."""
+    from headrank import cli
 
     out, err = io.StringIO(), io.StringIO()
     old_argv, old_handler = sys.argv, signal.signal(signal.SIGALRM, _alarm)
-    sys.argv = ["attnrank", *map(str, args)]
+    sys.argv = ["headrank", *map(str, args)]
     code: int | str | None = 0
     signal.alarm(LIMIT_S)
     try:

@@ -4,7 +4,7 @@ Hugging Face cache refs.
 
 The property is the one of :mod:`.test_fuzz_inputs`: through the real entry point, exit 0 or
 exit 2 with exactly one stderr line, never a traceback or a hang (library-level tests: an
-:class:`~attnrank.errors.AttnRankError` or a result, never another exception). ``make test``
+:class:`~headrank.errors.HeadRankError` or a result, never another exception). ``make test``
 tries a few derandomized examples per test; ``make fuzz`` many random ones.
 """
 
@@ -22,7 +22,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnrank.errors import AttnRankError
+from headrank.errors import HeadRankError
 
 from .harness import TINY_CONFIG, check_outcome, run_cli, tiny_tensors, write_tiny
 from .test_fuzz_inputs import json_values, weird_scalars
@@ -32,7 +32,7 @@ pytestmark = pytest.mark.filterwarnings("ignore")
 
 def few(n: int) -> int:
     """``n`` examples for a slow test in ``make test``; what ``make fuzz`` asks for otherwise."""
-    return int(os.environ.get("ATTNRANK_FUZZ_EXAMPLES", n))
+    return int(os.environ.get("HEADRANK_FUZZ_EXAMPLES", n))
 
 
 # -- GGUF metadata ----------------------------------------------------------------------------------
@@ -185,7 +185,7 @@ def test_fuzz_adapter_config(cfg, a_shape, b_shape, whole):
 @functools.lru_cache(maxsize=1)
 def _run_template() -> Path:
     """A finished 4-step recall run with checkpoints at steps 2 and 4 (made once per session)."""
-    root = Path(tempfile.mkdtemp(prefix="attnrank-fuzz-run-"))
+    root = Path(tempfile.mkdtemp(prefix="headrank-fuzz-run-"))
     code, _, err = run_cli("train", "recall", "--out", str(root / "r"), "--steps", "4", "--checkpoint-every", "2",
                            "--quiet", "--log", "none")
     assert code == 0, err
@@ -257,9 +257,9 @@ def toml_value(v: object) -> str:
        toml=st.booleans())
 def test_fuzz_sweep_spec(spec, base, grid, toml):
     """A sweep spec file (JSON or TOML) of generated kinds, bases, grids and seeds: loading it and
-    building every run's config is an AttnRankError or works (nothing is trained here)."""
-    from attnrank.training.config import make_config
-    from attnrank.training.sweep import load_spec
+    building every run's config is an HeadRankError or works (nothing is trained here)."""
+    from headrank.training.config import make_config
+    from headrank.training.sweep import load_spec
 
     d = {"kind": "recall", **({"base": base} if base else {}), **({"grid": grid} if grid else {}), **spec}
     with tempfile.TemporaryDirectory() as t:
@@ -275,7 +275,7 @@ def test_fuzz_sweep_spec(spec, base, grid, toml):
             s = load_spec(f)
             for _, overrides in s.runs()[:4]:
                 make_config(s.kind, **overrides)
-        except AttnRankError as e:
+        except HeadRankError as e:
             assert "\n" not in str(e).strip()
 
 
@@ -288,10 +288,10 @@ def test_fuzz_sweep_spec(spec, base, grid, toml):
 def test_fuzz_hub_refs(ref, kind, revision):
     """A cached Hub id whose refs/REVISION holds anything (a path out of the cache, binary, a
     newline) or is a FIFO, /dev/zero, a directory or missing: a reader of a snapshot inside the
-    cache, or one AttnRankError; never a hang, never a model from outside the cache."""
+    cache, or one HeadRankError; never a hang, never a model from outside the cache."""
     import re
 
-    from attnrank.io.sources import open_reader
+    from headrank.io.sources import open_reader
 
     from .harness import time_limit
 
@@ -318,7 +318,7 @@ def test_fuzz_hub_refs(ref, kind, revision):
             with time_limit():
                 reader = open_reader("org/tiny", revision=revision)
             assert reader.ckpt.path.resolve().is_relative_to(root.resolve())
-        except AttnRankError as e:
+        except HeadRankError as e:
             assert "\n" not in str(e).strip()
         finally:
             for k, v in old.items():

@@ -32,7 +32,7 @@ from .harness import (
 pytestmark = pytest.mark.filterwarnings("ignore")
 
 SIZE_KEYS = ("hidden_size", "num_attention_heads", "num_hidden_layers", "num_key_value_heads", "head_dim")
-MODEL_TYPES = ("bert", "llama", "gpt2", "falcon", "attnrank", "mamba", "", "[/]", "b[red]x", "gpt_neox")
+MODEL_TYPES = ("bert", "llama", "gpt2", "falcon", "headrank", "mamba", "", "[/]", "b[red]x", "gpt_neox")
 weird_scalars = st.one_of(
     st.integers(min_value=-3, max_value=40),
     st.integers(min_value=-(2**70), max_value=2**70),

@@ -14,9 +14,9 @@ from typer.testing import CliRunner
 
 peft = pytest.importorskip("peft")
 
-from attnrank.analysis.scan import analyze  # noqa: E402
-from attnrank.cli import app  # noqa: E402
-from attnrank.errors import AttnRankError  # noqa: E402
+from headrank.analysis.scan import analyze  # noqa: E402
+from headrank.cli import app  # noqa: E402
+from headrank.errors import HeadRankError  # noqa: E402
 
 SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96, vocab_size=101,
              num_key_value_heads=2)
@@ -51,7 +51,7 @@ def rel(a, b):
 def test_adapted_spectra_equal_peft_merge(tmp_path, arch, targets, rslora):
     adapter = make_adapter(tmp_path, arch, targets, rslora)
     got, merged, base = analyze(adapter), analyze(tmp_path / "merged"), analyze(tmp_path / "base")
-    assert rel(got, merged) < 1e-5  # peft merges in float32; attnrank adds the update in float64
+    assert rel(got, merged) < 1e-5  # peft merges in float32; headrank adds the update in float64
     assert rel(got, base) > 1e-3  # the adapter did change something
     a = got.meta["adapter"]
     assert got.meta["input"] == "adapter" and a["r"] == [4] and a["scaling"] == [12 / (2.0 if rslora else 4)]
@@ -90,7 +90,7 @@ def test_base_option_and_mismatch(tmp_path):
     torch.manual_seed(0)
     small = dict(SMALL, hidden_size=32)
     tf.LlamaForCausalLM(tf.LlamaConfig(**small)).save_pretrained(tmp_path / "other")
-    with pytest.raises(AttnRankError, match="does not match the base"):
+    with pytest.raises(HeadRankError, match="does not match the base"):
         analyze(adapter, base=tmp_path / "other")
     res = CliRunner().invoke(app, ["spectra", str(adapter), "--base", str(tmp_path / "other"),
                                    "--out", str(tmp_path / "out")])
@@ -100,7 +100,7 @@ def test_base_option_and_mismatch(tmp_path):
 
 def test_base_and_delta_need_an_adapter(tmp_path):
     make_adapter(tmp_path)
-    with pytest.raises(AttnRankError, match="apply to a LoRA adapter"):
+    with pytest.raises(HeadRankError, match="apply to a LoRA adapter"):
         analyze(tmp_path / "base", delta=True)
 
 
@@ -108,5 +108,5 @@ def test_dora_refused(tmp_path):
     adapter = make_adapter(tmp_path)
     cfg = json.loads((adapter / "adapter_config.json").read_text())
     (adapter / "adapter_config.json").write_text(json.dumps({**cfg, "use_dora": True}))
-    with pytest.raises(AttnRankError, match="DoRA"):
+    with pytest.raises(HeadRankError, match="DoRA"):
         analyze(adapter)

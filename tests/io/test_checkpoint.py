@@ -7,8 +7,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from attnrank.errors import AttnRankError
-from attnrank.io.checkpoint import Checkpoint
+from headrank.errors import HeadRankError
+from headrank.io.checkpoint import Checkpoint
 
 from ..helpers import shard
 
@@ -50,7 +50,7 @@ def test_crafted_pickle_does_not_run(tmp_path, minilm_dir, fmt):
         with open(tmp_path / "pytorch_model.bin", "wb") as fh:
             pickle.dump(payload, fh)
     shutil.copy(minilm_dir / "config.json", tmp_path)
-    with pytest.raises(AttnRankError, match="refused"):
+    with pytest.raises(HeadRankError, match="refused"):
         Checkpoint(tmp_path)
     assert not marker.exists()
 
@@ -86,7 +86,7 @@ def test_bad_sources_raise_one_clear_error(tmp_path, minilm_dir, case):
     elif case == "single_file_no_config":
         target = tmp_path / "lonely.safetensors"
         shutil.copy(src, target)
-    with pytest.raises(AttnRankError) as e:
+    with pytest.raises(HeadRankError) as e:
         Checkpoint(target)
     msg = str(e.value)
     assert "\n" not in msg and len(msg) < 400

@@ -15,8 +15,8 @@ import pytest
 import torch
 import transformers as tf
 
-from attnrank.analysis.scan import analyze
-from attnrank.errors import AttnRankError
+from headrank.analysis.scan import analyze
+from headrank.errors import HeadRankError
 
 
 def _gpt2(path):
@@ -60,7 +60,7 @@ def test_gpt2_fold_equals_transformer_lens(tmp_path):
         P = blk.attn.c_proj.weight.detach().T  # (d, H·dh), W_O not centred (centre_writing_weights off)
         for h in range(H):
             WQ, WK, WV = (folded[f"blocks.{l}.attn.W_{n}"][h] for n in "QKV")
-            qk[(l, h)] = WK @ WQ.T  # = W_K,hᵀ W_Q,h in attnrank's (dh, d) convention
+            qk[(l, h)] = WK @ WQ.T  # = W_K,hᵀ W_Q,h in headrank's (dh, d) convention
             ov[(l, h)] = P[:, h * dh:(h + 1) * dh] @ WV.T
     assert _rel_sv(got.sv["qk"], qk) < 1e-6 and _rel_sv(got.sv["ov"], ov) < 1e-6  # weights stored in float32
     assert _rel_sv(raw.sv["qk"], qk) > 1e-2  # folding matters here
@@ -99,5 +99,5 @@ def test_fold_norm_refused_without_a_pre_norm(tmp_path):
     torch.manual_seed(0)
     tf.BertModel(tf.BertConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
                                intermediate_size=96, vocab_size=101)).save_pretrained(tmp_path / "b")
-    with pytest.raises(AttnRankError, match="no norm precedes attention"):
+    with pytest.raises(HeadRankError, match="no norm precedes attention"):
         analyze(tmp_path / "b", fold_norm=True)

@@ -1,7 +1,7 @@
 """GGUF files written with the ``gguf`` package's own writer from small random transformers
 models, the way llama.cpp's converter lays them out (Q/K row permutation for llama, fused
 ``[q | k | v]`` for Phi-3, Falcon and GPT-2, GPT-2's Conv1D transposed, Gemma's norm stored as
-1 + w), read back by attnrank and compared with the spectra of the Hugging Face checkpoint."""
+1 + w), read back by headrank and compared with the spectra of the Hugging Face checkpoint."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as Q  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
-from attnrank.analysis.scan import analyze  # noqa: E402
-from attnrank.errors import AttnRankError  # noqa: E402
-from attnrank.io import gguf as ag  # noqa: E402
+from headrank.analysis.scan import analyze  # noqa: E402
+from headrank.errors import HeadRankError  # noqa: E402
+from headrank.io import gguf as ag  # noqa: E402
 
 SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96, vocab_size=101)
 # name: (config, model class, gguf architecture)
@@ -105,7 +105,7 @@ def write_gguf(path, arch, model, tensors, qtypes=None, *, key_length=True, raw=
     w.add_block_count(L)
     w.add_embedding_length(d)
     w.add_head_count(H)
-    if arch != "gpt2":  # GPT-2's converter writes no head_count_kv: attnrank defaults it to head_count
+    if arch != "gpt2":  # GPT-2's converter writes no head_count_kv: headrank defaults it to head_count
         w.add_head_count_kv(Hkv)
     if key_length:
         w.add_key_length(dh)
@@ -237,17 +237,17 @@ def test_gguf_streams_one_layer_at_a_time(tmp_path, monkeypatch):
 def test_corrupt_header(tmp_path):
     f = tmp_path / "bad.gguf"
     f.write_bytes(b"GGUX" + bytes(64))
-    with pytest.raises(AttnRankError, match="cannot read GGUF file"):
+    with pytest.raises(HeadRankError, match="cannot read GGUF file"):
         analyze(f)
     f.write_bytes(b"GGUF" + bytes(3))  # truncated right after the magic
-    with pytest.raises(AttnRankError, match="cannot read GGUF file"):
+    with pytest.raises(HeadRankError, match="cannot read GGUF file"):
         analyze(f)
 
 
 def test_unknown_architecture(tmp_path):
     model = build_hf("llama", tmp_path / "hf")
     f = write_gguf(tmp_path / "m.gguf", "mamba", model, hf_to_gguf_tensors("qwen2", model))
-    with pytest.raises(AttnRankError, match="architecture 'mamba' is not supported"):
+    with pytest.raises(HeadRankError, match="architecture 'mamba' is not supported"):
         analyze(f)
 
 
@@ -257,14 +257,14 @@ def test_unsupported_quantization(tmp_path):
     block, size = gguf.GGML_QUANT_SIZES[Q.Q8_1]
     raw = {"blk.1.attn_k.weight": (np.zeros((32, 64 // block * size), np.uint8), Q.Q8_1)}
     f = write_gguf(tmp_path / "m.gguf", "qwen2", model, tensors, raw=raw)
-    with pytest.raises(AttnRankError, match="quantization type Q8_1"):
+    with pytest.raises(HeadRankError, match="quantization type Q8_1"):
         analyze(f)
 
 
 def test_cli_bad_gguf_exit_2_nothing_written(tmp_path):
     from typer.testing import CliRunner
 
-    from attnrank.cli import app
+    from headrank.cli import app
 
     f = tmp_path / "bad.gguf"
     f.write_bytes(b"not a gguf at all")
@@ -315,7 +315,7 @@ ARCH = kv_str("general.architecture", b"llama")
 def test_hostile_metadata_is_one_line(tmp_path, data, needle):
     f = tmp_path / "bad.gguf"
     f.write_bytes(data)
-    with pytest.raises(AttnRankError, match=re.escape(needle)):
+    with pytest.raises(HeadRankError, match=re.escape(needle)):
         analyze(f)
 
 
@@ -331,13 +331,13 @@ def test_a_file_ending_inside_its_last_metadata_value(tmp_path):
     assert model is not None
     for cut in (3, 1):
         (tmp_path / "cut.gguf").write_bytes(data[:-cut])
-        with pytest.raises(AttnRankError, match="cannot read GGUF file .*truncated or corrupt"):
+        with pytest.raises(HeadRankError, match="cannot read GGUF file .*truncated or corrupt"):
             analyze(tmp_path / "cut.gguf")
 
 
 @pytest.mark.parametrize("rows, heads", [(15, 4), (12, 4), (16, 65536), (16, 0)])
 def test_unpermute_rotary_checks_the_shape_first(rows, heads):
-    with pytest.raises(AttnRankError, match=rf"blk.0.attn_q.weight has shape \({rows}, 8\)"):
+    with pytest.raises(HeadRankError, match=rf"blk.0.attn_q.weight has shape \({rows}, 8\)"):
         ag.unpermute_rotary(torch.zeros(rows, 8), heads, "blk.0.attn_q.weight")
     w = torch.randn(16, 8)
     assert torch.equal(ag.unpermute_rotary(ag.permute_rotary(w, 4), 4), w)

@@ -8,9 +8,9 @@ contribution to ``attention.output.dense`` before its bias.
 import pytest
 import torch
 
-from attnrank.errors import AttnRankError
-from attnrank.io.checkpoint import Checkpoint
-from attnrank.io.layouts import AttentionReader, layout_for, layout_model_types
+from headrank.errors import HeadRankError
+from headrank.io.checkpoint import Checkpoint
+from headrank.io.layouts import AttentionReader, layout_for, layout_model_types
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +88,7 @@ def test_minilm_ov_factors_reproduce_hf_per_head_value_output(hf_run, minilm_dir
 
 
 def test_unknown_model_type_lists_supported():
-    with pytest.raises(AttnRankError, match="unsupported model_type 'mamba'.*bert"):
+    with pytest.raises(HeadRankError, match="unsupported model_type 'mamba'.*bert"):
         layout_for({"model_type": "mamba"})
     assert "bert" in layout_model_types()
 
@@ -116,7 +116,7 @@ _FUSED_TOML = ('split = "{split}"\n[tensors]\nqkv = "h.{{i}}.qkv.weight"\no = "h
 
 @pytest.mark.parametrize("old,new", [("grouped", "fused_per_kv_group"), ("interleaved", "fused_per_head")])
 def test_old_split_names_are_aliases_with_a_warning(tmp_path, old, new):
-    from attnrank.io.layouts import layout_from_toml
+    from headrank.io.layouts import layout_from_toml
 
     p = tmp_path / "l.toml"
     p.write_text(_FUSED_TOML.format(split=old))
@@ -128,26 +128,26 @@ def test_old_split_names_are_aliases_with_a_warning(tmp_path, old, new):
 
 
 def test_toml_error_texts_name_the_table(tmp_path):
-    from attnrank.io.layouts import layout_from_toml
+    from headrank.io.layouts import layout_from_toml
 
     p = tmp_path / "layout.toml"
     p.write_text('split = "fused"\n[tensors]\nq = "a.{i}"\nk = "b.{i}"\n[sizes]\nn_layers = 1\n')
-    with pytest.raises(AttnRankError) as e:
+    with pytest.raises(HeadRankError) as e:
         layout_from_toml(p)
     assert "the [tensors] table must name exactly qkv, o for split 'fused'" in str(e.value)
     assert "(got k, q)" in str(e.value)
     p.write_text(_FUSED_TOML.format(split="fused").replace("d_model = 64\n", ""))
-    with pytest.raises(AttnRankError, match=r"the \[sizes\] table needs integers"):
+    with pytest.raises(HeadRankError, match=r"the \[sizes\] table needs integers"):
         layout_from_toml(p)
 
 
 def test_fold_norm_from_a_toml_norm_table(tmp_path):
-    from attnrank.io.layouts import layout_from_toml
+    from headrank.io.layouts import layout_from_toml
 
     p = tmp_path / "l.toml"
     p.write_text(_FUSED_TOML.format(split="fused") + '[norm]\nname = "h.{i}.ln.weight"\nkind = "rmsnorm"\n')
     lay = layout_from_toml(p)
     assert lay.norm({}).name == "h.{i}.ln.weight" and lay.norm({}).kind == "rmsnorm"
     p.write_text(_FUSED_TOML.format(split="fused") + '[norm]\nname = "h.ln.weight"\n')
-    with pytest.raises(AttnRankError, match=r"the \[norm\] table needs name"):
+    with pytest.raises(HeadRankError, match=r"the \[norm\] table needs name"):
         layout_from_toml(p)

@@ -1,5 +1,5 @@
 """One layout test per architecture: a small random Hugging Face model, saved with
-``save_pretrained``, analysed from disk by attnrank, checked against the model's own forward.
+``save_pretrained``, analysed from disk by headrank, checked against the model's own forward.
 
 For every head, the extracted factors must reproduce what the HF module computes:
 
@@ -21,11 +21,11 @@ import transformers as tf
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.models.llama.modeling_llama import repeat_kv
 
-from attnrank.analysis.scan import analyze
-from attnrank.io.checkpoint import Checkpoint
-from attnrank.io.layouts import AttentionReader
+from headrank.analysis.scan import analyze
+from headrank.io.checkpoint import Checkpoint
+from headrank.io.layouts import AttentionReader
 
-CAPTURE = "attnrank_capture"
+CAPTURE = "headrank_capture"
 _captured: dict[int, dict[str, torch.Tensor]] = {}
 
 
@@ -175,7 +175,7 @@ def test_layout_reproduces_hf_attention(name, tmp_path):
 
 def test_wrong_split_is_caught(tmp_path, monkeypatch):
     """The test above must fail when a layout is wrong: swap GPT-NeoX's interleaving for fused."""
-    import attnrank.io.layouts as L
+    import headrank.io.layouts as L
 
     model = _build("gpt_neox", tmp_path)
     caps = _run("gpt_neox", model)
@@ -217,9 +217,9 @@ def test_causal_lm_prefix_and_toml_escape_hatch(tmp_path):
 
     bad = tmp_path / "bad.toml"
     bad.write_text('split = "separate"\n[tensors]\nq = "x.{i}"\n[sizes]\nn_layers = 1\n')
-    from attnrank.errors import AttnRankError
+    from headrank.errors import HeadRankError
 
-    with pytest.raises(AttnRankError, match="tensors"):
+    with pytest.raises(HeadRankError, match="tensors"):
         analyze(tmp_path / "own" / "weights.safetensors", layout=bad)
     cfg_dict = json.loads((tmp_path / "lm" / "config.json").read_text())
     assert cfg_dict["model_type"] == "llama"
@@ -244,7 +244,7 @@ SURGERY = {  # model_type: (config, model class) of a small live model
 @pytest.mark.parametrize("model_type", sorted(SURGERY))
 def test_layout_modules_name_live_submodules(model_type):
     """A row's ``modules`` (what collapse surgery calls) names real submodules of a live model."""
-    from attnrank.io.layouts import layout_for, surgery_model_types
+    from headrank.io.layouts import layout_for, surgery_model_types
 
     make_cfg, cls = SURGERY[model_type]
     model = cls(make_cfg())
@@ -261,8 +261,8 @@ def test_layout_modules_name_live_submodules(model_type):
 
 
 def test_rows_without_modules_are_not_offered_to_surgery():
-    from attnrank.io.layouts import LAYOUTS, surgery_model_types
+    from headrank.io.layouts import LAYOUTS, surgery_model_types
 
     with_modules = {t for lay in LAYOUTS if lay.modules is not None for t in lay.model_types}
     assert set(surgery_model_types()) == with_modules
-    assert {"mixtral", "gemma2", "vit", "distilbert", "attnrank"}.isdisjoint(with_modules)
+    assert {"mixtral", "gemma2", "vit", "distilbert", "headrank"}.isdisjoint(with_modules)

@@ -8,15 +8,15 @@ import types
 import numpy as np
 import pytest
 
-from attnrank import analyze
-from attnrank.errors import AttnRankError
+from headrank import analyze
+from headrank.errors import HeadRankError
 
 
 @pytest.fixture(scope="module")
 def bridge():
     tl = pytest.importorskip("transformer_lens.model_bridge",
-                             reason="TransformerLens is in the bench extra: pip install 'attnrank[bench]'")
-    from attnrank.io.checkpoint import local_path
+                             reason="TransformerLens is in the bench extra: pip install 'headrank[bench]'")
+    from headrank.io.checkpoint import local_path
 
     return tl.TransformerBridge.boot_transformers(str(local_path("minilm", None)), device="cpu")
 
@@ -48,5 +48,5 @@ def test_hooked_transformer_compatible_weights(bridge):
         np.testing.assert_allclose(res.sv["qk"][layer, head], qk, rtol=1e-9, atol=1e-12 * qk[0])
         np.testing.assert_allclose(res.sv["ov"][layer, head], ov, rtol=1e-9, atol=1e-12 * ov[0])
     bad = types.SimpleNamespace(W_Q=bridge.W_Q, W_K=bridge.W_K, W_V=bridge.W_V, W_O=bridge.W_Q)
-    with pytest.raises(AttnRankError, match="W_O \\(layers, heads, d_head, d_model\\)"):
+    with pytest.raises(HeadRankError, match="W_O \\(layers, heads, d_head, d_model\\)"):
         analyze(bad)

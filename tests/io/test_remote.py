@@ -1,4 +1,4 @@
-"""Remote reading over HTTP ranges (attnrank.io.remote), against a Hub-like server on 127.0.0.1
+"""Remote reading over HTTP ranges (headrank.io.remote), against a Hub-like server on 127.0.0.1
 (tests/io/hubserver.py) serving checkpoints written here: the spectra equal those read from
 disk, only config, index, headers and the attention tensors travel, and bad servers or bad
 input give one line (exit 2) and never wrong numbers or partial outputs."""
@@ -16,11 +16,11 @@ import transformers as tf
 from safetensors import safe_open
 from typer.testing import CliRunner
 
-from attnrank.analysis.scan import analyze
-from attnrank.analysis.series import track
-from attnrank.cli import app
-from attnrank.errors import AttnRankError
-from attnrank.io import remote
+from headrank.analysis.scan import analyze
+from headrank.analysis.series import track
+from headrank.cli import app
+from headrank.errors import HeadRankError
+from headrank.io import remote
 from tests.io.hubserver import HubServer
 
 SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96, vocab_size=101)
@@ -116,7 +116,7 @@ def test_url_directory_single_file_and_gguf(srv, ckpts, tmp_path, monkeypatch):
     same(analyze(f"{srv.url}/files/gpt2/model.safetensors"), local)  # its sibling config.json
     # GGUF: header fetched in growing chunks from 256 bytes, then only the attention tensors
     gguf = pytest.importorskip("gguf")
-    from attnrank.io.gguf import permute_rotary
+    from headrank.io.gguf import permute_rotary
 
     model = tf.LlamaForCausalLM.from_pretrained(ckpts["steps"][0])
     sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
@@ -176,7 +176,7 @@ def test_dropped_connection_is_retried_then_fails_with_one_line(srv, ckpts, tmp_
     same(got, analyze(ckpts["sharded"]))
     assert got.meta["remote"]["retries"] == 2
     srv.fault = lambda path, start, end: "drop" if start > 4096 else None
-    with pytest.raises(AttnRankError, match=r"cannot read bytes .* \(4 tries\)"):
+    with pytest.raises(HeadRankError, match=r"cannot read bytes .* \(4 tries\)"):
         analyze("org/llama", remote=True)
     res = CliRunner().invoke(app, ["spectra", "org/llama", "--remote", "--out", str(tmp_path / "o"), "-q"])
     assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output
@@ -185,7 +185,7 @@ def test_dropped_connection_is_retried_then_fails_with_one_line(srv, ckpts, tmp_
 
 def test_server_ignoring_range_is_refused_unless_allow_full(srv, ckpts):
     srv.fault = lambda path, start, end: "norange"
-    with pytest.raises(AttnRankError, match="ignores HTTP range requests.*--allow-full"):
+    with pytest.raises(HeadRankError, match="ignores HTTP range requests.*--allow-full"):
         analyze("org/llama", remote=True)
     srv.reset()
     got = analyze("org/llama", remote=True, allow_full=True)
@@ -238,9 +238,9 @@ def test_bad_input_one_line_exit_2(srv, ckpts, tmp_path, monkeypatch, case):
 
 def test_offline_is_one_line(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(AttnRankError, match="HF_HUB_OFFLINE"):
+    with pytest.raises(HeadRankError, match="HF_HUB_OFFLINE"):
         analyze("org/llama", remote=True)
-    with pytest.raises(AttnRankError, match="local path"):
+    with pytest.raises(HeadRankError, match="local path"):
         analyze("minilm", remote=True)
 
 
@@ -274,13 +274,13 @@ def test_track_remote_revisions_all_resumes_and_records_failures(srv, ckpts, tmp
 
 
 def test_option_conflicts_are_one_line(srv, tmp_path):
-    with pytest.raises(AttnRankError, match="--revision applies to a Hugging Face Hub id, not to a URL"):
+    with pytest.raises(HeadRankError, match="--revision applies to a Hugging Face Hub id, not to a URL"):
         analyze(f"{srv.url}/files/gpt2/", revision="main")
-    with pytest.raises(AttnRankError, match="--download and --remote exclude each other"):
+    with pytest.raises(HeadRankError, match="--download and --remote exclude each other"):
         analyze("org/llama", remote=True, download=True)
-    with pytest.raises(AttnRankError, match="--remote reads a Hugging Face Hub id"):
+    with pytest.raises(HeadRankError, match="--remote reads a Hugging Face Hub id"):
         analyze("not a repo id", remote=True)
-    with pytest.raises(AttnRankError, match="--revisions all lists the Hub's refs: add --remote"):
+    with pytest.raises(HeadRankError, match="--revisions all lists the Hub's refs: add --remote"):
         track("org/pythia", tmp_path / "t", revisions="all")
 
 

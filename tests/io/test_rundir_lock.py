@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from attnrank.errors import AttnRankError
-from attnrank.io.rundir import LOCK, locked_run, run_locked
+from headrank.errors import HeadRankError
+from headrank.io.rundir import LOCK, locked_run, run_locked
 
-_HOLD = ("import sys, time\nfrom attnrank.io.rundir import locked_run\n"
+_HOLD = ("import sys, time\nfrom headrank.io.rundir import locked_run\n"
          "with locked_run(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(120)\n")
 
 
@@ -26,7 +26,7 @@ def test_a_second_writer_gets_one_line_naming_the_holder(tmp_path):
     p = _holder(run)
     try:
         assert run_locked(run)
-        with pytest.raises(AttnRankError) as e:
+        with pytest.raises(HeadRankError) as e:
             with locked_run(run):
                 pass
         assert str(e.value).startswith(f"run directory {run} is being written by another process (pid {p.pid})")
@@ -49,7 +49,7 @@ def test_a_killed_writer_leaves_no_stale_lock(tmp_path):
 
 def test_the_same_process_cannot_take_it_twice(tmp_path):
     with locked_run(tmp_path / "r"):
-        with pytest.raises(AttnRankError, match="being written by another process"):
+        with pytest.raises(HeadRankError, match="being written by another process"):
             with locked_run(tmp_path / "r"):
                 pass
     with locked_run(tmp_path / "r"):  # released on exit

@@ -13,9 +13,9 @@ import torch
 import transformers as tf
 from typer.testing import CliRunner
 
-from attnrank.analysis.scan import analyze
-from attnrank.cli import app
-from attnrank.errors import AttnRankError
+from headrank.analysis.scan import analyze
+from headrank.cli import app
+from headrank.errors import HeadRankError
 
 SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96, vocab_size=101,
              num_key_value_heads=2)
@@ -64,15 +64,15 @@ def test_live_module_with_a_layout(tmp_path):
 @pytest.mark.parametrize("obj", [42, "not/a/path/nor/cached", [torch.zeros(2)], {"a": 1}, {}])
 def test_not_a_model(obj, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty"))
-    with pytest.raises(AttnRankError) as e:
+    with pytest.raises(HeadRankError) as e:
         analyze(obj)
     assert "\n" not in str(e.value)
 
 
 def test_module_without_config_or_state_dict_without_config():
-    with pytest.raises(AttnRankError, match="pass config="):
+    with pytest.raises(HeadRankError, match="pass config="):
         analyze(torch.nn.Linear(3, 3))
-    with pytest.raises(AttnRankError, match="pass config="):
+    with pytest.raises(HeadRankError, match="pass config="):
         analyze({"w": torch.zeros(2)})
 
 
@@ -108,9 +108,9 @@ def test_uncached_id_names_the_fetch_command(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(AttnRankError, match="not in the Hugging Face cache.*hf download org/none --include"):
+    with pytest.raises(HeadRankError, match="not in the Hugging Face cache.*hf download org/none --include"):
         analyze("org/none")
-    with pytest.raises(AttnRankError, match="network is off"):
+    with pytest.raises(HeadRankError, match="network is off"):
         analyze("org/none", download=True)
     res = CliRunner().invoke(app, ["spectra", "gpt2", "--out", str(tmp_path / "out")])
     assert res.exit_code == 2 and "hf download gpt2" in res.output
@@ -119,7 +119,7 @@ def test_uncached_id_names_the_fetch_command(tmp_path, monkeypatch):
 
 def test_revision_needs_a_hub_id(tmp_path):
     _llama(tmp_path / "m")
-    with pytest.raises(AttnRankError, match="--revision applies"):
+    with pytest.raises(HeadRankError, match="--revision applies"):
         analyze(tmp_path / "m", revision="main")
 
 
@@ -171,29 +171,29 @@ def test_format_csv_prints_the_per_head_table(tmp_path):
 
 
 def test_version():
-    from attnrank.util.env import __version__
+    from headrank.util.env import __version__
 
     res = CliRunner().invoke(app, ["--version"])
-    assert res.exit_code == 0 and res.output.strip() == f"attnrank {__version__}"
+    assert res.exit_code == 0 and res.output.strip() == f"headrank {__version__}"
 
 
 def test_result_save_and_top_level_exports(tmp_path):
-    import attnrank
+    import headrank
 
     _llama(tmp_path / "m")
-    r = attnrank.analyze(tmp_path / "m", layers="0")
+    r = headrank.analyze(tmp_path / "m", layers="0")
     written = r.save(tmp_path / "o", plots=False)
     # a llama is rotary: its per-band QK table comes with the set
     assert {p.name for p in written} == {"heads.csv", "summary.csv", "spectra.npz", "meta.json", "rotary.csv"}
     assert json.loads((tmp_path / "o" / "meta.json").read_text())["input"] == "directory"
-    assert callable(attnrank.save) and callable(attnrank.param_groups) and attnrank.RankTracker
+    assert callable(headrank.save) and callable(headrank.param_groups) and headrank.RankTracker
 
 
-def test_importing_attnrank_is_light():
+def test_importing_headrank_is_light():
     import subprocess
     import sys
 
-    code = ("import sys, attnrank, attnrank.cli; "
+    code = ("import sys, headrank, headrank.cli; "
             "print(sorted(m for m in ('torch', 'pandas', 'matplotlib') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

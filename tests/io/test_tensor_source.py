@@ -1,4 +1,4 @@
-"""The reader contract (attnrank.io.tensor_source): every reader of the io layer is a ``TensorSource``
+"""The reader contract (headrank.io.tensor_source): every reader of the io layer is a ``TensorSource``
 (``keys``, ``get``, ``meta``) built on ``BaseCheckpoint``, checked on a small real file of each
 kind (sharded bf16 safetensors, a PyTorch ``.bin``, a live module and a state_dict, a GGUF file
 with a Q8_0 tensor, a PEFT LoRA adapter, the same safetensors and GGUF files over HTTP ranges)
@@ -18,11 +18,11 @@ import torch
 import transformers as tf
 from safetensors import safe_open
 
-import attnrank.io as io_pkg
-from attnrank.errors import AttnRankError
-from attnrank.io import checkpoint as ck
-from attnrank.io import remote
-from attnrank.io.tensor_source import BaseCheckpoint, TensorMeta, TensorSource
+import headrank.io as io_pkg
+from headrank.errors import HeadRankError
+from headrank.io import checkpoint as ck
+from headrank.io import remote
+from headrank.io.tensor_source import BaseCheckpoint, TensorMeta, TensorSource
 
 gguf = pytest.importorskip("gguf")
 
@@ -34,7 +34,7 @@ V = "model.layers.1.self_attn.v_proj.weight"
 
 def _write_gguf(sd: dict[str, torch.Tensor], path: Path) -> Path:
     """Layer 1 of a llama as llama.cpp lays it out: Q quantized to Q8_0, the rest float32."""
-    from attnrank.io.gguf import permute_rotary
+    from headrank.io.gguf import permute_rotary
 
     w = gguf.GGUFWriter(str(path), "llama")
     for add, v in ((w.add_block_count, 2), (w.add_embedding_length, 64), (w.add_head_count, 4),
@@ -107,8 +107,8 @@ def _gguf_expect(path: Path, files) -> dict[str, tuple[torch.Tensor | None, Tens
 
 def _readers(files, server):
     """(reader, {name: (expected tensor or None, expected meta)}) for every kind."""
-    from attnrank.io.gguf import GGUFCheckpoint
-    from attnrank.io.live import LiveCheckpoint
+    from headrank.io.gguf import GGUFCheckpoint
+    from headrank.io.live import LiveCheckpoint
 
     sh, sd = files["root"] / "sharded", files["sd"]
     st = {n: _safetensors_expect(sh, n) for n in (Q, V)}
@@ -131,7 +131,7 @@ def _adapted(files):
         import peft
     except ImportError:  # the dev extra has it; without it the adapter reader goes unchecked here
         return None
-    from attnrank.io.adapters import AdaptedCheckpoint
+    from headrank.io.adapters import AdaptedCheckpoint
 
     torch.manual_seed(1)
     base = tf.LlamaForCausalLM(files["model"].config)
@@ -147,14 +147,14 @@ def _adapted(files):
 
 
 def _concrete_readers() -> set[str]:
-    from attnrank.io import adapters, live  # noqa: F401 - every reader's module, imported
+    from headrank.io import adapters, live  # noqa: F401 - every reader's module, imported
 
     remote._gguf_class()
     todo, seen = [BaseCheckpoint], set()
     while todo:
         for sub in todo.pop().__subclasses__():
             todo.append(sub)
-            if sub.__module__.startswith("attnrank."):
+            if sub.__module__.startswith("headrank."):
                 seen.add(sub.__name__)
     return seen
 
@@ -178,7 +178,7 @@ def test_every_reader_keeps_the_tensor_source_contract(files, server):
                                            msg=f"{kind} {name}")
         assert "no.such.tensor" not in reader
         for op in (reader.get, reader.meta):
-            with pytest.raises(AttnRankError, match="tensor 'no.such.tensor' not found in"):
+            with pytest.raises(HeadRankError, match="tensor 'no.such.tensor' not found in"):
                 op("no.such.tensor")
         with reader:
             pass
@@ -187,7 +187,7 @@ def test_every_reader_keeps_the_tensor_source_contract(files, server):
 def test_gguf_q8_0_dequantizes_to_the_written_weights(files):
     """The Q8_0 tensor's meta says what is stored; ``get`` gives the llama.cpp-permuted rows
     back in Hugging Face order, within Q8_0's rounding of each 32-value block."""
-    from attnrank.io.gguf import GGUFCheckpoint
+    from headrank.io.gguf import GGUFCheckpoint
 
     with GGUFCheckpoint(files["gguf"]) as g:
         got, want = g.get("blk.1.attn_q.weight"), files["sd"][Q]
@@ -198,7 +198,7 @@ def test_gguf_q8_0_dequantizes_to_the_written_weights(files):
 def test_the_source_is_resolved_once(files, monkeypatch, tmp_path):
     """A Trainer output_dir: its highest checkpoint-N is found once, and the reader is built
     from what was found (nothing patched afterwards: config and source are the constructor's)."""
-    from attnrank.io.sources import open_reader
+    from headrank.io.sources import open_reader
 
     for step in (5, 10):
         files["model"].save_pretrained(tmp_path / f"checkpoint-{step}", safe_serialization=True)
@@ -215,7 +215,7 @@ def test_the_source_is_resolved_once(files, monkeypatch, tmp_path):
 
 # -- no class writes another's private attributes -------------------------------------------------------
 def _io_classes() -> dict[str, tuple[list[str], set[str], ast.ClassDef, str]]:
-    """Every class of src/attnrank/io: (base names, private ``self._x`` it assigns, node, file)."""
+    """Every class of src/headrank/io: (base names, private ``self._x`` it assigns, node, file)."""
     out = {}
     for f in sorted(Path(io_pkg.__file__).parent.glob("*.py")):
         for node in ast.walk(ast.parse(f.read_text())):

@@ -1,4 +1,4 @@
-"""Hostile files meet one validation layer: each case is one AttnRankError naming the file.
+"""Hostile files meet one validation layer: each case is one HeadRankError naming the file.
 
 Cases from issue 20: sizes in config.json (0 heads, Infinity, 1e30 / 1e9 layers, true heads,
 8.9 width, deep nesting), shard indexes (a list weight_map, paths leaving the checkpoint), TOML
@@ -15,9 +15,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from attnrank.errors import AttnRankError
-from attnrank.io import validate
-from attnrank.io.sources import open_reader
+from headrank.errors import HeadRankError
+from headrank.io import validate
+from headrank.io.sources import open_reader
 
 from ..fuzz.harness import TINY_CONFIG, tiny_tensors, write_tiny
 
@@ -53,7 +53,7 @@ def _open_with(tmp_path, **changes):
     ({"num_hidden_layers": 3}, "gives 3 layers but the checkpoint has no tensor"),
 ])
 def test_config_sizes_are_checked(tmp_path, changes, needle):
-    with pytest.raises(AttnRankError, match=None) as e:
+    with pytest.raises(HeadRankError, match=None) as e:
         _open_with(tmp_path, **changes)
     assert needle in str(e.value) and str(tmp_path / "m" / "config.json") in str(e.value)
     assert "\n" not in str(e.value)
@@ -67,14 +67,14 @@ def test_integral_float_sizes_are_accepted(tmp_path):
 def test_deeply_nested_config_is_one_line(tmp_path):
     src = write_tiny(tmp_path / "m")
     (src / "config.json").write_text("[" * 100_000)
-    with pytest.raises(AttnRankError, match="nested too deeply"):
+    with pytest.raises(HeadRankError, match="nested too deeply"):
         open_reader(str(src))
 
 
 def test_sizes_this_machine_cannot_hold_are_refused_before_allocating(tmp_path, monkeypatch):
     monkeypatch.setattr(validate, "memory_bytes", lambda: 1 << 30)  # a 1 GiB machine
     src = write_tiny(tmp_path / "m", {**TINY_CONFIG, "hidden_size": 65536, "num_attention_heads": 64})
-    with pytest.raises(AttnRankError, match=r"would need .* GiB of memory; this machine has 1 GiB"):
+    with pytest.raises(HeadRankError, match=r"would need .* GiB of memory; this machine has 1 GiB"):
         open_reader(str(src))
 
 
@@ -98,7 +98,7 @@ def _sharded(tmp_path, weight_map):
     ({n: 3 for n in tiny_tensors()}, "a file name must be a non-empty string"),
 ])
 def test_shard_index_is_checked(tmp_path, weight_map, needle):
-    with pytest.raises(AttnRankError) as e:
+    with pytest.raises(HeadRankError) as e:
         open_reader(str(_sharded(tmp_path, weight_map)))
     assert needle in str(e.value)
 
@@ -123,11 +123,11 @@ _TOML = ('split = {split}\n[tensors]\nq = "{q}"\nk = "encoder.layer.{{i}}.attent
     ('"separate"', "x.weight", "must contain {i}"),
 ])
 def test_toml_layout_schema(tmp_path, split, q, needle):
-    from attnrank.io.layouts import layout_from_toml
+    from headrank.io.layouts import layout_from_toml
 
     p = tmp_path / "l.toml"
     p.write_text(_TOML.format(split=split, q=q))
-    with pytest.raises(AttnRankError) as e:
+    with pytest.raises(HeadRankError) as e:
         layout_from_toml(p)
     assert needle in str(e.value) and str(p) in str(e.value)
     assert "class" not in str(e.value).replace("__class__", "")  # the field was never evaluated
@@ -139,23 +139,23 @@ def test_toml_layout_schema(tmp_path, split, q, needle):
     ("qk_norm = 1\n", "qk_norm must be true or false"),
 ])
 def test_toml_layout_top_level_keys(tmp_path, extra, needle):
-    from attnrank.io.layouts import layout_from_toml
+    from headrank.io.layouts import layout_from_toml
 
     p = tmp_path / "l.toml"
     p.write_text(extra + _TOML.format(split='"separate"', q="encoder.layer.{i}.attention.self.query.weight"))
-    with pytest.raises(AttnRankError, match=needle):
+    with pytest.raises(HeadRankError, match=needle):
         layout_from_toml(p)
 
 
 def test_toml_sizes_are_integers(tmp_path):
-    from attnrank.io.layouts import layout_from_toml
+    from headrank.io.layouts import layout_from_toml
 
     p = tmp_path / "l.toml"
     good = _TOML.format(split='"separate"', q="encoder.layer.{i}.attention.self.query.weight")
     for bad, needle in (("d_model = 8.5", "d_model must be an integer"), ("d_model = inf", "d_model must be an integer"),
                         ("d_model = true", "d_model must be an integer"), ("d_model = 0", "d_model must lie in")):
         p.write_text(good.replace("d_model = 8", bad))
-        with pytest.raises(AttnRankError, match=needle):
+        with pytest.raises(HeadRankError, match=needle):
             layout_from_toml(p)
 
 
@@ -164,7 +164,7 @@ def test_complex_weights_are_refused(tmp_path):
     t = {k: v.to(torch.complex64) for k, v in tiny_tensors().items()}
     save_file(t, src / "model.safetensors")
     r = open_reader(str(src))
-    with pytest.raises(AttnRankError, match="has dtype complex64: attention weights must be real"):
+    with pytest.raises(HeadRankError, match="has dtype complex64: attention weights must be real"):
         r.read_layer(0)
 
 
@@ -173,20 +173,20 @@ def test_a_fifo_never_hangs(tmp_path, name, limit):
     src = write_tiny(tmp_path / "m")
     (src / name).unlink()
     os.mkfifo(src / name)
-    with pytest.raises(AttnRankError, match="is not a regular file \\(a FIFO\\)"):
+    with pytest.raises(HeadRankError, match="is not a regular file \\(a FIFO\\)"):
         open_reader(str(src))
 
 
 def test_a_fifo_as_the_source_or_a_layout_never_hangs(tmp_path, limit):
     fifo = tmp_path / "weights.safetensors"
     os.mkfifo(fifo)
-    with pytest.raises(AttnRankError, match="not a regular file"):
+    with pytest.raises(HeadRankError, match="not a regular file"):
         open_reader(str(fifo), config=TINY_CONFIG)
-    with pytest.raises(AttnRankError, match="not a regular file"):
+    with pytest.raises(HeadRankError, match="not a regular file"):
         open_reader("minilm", layout=str(fifo))
     sniff = tmp_path / "model"  # no suffix: the GGUF sniffing must not open it either
     os.mkfifo(sniff)
-    with pytest.raises(AttnRankError):
+    with pytest.raises(HeadRankError):
         open_reader(str(sniff))
 
 
@@ -206,7 +206,7 @@ def _deny(monkeypatch, target):
 def test_permission_denied_names_the_path(tmp_path, monkeypatch):
     src = write_tiny(tmp_path / "m")
     _deny(monkeypatch, src / "model.safetensors")
-    with pytest.raises(AttnRankError) as e:
+    with pytest.raises(HeadRankError) as e:
         open_reader(str(src))
     assert str(e.value) == f"permission denied: cannot read the weights file {src / 'model.safetensors'}"
 
@@ -221,7 +221,7 @@ def test_permission_denied_on_the_config_is_not_no_such_file(tmp_path, monkeypat
         return real_open(path, *a, **k)
 
     monkeypatch.setattr("builtins.open", fake_open)
-    with pytest.raises(AttnRankError) as e:
+    with pytest.raises(HeadRankError) as e:
         open_reader(str(src))
     assert "permission denied" in str(e.value) and "No such file" not in str(e.value)
 
@@ -231,11 +231,11 @@ def test_permission_denied_for_real(tmp_path):
     src = write_tiny(tmp_path / "m")
     os.chmod(src / "model.safetensors", 0)
     try:
-        with pytest.raises(AttnRankError, match="permission denied"):
+        with pytest.raises(HeadRankError, match="permission denied"):
             open_reader(str(src))
         os.chmod(src / "model.safetensors", stat.S_IRUSR | stat.S_IWUSR)
         os.chmod(src, 0)
-        with pytest.raises(AttnRankError, match="permission denied"):
+        with pytest.raises(HeadRankError, match="permission denied"):
             open_reader(str(src))
     finally:
         os.chmod(src, 0o755)
@@ -247,7 +247,7 @@ def test_as_int(value, ok):
     if ok:
         assert validate.as_int(value, "n", "w", hi=100) == 3
     else:
-        with pytest.raises(AttnRankError):
+        with pytest.raises(HeadRankError):
             validate.as_int(value, "n", "w", hi=100)
 
 
@@ -266,7 +266,7 @@ def test_a_directory_the_user_may_not_list_names_the_path(tmp_path, monkeypatch)
         return real(path)
 
     monkeypatch.setattr(os, "listdir", fake)
-    with pytest.raises(AttnRankError) as e:
+    with pytest.raises(HeadRankError) as e:
         open_reader(str(src))
     assert str(e.value) == f"permission denied: cannot read {src}"
 
@@ -294,7 +294,7 @@ def test_bin_with_a_tensor_that_is_not_dense_data(tmp_path, change, needle):
     from ..fuzz.harness import check_outcome, run_cli
 
     d = _bin(tmp_path, change)
-    with pytest.raises(AttnRankError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(HeadRankError, match=needle.replace("(", r"\(").replace(")", r"\)")):
         open_reader(str(d))
     code, _, err = run_cli("spectra", str(d))
     check_outcome(code, err)
@@ -324,7 +324,7 @@ def test_lora_shapes_are_one_line(tmp_path, a, b, needle):
     from ..fuzz.harness import check_outcome, run_cli
 
     ad = _lora(tmp_path, a, b)
-    with pytest.raises(AttnRankError, match=needle):
+    with pytest.raises(HeadRankError, match=needle):
         open_reader(str(ad))
     code, _, err = run_cli("spectra", str(ad))
     check_outcome(code, err)
@@ -351,13 +351,13 @@ def test_hub_ref_is_read_only_inside_the_cache(tmp_path, monkeypatch, limit):
     outside = tmp_path / "outside"
     write_tiny(outside)  # a model the ref points at, three levels up: never read
     (root / "refs" / "main").write_text("../../../outside")
-    with pytest.raises(AttnRankError, match=r"refs/main holds '../../../outside', not a commit hash"):
+    with pytest.raises(HeadRankError, match=r"refs/main holds '../../../outside', not a commit hash"):
         open_reader("org/tiny")
     (root / "refs" / "main").write_text("a" * 40 + "\n")
-    with pytest.raises(AttnRankError, match="not a commit hash"):
+    with pytest.raises(HeadRankError, match="not a commit hash"):
         open_reader("org/tiny")
     for rev in ("../../../outside", "/etc", "v1/../../x"):
-        with pytest.raises(AttnRankError, match="is not a branch, tag or commit name"):
+        with pytest.raises(HeadRankError, match="is not a branch, tag or commit name"):
             open_reader("org/tiny", revision=rev)
 
 
@@ -373,7 +373,7 @@ def test_hub_ref_that_is_not_a_small_regular_file(tmp_path, monkeypatch, limit, 
         ref.symlink_to("/dev/zero")
     else:
         ref.write_text("a" * 5000)
-    with pytest.raises(AttnRankError, match=r"refs/main (is not a regular file|is larger than)"):
+    with pytest.raises(HeadRankError, match=r"refs/main (is not a regular file|is larger than)"):
         open_reader("org/tiny")
     code, _, err = run_cli("spectra", "org/tiny")
     check_outcome(code, err)
@@ -384,7 +384,7 @@ def test_snapshot_resolving_outside_the_cache(tmp_path, monkeypatch):
     root = _cache(tmp_path, monkeypatch, "b" * 40)
     outside = write_tiny(tmp_path / "elsewhere")
     (root / "snapshots" / ("b" * 40)).symlink_to(outside)
-    with pytest.raises(AttnRankError, match="outside its cache folder"):
+    with pytest.raises(HeadRankError, match="outside its cache folder"):
         open_reader("org/tiny")
 
 

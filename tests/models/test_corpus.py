@@ -5,8 +5,8 @@ import textwrap
 
 import pytest
 
-from attnrank.errors import AttnRankError
-from attnrank.models import corpus
+from headrank.errors import HeadRankError
+from headrank.models import corpus
 
 
 @pytest.fixture()
@@ -123,9 +123,9 @@ def test_stdlib_sentences_deterministic_and_from_their_split():
 
 
 def test_bad_split_is_a_user_error():
-    with pytest.raises(AttnRankError, match="unknown split"):
+    with pytest.raises(HeadRankError, match="unknown split"):
         corpus.sentences("dev")
-    with pytest.raises(AttnRankError):
+    with pytest.raises(HeadRankError):
         corpus.sentences("train", -1)
 
 
@@ -142,7 +142,7 @@ def test_a_zstd_bomb_is_refused_before_it_is_inflated(tmp_path, monkeypatch):
 
     import zstandard
 
-    from attnrank.models import data
+    from headrank.models import data
 
     chunk = (b'{"text": "' + b"a" * 1000 + b'"}\n') * 1000  # 1 MB of JSON lines
     bomb = tmp_path / "bomb.jsonl.zst"
@@ -150,7 +150,7 @@ def test_a_zstd_bomb_is_refused_before_it_is_inflated(tmp_path, monkeypatch):
     bomb.write_bytes(b"".join(c.compress(chunk) for _ in range(100)) + c.flush())  # 100 MB inflated
     assert bomb.stat().st_size < 100_000
     tracemalloc.start()
-    with pytest.raises(AttnRankError, match=r"bomb.jsonl.zst: its \d+ compressed bytes decompress to more than"):
+    with pytest.raises(HeadRankError, match=r"bomb.jsonl.zst: its \d+ compressed bytes decompress to more than"):
         data.read_file_documents(bomb)
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
@@ -159,7 +159,7 @@ def test_a_zstd_bomb_is_refused_before_it_is_inflated(tmp_path, monkeypatch):
     _zst(ok, b"".join(b'{"text": "document %d about something"}\n' % i for i in range(1000)))
     assert len(data.read_file_documents(ok)) == 1000
     monkeypatch.setattr(data, "corpus_limit", lambda: 1000)  # more text than the machine can tokenise
-    with pytest.raises(AttnRankError, match="more than this machine can tokenise"):
+    with pytest.raises(HeadRankError, match="more than this machine can tokenise"):
         data.read_file_documents(ok)
 
 
@@ -168,7 +168,7 @@ def test_a_corpus_that_is_not_a_regular_file(tmp_path, kind):
     import os
     import signal
 
-    from attnrank.models import data
+    from headrank.models import data
 
     def boom(*_):
         raise RuntimeError("hung")
@@ -184,10 +184,10 @@ def test_a_corpus_that_is_not_a_regular_file(tmp_path, kind):
         if kind == "dir_fifo":  # inside a directory: skipped, never opened
             (tmp_path / "real.txt").write_text("\n\n".join(f"document {i} with words" for i in range(60)))
             assert data.corpus_files(tmp_path)[1] == ["real.txt"]
-            with pytest.raises(AttnRankError, match="not a regular file"):
+            with pytest.raises(HeadRankError, match="not a regular file"):
                 data.read_file_documents(target)
         else:
-            with pytest.raises(AttnRankError, match=r"c.txt is not a regular file \(a (FIFO|character device)\)"):
+            with pytest.raises(HeadRankError, match=r"c.txt is not a regular file \(a (FIFO|character device)\)"):
                 data.text_splits(str(target))
     finally:
         signal.alarm(0)
@@ -203,15 +203,15 @@ def test_stdlib_style_root_with_a_fifo_and_a_dev_zero_link(fake_root):
 
 
 def test_crlf_text_reads_as_before(tmp_path):
-    from attnrank.models import data
+    from headrank.models import data
 
     (tmp_path / "a.txt").write_bytes(b"first line\r\nsame doc\r\n\r\nsecond doc\rwith a CR\n")
     assert data.read_file_documents(tmp_path / "a.txt") == ["first line\nsame doc", "second doc\nwith a CR"]
 
 
 def test_bpe_vocab_is_bounded():
-    from attnrank.models.data import MAX_BPE_VOCAB, LMTaskConfig
+    from headrank.models.data import MAX_BPE_VOCAB, LMTaskConfig
 
-    with pytest.raises(AttnRankError, match=f"bpe_vocab must be at most {MAX_BPE_VOCAB}, got 1000000000"):
+    with pytest.raises(HeadRankError, match=f"bpe_vocab must be at most {MAX_BPE_VOCAB}, got 1000000000"):
         LMTaskConfig(tokenizer="bpe", bpe_vocab=1_000_000_000)
     assert LMTaskConfig(tokenizer="bpe", bpe_vocab=MAX_BPE_VOCAB).vocab_size == MAX_BPE_VOCAB

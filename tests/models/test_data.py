@@ -7,9 +7,9 @@ import pytest
 import torch
 import zstandard
 
-from attnrank.errors import AttnRankError
-from attnrank.models import corpus
-from attnrank.models.data import (
+from headrank.errors import HeadRankError
+from headrank.models import corpus
+from headrank.models.data import (
     BPETokenizer,
     ByteTokenizer,
     ImageStream,
@@ -83,7 +83,7 @@ def test_text_splits_of_a_user_corpus(tmp_path):
 def test_bad_jsonl_lines_are_user_errors(tmp_path, content, message):
     p = tmp_path / "bad.jsonl"
     p.write_text(content)
-    with pytest.raises(AttnRankError, match=message):
+    with pytest.raises(HeadRankError, match=message):
         read_file_documents(p)
 
 
@@ -93,21 +93,21 @@ def test_bad_corpus_paths_are_user_errors(tmp_path):
     (tmp_path / "empty").mkdir()
     (tmp_path / "one.jsonl").write_text('{"text": "a single short document"}\n')
     (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
-    with pytest.raises(AttnRankError, match="corrupt Zstandard|cannot read"):
+    with pytest.raises(HeadRankError, match="corrupt Zstandard|cannot read"):
         read_file_documents(tmp_path / "corrupt.jsonl.zst")
-    with pytest.raises(AttnRankError, match="unsupported"):
+    with pytest.raises(HeadRankError, match="unsupported"):
         text_splits(str(tmp_path / "x.csv"))
-    with pytest.raises(AttnRankError, match="no such file"):
+    with pytest.raises(HeadRankError, match="no such file"):
         text_splits(str(tmp_path / "missing.jsonl"))
-    with pytest.raises(AttnRankError, match="no .txt"):
+    with pytest.raises(HeadRankError, match="no .txt"):
         text_splits(str(tmp_path / "empty"))
-    with pytest.raises(AttnRankError, match="no text in the"):
+    with pytest.raises(HeadRankError, match="no text in the"):
         text_splits(str(tmp_path / "one.jsonl"))
-    with pytest.raises(AttnRankError, match="not UTF-8"):
+    with pytest.raises(HeadRankError, match="not UTF-8"):
         read_file_documents(tmp_path / "latin1.txt")
-    with pytest.raises(AttnRankError, match="no such file"):
+    with pytest.raises(HeadRankError, match="no such file"):
         LMTaskConfig(corpus=str(tmp_path / "nope"))
-    with pytest.raises(AttnRankError, match="tokenizer"):
+    with pytest.raises(HeadRankError, match="tokenizer"):
         LMTaskConfig(tokenizer="words")
 
 
@@ -142,7 +142,7 @@ def test_bpe_is_trained_on_train_only_saved_and_reloaded(tmp_path):
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "tokenizer.json").write_text("{not json")
-    with pytest.raises(AttnRankError, match="cannot read tokenizer"):
+    with pytest.raises(HeadRankError, match="cannot read tokenizer"):
         BPETokenizer.load(bad / "tokenizer.json")
 
 
@@ -156,7 +156,7 @@ def test_token_stream_is_seeded_resumable_and_shifted():
     b = TokenStream(toks, 8, 4, seed=3)
     b.load_state_dict(state)
     assert all(torch.equal(u, v) for u, v in zip(b.next(), nxt, strict=True))
-    with pytest.raises(AttnRankError):
+    with pytest.raises(HeadRankError):
         TokenStream(toks, 8, 5, seed=3).load_state_dict(state)
 
 
@@ -193,10 +193,10 @@ def test_digits_default_and_image_folder(tmp_path):
     xb, yb = s.next()
     assert xb.shape == (5, 3, 16, 16) and set(yb.tolist()) <= {0, 1}
     (tmp_path / "f" / "dog" / "broken.png").write_bytes(b"not an image")
-    with pytest.raises(AttnRankError, match="cannot read"):
+    with pytest.raises(HeadRankError, match="cannot read"):
         load_images(str(tmp_path / "f"), 17)
     (tmp_path / "g").mkdir()
-    with pytest.raises(AttnRankError, match="no images"):
+    with pytest.raises(HeadRankError, match="no images"):
         load_images(str(tmp_path / "g"), 8)
 
 
@@ -214,7 +214,7 @@ def tiny_png_declaring(w: int, h: int) -> bytes:
 
 
 def test_a_png_declaring_20000_squared_is_refused_as_a_bomb(tmp_path):
-    from attnrank.models.data import ImageTaskConfig, load_images
+    from headrank.models.data import ImageTaskConfig, load_images
 
     for split in ("train", "validation", "test"):
         for c in ("a", "b"):
@@ -223,15 +223,15 @@ def test_a_png_declaring_20000_squared_is_refused_as_a_bomb(tmp_path):
     bomb = tmp_path / "train" / "a" / "bomb.png"
     bomb.write_bytes(tiny_png_declaring(20000, 20000))
     assert len(bomb.read_bytes()) < 70  # the red team's was 69 bytes
-    with pytest.raises(AttnRankError, match="bomb.png declares more pixels than Pillow decodes safely"):
+    with pytest.raises(HeadRankError, match="bomb.png declares more pixels than Pillow decodes safely"):
         load_images(str(ImageTaskConfig(images=str(tmp_path)).images), 8)
     bomb.write_bytes(tiny_png_declaring(10000, 10000))  # over Pillow's limit but under twice it: a warning
-    with pytest.raises(AttnRankError, match="refused as a decompression bomb"):
+    with pytest.raises(HeadRankError, match="refused as a decompression bomb"):
         load_images(str(ImageTaskConfig(images=str(tmp_path)).images), 9)
 
 
 def test_image_size_checked_against_memory_before_resizing():
-    from attnrank.models.data import load_images
+    from headrank.models.data import load_images
 
-    with pytest.raises(AttnRankError, match=r"--image-size 100000: 1797 images of 100000x100000 pixels would need"):
+    with pytest.raises(HeadRankError, match=r"--image-size 100000: 1797 images of 100000x100000 pixels would need"):
         load_images(None, 100000)

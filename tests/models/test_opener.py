@@ -1,4 +1,4 @@
-"""The one opener of real models with real inputs (attnrank.models.opener)."""
+"""The one opener of real models with real inputs (headrank.models.opener)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from attnrank.errors import AttnRankError
-from attnrank.models import opener as O
+from headrank.errors import HeadRankError
+from headrank.models import opener as O
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ def test_minilm_opens_in_float64_with_real_sentences(minilm):
 
 
 def test_text_comes_from_the_corpus_test_split():
-    from attnrank.models import corpus
+    from headrank.models import corpus
 
     pool = O.text_pool(5)
     assert pool == corpus.sentences("test", 5, min_words=10)
@@ -59,7 +59,7 @@ def test_reinit_is_seeded_and_uses_the_architecture_initialiser(minilm):
 
 
 def test_digits_images_are_the_one_digits_source():
-    from attnrank.models.data import digits_arrays
+    from headrank.models.data import digits_arrays
 
     x = O.digits_images(3, 16, 3)
     assert x.shape == (3, 3, 16, 16) and x.dtype == torch.float64
@@ -69,12 +69,12 @@ def test_digits_images_are_the_one_digits_source():
 
 
 def test_project_lm_gets_corpus_bytes(tmp_path):
-    from attnrank.models.transformer import ModelConfig, Transformer
+    from headrank.models.transformer import ModelConfig, Transformer
 
     Transformer(ModelConfig(vocab_size=256, max_seq_len=32, n_layers=1, d_model=16, n_heads=2,
                             causal=False)).save_pretrained(tmp_path / "m")
     op = O.open_model(tmp_path / "m", n_inputs=3, max_tokens=24)
-    assert op.kind == "attnrank" and op.n_heads == 2 and op.max_positions == 32
+    assert op.kind == "headrank" and op.n_heads == 2 and op.max_positions == 32
     idx = op.inputs["idx"]
     assert idx.shape == (3, 24) and "UTF-8 bytes" in op.input_note  # no padding: one common length
     assert idx[0].tolist() == list(O.text_pool(1)[0].encode("utf-8"))[:24]
@@ -84,7 +84,7 @@ def test_project_lm_gets_corpus_bytes(tmp_path):
 
 
 def test_project_vit_gets_digits(tmp_path):
-    from attnrank.models.transformer import ViT, ViTConfig
+    from headrank.models.transformer import ViT, ViTConfig
 
     ViT(ViTConfig(image_size=8, patch_size=4, channels=1, n_layers=1, d_model=16, n_heads=2)).save_pretrained(
         tmp_path / "v")
@@ -94,9 +94,9 @@ def test_project_vit_gets_digits(tmp_path):
 
 
 def test_recall_run_gets_its_task_sequences(tmp_path):
-    from attnrank.io.rundir import latest_checkpoint
-    from attnrank.training.config import recall_config
-    from attnrank.training.loop import train
+    from headrank.io.rundir import latest_checkpoint
+    from headrank.training.config import recall_config
+    from headrank.training.loop import train
 
     cfg = recall_config(steps=2, n_layers=1, d_model=16, n_heads=2, n_pairs=2, n_keys=4, n_values=4,
                         batch_size=4, checkpoint_every=1, track_every=1, log_every=1)
@@ -113,15 +113,15 @@ def test_recall_run_gets_its_task_sequences(tmp_path):
 def test_no_inputs_and_user_errors(tmp_path):
     op = O.open_model("minilm", n_inputs=0)
     assert op.inputs == {}
-    with pytest.raises(AttnRankError, match="n_inputs=0"):
+    with pytest.raises(HeadRankError, match="n_inputs=0"):
         op.forward()
-    with pytest.raises(AttnRankError, match="no such file"):
+    with pytest.raises(HeadRankError, match="no such file"):
         O.open_model(tmp_path / "missing")
     bad = tmp_path / "t5"
     bad.mkdir()
     (bad / "config.json").write_text(json.dumps({"model_type": "t5"}))
-    with pytest.raises(AttnRankError, match="cannot load"):
+    with pytest.raises(HeadRankError, match="cannot load"):
         O.open_model(bad)
     (tmp_path / "run" / "checkpoints").mkdir(parents=True)
-    with pytest.raises(AttnRankError, match="without a complete checkpoint"):
+    with pytest.raises(HeadRankError, match="without a complete checkpoint"):
         O.open_model(tmp_path / "run")

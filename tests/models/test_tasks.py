@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from attnrank.errors import AttnRankError
-from attnrank.models.tasks import (
+from headrank.errors import HeadRankError
+from headrank.models.tasks import (
     RecallConfig,
     RecallStream,
     make_recall_batch,
@@ -64,7 +64,7 @@ def test_stream_is_seeded_and_resumes_exactly():
         assert torch.equal(x1, x2) and torch.equal(y1, y2)
     d = RecallStream(cfg, 8, seed=4)
     assert not torch.equal(d.next()[0], first[0][0])
-    with pytest.raises(AttnRankError):
+    with pytest.raises(HeadRankError):
         d.load_state_dict(state)
     # the state is plain tensors/ints: torch.load(weights_only=True) accepts it
     import io
@@ -98,7 +98,7 @@ def test_loss_and_accuracy_read_the_query_positions():
 
 @pytest.mark.parametrize("bad", [dict(n_pairs=0), dict(n_pairs=9, n_keys=8), dict(n_values=-1), dict(n_queries=0)])
 def test_bad_sizes_are_user_errors(bad):
-    with pytest.raises(AttnRankError):
+    with pytest.raises(HeadRankError):
         RecallConfig(**bad)
 
 
@@ -112,5 +112,5 @@ def test_label_noise_replaces_a_fraction_of_targets_and_leaves_a_noise_free_stre
     assert ((y1 >= clean.n_keys) & (y1 < clean.vocab_size)).all()
     assert "label_noise" not in clean.to_dict() and noisy.to_dict()["label_noise"] == 0.3
     for bad in (-0.1, 1.0, True, "0.1"):
-        with pytest.raises(AttnRankError, match="label_noise"):
+        with pytest.raises(HeadRankError, match="label_noise"):
             RecallConfig(label_noise=bad)

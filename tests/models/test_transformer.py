@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from attnrank import analyze
-from attnrank.errors import AttnRankError
-from attnrank.models.transformer import (
+from headrank import analyze
+from headrank.errors import HeadRankError
+from headrank.models.transformer import (
     MLP,
     Block,
     ModelConfig,
@@ -35,7 +35,7 @@ def test_state_dict_names_and_config_match_the_layout_row(tmp_path):
     assert m.blocks[0].attn.o.weight.shape == (16, 24)
     m.save_pretrained(tmp_path)
     res = analyze(tmp_path)
-    assert res.meta["model_type"] == "attnrank"
+    assert res.meta["model_type"] == "headrank"
     assert res.meta["config"] == {**res.meta["config"], "n_layers": 2, "d_model": 16, "n_heads": 4,
                                   "n_kv_heads": 2, "head_dim": 6}
     # independent reference: dense SVD of W_K,hᵀ W_Q,h and P_h W_V,h of layer 1, head 3 (kv head 1)
@@ -122,13 +122,13 @@ def test_hidden_states_and_tied_embeddings_round_trip(tmp_path):
 @pytest.mark.parametrize("bad", [dict(d_model=10, n_heads=4, head_dim=None), dict(n_heads=4, n_kv_heads=3),
                                  dict(norm="sandwich"), dict(n_layers=0)])
 def test_bad_configs_raise_one_clear_error(bad):
-    with pytest.raises(AttnRankError):
+    with pytest.raises(HeadRankError):
         tiny(**bad)
 
 
 def test_too_long_input_is_a_user_error():
     m = Transformer(tiny())
-    with pytest.raises(AttnRankError, match="max_seq_len"):
+    with pytest.raises(HeadRankError, match="max_seq_len"):
         m(torch.zeros(1, 10, dtype=torch.long))
 
 
@@ -149,5 +149,5 @@ def test_vit_shapes_layout_and_round_trip(tmp_path):
     v2 = load_model(tmp_path)
     assert isinstance(v2, ViT)
     torch.testing.assert_close(v2(imgs), out)
-    with pytest.raises(AttnRankError):
+    with pytest.raises(HeadRankError):
         ViTConfig(image_size=10, patch_size=4)

@@ -1,7 +1,7 @@
 """The terminal tables of the verdicts: the same claims and tally as claims.json, coloured."""
 
-from attnrank.report.console import all_table, claims_table, headline, verdict_badge
-from attnrank.studies.registry import tally
+from headrank.report.console import all_table, claims_table, headline, verdict_badge
+from headrank.studies.registry import tally
 
 CLAIMS = [
     {"name": "s.a", "kind": "finding", "verdict": "held", "held": True, "measured": 1.5, "expected": "> 1"},

@@ -1,7 +1,7 @@
 """report.html pieces: the compact "measured" cell (a claim's key, else a brief of what it measured)."""
 
-from attnrank.report.html import brief, measured_brief, render_report
-from attnrank.studies.registry import Claim, arrow, g3, series
+from headrank.report.html import brief, measured_brief, render_report
+from headrank.studies.registry import Claim, arrow, g3, series
 
 
 def test_brief_numbers_small_dicts_and_ranges():
@@ -32,7 +32,7 @@ def test_measured_cell_shows_the_key_and_keeps_everything_in_the_fold():
 
 
 def test_claims_are_grouped_as_the_tally_counts_them_with_quote_rule_and_coverage():
-    from attnrank.report.html import claim_groups, coverage_html, reading
+    from headrank.report.html import claim_groups, coverage_html, reading
 
     f = Claim("s.f", "paper, Figure 2 caption", "falls", 1.0, 1.0, held=True, quote="We observe that",
               rule="trend beyond t x SE").to_json()

@@ -10,11 +10,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
-from attnrank.cli import app  # noqa: E402
-from attnrank.errors import AttnRankError  # noqa: E402
-from attnrank.report import runner as rep  # noqa: E402
-from attnrank.studies import registry  # noqa: E402
-from attnrank.studies.registry import Claim, FigureOut, Study  # noqa: E402
+from headrank.cli import app  # noqa: E402
+from headrank.errors import HeadRankError  # noqa: E402
+from headrank.report import runner as rep  # noqa: E402
+from headrank.studies import registry  # noqa: E402
+from headrank.studies.registry import Claim, FigureOut, Study  # noqa: E402
 
 RUNS = []
 
@@ -87,7 +87,7 @@ def test_replot_judges_edited_data(tmp_path, probe):
 
 
 def test_replot_without_a_stored_run_is_a_user_error(tmp_path, probe):
-    with pytest.raises(AttnRankError, match="--replot needs run.json"):
+    with pytest.raises(HeadRankError, match="--replot needs run.json"):
         rep.run("probe", tmp_path, replot=True)
     r = CliRunner().invoke(app, ["reproduce", "probe", "--replot", "--out", str(tmp_path / "none")])
     assert r.exit_code == 2
@@ -107,7 +107,7 @@ def test_replot_all(tmp_path, probe):
 def test_overrides_set_a_parameter_or_are_refused(tmp_path, probe):
     rep.run("probe", tmp_path / "a", quick=True, overrides={"n": 5})
     assert json.loads((tmp_path / "a" / "run.json").read_text())["params"]["n"] == 5
-    with pytest.raises(AttnRankError, match="no parameter model"):
+    with pytest.raises(HeadRankError, match="no parameter model"):
         rep.run("probe", tmp_path / "b", quick=True, overrides={"model": "x"})
     r = CliRunner().invoke(app, ["reproduce", "probe", "--model", "x", "--out", str(tmp_path / "c")])
     assert r.exit_code == 2 and "no parameter model" in r.stderr

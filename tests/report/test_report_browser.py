@@ -12,9 +12,9 @@ import shutil
 
 import pytest
 
-from attnrank.report import runner as rep
-from attnrank.studies import registry
-from attnrank.studies.registry import Claim, Entry, FigureOut, Study
+from headrank.report import runner as rep
+from headrank.studies import registry
+from headrank.studies.registry import Claim, Entry, FigureOut, Study
 from tests.helpers import Profile
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -1,4 +1,4 @@
-"""The reproduction framework and `attnrank reproduce`: registry, files written, exit codes."""
+"""The reproduction framework and `headrank reproduce`: registry, files written, exit codes."""
 
 import base64
 import json
@@ -16,11 +16,11 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
-from attnrank.cli import app  # noqa: E402
-from attnrank.errors import AttnRankError  # noqa: E402
-from attnrank.report import runner as rep
-from attnrank.studies import registry
-from attnrank.util.fileio import jsonable
+from headrank.cli import app  # noqa: E402
+from headrank.errors import HeadRankError  # noqa: E402
+from headrank.report import runner as rep
+from headrank.studies import registry
+from headrank.util.fileio import jsonable
 
 CLAIM_KEYS = {"name", "source", "statement", "measured", "expected", "held"}
 
@@ -66,7 +66,7 @@ registry.register_study(registry.Study(
 
 
 def test_catalogue_lists_known_reproductions_without_importing_them():
-    code = ("import sys; from attnrank.studies import registry as r; names = [n for n, _ in r.listing()]; "
+    code = ("import sys; from headrank.studies import registry as r; names = [n for n, _ in r.listing()]; "
             "assert {'fig1', 'fig5', 'fig2', 'fig3', 'fig4', 'table1', 'collapse', 'scale'} <= set(names), names; "
             "loaded = [m for m, _ in r.CATALOGUE.values() if m in sys.modules]; assert not loaded, loaded; "
             "r.get('fig1'); assert r.CATALOGUE['fig1'][0] in sys.modules; print('ok')")
@@ -75,7 +75,7 @@ def test_catalogue_lists_known_reproductions_without_importing_them():
 
 
 def test_unknown_name_is_a_user_error():
-    with pytest.raises(AttnRankError, match="unknown reproduction 'nope'"):
+    with pytest.raises(HeadRankError, match="unknown reproduction 'nope'"):
         registry.get("nope")
 
 
@@ -107,7 +107,7 @@ def test_run_writes_report_claims_data(tmp_path):
     assert data == {"series": [0.0, 1.0, 2.0], "nan": None, "nested": {"x": 1.5}}
     meta = json.loads((out / "run.json").read_text())
     assert meta["params"] == {"profile": "quick", "n": 3} and meta["claims_held"] == 1 and meta["runtime_s"] >= 0
-    assert {"numpy", "scipy", "torch", "matplotlib", "python", "attnrank"} <= set(meta["versions"])
+    assert {"numpy", "scipy", "torch", "matplotlib", "python", "headrank"} <= set(meta["versions"])
     html = (out / "report.html").read_text()
     assert html.index("findings held") < html.index("<figure") < html.index("<h3>Findings") < \
         html.index("<summary>parameters") < html.index("<summary>library versions")
@@ -122,7 +122,7 @@ def test_run_writes_report_claims_data(tmp_path):
 def test_run_refuses_a_file_as_out(tmp_path):
     f = tmp_path / "file"
     f.write_text("x")
-    with pytest.raises(AttnRankError, match="not a directory"):
+    with pytest.raises(HeadRankError, match="not a directory"):
         rep.run("_test_allheld", f)
 
 
@@ -158,14 +158,14 @@ def test_cli_missing_name_is_exit_2():
     assert "NAME, 'all', or --list" in r.stderr
 
 
-def _attnrank(*args, cwd=None):
+def _headrank(*args, cwd=None):
     env = dict(os.environ, COLUMNS="200")
-    return subprocess.run([sys.executable, "-m", "attnrank", *args], capture_output=True, text=True, cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "headrank", *args], capture_output=True, text=True, cwd=cwd,
                           env=env, timeout=300)
 
 
 def test_cli_unknown_name_one_line_exit_2(tmp_path):
-    r = _attnrank("reproduce", "nope", "--out", str(tmp_path / "x"))
+    r = _headrank("reproduce", "nope", "--out", str(tmp_path / "x"))
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "unknown reproduction 'nope'" in lines[0] and "fig1" in lines[0]
@@ -177,7 +177,7 @@ def test_cli_unknown_name_one_line_exit_2(tmp_path):
 def test_cli_fig1_quick_end_to_end(tmp_path):
     """The real fig1 reproduction through the installed command: files, claims and their numbers."""
     out = tmp_path / "fig1"
-    r = _attnrank("reproduce", "fig1", "--out", str(out), "--quick")
+    r = _headrank("reproduce", "fig1", "--out", str(out), "--quick")
     assert r.returncode == 0, r.stderr
     claims = {c["name"]: c for c in json.loads((out / "claims.json").read_text())}
     assert {"fig1.gap_decay", "fig1.balance_rate", "fig1.gd_recursion", "fig1.soft_threshold",

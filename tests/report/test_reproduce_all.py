@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from attnrank.cli import app
-from attnrank.report import runner as rep
-from attnrank.studies import registry
-from attnrank.studies.registry import Claim, Entry
+from headrank.cli import app
+from headrank.report import runner as rep
+from headrank.studies import registry
+from headrank.studies.registry import Claim, Entry
 from tests.helpers import Profile
 
 CALLS: dict[str, int] = {}
@@ -124,7 +124,7 @@ def test_a_reused_part_is_rejudged_and_a_stale_one_rerun(tmp_path, study, monkey
     meta["experiment_hash"] = "0" * 64  # as if the experiment's source had changed since
     (tmp_path / "st" / "run.json").write_text(json.dumps(meta))
     assert rep.staleness("st", tmp_path / "st", True)[1] == "experiment code changed"
-    meta["versions"]["attnrank"] = "0.0.0-old"
+    meta["versions"]["headrank"] = "0.0.0-old"
     (tmp_path / "st" / "run.json").write_text(json.dumps(meta))
     assert rep.staleness("st", tmp_path / "st", True)[1] == "package version changed"
     rep.run_all(tmp_path, quick=True)
@@ -132,9 +132,9 @@ def test_a_reused_part_is_rejudged_and_a_stale_one_rerun(tmp_path, study, monkey
 
 
 def test_the_experiment_hash_covers_the_code_that_makes_the_data(tmp_path, monkeypatch):
-    import attnrank
+    import headrank
 
-    pkg = Path(attnrank.__file__).parent
+    pkg = Path(headrank.__file__).parent
     srcs = {f.relative_to(pkg).as_posix() for f in rep.experiment_sources("fig1")}
     # the study's run and params, and what trains, reads and measures: a change there makes a run stale
     assert {"studies/fig1/experiment.py", "studies/fig1/params.py", "studies/fig1/gd.py", "training/optim.py",

@@ -11,9 +11,9 @@ import math
 
 import pytest
 
-from attnrank.studies.collapse.params import CollapseParams
+from headrank.studies.collapse.params import CollapseParams
 
-K = importlib.import_module("attnrank.studies.collapse.claims")  # the package exports a function of that name
+K = importlib.import_module("headrank.studies.collapse.claims")  # the package exports a function of that name
 
 P = CollapseParams.quick()
 
@@ -349,7 +349,7 @@ def measured_from_data(measured, data):
 
 @pytest.mark.slow
 def test_quick_run_and_replot(tmp_path):
-    from attnrank.report import runner
+    from headrank.report import runner
 
     s = runner.run("collapse", tmp_path, quick=True)
     by = {c.name: c for c in s.claims}

@@ -3,12 +3,12 @@
 import numpy as np
 import pytest
 
-from attnrank.studies.collapse.figures import (
+from headrank.studies.collapse.figures import (
     collapse_depth_sweep,
     collapse_path_restricted,
     figures,
 )
-from attnrank.studies.collapse.params import CollapseParams
+from headrank.studies.collapse.params import CollapseParams
 from tests.figcheck import assert_line, data_lines, ref_lines, scatters
 
 pytestmark = pytest.mark.usefixtures("quick_figures")  # tests/conftest.py

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from attnrank.studies import compress as study
-from attnrank.studies.registry import get
+from headrank.studies import compress as study
+from headrank.studies.registry import get
 
 
 def _data(cost0: list[float], cost8: list[float], top_exposure: float = 8.0) -> dict:

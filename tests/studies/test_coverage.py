@@ -7,11 +7,11 @@ import json
 
 import pandas as pd
 
-from attnrank.studies import coverage, decouple, fig3, fig4, table1
-from attnrank.studies.collapse.params import CollapseParams
-from attnrank.studies.fig2 import claims as fig2_claims
-from attnrank.studies.fig4 import Fig4Params
-from attnrank.studies.fig5 import claims as fig5_claims
+from headrank.studies import coverage, decouple, fig3, fig4, table1
+from headrank.studies.collapse.params import CollapseParams
+from headrank.studies.fig2 import claims as fig2_claims
+from headrank.studies.fig4 import Fig4Params
+from headrank.studies.fig5 import claims as fig5_claims
 from tests.studies import (
     test_collapse,
     test_decouple,
@@ -22,7 +22,7 @@ from tests.studies import (
     test_table1,
 )
 
-collapse_claims = importlib.import_module("attnrank.studies.collapse.claims")  # the package exports a function
+collapse_claims = importlib.import_module("headrank.studies.collapse.claims")  # the package exports a function
 
 
 def _all_claims():
@@ -51,7 +51,7 @@ def test_every_named_claim_exists_and_every_counted_finding_is_covered():
 
 
 def test_no_claim_has_a_citation_problem():
-    from attnrank.studies.registry import citation_problems
+    from headrank.studies.registry import citation_problems
 
     by_study: dict[str, list] = {}
     for c in _all_claims():
@@ -77,7 +77,7 @@ def test_each_quoted_sentence_is_counted_once():
 
 
 def test_a_support_of_an_absent_reproduction_is_counted_itself():
-    from attnrank.studies.registry import tally
+    from headrank.studies.registry import tally
 
     alone = [{"name": "table1.decoupling_helps", "kind": "finding", "verdict": "inconclusive",
               "supports": "decouple.decoupling_helps"}]
@@ -88,7 +88,7 @@ def test_a_support_of_an_absent_reproduction_is_counted_itself():
 
 
 def test_rows_of_a_combined_report_add_up_to_its_tally():
-    from attnrank.studies.registry import tally
+    from headrank.studies.registry import tally
 
     a = [{"name": "table1.decoupling_helps", "kind": "finding", "verdict": "inconclusive",
           "supports": "decouple.decoupling_helps"}]

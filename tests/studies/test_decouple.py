@@ -6,8 +6,8 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from attnrank.studies import decouple, table1
-from attnrank.studies.registry import get
+from headrank.studies import decouple, table1
+from headrank.studies.registry import get
 
 SEEDS = [0, 1, 2, 3, 4]
 NOISE = np.array([0.01, -0.02, 0.015, -0.005, 0.0])  # per seed, shared by every cell (paired)

@@ -7,8 +7,8 @@ import pytest
 import torch
 from scipy import optimize
 
-from attnrank.core.linalg import product_metrics
-from attnrank.studies.fig1 import gd
+from headrank.core.linalg import product_metrics
+from headrank.studies.fig1 import gd
 
 D1 = (0.2, 0.4, 0.6, 0.8, 1.0)
 
@@ -164,7 +164,7 @@ def test_prop31_against_dense_svd():
 def test_quick_run_and_replot_give_the_same_claims(tmp_path):
     import json
 
-    from attnrank.report import runner
+    from headrank.report import runner
 
     runner.run("fig1", tmp_path, quick=True)
     before = json.loads((tmp_path / "claims.json").read_text())
@@ -239,7 +239,7 @@ def test_per_mode_prediction_matches_the_measured_late_slope_where_one_rate_does
 
 # --------------------------------------------------------------------------- claims on synthetic data
 
-from attnrank.studies.fig1 import claims as C  # noqa: E402
+from headrank.studies.fig1 import claims as C  # noqa: E402
 
 
 def _rate_data(measured: float, lam: float = 0.25, predicted: float | None = None) -> dict:

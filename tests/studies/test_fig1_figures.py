@@ -3,14 +3,14 @@
 import numpy as np
 import pytest
 
-from attnrank.studies.fig1.figures import (
+from headrank.studies.fig1.figures import (
     FLOOR,
     balance_prediction,
     fig1_panels,
     figures,
     prop31_scatter,
 )
-from attnrank.studies.fig1.params import Fig1Params
+from headrank.studies.fig1.params import Fig1Params
 from tests.figcheck import (
     assert_line,
     assert_points,

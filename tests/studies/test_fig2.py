@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from attnrank.studies.fig2 import claims as C
-from attnrank.studies.fig2.params import Fig2Params
+from headrank.studies.fig2 import claims as C
+from headrank.studies.fig2.params import Fig2Params
 
 P = Fig2Params(lambdas=(0.0, 1.0, 3.0), steps=100, seeds=(0, 1))
 N = 5
@@ -115,10 +115,10 @@ def test_claims_in_order_and_profiles():
 
 @pytest.mark.slow
 def test_real_runs_are_paired_and_claims_follow_from_them():
-    from attnrank.studies.fig2.experiment import run
-    from attnrank.studies.registry import get
+    from headrank.studies.fig2.experiment import run
+    from headrank.studies.registry import get
 
-    assert get("fig2").study.run.__module__ == "attnrank.studies.fig2.experiment"
+    assert get("fig2").study.run.__module__ == "headrank.studies.fig2.experiment"
     p = Fig2Params(lambdas=(0.0, 1.0), steps=60, seeds=(0,), workers=1, horizon_lambdas=(0.0, 1.0), horizon_seeds=(0,),
                    horizon_steps=40, sgd_lambdas=(1.0,), sgd_steps=20)
     data = json.loads(json.dumps(run(p)))
@@ -163,7 +163,7 @@ def test_qk_identical_compares_the_verdicts_of_both_products():
 
 
 def test_late_spikes_reads_the_loss_after_it_first_fell_below_the_threshold():
-    from attnrank.studies.fig2 import late_spikes
+    from headrank.studies.fig2 import late_spikes
 
     data = {"training": {"0": {"0": {"loss": [2.0, 1e-2, 5e-4, 1e-4, 0.3, 1e-5]}, "1": {"loss": [2.0, 1e-4, 2e-4]}},
                          "1": {"0": {"loss": [2.0, 0.5, 0.1]}}}}
@@ -216,7 +216,7 @@ def _horizon(ends, floors=None, exposure=(0.0, 30.0, 90.0)):
 
 
 def test_balance_lasts_reports_a_transient_balance():
-    from attnrank.studies.fig2 import horizon as H
+    from headrank.studies.fig2 import horizon as H
 
     assert H.balance_lasts(_horizon([0.05, 0.004, 0.003]), P).verdict == "held"
     c = H.balance_lasts(_horizon([0.05, 0.04, 0.05], floors=[0.05, 0.005, 0.004]), P)
@@ -231,7 +231,7 @@ def test_balance_lasts_reports_a_transient_balance():
 
 
 def test_horizon_exposure_follows_the_runs_lr_schedule_not_a_straight_line():
-    from attnrank.studies.fig2 import horizon as H
+    from headrank.studies.fig2 import horizon as H
 
     lr, warmup, steps = 0.3, 10, 100
     lr_sum = lr * (warmup + 1) / 2 + lr * (steps - warmup)  # 1.65 in the warmup, then 27
@@ -250,7 +250,7 @@ def test_horizon_exposure_follows_the_runs_lr_schedule_not_a_straight_line():
 def test_sgd_control_against_the_gradient_flow_rate():
     import math
 
-    from attnrank.studies.fig2 import horizon as H
+    from headrank.studies.fig2 import horizon as H
 
     def data(rate_factor):
         runs = {}

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from attnrank.studies.fig2.claims import GAP_TOL, RANK_LAYER
-from attnrank.studies.fig2.figures import fig2_panels, figures, horizon_panels
-from attnrank.studies.fig2.params import Fig2Params
+from headrank.studies.fig2.claims import GAP_TOL, RANK_LAYER
+from headrank.studies.fig2.figures import fig2_panels, figures, horizon_panels
+from headrank.studies.fig2.params import Fig2Params
 from tests.figcheck import assert_line, data_lines, ref_lines
 
 LAMS, SEEDS, STEPS = [0.0, 2.0], [3, 1], [0, 50, 100, 150]

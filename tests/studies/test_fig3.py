@@ -3,14 +3,14 @@
 import numpy as np
 import pytest
 
-from attnrank.studies import fig3
-from attnrank.studies.fig3 import (
+from headrank.studies import fig3
+from headrank.studies.fig3 import (
     Fig3Params,
     literal_lowers,
     matched_exposure_lowers,
     rank_falls,
 )
-from attnrank.studies.lm_common import floor_tol, per_run
+from headrank.studies.lm_common import floor_tol, per_run
 
 
 def _sv(rank, dh=16, floor=1e-4):
@@ -118,7 +118,7 @@ def test_a_caption_sentence_holds_only_in_every_model():
 
 @pytest.mark.slow
 def test_fig3_end_to_end_tiny():
-    from attnrank.studies.registry import get
+    from headrank.studies.registry import get
 
     assert get("fig3").study is fig3.STUDY
     p = Fig3Params(exposures=(0.0, 0.5), lm_steps=20, vit_steps=20, seeds=(0,), workers=1, profile="test")

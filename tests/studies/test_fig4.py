@@ -5,9 +5,9 @@ import pytest
 import torch
 import transformers as tf
 
-from attnrank.analysis.scan import analyze
-from attnrank.studies import fig4
-from attnrank.studies.fig4 import (
+from headrank.analysis.scan import analyze
+from headrank.studies import fig4
+from headrank.studies.fig4 import (
     Fig4Params,
     decay_balances,
     describe,

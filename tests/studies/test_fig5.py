@@ -7,10 +7,10 @@ import pytest
 import torch
 from scipy import optimize
 
-from attnrank.studies.fig5 import adam, geometry
-from attnrank.studies.fig5.claims import pass_threshold
-from attnrank.studies.fig5.experiment import circle, fig5_runs
-from attnrank.studies.fig5.params import Fig5Params
+from headrank.studies.fig5 import adam, geometry
+from headrank.studies.fig5.claims import pass_threshold
+from headrank.studies.fig5.experiment import circle, fig5_runs
+from headrank.studies.fig5.params import Fig5Params
 
 # --------------------------------------------------------------------------- Figure 5: geometry
 
@@ -118,7 +118,7 @@ def test_pass_threshold():
 def test_quick_run_and_replot_give_the_same_claims(tmp_path):
     import json
 
-    from attnrank.report import runner
+    from headrank.report import runner
 
     runner.run("fig5", tmp_path, quick=True)
     before = json.loads((tmp_path / "claims.json").read_text())
@@ -161,7 +161,7 @@ def measured_from_data(measured, data, p):
 
 # --------------------------------------------------------------------------- claims on synthetic data
 
-from attnrank.studies.fig5 import claims as C  # noqa: E402
+from headrank.studies.fig5 import claims as C  # noqa: E402
 
 Q = Fig5Params(eps_sweep=(0.1, 0.01, 1e-3, 1e-4), wd_sweep=(0.1, 0.5, 1.0), schedules=((1e-2, 100, 10),))
 
@@ -188,8 +188,8 @@ def _data(dist=lambda kind, opt, eps, lw: 1e-3, spread=lambda kind, eps, lw: 1e-
 
 def _at_disc(data, factor):
     """``data`` with the direct AdamW end point at ``disc`` moved onto the L2 optimum at factor x lam_wd*eps."""
-    from attnrank.studies.fig5.experiment import circle
-    from attnrank.studies.fig5.geometry import l2_regularised_optimum
+    from headrank.studies.fig5.experiment import circle
+    from headrank.studies.fig5.geometry import l2_regularised_optimum
 
     for r in data["runs"]:
         if (r["kind"], r["opt"], r["eps"], r["lam_wd"]) == ("direct", "adamw", Q.disc[1], Q.disc[0]):

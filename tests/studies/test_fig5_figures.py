@@ -5,9 +5,9 @@ import itertools
 import numpy as np
 import pytest
 
-from attnrank.studies.fig5.claims import CONVERGED, TOL
-from attnrank.studies.fig5.figures import FLOOR, fig5_sweeps, fig5_trajectories, figures
-from attnrank.studies.fig5.params import Fig5Params
+from headrank.studies.fig5.claims import CONVERGED, TOL
+from headrank.studies.fig5.figures import FLOOR, fig5_sweeps, fig5_trajectories, figures
+from headrank.studies.fig5.params import Fig5Params
 from tests.figcheck import (
     assert_line,
     assert_points,

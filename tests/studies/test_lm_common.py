@@ -4,7 +4,7 @@
 import numpy as np
 import pytest
 
-from attnrank.studies.lm_common import (
+from headrank.studies.lm_common import (
     floor_tol,
     lambdas_for,
     lm_base,
@@ -33,7 +33,7 @@ def test_per_run_ranks_are_the_core_definitions_against_numpy():
 
 
 def test_floor_tol_without_a_lambda_0_control_is_inconclusive_not_the_smallest_lambda():
-    from attnrank.studies.fig3 import rank_falls
+    from headrank.studies.fig3 import rank_falls
 
     low, high = [[2.0, 1.0, 0.5, 0.1]], [[2.0, 0.1, 1e-3, 1e-4]]
     with_control = floor_tol(_m({0.0: low, 1.0: low, 8.0: high}))

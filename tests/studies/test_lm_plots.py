@@ -4,8 +4,8 @@ point, line, error bar and image cell equals the data (ranks against a dense num
 import numpy as np
 import pytest
 
-from attnrank.studies.lm_common import floor_tol
-from attnrank.studies.lm_plots import fig3_panels, fig4_ratios, fig4_rows_head0, table1_panels
+from headrank.studies.lm_common import floor_tol
+from headrank.studies.lm_plots import fig3_panels, fig4_ratios, fig4_rows_head0, table1_panels
 from tests.figcheck import (
     assert_line,
     assert_points,

@@ -2,7 +2,7 @@
 
 import pytest
 
-from attnrank.studies.registry import Claim, tally
+from headrank.studies.registry import Claim, tally
 
 
 def _c(**kw):

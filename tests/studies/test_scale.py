@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from attnrank.studies.scale import claims as C
-from attnrank.studies.scale.params import ScaleParams
+from headrank.studies.scale import claims as C
+from headrank.studies.scale.params import ScaleParams
 
 P = ScaleParams.quick()
 
@@ -36,7 +36,7 @@ def test_identities_are_marked_as_such():
 
 
 def test_norm_drift_and_exposure():
-    from attnrank.studies.scale.summary import exposure_needed, norm_drift
+    from headrank.studies.scale.summary import exposure_needed, norm_drift
 
     steps = np.arange(1, 101) * 10.0
     flat = np.full((100, 3), 5.0)
@@ -48,7 +48,7 @@ def test_norm_drift_and_exposure():
 
 
 def test_summary_judges_equilibrium_from_the_data():
-    from attnrank.studies.scale.summary import run_summary
+    from headrank.studies.scale.summary import run_summary
 
     T = 40
     steps = list(range(50, 50 * T + 1, 50))
@@ -187,7 +187,7 @@ def measured_from_data(claims, data, p=P):
 
 @pytest.mark.slow
 def test_reproduction_quick_and_replot(tmp_path):
-    from attnrank.report import runner as rep
+    from headrank.report import runner as rep
 
     s = rep.run("scale", tmp_path, quick=True)
     claims = {c.name: c for c in s.claims}

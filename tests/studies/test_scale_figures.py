@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from attnrank.studies.scale.figures import figures, scale_equilibrium, scale_training_curves
-from attnrank.studies.scale.params import ScaleParams
-from attnrank.studies.scale.summary import run_summary, summaries
+from headrank.studies.scale.figures import figures, scale_equilibrium, scale_training_curves
+from headrank.studies.scale.params import ScaleParams
+from headrank.studies.scale.summary import run_summary, summaries
 from tests.figcheck import (
     assert_line,
     assert_points,

@@ -4,8 +4,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from attnrank.studies import table1
-from attnrank.studies.table1 import Table1Params, attn_decay_hurts, decoupling_helps
+from headrank.studies import table1
+from headrank.studies.table1 import Table1Params, attn_decay_hurts, decoupling_helps
 
 LR_SUM = 1.0
 
@@ -92,7 +92,7 @@ def test_claims_and_figures_from_data():
 
 @pytest.mark.slow
 def test_table1_end_to_end_tiny():
-    from attnrank.studies.registry import get
+    from headrank.studies.registry import get
 
     assert get("table1").study is table1.STUDY
     p = Table1Params(attn_exposures=(0.0, 0.5), mlp_exposures=(0.0,), steps=20, seeds=(0, 1), workers=1)

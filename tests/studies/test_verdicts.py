@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from attnrank.studies.verdicts import (
+from headrank.studies.verdicts import (
     at_least,
     at_most,
     combine,

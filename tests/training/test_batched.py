@@ -1,12 +1,12 @@
-"""The scale experiment's batched training (attnrank.training.batched): the MLP variants'
+"""The scale experiment's batched training (headrank.training.batched): the MLP variants'
 invariances, the batched optimizers against torch.optim, the digits split, a short run."""
 
 import numpy as np
 import pytest
 import torch
 
-from attnrank.analysis.scaling import scale_test
-from attnrank.training.batched import (
+from headrank.analysis.scaling import scale_test
+from headrank.training.batched import (
     RESIDUAL_VARIANTS,
     BatchedAdamW,
     BatchedMLP,
@@ -74,7 +74,7 @@ def test_batched_optimizers_match_torch_optim(kind):
 
 
 def test_digits_data_is_the_one_source_standardised():
-    from attnrank.models.data import digits_arrays
+    from headrank.models.data import digits_arrays
 
     d = digits_data()
     images, labels = digits_arrays()

@@ -6,8 +6,8 @@ from dataclasses import fields
 
 import pytest
 
-from attnrank.errors import AttnRankError
-from attnrank.training.config import (
+from headrank.errors import HeadRankError
+from headrank.training.config import (
     CONFIG_CLASSES,
     LMTrainConfig,
     RecallTrainConfig,
@@ -43,20 +43,20 @@ def test_cosine_schedule_decays_to_zero_and_the_exposure_follows_it():
 
 
 def test_bad_schedule_and_one_list_of_model_keys():
-    with pytest.raises(AttnRankError, match="schedule"):
+    with pytest.raises(HeadRankError, match="schedule"):
         recall_config(schedule="linear")
     assert recall_config(tie_embeddings=True).model.tie_embeddings  # MODEL_KEYS, as for lm/vit
-    with pytest.raises(AttnRankError, match="unknown training option"):
+    with pytest.raises(HeadRankError, match="unknown training option"):
         make_config("recall", bogus=1)
 
 
 #: a recall run's config.json as written before TrainConfig was split into a base and
 #: RecallTrainConfig (recall_config(steps=50, n_pairs=3, schedule="cosine"), json.dumps order)
 STORED_RECALL = (
-    '{"kind": "attnrank-run", "task_name": "recall", "task": {"n_pairs": 3, "n_keys": 8, "n_values": 8, '
+    '{"kind": "headrank-run", "task_name": "recall", "task": {"n_pairs": 3, "n_keys": 8, "n_values": 8, '
     '"n_queries": 1, "vocab_size": 16, "seq_len": 7, "format": "k1 v1 ... kn vn q -> v(q); keys 0..n_keys-1, '
     'values n_keys..vocab_size-1; distinct keys per sequence, values with replacement; loss at the last position"}, '
-    '"model": {"model_type": "attnrank", "architecture": "Transformer", "vocab_size": 16, "max_seq_len": 7, '
+    '"model": {"model_type": "headrank", "architecture": "Transformer", "vocab_size": 16, "max_seq_len": 7, '
     '"n_layers": 2, "d_model": 64, "n_heads": 4, "n_kv_heads": 4, "head_dim": 16, "d_mlp": 256, "mlp": false, '
     '"skip": true, "norm": "pre", "causal": true, "learned_positions": true, "bias": false, '
     '"tie_embeddings": false, "init_std": 0.1}, "steps": 50, "batch_size": 64, "lr": 0.003, "warmup": 100, '
@@ -83,7 +83,7 @@ def test_the_base_config_names_no_task_and_is_not_a_run():
 
 
 def test_lr_sums_count_the_warmup_and_end_at_the_runs_lr_sum():
-    from attnrank.training.config import decay_exposure, lr_sums, recall_config
+    from headrank.training.config import decay_exposure, lr_sums, recall_config
 
     cfg = recall_config(steps=5, lr=0.3, warmup=3, schedule="constant")
     # by hand: warmup 0.1, 0.2, 0.3, then 0.3 per step

@@ -1,4 +1,4 @@
-"""DDP: `torchrun --nproc-per-node 2 -m attnrank train lm` (gloo, CPU) matches one process on the
+"""DDP: `torchrun --nproc-per-node 2 -m headrank train lm` (gloo, CPU) matches one process on the
 same global batch within float tolerance."""
 
 import os
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from attnrank.io.rundir import latest_checkpoint, read_metrics
-from attnrank.training.config import lm_config
-from attnrank.training.loop import train
+from headrank.io.rundir import latest_checkpoint, read_metrics
+from headrank.training.config import lm_config
+from headrank.training.loop import train
 
 ARGS = dict(steps=12, max_chars=20000, seq_len=16, batch_size=8, n_layers=2, d_model=16, n_heads=2,
             eval_tokens=512, lr=1e-2, warmup=0, log_every=1, track_every=6, checkpoint_every=6)
@@ -41,8 +41,8 @@ def test_torchrun_two_processes_match_one_process(tmp_path):
     script = tmp_path / "ddp_run.py"
     script.write_text(
         "import sys\n"
-        "from attnrank.training.config import lm_config\n"
-        "from attnrank.training.loop import train\n"
+        "from headrank.training.config import lm_config\n"
+        "from headrank.training.loop import train\n"
         f"train(sys.argv[1], lm_config(**{ARGS!r}), device='cpu', tensorboard=False, threads=1)\n")
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     ddp = tmp_path / "ddp"
@@ -76,7 +76,7 @@ def test_torchrun_two_processes_match_one_process(tmp_path):
     assert json.loads((ddp / "summary.json").read_text())["world_size"] == 2
     # and the CLI entry point itself runs under torchrun (rank 0 prints, the others stay quiet)
     out = tmp_path / "cli"
-    p = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "-m", "attnrank", "train", "lm",
+    p = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "-m", "headrank", "train", "lm",
                         "--out", str(out), "--device", "cpu", "--threads", "1", "--json", *_cli_args(cli)],
                        capture_output=True, text=True, timeout=240, env=env)
     assert p.returncode == 0, p.stderr[-3000:]

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from attnrank.errors import AttnRankError
-from attnrank.io.rundir import latest_checkpoint
-from attnrank.training.config import recall_config
-from attnrank.training.loop import train
+from headrank.errors import HeadRankError
+from headrank.io.rundir import latest_checkpoint
+from headrank.training.config import recall_config
+from headrank.training.loop import train
 
 from .test_loop import run_cli
 
@@ -33,7 +33,7 @@ def test_600_extended_to_900_equals_an_uninterrupted_900_step_run(tmp_path):
     assert cfg_ext == cfg_ref and cfg_ext["steps"] == 900 and cfg_ext["threads"] == 1
     assert ref.final == res.final
     # shortening is still refused
-    with pytest.raises(AttnRankError, match="steps"):
+    with pytest.raises(HeadRankError, match="steps"):
         train(tmp_path / "ext", recall_config(steps=800, **TINY), device="cpu", resume=True, tensorboard=False)
 
 
@@ -41,7 +41,7 @@ def test_a_cosine_run_cannot_be_extended_one_line(tmp_path):
     out = tmp_path / "cos"
     train(out, recall_config(steps=20, schedule="cosine", **dict(TINY, warmup=5)), device="cpu",
           tensorboard=False)
-    with pytest.raises(AttnRankError, match="cosine learning-rate schedule was declared for 20 steps"):
+    with pytest.raises(HeadRankError, match="cosine learning-rate schedule was declared for 20 steps"):
         train(out, recall_config(steps=30, schedule="cosine", **dict(TINY, warmup=5)), device="cpu",
               resume=True, tensorboard=False)
     assert json.loads((out / "config.json").read_text())["steps"] == 20  # left as it was

@@ -1,6 +1,6 @@
 """Ranks in the user's stack, with the real packages: a Hugging Face Trainer run with
 RankCallback reporting to TensorBoard, W&B (offline) and MLflow (file store) at once, and
-`attnrank train --log wandb,mlflow`; the values read back equal the JSONL rows. Bad --log input."""
+`headrank train --log wandb,mlflow`; the values read back equal the JSONL rows. Bad --log input."""
 
 import glob
 import json
@@ -12,12 +12,12 @@ import sys
 import pytest
 import torch
 
-from attnrank.analysis.tracker import scalars
-from attnrank.errors import AttnRankError
-from attnrank.io.rundir import read_metrics
-from attnrank.training.config import recall_config
-from attnrank.training.integrations import RANKS_FILE, parse_log, row_scalars
-from attnrank.training.loop import train
+from headrank.analysis.tracker import scalars
+from headrank.errors import HeadRankError
+from headrank.io.rundir import read_metrics
+from headrank.training.config import recall_config
+from headrank.training.integrations import RANKS_FILE, parse_log, row_scalars
+from headrank.training.loop import train
 
 TINY = dict(n_pairs=3, n_keys=6, n_values=6, d_model=16, n_heads=2, batch_size=8)
 
@@ -107,7 +107,7 @@ def test_trainer_run_logs_ranks_to_tensorboard_wandb_and_mlflow(tmp_path, offlin
     import transformers as tf
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from attnrank import RankCallback
+    from headrank import RankCallback
 
     uri = (tmp_path / "mlruns").as_uri()
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
@@ -156,7 +156,7 @@ def test_callback_passed_the_hugging_face_way_logs_to_every_integration(tmp_path
     import transformers as tf
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from attnrank import RankCallback
+    from headrank import RankCallback
 
     uri = (tmp_path / "mlruns").as_uri()
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
@@ -213,15 +213,15 @@ def test_bad_log_input_one_line_exit_2(tmp_path, monkeypatch):
     assert parse_log(None) is None and parse_log("none") == () and parse_log("wandb, tensorboard") == \
         ("wandb", "tensorboard")
     for bad in ("neptune", "tensorboard,neptune", ",", "none,wandb"):
-        with pytest.raises(AttnRankError, match="unknown backend"):
+        with pytest.raises(HeadRankError, match="unknown backend"):
             parse_log(bad)
     monkeypatch.setitem(sys.modules, "mlflow", None)  # as if not installed: find_spec gives None
-    with pytest.raises(AttnRankError, match=r"pip install 'attnrank\[mlflow\]'"):
+    with pytest.raises(HeadRankError, match=r"pip install 'headrank\[mlflow\]'"):
         train(tmp_path / "x", recall_config(steps=2, **TINY), device="cpu", log="mlflow")
     assert not (tmp_path / "x").exists()  # refused before any work
     env = dict(os.environ, HF_HUB_OFFLINE="1")
-    hide = "import sys; sys.modules['wandb'] = None; from attnrank.cli import main; sys.argv = ['attnrank'] + sys.argv[1:]; main()"
-    for args, word in ((["--log", "neptune"], "neptune"), (["--log", "tensorboard,wandb"], "attnrank[wandb]")):
+    hide = "import sys; sys.modules['wandb'] = None; from headrank.cli import main; sys.argv = ['headrank'] + sys.argv[1:]; main()"
+    for args, word in ((["--log", "neptune"], "neptune"), (["--log", "tensorboard,wandb"], "headrank[wandb]")):
         p = subprocess.run([sys.executable, "-c", hide, "train", "recall", "--out", str(tmp_path / "y"), "--steps", "2",
                             "--quiet", *args], capture_output=True, text=True, env=env, timeout=120)
         lines = [ln for ln in p.stderr.splitlines() if ln.strip()]

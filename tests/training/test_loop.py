@@ -1,4 +1,4 @@
-"""Training runs: the live tracker equals `attnrank spectra` on the saved checkpoint, runs
+"""Training runs: the live tracker equals `headrank spectra` on the saved checkpoint, runs
 killed with SIGKILL and resumed end with the uninterrupted run's metrics.jsonl, bad input."""
 
 import json
@@ -14,22 +14,22 @@ import pandas as pd
 import pytest
 import torch
 
-from attnrank import analyze
-from attnrank.analysis.tracker import RankTracker, tracker_table
-from attnrank.core.linalg import METRIC_COLUMNS
-from attnrank.errors import AttnRankError
-from attnrank.io.live import LiveCheckpoint
-from attnrank.io.rundir import latest_checkpoint, read_metrics
-from attnrank.training.config import recall_config
-from attnrank.training.distributed import resolve_device
-from attnrank.training.loop import train
+from headrank import analyze
+from headrank.analysis.tracker import RankTracker, tracker_table
+from headrank.core.linalg import METRIC_COLUMNS
+from headrank.errors import HeadRankError
+from headrank.io.live import LiveCheckpoint
+from headrank.io.rundir import latest_checkpoint, read_metrics
+from headrank.training.config import recall_config
+from headrank.training.distributed import resolve_device
+from headrank.training.loop import train
 
 TINY = dict(n_pairs=3, n_keys=6, n_values=6, d_model=16, n_heads=2, batch_size=8)
 
 
 def cli(*args, **kw):
     env = dict(os.environ, HF_HUB_OFFLINE="1", COLUMNS="200")
-    return subprocess.Popen([sys.executable, "-m", "attnrank", *args], stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "headrank", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, **kw)
 
 
@@ -101,7 +101,7 @@ def test_metrics_rows_layout(tmp_path):
     assert {"loss", "heads"} <= set(rows[2]) and {"loss", "heads"} <= set(rows[3])
     assert np.asarray(rows[0]["heads"]["qk"]["rank"]).shape == (2, 2)  # layers x heads
     cfg_json = json.loads((tmp_path / "r" / "config.json").read_text())
-    assert cfg_json["model"]["model_type"] == "attnrank" and cfg_json["attn_weight_decay"] == 0.1
+    assert cfg_json["model"]["model_type"] == "headrank" and cfg_json["attn_weight_decay"] == 0.1
     assert cfg_json["task"]["format"].startswith("k1 v1")
     # the final checkpoint is the one kept, and the run can be "resumed" as a no-op
     assert latest_checkpoint(tmp_path / "r").name == "step-00000025"
@@ -202,9 +202,9 @@ def test_cli_refuses_to_overwrite_or_resume_with_other_settings(tmp_path):
 
 
 def test_library_validation_and_devices():
-    with pytest.raises(AttnRankError):
+    with pytest.raises(HeadRankError):
         recall_config(steps=10, lr=2.0, weight_decay=0.6)  # lr * wd >= 1
-    with pytest.raises(AttnRankError):
+    with pytest.raises(HeadRankError):
         recall_config(bogus=1)
     assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
     assert resolve_device("cpu").type == "cpu"

@@ -6,11 +6,11 @@ import torch
 import torch.nn as nn
 import transformers as tf
 
-from attnrank.errors import AttnRankError
-from attnrank.io.layouts import AttentionReader
-from attnrank.io.live import LiveCheckpoint
-from attnrank.models.transformer import ModelConfig, Transformer, ViT, ViTConfig
-from attnrank.training.optim import adamw, param_groups
+from headrank.errors import HeadRankError
+from headrank.io.layouts import AttentionReader
+from headrank.io.live import LiveCheckpoint
+from headrank.models.transformer import ModelConfig, Transformer, ViT, ViTConfig
+from headrank.training.optim import adamw, param_groups
 
 SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48, vocab_size=61)
 HF = {
@@ -149,7 +149,7 @@ def test_multihead_attention_and_custom_patterns():
 
 def test_no_attention_found_is_an_error_not_a_silent_no_op():
     mlp = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
-    with pytest.raises(AttnRankError, match="no attention projection"):
+    with pytest.raises(HeadRankError, match="no attention projection"):
         param_groups(mlp, 0.1, 0.0)
     g = param_groups(mlp, 0.1, 0.1)  # same λ everywhere: nothing to split, fine
     assert [x["name"] for x in g] == ["decay", "no_decay"]
@@ -157,7 +157,7 @@ def test_no_attention_found_is_an_error_not_a_silent_no_op():
 
 @pytest.mark.parametrize("bad", [-0.1, float("nan"), float("inf")])
 def test_bad_lambdas_are_user_errors(bad):
-    with pytest.raises(AttnRankError):
+    with pytest.raises(HeadRankError):
         param_groups(nn.Linear(2, 2), bad)
 
 
@@ -171,7 +171,7 @@ def test_frozen_parameters_are_left_out():
 
 def test_hf_trainer_integration_in_two_lines(tmp_path):
     pytest.importorskip("accelerate")
-    from attnrank.training.optim import AttnDecayTrainer
+    from headrank.training.optim import AttnDecayTrainer
 
     torch.manual_seed(0)
     model = HF["gpt2_tied"]()

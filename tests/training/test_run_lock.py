@@ -16,15 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from attnrank.io.rundir import LOCK, latest_checkpoint
+from headrank.io.rundir import LOCK, latest_checkpoint
 
 FAST = ["--checkpoint-every", "25", "--track-every", "25", "--threads", "1"]
-_HOLD = ("import sys, time\nfrom attnrank.io.rundir import locked_run\n"
+_HOLD = ("import sys, time\nfrom headrank.io.rundir import locked_run\n"
          "with locked_run(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(300)\n")
 
 
 def _cmd(*args):
-    return [sys.executable, "-m", "attnrank", *map(str, args)]
+    return [sys.executable, "-m", "headrank", *map(str, args)]
 
 
 def _env():

@@ -6,20 +6,20 @@ import json
 
 import pytest
 
-from attnrank.errors import AttnRankError
-from attnrank.io.rundir import checkpoint_dirs
-from attnrank.training.config import lm_config, recall_config
-from attnrank.training.loop import resume_config, train
-from attnrank.training.state import parse_keep
+from headrank.errors import HeadRankError
+from headrank.io.rundir import checkpoint_dirs
+from headrank.training.config import lm_config, recall_config
+from headrank.training.loop import resume_config, train
+from headrank.training.state import parse_keep
 
 TINY = dict(n_pairs=3, n_keys=6, n_values=6, d_model=16, n_heads=2, batch_size=8)
 
 
 def run_cli(*args):
-    """The CLI in this process (its error lines and exit codes are those of `attnrank`)."""
+    """The CLI in this process (its error lines and exit codes are those of `headrank`)."""
     from typer.testing import CliRunner
 
-    from attnrank.cli import app
+    from headrank.cli import app
 
     r = CliRunner().invoke(app, list(args))
     return r.exit_code, r.stdout, r.stderr
@@ -40,7 +40,7 @@ def test_failed_before_the_first_step_leaves_nothing_that_blocks(tmp_path):
     fresh, empty = tmp_path / "fresh", tmp_path / "empty"
     empty.mkdir()
     for out in (fresh, empty):
-        with pytest.raises(AttnRankError, match="UTF-8"):
+        with pytest.raises(HeadRankError, match="UTF-8"):
             train(out, lm_config(corpus=str(bad), steps=2), device="cpu", log="none")
     assert not fresh.exists()  # created by the failed run: removed
     assert empty.is_dir() and list(empty.iterdir()) == []  # the user's directory stays, emptied of the run
@@ -50,14 +50,14 @@ def test_failed_before_the_first_step_leaves_nothing_that_blocks(tmp_path):
 
 
 def test_a_logger_that_cannot_start_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
-    from attnrank.training import integrations
+    from headrank.training import integrations
 
     def refuse(self, run, config):
         raise RuntimeError("No API key configured")
 
     monkeypatch.setattr(integrations._Wandb, "__init__", refuse)
     pytest.importorskip("wandb")
-    with pytest.raises(AttnRankError, match=r"--log wandb: the wandb logger could not start: RuntimeError"):
+    with pytest.raises(HeadRankError, match=r"--log wandb: the wandb logger could not start: RuntimeError"):
         train(tmp_path / "w", recall_config(steps=2, **TINY), device="cpu", log="wandb")
     assert not (tmp_path / "w").exists()
 
@@ -94,7 +94,7 @@ def test_resume_config_library(tmp_path):
     train(tmp_path / "r", recall_config(steps=2, keep_checkpoints=1, **TINY), device="cpu", tensorboard=False)
     cfg = resume_config(tmp_path / "r", "recall", {"keep_checkpoints": 0, "steps": 4, "n_heads": 2})
     assert (cfg.steps, cfg.keep_checkpoints, cfg.model.d_model) == (4, 0, 16)
-    with pytest.raises(AttnRankError, match="n_pairs 4 \\(stored: 3\\)"):
+    with pytest.raises(HeadRankError, match="n_pairs 4 \\(stored: 3\\)"):
         resume_config(tmp_path / "r", "recall", {"n_pairs": 4})
     assert lm_config().keep_checkpoints == 2
 
@@ -102,5 +102,5 @@ def test_resume_config_library(tmp_path):
 def test_keep_checkpoints_parsing():
     assert [parse_keep(x) for x in ("all", "ALL", "3", None, 5)] == [0, 0, 3, None, 5]
     for bad in ("0", "-1", "two", "1.5", ""):
-        with pytest.raises(AttnRankError, match="positive number or 'all'"):
+        with pytest.raises(HeadRankError, match="positive number or 'all'"):
             parse_keep(bad)

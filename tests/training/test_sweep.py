@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from attnrank.errors import AttnRankError
-from attnrank.training.sweep import SweepSpec, load_spec, parse_assignment, run_name, run_sweep
+from headrank.errors import HeadRankError
+from headrank.training.sweep import SweepSpec, load_spec, parse_assignment, run_name, run_sweep
 
 from .test_loop import run_cli
 
@@ -32,7 +32,7 @@ def test_spec_expansion_and_parsing(tmp_path):
     assert spec.kind == "lm" and spec.base == {"steps": 10} and spec.grid == {"weight_decay": [0, 0.1]}
     for bad in (dict(kind="nope"), dict(kind="lm", seeds=[0, 0]), dict(kind="lm", grid={"seed": [1]}),
                 dict(kind="lm", grid={"lr": []}), dict(kind="lm", base={"lr": 1}, grid={"lr": [2]})):
-        with pytest.raises(AttnRankError):
+        with pytest.raises(HeadRankError):
             SweepSpec(**bad)
 
 
@@ -45,7 +45,7 @@ def test_pool_sweep_records_failures_skips_finished_and_aggregates(tmp_path):
     runs = pd.read_csv(tmp_path / "sw" / "runs.csv")
     failed = runs[runs["status"] == "failed"]
     assert list(failed["attn_weight_decay"]) == [400.0, 400.0]
-    assert failed["error"].str.contains("AttnRankError: lr \\* weight decay").all()
+    assert failed["error"].str.contains("HeadRankError: lr \\* weight decay").all()
     rec = json.loads((tmp_path / "sw" / "results" / "attn_weight_decay-400__seed-1.json").read_text())
     assert rec["status"] == "failed" and "Traceback" in rec["traceback"]
     # aggregate: mean and (n-1) std of the two seeds, from the runs' own summary.json
@@ -79,7 +79,7 @@ def test_pool_sweep_records_failures_skips_finished_and_aggregates(tmp_path):
     assert json.loads((tmp_path / "sw" / "results" / "attn_weight_decay-0__seed-1.json").read_text())["resumed_from"] == 6
     # changing a base setting is refused before any run is touched, naming the difference
     spec3 = SweepSpec(kind="recall", base=dict(TINY, lr=2e-3), grid={"attn_weight_decay": [0.0]}, seeds=[0])
-    with pytest.raises(AttnRankError, match=r"other base settings \(lr 0.003 -> 0.002\)"):
+    with pytest.raises(HeadRankError, match=r"other base settings \(lr 0.003 -> 0.002\)"):
         run_sweep(spec3, tmp_path / "sw", workers=1)
     assert (ok_run / "metrics.jsonl").stat().st_mtime_ns == mtime
 
@@ -104,7 +104,7 @@ def test_cli_sweep_and_bad_input(tmp_path):
 
 @pytest.mark.slow
 def test_ray_local_sweep(tmp_path):
-    pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'attnrank[ray]' (make test-ray)")
+    pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'headrank[ray]' (make test-ray)")
     spec = SweepSpec(kind="recall", base=dict(TINY), grid={"attn_weight_decay": [0.0, 400.0]}, seeds=[0])
     res = run_sweep(spec, tmp_path / "r", ray="local")
     assert res.counts == {"runs": 2, "ok": 1, "failed": 1, "skipped": 0}
@@ -117,7 +117,7 @@ def test_ray_local_sweep(tmp_path):
 
 
 def test_cli_sweep_with_every_default_one_seed(tmp_path):
-    """`attnrank sweep recall` with every default but the length: one seed, the local pool, the table.
+    """`headrank sweep recall` with every default but the length: one seed, the local pool, the table.
     One seed has no std: summary.csv holds the run's values, and the table prints them."""
     rc, out, err = run_cli("sweep", "recall", "--out", str(tmp_path / "s"), "--grid", "attn_weight_decay=0,1",
                            "--set", "steps=4", "--set", "d_model=16", "--set", "n_heads=2", timeout=300)
@@ -137,7 +137,7 @@ def invoke(*args):
     """The CLI in this process (workers=1 runs in this process too): exit code, stdout, stderr."""
     from typer.testing import CliRunner
 
-    from attnrank.cli import app
+    from headrank.cli import app
 
     r = CliRunner().invoke(app, list(args))
     return r.exit_code, r.stdout, r.stderr

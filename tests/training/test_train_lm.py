@@ -7,12 +7,12 @@ import shutil
 import numpy as np
 import pytest
 
-from attnrank import analyze
-from attnrank.analysis.tracker import tracker_table
-from attnrank.errors import AttnRankError
-from attnrank.io.rundir import read_metrics
-from attnrank.training.config import lm_config, vit_config
-from attnrank.training.loop import train
+from headrank import analyze
+from headrank.analysis.tracker import tracker_table
+from headrank.errors import HeadRankError
+from headrank.io.rundir import read_metrics
+from headrank.training.config import lm_config, vit_config
+from headrank.training.loop import train
 
 from .test_loop import assert_tables_equal, run_cli
 
@@ -65,11 +65,11 @@ def test_vit_on_digits_tracker_equals_spectra_and_accuracy_is_reported(tmp_path)
 
 
 def test_config_errors():
-    with pytest.raises(AttnRankError, match="unknown training option"):
+    with pytest.raises(HeadRankError, match="unknown training option"):
         lm_config(banana=1)
-    with pytest.raises(AttnRankError, match="causal"):
+    with pytest.raises(HeadRankError, match="causal"):
         lm_config(max_chars=1000).__class__(model={**lm_config(max_chars=1000).model.to_dict(), "causal": False})
-    with pytest.raises(AttnRankError, match="do not apply to a ViT"):
+    with pytest.raises(HeadRankError, match="do not apply to a ViT"):
         vit_config(tie_embeddings=True)
 
 

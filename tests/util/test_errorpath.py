@@ -4,26 +4,26 @@ import os
 import subprocess
 import sys
 
-from attnrank.util import errorpath as ep
+from headrank.util import errorpath as ep
 
 
 def test_unexpected_names_type_message_and_debug():
     line = ep.unexpected(ValueError("bad\nthing " + "x" * 400))
     assert line.startswith("unexpected ValueError: bad thing xxx") and "\n" not in line
-    assert "--debug" in line and "ATTNRANK_DEBUG=1" in line and len(line) < 420
+    assert "--debug" in line and "HEADRANK_DEBUG=1" in line and len(line) < 420
     assert ep.unexpected(KeyError()).startswith("unexpected KeyError (a bug")
 
 
 def test_debug_from_env(monkeypatch):
     for v, want in (("1", True), ("yes", True), ("TRUE", True), ("0", False), ("", False)):
-        monkeypatch.setenv("ATTNRANK_DEBUG", v)
+        monkeypatch.setenv("HEADRANK_DEBUG", v)
         assert ep.debug_from_env() is want
-    monkeypatch.delenv("ATTNRANK_DEBUG")
+    monkeypatch.delenv("HEADRANK_DEBUG")
     assert ep.debug_from_env() is False
 
 
 def test_stdout_broken_sees_a_closed_pipe_reader():
-    code = ("import sys, time; from attnrank.util.errorpath import stdout_broken; "
+    code = ("import sys, time; from headrank.util.errorpath import stdout_broken; "
             "a = stdout_broken(); time.sleep(0.5); sys.stderr.write(f'{a} {stdout_broken()}')")
     r, w = os.pipe()
     p = subprocess.Popen([sys.executable, "-c", code], stdout=w, stderr=subprocess.PIPE, text=True)

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from attnrank.errors import AttnRankError
-from attnrank.util import fileio
+from headrank.errors import HeadRankError
+from headrank.util import fileio
 
 
 def _enospc(*_a, **_k):
@@ -17,7 +17,7 @@ def _enospc(*_a, **_k):
 
 def test_no_space_is_one_line_naming_the_file(tmp_path):
     target = tmp_path / "heads.csv"
-    with pytest.raises(AttnRankError) as e:
+    with pytest.raises(HeadRankError) as e:
         fileio.write_atomic(target, _enospc)
     assert str(e.value) == f"no space left on the device: cannot write {target}"
     assert e.value.__cause__ is None and e.value.__suppress_context__
@@ -28,7 +28,7 @@ def test_permission_denied_while_writing_names_the_file(tmp_path):
     def deny(p):
         raise PermissionError(13, "Permission denied", str(p))
 
-    with pytest.raises(AttnRankError, match="permission denied: cannot write .*meta.json"):
+    with pytest.raises(HeadRankError, match="permission denied: cannot write .*meta.json"):
         fileio.write_atomic(tmp_path / "meta.json", deny)
 
 
@@ -37,7 +37,7 @@ def test_a_failed_set_leaves_the_previous_set(tmp_path):
     out.mkdir()
     (out / "heads.csv").write_text("old heads\n")
     (out / "meta.json").write_text("old meta\n")
-    with pytest.raises(AttnRankError, match="no space left"):
+    with pytest.raises(HeadRankError, match="no space left"):
         with fileio.staged_output(out) as stage:
             fileio.write_text(stage / "heads.csv", "new heads\n")
             fileio.write_atomic(stage / "meta.json", _enospc)
@@ -60,9 +60,9 @@ def test_a_whole_set_replaces_the_previous_one(tmp_path):
 def test_check_writable_refuses_early(tmp_path):
     f = tmp_path / "f"
     f.write_text("x")
-    with pytest.raises(AttnRankError, match="exists and is not a directory"):
+    with pytest.raises(HeadRankError, match="exists and is not a directory"):
         fileio.check_writable(f)
-    with pytest.raises(AttnRankError, match="cannot create output directory"):
+    with pytest.raises(HeadRankError, match="cannot create output directory"):
         fileio.check_writable(f / "sub")
 
 
@@ -72,7 +72,7 @@ def test_check_writable_names_a_directory_it_cannot_write(tmp_path, monkeypatch)
     monkeypatch.setattr(tempfile, "mkstemp", lambda **k: (_ for _ in ()).throw(
         PermissionError(13, "Permission denied", k.get("dir"))))
     (tmp_path / "out").mkdir()
-    with pytest.raises(AttnRankError) as e:
+    with pytest.raises(HeadRankError) as e:
         fileio.check_writable(tmp_path / "out")
     assert str(e.value) == f"permission denied: cannot write into {tmp_path / 'out'}"
 
@@ -81,7 +81,7 @@ def test_check_writable_does_not_create_out(tmp_path, monkeypatch):
     assert fileio.check_writable(tmp_path / "a" / "b") == tmp_path / "a" / "b"
     assert not (tmp_path / "a").exists()  # created only when the files are written
     monkeypatch.setattr(os, "access", lambda p, mode: False)
-    with pytest.raises(AttnRankError, match=f"permission denied: cannot create output directory .* \\(in {tmp_path}\\)"):
+    with pytest.raises(HeadRankError, match=f"permission denied: cannot create output directory .* \\(in {tmp_path}\\)"):
         fileio.check_writable(tmp_path / "a" / "b")
 
 

@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from attnrank.errors import AttnRankError
-from attnrank.util import fileio
+from headrank.errors import HeadRankError
+from headrank.util import fileio
 
 
 def old_set(out):
@@ -20,7 +20,7 @@ def test_a_directory_in_the_way_refuses_the_whole_set(tmp_path):
     old_set(out)
     (out / "b.json").unlink()
     (out / "b.json").mkdir()  # e.g. a directory named meta.json
-    with pytest.raises(AttnRankError, match="a directory of that name is in the way"):
+    with pytest.raises(HeadRankError, match="a directory of that name is in the way"):
         with fileio.staged_output(out) as stage:
             for name in ("a.csv", "b.json", "c.png"):
                 fileio.write_text(stage / name, f"new {name}\n")
@@ -39,7 +39,7 @@ def test_a_move_failing_half_way_restores_the_previous_set(tmp_path, monkeypatch
         return real(src, dst)
 
     monkeypatch.setattr(fileio.os, "replace", flaky)
-    with pytest.raises(AttnRankError, match="no space left"):
+    with pytest.raises(HeadRankError, match="no space left"):
         with fileio.staged_output(out) as stage:
             for name in ("a.csv", "b.json", "c.png"):
                 fileio.write_text(stage / name, f"new {name}\n")

@@ -2,7 +2,7 @@
 
 import platform
 
-from attnrank.util import memory
+from headrank.util import memory
 
 
 def test_trim_heap_runs_on_glibc_and_is_repeatable():

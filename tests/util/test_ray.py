@@ -4,19 +4,19 @@ import sys
 
 import pytest
 
-from attnrank.errors import AttnRankError
-from attnrank.util.ray import ray_session
+from headrank.errors import HeadRankError
+from headrank.util.ray import ray_session
 
 
 def test_missing_ray_is_one_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
-    with pytest.raises(AttnRankError, match=r"--ray needs Ray: pip install"):
+    with pytest.raises(HeadRankError, match=r"--ray needs Ray: pip install"):
         with ray_session("local"):
             pass
 
 
 def test_token_auth_misconfiguration_is_one_line_before_connecting(tmp_path):
-    from attnrank.util.ray import auth_problem
+    from headrank.util.ray import auth_problem
 
     home = tmp_path / "home"
     home.mkdir()
@@ -36,6 +36,6 @@ def test_ray_session_refuses_token_mode_without_a_token(monkeypatch, tmp_path):
     monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
     monkeypatch.delenv("RAY_AUTH_TOKEN_PATH", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
-    with pytest.raises(AttnRankError, match="no Ray token is set"):
+    with pytest.raises(HeadRankError, match="no Ray token is set"):
         with ray_session("127.0.0.1:1"):
             pass

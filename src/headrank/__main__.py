@@ -1,0 +1,3 @@
+from headrank.cli import main
+
+main()

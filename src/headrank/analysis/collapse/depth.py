@@ -1,0 +1,130 @@
+"""Depth sweep: pure self-attention networks (the project's Transformer with skips, MLPs and
+norms switched off) at random initialisation, residual against depth, and fits of ``log r_L``
+to an exponential (``a + bL``) and a doubly exponential (``a + b κ^L``, the paper's bound has
+κ = 3) form.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from headrank.analysis.collapse.measures import residual
+from headrank.errors import HeadRankError
+
+
+def byte_batch(n_seqs: int, length: int, split: str = "test") -> torch.Tensor:
+    """``n_seqs`` corpus sentences as UTF-8 byte ids (vocab 256), the first ``length`` bytes of
+    each sentence that has at least that many."""
+    from headrank.models import corpus
+
+    out: list[list[int]] = []
+    for s in corpus.sentences(split, None, min_words=6):
+        b = list(s.encode("utf-8"))
+        if len(b) >= length:
+            out.append(b[:length])
+            if len(out) == n_seqs:
+                break
+    if len(out) < n_seqs:
+        raise HeadRankError(f"the corpus split {split!r} has only {len(out)} sentences of >= {length} bytes")
+    return torch.tensor(out)
+
+
+def pure_attention_config(n_layers: int, init_std: float, *, d_model: int = 64, n_heads: int = 4,
+                          max_seq_len: int = 64, skip: bool = False, mlp: bool = False, norm: str = "none"):
+    """The project's Transformer as a self-attention network: skips, MLP and norms as given
+    (default: none of them), bidirectional attention, learned positions, byte vocabulary."""
+    from headrank.models.transformer import ModelConfig
+
+    return ModelConfig(vocab_size=256, max_seq_len=max_seq_len, n_layers=n_layers, d_model=d_model,
+                       n_heads=n_heads, mlp=mlp, skip=skip, norm=norm, causal=False, init_std=init_std)
+
+
+def fit_depth(depth: np.ndarray, log_r: np.ndarray, kappas: np.ndarray | None = None) -> dict[str, Any]:
+    """Least-squares fits of ``log r`` against depth L:
+
+    - exponential ``a + b L`` (r decays like e^{bL});
+    - doubly exponential ``a + b κ^L`` with κ > 1 fitted (profile least squares over a grid
+      of κ, then exact a, b), and with κ = 3 fixed (the exponent 3^L of the paper's bound).
+
+    R² on ``log r``. Needs at least 4 points."""
+    L = np.asarray(depth, dtype=float)
+    y = np.asarray(log_r, dtype=float)
+    if L.size < 4:
+        return {"n_points": int(L.size), "fitted": False}
+    tss = float(((y - y.mean()) ** 2).sum())
+
+    def lin(feature):
+        A = np.stack([np.ones_like(L), feature], 1)
+        coef, *_ = np.linalg.lstsq(A, y, rcond=None)
+        rss = float(((y - A @ coef) ** 2).sum())
+        return coef, rss
+
+    ce, rss_e = lin(L)
+    kappas = np.linspace(1.01, 10.0, 900) if kappas is None else kappas
+    best = min(((k, *lin(k**L)) for k in kappas), key=lambda t: t[2])
+    k_best, cd, rss_d = best
+    c3, rss_3 = lin(3.0**L)
+
+    def r2(rss):
+        return 1.0 - rss / tss if tss > 0 else math.nan
+
+    return {"n_points": int(L.size), "fitted": True, "depths": L.tolist(),
+            "exp": {"a": float(ce[0]), "b": float(ce[1]), "r2": r2(rss_e)},
+            "dexp": {"a": float(cd[0]), "b": float(cd[1]), "kappa": float(k_best), "r2": r2(rss_d)},
+            "dexp3": {"a": float(c3[0]), "b": float(c3[1]), "kappa": 3.0, "r2": r2(rss_3)}}
+
+
+FLOOR = 1e-12  # float64 residuals below this are rounding noise (they bottom out near 1e-16)
+
+
+def depth_sweep(n_layers: int = 12, init_stds: Sequence[float] = (0.02, 0.2, 0.3, 0.5), seeds: Sequence[int] = (0, 1, 2),
+                n_seqs: int = 16, length: int = 32, d_model: int = 64, n_heads: int = 4,
+                floor: float = FLOOR, skip: bool = False, mlp: bool = False, norm: str = "none") -> dict[str, Any]:
+    """Pure self-attention (the project's Transformer; by default no skip, no MLP, no norm),
+    randomly initialised (weights N(0, init_std²)), float64: residual ``res_composite`` after
+    every depth 0..n_layers for real byte sequences; per init scale, the geometric mean over
+    seeds × sequences and :func:`fit_depth` over the depths before the curve first drops below
+    ``floor``. ``bound`` holds what the stated bound needs: per sequence (seed-major) log10 of the
+    absolute and relative residual per depth, β per layer per seed, H and d_qk."""
+    ids = byte_batch(n_seqs, length)
+    out: dict[str, Any] = {"depths": list(range(n_layers + 1)), "init_stds": list(init_stds), "seeds": list(seeds),
+                           "n_seqs": n_seqs, "length": length, "d_model": d_model, "n_heads": n_heads,
+                           "floor": floor, "skip": skip, "mlp": mlp, "norm": norm, "curves": {}}
+    for std in init_stds:
+        runs = [_sweep_seed(ids, seed, n_layers, std, d_model=d_model, n_heads=n_heads, skip=skip, mlp=mlp,
+                            norm=norm) for seed in seeds]
+        logr = np.concatenate([r["log_rel"] for r in runs])  # (seeds·seqs, L+1)
+        geo = np.exp(logr.mean(0))
+        above = geo > floor
+        n_fit = int(np.argmin(above)) if not above.all() else above.size
+        out["curves"][f"{std:g}"] = {"geo_mean": geo.tolist(), "log_mean": logr.mean(0).tolist(),
+                                     "log_std": logr.std(0).tolist(), "n_fit": n_fit,
+                                     "fit": fit_depth(np.arange(n_fit), logr.mean(0)[:n_fit]),
+                                     "bound": {"log10_abs_res": np.concatenate([r["log10_abs"] for r in runs]).tolist(),
+                                               "log10_rel_res": (logr / math.log(10)).tolist(),
+                                               "beta_by_seed": [r["betas"] for r in runs],
+                                               "heads": n_heads, "d_qk": d_model // n_heads}}
+    return out
+
+
+def _sweep_seed(ids: torch.Tensor, seed: int, n_layers: int, std: float, **cfg) -> dict[str, Any]:
+    """One seed of the sweep: log relative residual and log10 absolute residual (composite, mean
+    row) per sequence and depth, and per layer β = max_h ‖W_QK,h‖_1‖W_h‖_{1,∞} (float64)."""
+    from headrank.analysis.collapse.bound import attention_weights, layer_beta, log10_abs_residual
+    from headrank.models.transformer import Transformer
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Transformer(pure_attention_config(n_layers, std, max_seq_len=max(64, ids.shape[1]), **cfg))
+    model = model.double().eval()
+    with torch.no_grad():
+        _, hidden = model(ids, return_hidden=True)
+    Hs = torch.stack(hidden, 1)  # (seqs, L+1, T, d)
+    r = residual(Hs, "composite")  # (seqs, L+1)
+    return {"log_rel": np.log(np.maximum(r, 1e-300)), "log10_abs": log10_abs_residual(Hs),
+            "betas": [layer_beta(*attention_weights(b.attn)) for b in model.blocks]}

@@ -1,0 +1,250 @@
+"""``headrank compress``: cut every head's products to the rank chosen, write the checkpoint.
+
+Two passes over the layers (one layer in memory at a time): the units' spectra (from the
+factors' roots) for the rank choice, then the exact cut (:mod:`.cut`) written back into the
+same tensors (:mod:`.write`), with ``compress.json``: per unit k, kept energy, Frobenius error,
+and what a factored deployment saves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from headrank.analysis.compress import rotary_cut
+from headrank.analysis.compress.cut import (
+    CUT_ORDER,
+    cut_biases,
+    cut_unit,
+    join,
+    join_biases,
+    split_biases,
+    unit_factors,
+    unit_spectra,
+)
+from headrank.analysis.compress.plan import Rule, choose
+from headrank.errors import HeadRankError, one_line
+from headrank.io.layouts import SPLITS, AttentionReader, HeadWeights
+from headrank.io.sources import open_reader
+from headrank.util.threads import torch_threads
+
+KV_BYTES = 2  # bytes per cached number (a float16/bfloat16 KV cache)
+
+
+def qk_rotary(reader: AttentionReader) -> tuple[Any, str | None]:
+    """``(rotary spec or None, refusal or None)``: how QK can be cut on this model.
+
+    Without rotary embeddings the whole ``W_Kᵀ W_Q`` is cut; with them only whole bands and the
+    non-rotary part (:mod:`.rotary_cut`); with QK normalisation not at all (a per-head norm of q
+    and k does not commute with any cut of their projections)."""
+    if reader.qk_norm:
+        return None, "q and k are normalised per head before the score: a cut of W_K^T W_Q does not commute with that"
+    if reader.position != "rotary":
+        return None, None
+    from headrank.analysis.rotary import rotary_spec
+
+    try:
+        spec, _ = rotary_spec(reader.ckpt.config, reader.dims.head_dim)
+    except ValueError as e:
+        return None, f"rotary position embeddings, and the rotary layout is unreadable ({e})"
+    return spec, None
+
+
+def parse_products(products: str | list[str] | tuple[str, ...] | None, reader: AttentionReader
+                   ) -> tuple[tuple[str, ...], str | None]:
+    """The products to cut and a note (QK skipped by default where it cannot be cut)."""
+    _, refusal = qk_rotary(reader)
+    if products is None:
+        return (("ov",), f"QK not cut: {refusal}") if refusal else (CUT_ORDER, None)
+    items = products.split(",") if isinstance(products, str) else list(products)
+    items = [p.strip().lower() for p in items if p.strip()]
+    bad = [p for p in items if p not in CUT_ORDER]
+    if bad or not items:
+        raise HeadRankError(f"--products must name ov and/or qk (comma-separated); got {products!r}")
+    if "qk" in items and refusal:
+        raise HeadRankError(f"--products qk: {refusal}; cut OV only (--products ov)")
+    return tuple(p for p in CUT_ORDER if p in items), None
+
+
+def open_source(source: Any, **kw: Any) -> tuple[AttentionReader, Any, str | None]:
+    """The reader, the live Hugging Face model when one had to be loaded (GGUF), and a note.
+
+    A GGUF file is loaded with transformers (``gguf_file=``, dequantized to float32): the
+    compressed checkpoint is written as safetensors with Hugging Face names."""
+    reader = open_reader(source, **kw)
+    if reader.origin.get("input") != "gguf" and "gguf" not in reader.origin:
+        return reader, None, None
+    from headrank.models.opener import quiet_transformers
+
+    path = Path(reader.ckpt.path)
+    try:
+        with quiet_transformers() as tf:
+            model = tf.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    except Exception as e:  # noqa: BLE001 - an architecture transformers cannot load from GGUF
+        raise HeadRankError(f"cannot load {path} with transformers (gguf_file=): {one_line(e, 200)}"
+                            ) from None
+    try:
+        with quiet_transformers() as tf:
+            tok = tf.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    except Exception:  # noqa: BLE001 - a GGUF without tokenizer metadata: weights only
+        tok = None
+    model.eval()
+    model._headrank_tokenizer = tok
+    live = open_reader(model)
+    live.origin = {**reader.origin, "loaded_with": "transformers gguf_file= (dequantized to float32)"}
+    return live, model, (f"GGUF source {path.name}: written as safetensors (float32, dequantized by "
+                         "transformers), not GGUF")
+
+
+@dataclass
+class Plan:
+    """What will be cut: products, ranks per product ``(layers, units)``, the spectra they were
+    chosen on, optional whitening matrices per layer."""
+
+    rule: Rule
+    products: tuple[str, ...]
+    ranks: dict[str, torch.Tensor]
+    spectra: dict[str, torch.Tensor]
+    cost: dict[str, int]
+    whiten: dict[int, torch.Tensor] | None = None
+    rotary: Any = None  # RotarySpec: QK cut by whole bands (+ the non-rotary part)
+
+
+def make_plan(reader: AttentionReader, rule: Rule, products: tuple[str, ...],
+              whiten: dict[int, torch.Tensor] | None = None,
+              progress: Callable[[int, int], None] | None = None) -> Plan:
+    """Pass 1: every unit's spectrum (whitened when ``whiten`` gives a matrix per layer), then ranks."""
+    d = reader.dims
+    g = d.n_heads // d.n_kv_heads
+    spec = qk_rotary(reader)[0] if "qk" in products else None
+    sv: dict[str, list[torch.Tensor]] = {p: [] for p in products}
+    with torch_threads(1):
+        for i in range(d.n_layers):
+            hw = reader.read_layer(i)
+            bad = [n for n in ("wq", "wk", "wv", "p") if not bool(torch.isfinite(getattr(hw, n)).all())]
+            if bad:
+                raise HeadRankError(f"layer {i} holds NaN/Inf attention weights ({', '.join(bad)}): nothing to cut")
+            for p in products:
+                if p == "qk" and spec is not None:
+                    sv[p].append(rotary_cut.items(hw, spec)[0])
+                    continue
+                sv[p].append(unit_spectra(hw, p, None if whiten is None else whiten[i]))
+            reader.ckpt.release()
+            if progress:
+                progress(i + 1, 2 * d.n_layers)
+    spectra = {p: torch.stack(v) for p, v in sv.items()}
+    cost = {p: (g + 1) * d.d for p in products}
+    return Plan(rule, products, choose(rule, spectra, cost, d.head_dim), spectra, cost, whiten, spec)
+
+
+def cut_layer(reader: AttentionReader, i: int, plan: Plan) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:
+    """Pass 2 for layer ``i``: the new stored tensors (full names, stored dtypes) and rows."""
+    names = reader.tensor_names(i)
+    raw = {r: reader.ckpt.get(n) for r, n in names.items()}
+    shapes = {r: tuple(t.shape) for r, t in raw.items()}
+    hw = SPLITS[reader.split](raw, reader.dims)  # shapes were checked by pass 1's read_layer
+    cuts, rot = {}, None
+    for p in plan.products:
+        if p == "qk" and plan.rotary is not None:
+            cuts[p], keep, part = rotary_cut.cut(hw, plan.rotary, plan.ranks[p][i])
+            rot = (plan.rotary, keep, part)
+            continue
+        X, S = unit_factors(hw, p)
+        L = None if plan.whiten is None else plan.whiten[i]
+        cuts[p] = cut_unit(X, S, plan.ranks[p][i], p, L)
+    new = _replace(hw, cuts)
+    tensors = {names[r]: t.to(raw[r].dtype) for r, t in join(reader.split, shapes, reader.dims, new).items()}
+    tensors.update(_biases(reader, i, hw, shapes, cuts, rot))
+    return tensors, _rows(i, plan, cuts, reader)
+
+
+def _replace(hw: HeadWeights, cuts: dict[str, Any]) -> HeadWeights:
+    H = hw.wq.shape[0]
+    dh, d = hw.wq.shape[1:]
+    f = {k: getattr(hw, k).to(torch.float64) for k in ("wq", "wk", "wv", "p")}
+    if "ov" in cuts:
+        f["p"] = cuts["ov"].X.reshape(H, d, dh)
+        f["wv"] = cuts["ov"].S.mT
+    if "qk" in cuts:
+        f["wq"] = cuts["qk"].X.reshape(H, d, dh).mT
+        f["wk"] = cuts["qk"].S.mT
+    return HeadWeights(**f)
+
+
+def _bias_names(reader: AttentionReader, i: int) -> dict[str, str]:
+    out = {}
+    for role, t in reader.layout.names(i).items():
+        name = reader.prefix + t.replace(".weight", ".bias")
+        if name in reader.ckpt:
+            out[role] = name
+    return out
+
+
+def _biases(reader: AttentionReader, i: int, hw: HeadWeights, shapes: dict[str, tuple[int, ...]],
+            cuts: dict[str, Any], rot: tuple | None) -> dict[str, torch.Tensor]:
+    names = _bias_names(reader, i)
+    if not [r for r in names if r != "o"]:
+        return {}
+    raw = {r: reader.ckpt.get(n).to(torch.float64) for r, n in names.items()}
+    per_head = split_biases(reader.split, shapes, reader.dims, raw)
+    per_head["o"] = raw.get("o")
+    new, _ = cut_biases(hw, per_head, {p: c for p, c in cuts.items() if rot is None or p != "qk"})
+    if rot is not None:
+        new["q"], new["k"] = rotary_cut.biases(hw, *rot, per_head["q"], per_head["k"])
+    filled = {r: (new[r] if new[r] is not None else torch.zeros_like(per_head_zero)) for r, per_head_zero in
+              (("q", hw.wq[..., 0]), ("k", hw.wk[..., 0]), ("v", hw.wv[..., 0]))}
+    joined = join_biases(reader.split, shapes, reader.dims, {r: t.to(torch.float64) for r, t in filled.items()})
+    dtypes = {r: reader.ckpt.get(n).dtype for r, n in names.items()}
+    out = {names[r]: t.to(dtypes[r]) for r, t in joined.items() if r in names}
+    if "o" in names and new.get("o") is not None:
+        out[names["o"]] = new["o"].to(dtypes["o"])
+    return out
+
+
+def _rows(i: int, plan: Plan, cuts: dict[str, Any], reader: AttentionReader) -> list[dict[str, Any]]:
+    d = reader.dims
+    g = d.n_heads // d.n_kv_heads
+    rows = []
+    for p, c in cuts.items():
+        e = c.sv.to(torch.float64) ** 2
+        tot = e.sum(-1)
+        for u in range(c.k.shape[0]):
+            k = int(c.k[u])
+            rows.append({
+                "layer": i, "kv_head": u, "heads": list(range(u * g, (u + 1) * g)), "product": p, "k": k,
+                "head_dim": d.head_dim,
+                "kept_energy": float(e[u, :k].sum() / tot[u]) if tot[u] > 0 else 1.0,
+                "frob_error": float(c.err[u]), "frob_rel_error": float(c.err[u] / c.norm[u]) if c.norm[u] > 0 else 0.0,
+                "params_saved": (d.head_dim - k) * plan.cost[p],
+                "kv_cache_bytes_saved_per_token": (d.head_dim - k) * KV_BYTES,
+            })
+    return rows
+
+
+def cut_layers(reader: AttentionReader, plan: Plan, progress: Callable[[int, int], None] | None = None
+               ) -> Iterator[tuple[int, dict[str, torch.Tensor], list[dict[str, Any]]]]:
+    """Pass 2, layer by layer: ``(i, new tensors by full name, rows)``."""
+    from headrank.util.memory import trim_heap
+
+    n = reader.dims.n_layers
+    with torch_threads(1):
+        for i in range(n):
+            tensors, rows = cut_layer(reader, i, plan)
+            reader.ckpt.release()
+            yield i, tensors, rows
+            trim_heap()
+            if progress:
+                progress(n + i + 1, 2 * n)
+
+
+def source_dir(reader: AttentionReader) -> Path | None:
+    p = getattr(reader.ckpt, "path", None)
+    if p is None or reader.origin.get("input") in ("live", "state_dict", "gguf"):
+        return None
+    p = Path(p)
+    return p if p.is_dir() else None  # a single weights file: its config is written, nothing copied
+

@@ -1,0 +1,115 @@
+"""QK cuts that commute with rotary position embeddings (REFERENCE.md §8).
+
+With rotary embeddings the score is ``xᵀ W_Qᵀ R(m − n) W_K y``, ``R`` block-diagonal: one 2-D
+rotation per frequency band, the identity on the non-rotary dimensions of partial-rotary models
+(:mod:`headrank.analysis.rotary`). Two cuts are exact at every relative position:
+
+- dropping a whole band: both rows of its pair in W_Q (every query head of the group) and W_K;
+- any cut of the non-rotary part ``W_K[p]ᵀ W_Q[p]``: here its best rank-k approximation.
+
+A unit (one kv head and its query group) ranks its items by energy: band ``j`` counts as two
+directions of energy ``e_j / 2`` each (``e_j`` summed over the group's query heads, the mean of
+the band's ``‖B_j(Δ)‖²_F`` over its rotation angle; :func:`headrank.analysis.rotary.band_energies`)
+and the non-rotary part's singular directions as one each (``σᵢ²``). Keeping ``k`` directions
+keeps the top ``k`` items; a band of which one direction is kept is kept whole. The kept energy is
+that of this pseudo-spectrum (``Σ e_j + ‖P‖²_F``, the score form's energy averaged over
+independent band phases).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from headrank.analysis.compress.cut import UnitCut, cut_unit, diff_norm, unit_factors
+from headrank.analysis.rotary import RotarySpec, band_energies
+from headrank.io.layouts import HeadWeights
+
+
+def _groups(hw: HeadWeights) -> tuple[torch.Tensor, torch.Tensor]:
+    Hkv, dh, d = hw.wk.shape
+    return hw.wq.to(torch.float64).reshape(Hkv, -1, dh, d), hw.wk.to(torch.float64)
+
+
+def _pass_factors(wq: torch.Tensor, wk: torch.Tensor, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Non-rotary part as a unit: X (Hkv, g·d, |p|), S (Hkv, d, |p|)."""
+    Hkv, g, _, d = wq.shape
+    X = wq[:, :, p, :].mT.reshape(Hkv, g * d, len(p))
+    return X, wk[:, p, :].mT
+
+
+def items(hw: HeadWeights, spec: RotarySpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per unit, the pseudo-spectrum ``(Hkv, n)`` (σ = √energy, descending) and the item tags
+    (band ``j ≥ 0``; non-rotary direction ``i`` as ``-1 - i``)."""
+    wq, wk = _groups(hw)
+    bands, _ = band_energies(wq, wk[:, None].expand_as(wq), spec)
+    e = [bands.sum(1).repeat_interleave(2, -1) / 2]
+    tags = [torch.arange(spec.n_bands).repeat_interleave(2)]
+    p = torch.from_numpy(spec.pass_dims())
+    if len(p):
+        from headrank.core.linalg import factor_roots
+
+        Rx, Rs = factor_roots(*_pass_factors(wq, wk, p))
+        e.append(torch.linalg.svdvals(Rx @ Rs.mT) ** 2)
+        tags.append(-1 - torch.arange(e[-1].shape[-1]))
+    e_all = torch.cat(e, -1)
+    tag = torch.cat(tags).expand_as(e_all)
+    order = torch.sort(e_all, dim=-1, descending=True, stable=True).indices
+    return e_all.gather(-1, order).clamp_min(0).sqrt(), tag.gather(-1, order)
+
+
+def cut(hw: HeadWeights, spec: RotarySpec, k: torch.Tensor) -> tuple[UnitCut, torch.Tensor, UnitCut | None]:
+    """The rotary-safe QK cut keeping ``k[u]`` directions of every unit: the whole-QK
+    :class:`UnitCut` (k = dims kept), the kept-band mask ``(Hkv, n_bands)`` and the non-rotary
+    part's own cut (None without one)."""
+    sv, tag = items(hw, spec)
+    top = torch.arange(sv.shape[-1]) < k[:, None]
+    keep = torch.zeros(sv.shape[0], spec.n_bands, dtype=torch.bool)
+    for u in range(sv.shape[0]):
+        j = tag[u][top[u] & (tag[u] >= 0)]
+        keep[u, j] = True
+    wq, wk = _groups(hw)
+    a, b = (torch.from_numpy(i) for i in spec.pairs())
+    drop = torch.zeros(wk.shape[:2], dtype=torch.bool)
+    drop[:, a], drop[:, b] = ~keep, ~keep
+    wq, wk = wq * ~drop[:, None, :, None], wk * ~drop[..., None]
+    part = None
+    p = torch.from_numpy(spec.pass_dims())
+    if len(p):
+        k_p = (top & (tag < 0)).sum(-1)
+        X, S = _pass_factors(wq, wk, p)
+        part = cut_unit(X, S, k_p, "qk")
+        Hkv, g, _, d = wq.shape
+        wq[:, :, p, :] = part.X.reshape(Hkv, g, d, len(p)).mT
+        wk[:, p, :] = part.S.mT
+    X0, S0 = (t.to(torch.float64) for t in unit_factors(hw, "qk"))
+    X1, S1 = wq.mT.reshape(X0.shape), wk.mT
+    dims = 2 * keep.sum(-1) + (part.k if part is not None else 0)
+    return UnitCut(X1, S1, dims, sv, diff_norm(X0, S0, X1, S1), diff_norm(X0, S0)), keep, part
+
+
+def biases(hw: HeadWeights, spec: RotarySpec, keep: torch.Tensor, part: UnitCut | None,
+           bq: torch.Tensor | None, bk: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Query and key biases after :func:`cut`: zero on the dropped bands' dimensions (the band's
+    whole contribution goes, bias terms included), refitted on the non-rotary part as in
+    :func:`headrank.analysis.compress.cut.cut_biases`."""
+    Hkv, dh, _ = hw.wk.shape
+    a, b = (torch.from_numpy(i) for i in spec.pairs())
+    drop = torch.zeros(Hkv, dh, dtype=torch.bool)
+    drop[:, a], drop[:, b] = ~keep, ~keep
+    p = torch.from_numpy(spec.pass_dims())
+    wq, wk = _groups(hw)
+    out = []
+    for bias, kv_side in ((bq, False), (bk, True)):
+        if bias is None:
+            out.append(None)
+            continue
+        x = bias.to(torch.float64).reshape(Hkv, -1, dh).clone()  # (Hkv, g or 1, dh)
+        x = x * ~drop[:, None, :]
+        if part is not None:
+            X, S = _pass_factors(wq, wk, p)
+            if kv_side:  # term X b_k, refitted on X'
+                x[:, 0, p] = (torch.linalg.pinv(part.X) @ (X @ x[:, 0, p][..., None]))[..., 0]
+            else:  # term S b_q,h, refitted on S'
+                x[:, :, p] = (torch.linalg.pinv(part.S)[:, None] @ (S[:, None] @ x[:, :, p][..., None]))[..., 0]
+        out.append(x.reshape(bias.shape))
+    return out[0], out[1]

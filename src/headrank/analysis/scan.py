@@ -1,0 +1,480 @@
+"""The streaming loop (module `scan`; its entry points are `headrank.analyze` and `headrank.spectra`): checkpoint → one row per (layer, head, product).
+
+Only one layer's attention weights are in memory at a time. Everything numeric goes
+through :mod:`headrank.core.linalg`; everything architectural through :mod:`headrank.io.layouts`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from headrank.analysis.figproc import FigureProcess, figure_data
+from headrank.analysis.rotary import rotary_scan
+from headrank.core.linalg import (
+    DEFAULT_TOL,
+    METRIC_COLUMNS,
+    ProductMetrics,
+    factor_roots,
+    metrics_from_roots,
+)
+from headrank.core.metrics import METRICS, PRODUCTS, SUMMARY_METRICS, conventions
+from headrank.errors import HeadRankError
+from headrank.io.layouts import AttentionReader, HeadWeights, Layout
+from headrank.io.sources import open_reader
+from headrank.io.tensor_source import BaseCheckpoint
+from headrank.util.env import versions
+from headrank.util.fileio import prepare_out_dir, write_atomic, write_json
+from headrank.util.threads import torch_threads
+
+TABLE_COLUMNS = ("layer", "head", "kv_head", "product", *METRIC_COLUMNS, "head_dim", "finite")
+
+
+@dataclass
+class SpectraResult:
+    """Everything ``headrank spectra`` measures.
+
+    ``table``: one row per (layer, head, product), columns TABLE_COLUMNS.
+    ``sv[product]``: (layers, heads, k) singular values, descending.
+    ``row_norms[name]``: (layers, heads, dh) squared row norms of W_Q, W_K, W_V and squared
+    column norms of P, per query head (kv tensors repeated for grouped-query attention): the
+    Figure 4 balance check (``AᵀA = BᵀB`` puts each pair on the diagonal).
+    ``meta``: source, config summary, dtypes, tolerance and conventions.
+    ``rotary``: for rotary models, each head's energy per rotary band and the metrics of its
+    non-rotary part (:mod:`headrank.analysis.rotary`; ``rotary.csv``), else None.
+    ``vectors`` (with ``vectors=True``): ``vectors[product]["u" | "s" | "v"]``, each head's exact
+    thin SVD ``A Bᵀ = U diag(S) Vᵀ`` as float32, U and V of shape (layers, heads, d, dh), S of
+    shape (layers, heads, dh) (``vectors.npz``; QK: U on the key side, V on the query side, so
+    a score is ``xᵀ V S Uᵀ y`` for query x and key y; OV: U in the output space).
+    """
+
+    table: pd.DataFrame
+    sv: dict[str, np.ndarray]
+    row_norms: dict[str, np.ndarray]
+    meta: dict[str, Any]
+    rotary: pd.DataFrame | None = None
+    vectors: dict[str, dict[str, np.ndarray]] | None = None
+
+    def summary(self) -> pd.DataFrame:
+        return summarize(self.table)
+
+    def save(self, out: str | os.PathLike, *, plots: bool = True) -> list[Path]:
+        """Write the result into directory ``out`` (see :func:`save`)."""
+        return save(self, out, plots=plots)
+
+    def describe(self) -> pd.DataFrame:
+        """One wide row per layer (WeightWatcher style): ``layer``, ``source``, ``model_type``,
+        ``heads``, ``head_dim``, then ``qk_METRIC`` / ``ov_METRIC`` means over the layer's heads
+        (effective rank first; see :func:`headrank.analysis.describe.describe`)."""
+        from headrank.analysis.describe import describe
+
+        return describe(self.table, self.meta)
+
+    def plot(self, path: str | os.PathLike | None = None):
+        """One figure: effective rank (and k90) per layer, and every head's σᵢ/σ₁ coloured by
+        layer; returns the matplotlib Figure (with ``path``, also writes a PNG there)."""
+        from headrank.analysis.describe import plot
+
+        return plot(self.table, self.sv, self.meta, path)
+
+
+def _rows(layer: int, product: str, m: ProductMetrics, group: int, head_dim: int) -> pd.DataFrame:
+    n = m.sv.shape[0]
+    cols: dict[str, Any] = {
+        "layer": layer,
+        "head": np.arange(n),
+        "kv_head": np.arange(n) // group,
+        "product": product,
+    }
+    cols.update({k: v.numpy() for k, v in m.columns().items()})
+    cols["head_dim"] = head_dim
+    cols["finite"] = m.finite.numpy()
+    return pd.DataFrame(cols, columns=list(TABLE_COLUMNS))
+
+
+def layer_metrics(hw: HeadWeights, tol: float = DEFAULT_TOL, *, workers: int = 1,
+                  roots: dict[str, torch.Tensor] | None = None) -> tuple[dict[str, ProductMetrics], dict[str, torch.Tensor]]:
+    """QK and OV metrics of every query head of one layer, plus the Figure 4 row norms.
+
+    Each distinct factor is reduced once (a kv head shared by a group of query heads too).
+    The squared row norms of W_Q, W_K, W_V and column norms of P are the diagonals of the
+    factors' Gram matrices ``RᵀR`` (column sums of ``R²``), so they cost nothing extra.
+    ``workers`` > 1 shares the heads among that many threads (run under ``torch_threads(1)``;
+    the result is the same for any number). ``roots``, if given, receives the roots of W_Qᵀ
+    (``q``, per query head) and W_Kᵀ (``k``, per kv head) for the rotary scan to reuse.
+    """
+    rq, rk, rv, rp = factor_roots(hw.wq.mT, hw.wk.mT, hw.wv.mT, hw.p, workers=workers)
+    if roots is not None:
+        roots.update(q=rq, k=rk)
+    rk, rv = hw.kv_for_query_heads(rk), hw.kv_for_query_heads(rv)
+    metrics = {"qk": metrics_from_roots(rk, rq, tol, workers=workers),
+               "ov": metrics_from_roots(rp, rv, tol, workers=workers)}
+    gram_diag = lambda r: (r * r).sum(-2)  # noqa: E731
+    norms = {"q": gram_diag(rq), "k": gram_diag(rk), "v": gram_diag(rv), "p": gram_diag(rp)}
+    return metrics, norms
+
+
+def _fault_in(hw: HeadWeights) -> None:
+    """Read one byte of every page of the layer's tensors, here in the reader thread.
+
+    safetensors returns views of its memory map: without this the disk (or page-cache) reads
+    would happen inside the compute workers' upcast, and reading the next layer would overlap
+    nothing. One byte per 4 KiB page costs almost no CPU; the kernel's read-ahead does the rest.
+    """
+    seen = set()
+    for w in (hw.wq, hw.wk, hw.wv, hw.p):
+        storage = w.untyped_storage()
+        if storage.data_ptr() in seen or w.device.type != "cpu":
+            continue
+        seen.add(storage.data_ptr())
+        torch.empty(0, dtype=torch.uint8).set_(storage)[::4096].sum()
+
+
+def _stream(reader: AttentionReader, sel: list[int], tol: float, threads: int | None,
+            timing: dict[str, float] | None = None, roots: dict[str, torch.Tensor] | None = None):
+    """Yield ``(i, hw, metrics, row_norms)`` per selected layer; layer i+1 is read meanwhile.
+
+    The checkpoint is touched by one thread at a time (the reader thread; ``release`` only
+    between reads), so resident memory stays about two layers' stored weights. ``timing``, if
+    given, is filled with seconds: ``wall`` (first read to last layer's metrics), ``read``
+    (inside the reader), ``compute`` (the metrics), ``compute_waited_on_read`` (the metrics
+    idle until a layer was read) and ``read_waited_on_compute`` (the reader idle).
+    """
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from headrank.util.memory import trim_heap
+
+    t = {"read": 0.0, "compute": 0.0, "compute_waited_on_read": 0.0}
+
+    def read(i: int) -> HeadWeights:
+        t0 = time.perf_counter()
+        try:
+            hw = reader.read_layer(i)
+            _fault_in(hw)
+            return hw
+        finally:
+            t["read"] += time.perf_counter() - t0
+
+    workers = max(1, threads if threads is not None else torch.get_num_threads())
+    start = time.perf_counter()
+    with ThreadPoolExecutor(1, thread_name_prefix="headrank-read") as io, torch_threads(1):
+        nxt = io.submit(read, sel[0]) if sel else None
+        for k, i in enumerate(sel):
+            t0 = time.perf_counter()
+            hw = nxt.result()
+            t["compute_waited_on_read"] += time.perf_counter() - t0
+            reader.ckpt.release()  # unmap what the read touched (tensors read are copies)
+            trim_heap()  # the previous layer's temporaries, back to the OS (resident set stays flat)
+            nxt = io.submit(read, sel[k + 1]) if k + 1 < len(sel) else None
+            t0 = time.perf_counter()
+            metrics, row_norms = layer_metrics(hw, tol, workers=workers, roots=roots)  # roots: this layer's
+            t["compute"] += time.perf_counter() - t0
+            if timing is not None:
+                wall = time.perf_counter() - start
+                timing.update(t, wall=wall, read_waited_on_compute=wall - t["read"])
+            yield i, hw, metrics, row_norms
+
+
+def parse_layers(spec: str | None, n_layers: int) -> list[int]:
+    """``None`` → all; ``"0,3,5-7"`` → those layers (0-based, inclusive ranges, in range, non-empty).
+
+    Bounds are checked before any range is expanded, so ``0-1e20`` or ``3-1`` is one line.
+    """
+    if spec is None:
+        return list(range(n_layers))
+    if not isinstance(spec, str):
+        raise HeadRankError(f"--layers must be a string like 0,2,5-7; got {type(spec).__name__}")
+    if not spec.strip():
+        raise HeadRankError("--layers is empty: give layers like 0,2,5-7 (or leave it out for all)")
+    out: set[int] = set()
+    for part in spec.split(","):
+        part = part.strip()
+        try:
+            dash = part.find("-", 1)  # a leading minus is a (negative, out of range) number
+            if dash > 0:
+                a, b = int(part[:dash]), int(part[dash + 1:])
+            else:
+                a = b = int(part)
+        except ValueError:
+            raise HeadRankError(f"--layers must look like 0,2,5-7; got {spec!r}"[:300]) from None
+        if b < a:
+            raise HeadRankError(f"--layers {spec!r}: the range {part} is empty (write low-high)"[:300])
+        for i in (a, b):
+            if not 0 <= i < n_layers:
+                shown = str(i) if len(str(i)) <= 20 else str(i)[:17] + "..."
+                raise HeadRankError(f"--layers {spec[:60]!r}: layer {shown} out of range 0..{n_layers - 1}")
+        out.update(range(a, b + 1))
+    return sorted(out)
+
+
+def _check_args(tol: Any, layers: Any, threads: Any, progress: Any) -> list[int] | str | None:
+    """Types and ranges of analyze's arguments (an API caller may pass anything); the layer
+    selection as a spec string or a list of ints."""
+    if isinstance(tol, bool) or not isinstance(tol, (int, float, np.integer, np.floating)):
+        raise HeadRankError(f"tolerance must be a number in (0, 1); got {type(tol).__name__} {str(tol)[:40]!r}")
+    if not tol > 0 or not tol < 1:
+        raise HeadRankError(f"tolerance must lie in (0, 1); got {tol}")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, (int, np.integer))
+                                or not 1 <= threads <= 4096):
+        raise HeadRankError(f"threads must be an integer from 1 to 4096; got {str(threads)[:40]!r}")
+    if progress is not None and not callable(progress):
+        raise HeadRankError(f"progress must be a callable (done, total); got {type(progress).__name__}")
+    if layers is None or isinstance(layers, str):
+        return layers
+    if isinstance(layers, (bytes, dict)) or not isinstance(layers, Iterable):
+        raise HeadRankError(f"layers must be a spec string like '0,2,5-7' or a list of layer indices; got "
+                            f"{type(layers).__name__} {str(layers)[:40]!r}")
+    sel = list(layers)
+    if not sel:
+        raise HeadRankError("layers is empty: select at least one layer (or pass None for all)")
+    if not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in sel):
+        bad = next(i for i in sel if isinstance(i, bool) or not isinstance(i, (int, np.integer)))
+        raise HeadRankError(f"layers must be integers; got {type(bad).__name__} {str(bad)[:40]!r}")
+    return [int(i) for i in sel]
+
+
+def analyze(
+    source: str | os.PathLike | BaseCheckpoint | Any,
+    *,
+    config: str | os.PathLike | None = None,
+    tol: float = DEFAULT_TOL,
+    layers: Iterable[int] | str | None = None,
+    layout: str | os.PathLike | Layout | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    threads: int | None = None,
+    revision: str | None = None,
+    base: str | os.PathLike | None = None,
+    delta: bool = False,
+    fold_norm: bool = False,
+    download: bool = False,
+    remote: bool = False,
+    allow_full: bool = False,
+    rotary: bool = True,
+    vectors: bool = False,
+) -> SpectraResult:
+    """Exact per-head QK and OV spectra of every (or the selected) attention layer.
+
+    ``source``, ``revision``, ``base``, ``delta``, ``fold_norm``, ``download``, ``remote``,
+    ``allow_full``: see io.sources.open_reader.
+
+    ``layout``: a TOML layout file (or a :class:`Layout`) for a model_type not in the table;
+    the config then may be absent. ``progress(done, total)`` is called after each layer.
+    ``threads``: worker threads (default: torch's current thread count). Each runs single-
+    threaded torch over its own heads while a background thread reads the next layer, so a
+    core taken by another process slows the scan in proportion, and results are bit-identical
+    whatever the load. ``rotary``: for rotary models, also the per-band energies and the spectra
+    of the non-rotary part (``result.rotary``, :mod:`headrank.analysis.rotary`). ``vectors``:
+    also each head's singular vectors (``result.vectors``; refused when they would not fit in a
+    quarter of this machine's memory: select layers).
+    """
+    layers = _check_args(tol, layers, threads, progress)
+    reader = open_reader(source, config=config, layout=layout, revision=revision, base=base, delta=delta,
+                         fold_norm=fold_norm, download=download, remote=remote, allow_full=allow_full)
+    dims = reader.dims
+    spec = layers if layers is None or isinstance(layers, str) else ",".join(str(i) for i in layers)
+    sel = parse_layers(spec, dims.n_layers)
+    tol = float(tol)
+
+    vecs = _Vectors(dims, len(sel)) if vectors else None
+    rot, rot_why = rotary_scan(reader.ckpt.config, reader.position, dims.head_dim, reader.qk_norm, tol, rotary)
+    frames, sv, norms, timing = _scan_layers(reader, sel, tol, threads, rot, vecs, progress)
+    table = _table(frames)
+    meta = _meta(reader, sel, tol, table)
+    meta["timing_s"] = {k: round(v, 4) for k, v in timing.items()}  # where the stream's time went
+    rotary = rot.table() if rot is not None else None
+    meta["conventions"]["rotary_bands"] = rot.meta(rotary) if rot is not None else rot_why
+    return SpectraResult(
+        table=table,
+        sv={p: np.stack(v) for p, v in sv.items()},
+        row_norms={k: np.stack(v) for k, v in norms.items()},
+        meta=meta,
+        rotary=rotary,
+        vectors=vecs.arrays() if vecs is not None else None,
+    )
+
+
+def _scan_layers(reader: AttentionReader, sel: list[int], tol: float, threads: int | None, rot: Any,
+                 vecs: _Vectors | None, progress: Callable[[int, int], None] | None):
+    """Stream the selected layers: each one's table rows, singular values and row norms (and its
+    rotary bands and singular vectors where asked), then the stream's timing."""
+    frames: list[pd.DataFrame] = []
+    sv: dict[str, list[np.ndarray]] = {p: [] for p in PRODUCTS}
+    norms: dict[str, list[np.ndarray]] = {k: [] for k in ("q", "k", "v", "p")}
+    timing: dict[str, float] = {}
+    roots: dict[str, torch.Tensor] = {}  # each layer's W_Q, W_K roots, for the rotary scan
+    head_dim = reader.dims.head_dim
+    for done, (i, hw, metrics, row_norms) in enumerate(_stream(reader, sel, tol, threads, timing, roots), 1):
+        for product, m in metrics.items():
+            frames.append(_rows(i, product, m, hw.group, head_dim))
+            sv[product].append(m.sv.numpy())
+        for k, v in row_norms.items():
+            norms[k].append(v.numpy())
+        if rot is not None:
+            rot.add(i, hw, row_norms, roots)
+        if vecs is not None:
+            vecs.add(hw)
+        del hw, metrics
+        if progress:
+            progress(done, len(sel))
+    return frames, sv, norms, timing
+
+
+class _Vectors:
+    """Each selected layer's exact per-head singular vectors (core.linalg.product_svd), float32."""
+
+    def __init__(self, dims: Any, n_layers: int) -> None:
+        from headrank.io.validate import memory_bytes
+
+        need = 2 * n_layers * dims.n_heads * dims.head_dim * (2 * dims.d + 1) * 4
+        if need > memory_bytes() / 4:
+            raise HeadRankError(f"singular vectors of {n_layers} layers need {need / 2**30:.1f} GiB, more than a "
+                                "quarter of this machine's memory: select fewer layers with --layers")
+        self.parts: dict[str, dict[str, list[np.ndarray]]] = {p: {"u": [], "s": [], "v": []} for p in PRODUCTS}
+
+    def add(self, hw: HeadWeights) -> None:
+        from headrank.core.linalg import product_svd
+
+        for product, (a, b) in (("qk", hw.qk_factors()), ("ov", hw.ov_factors())):
+            u, s, v = product_svd(a, b)
+            for key, x in (("u", u), ("s", s), ("v", v)):
+                self.parts[product][key].append(x.to(torch.float32).numpy())
+
+    def arrays(self) -> dict[str, dict[str, np.ndarray]]:
+        return {p: {k: np.stack(v) for k, v in d.items()} for p, d in self.parts.items()}
+
+
+def _table(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """The layers' rows in one table; the metric table's counts (rank, k90, k99) as int64 unless a
+    non-finite head made them NaN."""
+    table = pd.concat(frames, ignore_index=True)
+    for m in METRICS:
+        if m.integer:
+            table[m.name] = table[m.name].astype("float64" if table[m.name].isna().any() else "int64")
+    return table
+
+
+def _meta(reader: AttentionReader, sel: list[int], tol: float, table: pd.DataFrame) -> dict[str, Any]:
+    """meta.json: the source, the config summary, dtypes, tolerance and conventions."""
+    dims = reader.dims
+    bad = table.loc[~table["finite"], ["layer", "head", "product"]]
+    cfg = reader.ckpt.config
+    return {
+        **reader.origin,  # input kind, source, path, files (+ hub / gguf / adapter / live details)
+        "model_type": cfg.get("model_type") or reader.layout.model_types[0],
+        "layout": {"name": reader.layout.model_types[0], "split": reader.split, "prefix": reader.prefix, "tensors": reader.tensor_names(0)},
+        "config": {
+            "n_layers": dims.n_layers,
+            "d_model": dims.d,
+            "n_heads": dims.n_heads,
+            "n_kv_heads": dims.n_kv_heads,
+            "head_dim": dims.head_dim,
+            "architectures": cfg.get("architectures"),
+        },
+        "layers": sel,
+        "dtype_read": reader.dtypes(),
+        "compute_dtype": "float64",
+        "tolerance": tol,
+        "conventions": {
+            "weights": reader.weights_note,
+            "qk_product": "W_K,h^T W_Q,h (d x d); attention score x W_Q^T W_K y^T has the same singular values",
+            "ov_product": "P_h W_V,h (d x d), P_h = head h's column block of W_O",
+            "biases": ("present in the checkpoint and ignored by the products"
+                       if reader.biases_present() else "none in the checkpoint"),
+            "biases_present": reader.biases_present(),
+            "position_encoding": reader.position,
+            "rotary": reader.position == "rotary",
+            "rotary_note": ("rotary embeddings rotate q and k by position: the static QK product "
+                            "ignores relative position") if reader.position == "rotary" else None,
+            "qk_norm": reader.qk_norm,
+            "qk_norm_note": ("q and k are normalised per head before the score: the static QK "
+                             "product ignores that nonlinearity") if reader.qk_norm else None,
+            "grouped_query": "query head h uses kv head h // (H // Hkv)",
+            **conventions(tol),
+            "layer_head_index": "0-based",
+        },
+        "nonfinite_heads": bad.to_dict("records"),
+        "versions": versions(),
+    }
+
+
+def spectra(source: str | os.PathLike, **kwargs: Any) -> pd.DataFrame:
+    """Per-head metrics as a tidy DataFrame (one row per layer × head × product)."""
+    return analyze(source, **kwargs).table
+
+
+def summarize(table: pd.DataFrame) -> pd.DataFrame:
+    """Per layer and product: the number of heads, mean numerical rank / dh, and the mean over
+    heads of every summary metric of the table (core.metrics.SUMMARY_METRICS: effective rank,
+    k90, k99, gap / bound, relative balance …)."""
+    t = table.assign(rank_frac=table["rank"] / table["head_dim"])
+    g = t.groupby(["layer", "product"], sort=True)
+    out = g.agg(heads=("head", "size"), rank_frac=("rank_frac", "mean"),
+                **{k: (k, "mean") for k in SUMMARY_METRICS})
+    return out.reset_index()
+
+
+def overall(table: pd.DataFrame) -> dict[str, dict[str, float]]:
+    """Means over all heads and layers, per product (for notes and --json)."""
+    s = table.assign(rank_frac=table["rank"] / table["head_dim"])
+    return {str(p): {k: float(g[k].mean()) for k in ("rank_frac", *SUMMARY_METRICS)}
+            for p, g in s.groupby("product")}
+
+
+def save(result: SpectraResult, out: str | os.PathLike, *, plots: bool = True,
+         figures: FigureProcess | None = None) -> list[Path]:
+    """Write heads.csv, summary.csv, spectra.npz, meta.json (rotary.csv for rotary models, and figures) atomically.
+
+    ``figures``: a :class:`~headrank.analysis.figproc.FigureProcess` started earlier (the CLI
+    starts one before importing torch); it draws while the tables are written, and this waits
+    for it. Without one (or if it fails) the figures are drawn here.
+    """
+    out = prepare_out_dir(out)
+    data = figure_data(result) if plots else None
+    sent = figures is not None and data is not None and figures.submit(data, out)
+    try:
+        written = [
+            write_atomic(out / "heads.csv", lambda p: result.table.assign(source=str(result.meta.get("source")))
+                         .to_csv(p, index=False)),
+            write_atomic(out / "summary.csv", lambda p: result.summary().to_csv(p, index=False)),
+            write_atomic(out / "spectra.npz", lambda p: _save_npz(p, result)),
+            write_json(out / "meta.json", result.meta),
+        ]
+        if result.rotary is not None:
+            written.append(write_atomic(out / "rotary.csv", lambda p: result.rotary.to_csv(p, index=False)))
+        if result.vectors is not None:
+            written.append(write_atomic(out / "vectors.npz", lambda p: _save_vectors(p, result)))
+    except BaseException:
+        if figures is not None:
+            figures.close()
+        raise
+    if data is not None:
+        drawn = figures.wait() if sent else None
+        if drawn is None:
+            from headrank.analysis.plots import draw_spectra
+
+            drawn = draw_spectra(data, out)
+        written += drawn
+    elif figures is not None:
+        figures.close()
+    return written
+
+
+def _save_npz(p: Path, result: SpectraResult) -> None:
+    arrays = {**result.sv, **{f"row_norms_{k}": v for k, v in result.row_norms.items()},
+              "layers": np.asarray(result.meta["layers"])}
+    with open(p, "wb") as fh:
+        np.savez_compressed(fh, **arrays)
+
+
+def _save_vectors(p: Path, result: SpectraResult) -> None:
+    arrays = {f"{prod}_{k}": v for prod, d in (result.vectors or {}).items() for k, v in d.items()}
+    with open(p, "wb") as fh:
+        np.savez(fh, layers=np.asarray(result.meta["layers"]), **arrays)

@@ -1,0 +1,606 @@
+"""Rank over training: the per-head spectra of every checkpoint of a series, one table row per
+(checkpoint, step, layer, head, product), and a figure of rank / gap / balance against step.
+
+A **series** (:func:`resolve_series`) is
+
+- a training run directory of ``headrank train`` (``RUN/checkpoints/step-N``; keep them with
+  ``keep_checkpoints``), or a Hugging Face ``Trainer`` ``output_dir`` (``checkpoint-N``);
+- a list of checkpoint directories (steps from ``trainer_state.json``, else from a trailing
+  number in the name, else their order);
+- a Hub id with ``revisions`` (``step1000,step2000`` …, each resolved in the local cache as
+  ``headrank spectra --revision`` does; the step is parsed from a name such as ``step1000``,
+  ``checkpoint-500`` or ``1000``, else read from the snapshot's ``trainer_state.json``
+  ``global_step``; a revision such as ``main`` or ``v1.0`` with neither is refused); with
+  ``remote`` the revisions are read over HTTP ranges (:mod:`headrank.io.remote`), and
+  ``revisions="all"`` takes every branch and tag of the Hub repo whose name holds a step.
+
+For a run directory of ``headrank train`` the tracker rows of ``RUN/metrics.jsonl`` (every
+``track_every`` steps, measured on the live model by the same code) fill the steps that have no
+checkpoint, when the run's tolerance is the one asked for; the table's ``origin`` column says
+which rows came from a checkpoint and which from ``metrics.jsonl``.
+
+Every checkpoint is opened first (config only) and they must share one architecture (model type,
+layers, heads, kv heads, head and model width); a revision that does not exist, or a mixed
+series, is one :class:`HeadRankError` before any work. Checkpoints are then analysed in
+parallel, each streaming its layers through :func:`headrank.analysis.scan.analyze` with one
+torch thread: on a local process pool (``workers``) or as Ray tasks (``ray``: an address,
+``auto`` or ``local``; a Ray already initialised in this process is used as it is).
+
+Layout of ``OUT`` (**resumable**: a checkpoint whose table is in ``OUT/checkpoints/`` is not
+redone; **never mixed**: every checkpoint is identified by its resolved path and the size and
+modification time of its files, and an ``OUT`` made from other checkpoints (``track runB --out O``
+after ``track runA --out O``, or the same run retrained) or with another tolerance is refused
+unless ``force``, which measures it anew)::
+
+    OUT/series.json            the resolved series (label, step, source, revision, identity) and tol
+    OUT/checkpoints/LABEL.csv  one checkpoint's rows (written atomically when it finishes), with
+    OUT/checkpoints/LABEL.json its identity and tolerance (a table is reused only when they match)
+    OUT/table.csv              every row: checkpoint, step, layer, head, product, metrics
+    OUT/summary.csv            per (checkpoint, step, layer, product): means over heads
+    OUT/over_training.png      effective rank (and k90), gap/bound, balance, numerical rank vs step
+
+``series.json``, ``table.csv``, ``summary.csv`` and ``over_training.png`` are written into a
+staging directory and moved in together (:func:`headrank.util.fileio.staged_output`), so a
+failed run (a full disk, a kill) leaves the previous set whole.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from headrank.core.linalg import DEFAULT_TOL
+from headrank.core.metrics import SUMMARY_METRICS
+from headrank.errors import HeadRankError, one_line
+from headrank.util.legacy import upgrade
+from headrank.util.fileio import moved, staged_output, write_atomic, write_json
+from headrank.util.ray import ray_session
+
+KEY = ("checkpoint", "step")
+
+
+@dataclass(frozen=True)
+class SeriesItem:
+    """One checkpoint of a series: a label (file name), its training step, where it is."""
+
+    label: str
+    step: int
+    source: str
+    revision: str | None = None
+    remote: bool = False  # a Hub revision read over HTTP ranges (headrank.io.remote)
+
+
+def _trailing_int(text: str) -> int | None:
+    m = re.search(r"(\d+)$", text)
+    return int(m.group(1)) if m else None
+
+
+def _safe(label: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.=+-]", "_", label)
+
+
+_STEP_NAME = re.compile(r"(?:^|.*[^A-Za-z])(?:step|checkpoint|ckpt|iter|iteration)[-_]?(\d+)$|^(\d+)$",
+                        re.IGNORECASE)
+
+
+def _trainer_step(p: Path) -> int | None:
+    """``global_step`` of a Trainer checkpoint's ``trainer_state.json`` (None when absent)."""
+    from headrank.io.validate import regular_file
+
+    state = p / "trainer_state.json"
+    if not state.is_file():
+        return None
+    try:
+        regular_file(state, "trainer state")
+        step = json.loads(state.read_text())["global_step"]
+    except (OSError, ValueError, KeyError, TypeError, HeadRankError):
+        return None
+    return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
+
+
+def revision_step(repo_id: str, revision: str) -> int:
+    """The training step of a Hub revision: parsed from its name (``step1000``, ``checkpoint-500``,
+    ``global_step20``, ``1000``), else the ``global_step`` of the cached snapshot's
+    ``trainer_state.json``; one line when neither says (``main``, ``v1.0``: no step in the name)."""
+    m = _STEP_NAME.match(revision)
+    if m:
+        return int(m.group(1) or m.group(2))
+    from headrank.io.hub import cached_snapshot
+
+    step = _trainer_step(cached_snapshot(repo_id, revision))
+    if step is None:
+        raise HeadRankError(f"cannot tell the training step of revision {revision!r} of {repo_id}: its name "
+                            "holds none (like step1000) and its snapshot has no trainer_state.json; "
+                            "give revisions named by step")
+    return step
+
+
+def _remote_step(repo_id: str, revision: str) -> int:
+    """The training step in a remote revision's name (``step1000``, ``checkpoint-500``, ``1000``)."""
+    m = _STEP_NAME.match(revision)
+    if not m:
+        raise HeadRankError(f"cannot tell the training step of revision {revision!r} of {repo_id}: its name "
+                            "holds none (like step1000); give revisions named by step")
+    return int(m.group(1) or m.group(2))
+
+
+def _all_revisions(series: Any, remote: bool) -> list[str]:
+    """``--revisions all``: the Hub's branches and tags whose names carry a step (``main`` does not)."""
+    if not remote:
+        raise HeadRankError("--revisions all lists the Hub's refs: add --remote")
+    if not isinstance(series, (str, os.PathLike)):
+        raise HeadRankError("--revisions takes one Hub id")
+    from headrank.io.remote import list_revisions
+
+    refs = list_revisions(str(series))
+    steps = [r for r in refs if _STEP_NAME.match(r)]
+    if not steps:
+        raise HeadRankError(f"{series} has no branch or tag named by a training step (like step1000); its refs: "
+                            f"{', '.join(refs[:8]) or 'none'}")
+    return steps
+
+
+def _dir_step(p: Path, index: int) -> int:
+    state = p / "trainer_state.json"
+    if state.is_file():
+        try:
+            return int(json.loads(state.read_text())["global_step"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    n = _trailing_int(p.name)
+    return n if n is not None else index
+
+
+def resolve_series(series: str | os.PathLike | Sequence[str | os.PathLike],
+                   revisions: str | Sequence[str] | None = None, remote: bool = False) -> list[SeriesItem]:
+    """The checkpoints of ``series`` (see the module docstring), sorted by step. ``remote``: the
+    revisions are read over HTTP (``revisions="all"``: every ref of the Hub repo named by a step)."""
+    if remote and revisions is None:
+        raise HeadRankError("--remote with track reads Hub revisions: give a Hub id and --revisions")
+    if isinstance(revisions, str) and revisions.strip() == "all":
+        revisions = _all_revisions(series, remote)
+    if revisions is not None:
+        revs = [r.strip() for r in (revisions.split(",") if isinstance(revisions, str) else revisions)]
+        revs = [r for r in revs if r]
+        if not isinstance(series, (str, os.PathLike)) or not revs:
+            raise HeadRankError("--revisions takes one Hub id and a comma-separated list of revisions")
+        if Path(series).exists():
+            raise HeadRankError(f"--revisions applies to a Hugging Face Hub id, not to the local path {series}")
+        items = [SeriesItem(_safe(r), _remote_step(str(series), r) if remote else revision_step(str(series), r),
+                            str(series), r, remote) for r in revs]
+    elif isinstance(series, (str, os.PathLike)):
+        items = _dir_series(Path(series))
+    else:
+        paths = [Path(p) for p in series]
+        if len(paths) == 1:
+            items = _dir_series(paths[0])
+        else:
+            missing = [str(p) for p in paths if not p.exists()]
+            if missing:
+                raise HeadRankError(f"no such checkpoint: {missing[0]}")
+            items = [SeriesItem(_safe(p.name), _dir_step(p, i), str(p)) for i, p in enumerate(paths)]
+    labels = [it.label for it in items]
+    if len(set(labels)) != len(labels):  # same directory names (e.g. .../run_a/final, .../run_b/final)
+        items = [SeriesItem(f"{i:04d}-{it.label}", it.step, it.source, it.revision) for i, it in enumerate(items)]
+    return sorted(items, key=lambda it: (it.step, it.label))
+
+
+def _dir_series(p: Path) -> list[SeriesItem]:
+    from headrank.io.rundir import checkpoint_dirs
+
+    if not p.is_dir():
+        raise HeadRankError(f"{p} is not a directory: give a run directory, a Trainer output_dir, several "
+                            "checkpoint directories, or a Hub id with --revisions")
+    run = checkpoint_dirs(p)
+    if run:
+        return [SeriesItem(d.name, step, str(d)) for step, d in run]
+    trainer = sorted((int(d.name.split("-")[1]), d) for d in p.iterdir()
+                     if d.is_dir() and re.fullmatch(r"checkpoint-\d+", d.name))
+    if trainer:
+        return [SeriesItem(d.name, step, str(d)) for step, d in trainer]
+    raise HeadRankError(f"{p} holds no checkpoints (checkpoints/step-N or checkpoint-N): "
+                        "a series needs several")
+
+
+def _identity(origin: dict[str, Any]) -> str:
+    """What a checkpoint is, for telling two apart: its resolved path and the name, size and
+    modification time of its files (a retrained run at the same path is another checkpoint)."""
+    path = origin.get("path")
+    parts = [str(path)]
+    if path is not None:
+        root = Path(path)
+        for name in sorted({*origin.get("files", []), "config.json"}):
+            f = root / name if root.is_dir() else root
+            try:
+                st = f.stat()
+            except OSError:
+                continue
+            parts.append(f"{name}:{st.st_size}:{st.st_mtime_ns}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
+
+
+def _architecture(item: SeriesItem, identities: dict[str, str] | None = None) -> dict[str, Any]:
+    from headrank.io.sources import open_reader
+
+    r = open_reader(item.source, revision=item.revision, remote=item.remote)
+    d = r.dims
+    if identities is not None:
+        identities[item.label] = _identity(getattr(r, "origin", None) or {})
+    return {"model_type": r.ckpt.config.get("model_type") or r.layout.model_types[0], "n_layers": d.n_layers,
+            "n_heads": d.n_heads, "n_kv_heads": d.n_kv_heads, "head_dim": d.head_dim, "d_model": d.d}
+
+
+def check_architectures(items: list[SeriesItem], identities: dict[str, str] | None = None) -> dict[str, Any]:
+    """Open every checkpoint (config only) and require one architecture; return it. ``identities``
+    (a dict) receives each checkpoint's identity (resolved path, file sizes and times) by label."""
+    if not items:
+        raise HeadRankError("the series holds no checkpoints")
+    first = _architecture(items[0], identities)
+    for it in items[1:]:
+        a = _architecture(it, identities)
+        if a != first:
+            diff = ", ".join(f"{k} {first[k]} vs {a[k]}" for k in first if a[k] != first[k])
+            raise HeadRankError(f"mixed architectures in the series: {items[0].label} and {it.label} differ "
+                                f"({diff})")
+    return first
+
+
+def analyse_checkpoint(item: dict[str, Any], tol: float) -> pd.DataFrame:
+    """The per-head table of one checkpoint (one torch thread), with ``checkpoint`` and ``step``."""
+    from headrank.analysis.scan import analyze
+    from headrank.util.threads import torch_threads
+
+    with torch_threads(1):
+        table = analyze(item["source"], revision=item["revision"], tol=tol, threads=1,
+                        remote=item.get("remote", False), rotary=False).table  # only the head table is kept
+    table.insert(0, "step", item["step"])
+    table.insert(0, "checkpoint", item["label"])
+    return table
+
+
+@dataclass
+class SeriesResult:
+    """What :func:`track` returns: every row, the per-layer summary, the files written."""
+
+    out: Path
+    table: pd.DataFrame
+    summary: pd.DataFrame
+    architecture: dict[str, Any]
+    computed: list[str]
+    skipped: list[str]
+    files: list[Path]
+    failed: dict[str, str] = field(default_factory=dict)  # label -> the error, after CHECKPOINT_TRIES tries
+
+
+def track(series: str | os.PathLike | Sequence[str | os.PathLike], out: str | os.PathLike, *,
+          revisions: str | Sequence[str] | None = None, tol: float = DEFAULT_TOL, workers: int | None = None,
+          ray: str | None = None, plots: bool = True, force: bool = False, metrics: bool = True,
+          remote: bool = False, progress: Callable[[int, int], None] | None = None) -> SeriesResult:
+    """Measure every checkpoint of ``series`` into ``out`` (see the module docstring).
+
+    ``remote``: Hub revisions read over HTTP ranges (``revisions="all"``: the repo's refs). A
+    checkpoint whose analysis fails is tried :data:`CHECKPOINT_TRIES` times, then recorded as
+    failed (``result.failed``, ``series.json``'s ``failed``) while the others go on; the next run
+    tries it again.
+
+    ``force``: measure into an ``out`` made from other checkpoints or another tolerance (its
+    tables of checkpoints that are not these are redone). ``metrics``: for a run directory, also
+    use the tracker rows of ``metrics.jsonl`` at steps without a checkpoint."""
+    out = _check_args(tol, workers, out)
+    items = resolve_series(series, revisions, remote=remote)
+    ids: dict[str, str] = {}
+    arch = check_architectures(items, ids)
+    spec = {"kind": "headrank-series", "tol": tol, "architecture": arch,
+            "items": [{**asdict(i), "identity": ids[i.label]} for i in items]}
+    _check_out(out, spec, force)
+    extra = _tracker_rows(series, revisions, items, arch, tol) if metrics else None
+    ckdir = out / "checkpoints"
+    ckdir.mkdir(parents=True, exist_ok=True)
+    done = {it.label for it in items if _reusable(ckdir, it.label, ids[it.label], tol)}
+    todo = [asdict(it) for it in items if it.label not in done]
+    count = len(done)
+    failed: dict[str, str] = {}
+    if progress:
+        progress(count, len(items))
+
+    def collect(label: str, table: pd.DataFrame | str) -> None:
+        nonlocal count
+        if isinstance(table, str):  # failed after its tries: recorded, the others go on
+            failed[label] = table
+            return
+        write_atomic(ckdir / f"{label}.csv", lambda p: table.to_csv(p, index=False))
+        write_json(ckdir / f"{label}.json", {"identity": ids[label], "tol": tol})
+        count += 1
+        if progress:
+            progress(count, len(items))
+
+    if todo and ray is not None:
+        _on_ray(todo, tol, ray, collect)
+    elif todo:
+        _on_pool(todo, tol, workers, collect)
+    ok = [it for it in items if it.label not in failed]
+    if not ok:
+        label, err = next(iter(failed.items()))
+        raise HeadRankError(f"every checkpoint failed ({len(failed)}); {label}: {err}")
+    if failed:
+        spec = {**spec, "failed": failed}
+    res = _combine(out, ok, arch, [t["label"] for t in todo if t["label"] not in failed], sorted(done), plots,
+                   spec, extra)
+    res.failed = failed
+    return res
+
+
+def _check_args(tol: float, workers: int | None, out: str | os.PathLike) -> Path:
+    """``track``'s options, before anything is read: the tolerance, the worker count, ``--out``."""
+    if not 0 < tol < 1:
+        raise HeadRankError(f"tolerance must lie in (0, 1); got {tol}")
+    if workers is not None:
+        from headrank.util.threads import check_threads
+
+        check_threads(workers, "workers")  # 1..4 per CPU
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise HeadRankError(f"--out {out} exists and is not a directory")
+    return out
+
+
+CHECKPOINT_TRIES = 2  # a checkpoint's analysis is tried this often before it is recorded as failed
+
+
+def analyse_or_fail(item: dict[str, Any], tol: float) -> pd.DataFrame | str:
+    """:func:`analyse_checkpoint`, tried :data:`CHECKPOINT_TRIES` times; the last error as one
+    line (a string) instead of an exception, so one bad checkpoint does not stop a series."""
+    for _ in range(CHECKPOINT_TRIES):
+        try:
+            return analyse_checkpoint(item, tol)
+        except Exception as e:  # noqa: BLE001 - recorded with its type, never silent
+            err = one_line(e, 400, typed=not isinstance(e, HeadRankError))
+    return err
+
+
+def _reusable(ckdir: Path, label: str, identity: str, tol: float) -> bool:
+    """Whether ``ckdir/LABEL.csv`` was measured from this very checkpoint with this tolerance."""
+    try:
+        rec = json.loads((ckdir / f"{label}.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return (isinstance(rec, dict) and rec.get("identity") == identity and rec.get("tol") == tol
+            and (ckdir / f"{label}.csv").is_file())
+
+
+def _same_item(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    if old.get("identity") is not None:
+        return old["identity"] == new["identity"]
+    try:  # a series.json written before identities were recorded: compare where it came from
+        return (Path(str(old.get("source"))).resolve() == Path(new["source"]).resolve()
+                and old.get("revision") == new["revision"])
+    except (OSError, RuntimeError):
+        return False
+
+
+def _check_out(out: Path, spec: dict[str, Any], force: bool = False) -> None:
+    """Refuse an ``out`` that holds a series of other checkpoints, another architecture or another
+    tolerance (unless ``force``), and a non-empty directory that holds no series."""
+    p = out / "series.json"
+    if p.is_file():
+        if force:
+            return
+        try:
+            old = json.loads(p.read_text())
+        except (OSError, ValueError):
+            old = {}
+        old = upgrade(old) if isinstance(old, dict) else {}
+        if old.get("tol") != spec["tol"]:
+            raise HeadRankError(f"{out} holds a series measured with other settings (tol {old.get('tol')}); "
+                                "use the same --tol, --force to measure anew, or another --out")
+        if old.get("architecture") != spec["architecture"]:
+            raise HeadRankError(f"{out} holds a series of another architecture ({old.get('architecture')}); "
+                                "use --force to measure anew, or another --out")
+        olds = {it.get("label"): it for it in old.get("items", []) if isinstance(it, dict)}
+        common = [it for it in spec["items"] if it["label"] in olds]
+        for it in common:
+            o = olds[it["label"]]
+            if not _same_item(o, it):
+                raise HeadRankError(f"{out} was made from other checkpoints ({it['label']}: {o.get('source')} there, "
+                                    f"{it['source']} here, or changed since); pass --force to measure this series "
+                                    "into it anew, or choose another --out")
+        if olds and not common:
+            src = next(iter(olds.values())).get("source")
+            raise HeadRankError(f"{out} was made from other checkpoints ({src}, none of them in this series); "
+                                "pass --force to measure this series into it anew, or choose another --out")
+    elif out.is_dir() and any(out.iterdir()):
+        raise HeadRankError(f"--out {out} is a non-empty directory that holds no series; choose another --out")
+
+
+def _tracker_rows(series: Any, revisions: Any, items: list[SeriesItem], arch: dict[str, Any],
+                  tol: float) -> pd.DataFrame | None:
+    """The tracker rows of an ``headrank train`` run's metrics.jsonl at steps without a checkpoint,
+    in the table's columns (None: not a run directory, or the run tracked another tolerance)."""
+    from headrank.analysis.tracker import tracker_table
+    from headrank.io.rundir import METRICS, read_metrics
+
+    if revisions is not None:
+        return None
+    paths = [series] if isinstance(series, (str, os.PathLike)) else list(series)
+    if len(paths) != 1 or not (Path(paths[0]) / METRICS).is_file():
+        return None
+    run = Path(paths[0])
+    from headrank.io.validate import is_regular_file
+
+    if not is_regular_file(run / "config.json"):  # a FIFO would block the read
+        return None
+    try:
+        cfg = json.loads((run / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(cfg, dict) or cfg.get("tol") != tol:
+        return None
+    try:
+        table = tracker_table(read_metrics(run))
+    except KeyError:  # rows written before a metric was added to the table: measure checkpoints only
+        return None
+    table = table[~table["step"].isin({it.step for it in items})]
+    if table.empty:
+        return None
+    from headrank.core.linalg import METRIC_COLUMNS
+
+    group = max(arch["n_heads"] // max(arch["n_kv_heads"] or arch["n_heads"], 1), 1)
+    table = table.assign(checkpoint=[f"step-{int(s):08d}" for s in table["step"]], kv_head=table["head"] // group,
+                         head_dim=arch["head_dim"],
+                         finite=table[list(METRIC_COLUMNS)].notna().all(axis=1), origin="metrics.jsonl")
+    return table
+
+
+def _on_pool(todo: list[dict[str, Any]], tol: float, workers: int | None,
+             collect: Callable[[str, pd.DataFrame], None]) -> None:
+    n = workers or max(1, min(len(todo), os.cpu_count() or 1))
+    if n == 1:
+        for it in todo:
+            collect(it["label"], analyse_or_fail(it, tol))
+        return
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    with ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context("spawn")) as pool:
+        futures = {pool.submit(analyse_or_fail, it, tol): it for it in todo}
+        for fut in as_completed(futures):
+            collect(futures[fut]["label"], fut.result())
+
+
+def _on_ray(todo: list[dict[str, Any]], tol: float, address: str,
+            collect: Callable[[str, pd.DataFrame], None]) -> None:
+    with ray_session(address) as ray:
+        task = ray.remote(num_cpus=1, max_retries=0)(analyse_or_fail)
+        pending = {task.remote(it, tol): it for it in todo}
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            it = pending.pop(ready[0])
+            collect(it["label"], ray.get(ready[0]))
+
+
+def summarize_series(table: pd.DataFrame) -> pd.DataFrame:
+    """Per (checkpoint, step, layer, product): means over heads of every summary metric of the
+    table (core.metrics.SUMMARY_METRICS: effective rank, k90, k99, numerical rank, gap / bound,
+    relative balance …) that ``table`` holds (tables written before a metric existed lack it)."""
+    g = table.groupby([*KEY, "layer", "product"], sort=False)
+    out = g.agg(heads=("head", "size"), head_dim=("head_dim", "first"),
+                **{k: (k, "mean") for k in SUMMARY_METRICS if k in table})
+    return out.reset_index().sort_values(["step", "checkpoint", "layer", "product"], ignore_index=True)
+
+
+def _combine(out: Path, items: list[SeriesItem], arch: dict[str, Any], computed: list[str],
+             skipped: list[str], plots: bool, spec: dict[str, Any] | None = None,
+             extra: pd.DataFrame | None = None) -> SeriesResult:
+    frames = [pd.read_csv(out / "checkpoints" / f"{it.label}.csv").assign(origin="checkpoint") for it in items]
+    if extra is not None:
+        frames.append(extra.reindex(columns=frames[0].columns))
+    table = pd.concat(frames, ignore_index=True)
+    table["checkpoint"] = table["checkpoint"].astype(str)
+    table = table.sort_values(["step", "checkpoint", "layer", "product", "head"], ignore_index=True)
+    summary = summarize_series(table)
+    with staged_output(out) as stage:  # the set moves in whole, or the previous set stays
+        files = [write_atomic(stage / "table.csv", lambda p: table.to_csv(p, index=False)),
+                 write_atomic(stage / "summary.csv", lambda p: summary.to_csv(p, index=False))]
+        if spec is not None:
+            files.append(write_json(stage / "series.json", spec))
+        if plots:
+            more = 0 if extra is None else extra["step"].nunique()
+            files.append(plot_series(summary, stage / "over_training.png", title=_title(items, arch, more)))
+    return SeriesResult(out=out, table=table, summary=summary, architecture=arch, computed=computed,
+                        skipped=skipped, files=moved(files, stage, out))
+
+
+def model_name(source: str, revision: str | None = None) -> str:
+    """A short name for a figure title: a Hub id as it is, a run or checkpoint by its directory name
+    (``RUN/checkpoints/step-N`` → ``RUN``'s name), never a whole path."""
+    if revision is not None:
+        return source
+    p = Path(source)
+    if p.parent.name == "checkpoints":
+        p = p.parent.parent
+    elif re.fullmatch(r"checkpoint-\d+", p.name) or _STEP_NAME.match(p.name):
+        p = p.parent
+    return p.resolve().name or str(source)
+
+
+def _title(items: list[SeriesItem], arch: dict[str, Any], tracker_steps: int = 0) -> str:
+    names = list(dict.fromkeys(model_name(it.source, it.revision) for it in items))
+    name = names[0] if len(names) == 1 else f"{names[0]} + {len(names) - 1} more"
+    more = f" + {tracker_steps} steps from metrics.jsonl" if tracker_steps else ""
+    return (f"{name}: {len(items)} checkpoints{more}, {arch['model_type']} {arch['n_layers']} layers x "
+            f"{arch['n_heads']} heads (dh {arch['head_dim']})")
+
+
+#: over_training.png's columns, what moves first: effective rank, k90 (where the table has it),
+#: gap/bound, balance, and the numerical rank (which often sits at its maximum)
+PANELS = (("effective_rank", "effective rank"), ("k90", "k90 (90% of the energy)"), ("gap_rel", "gap / bound"),
+          ("balance_rel", "balance (relative)"), ("rank", "numerical rank"))
+
+
+def moving_panels(summary: pd.DataFrame) -> list[tuple[str, str]]:
+    """The :data:`PANELS` the summary has and that move: a metric whose every per-layer series is
+    constant over the steps (in both products) would be a flat panel, and is left out."""
+    keep = []
+    for col, name in PANELS:
+        if col not in summary:
+            continue
+        spread = summary.groupby(["layer", "product"])[col].agg(lambda v: v.max() - v.min() if v.notna().any() else 0)
+        scale = max(float(summary[col].abs().max()), 1e-300)
+        if (spread > 1e-9 * scale).any():
+            keep.append((col, name))
+    return keep or [PANELS[0]]
+
+
+def plot_series(summary: pd.DataFrame, path: Path, title: str = "") -> Path:
+    """Rows QK and OV, columns :func:`moving_panels`; one thin line per layer (mean over its
+    heads, coloured by layer with a key) and the mean over layers in black, against step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = moving_panels(summary)
+    layers = sorted(summary["layer"].unique())
+    cmap = plt.get_cmap("viridis")
+    fig, axes = plt.subplots(2, len(panels), figsize=(4 * len(panels) + 1, 6.4), squeeze=False, sharex=True)
+    steps = summary["step"].to_numpy()
+    wide = steps.max() > 100 * max(steps[steps > 0].min(), 1) if (steps > 0).any() else False
+    for r, product in enumerate(("qk", "ov")):
+        s = summary[summary["product"] == product]
+        for c, (col, name) in enumerate(panels):
+            ax = axes[r][c]
+            for j, layer in enumerate(layers):
+                d = s[s["layer"] == layer].sort_values("step")
+                ax.plot(d["step"], d[col], color=cmap(j / max(len(layers) - 1, 1)), lw=1, alpha=0.8,
+                        label=f"layer {layer}" if r == 0 and c == 0 and len(layers) <= 8 else None)
+            m = s.groupby("step")[col].mean()
+            ax.plot(m.index, m.to_numpy(), color="black", lw=2, marker="o", ms=3,
+                    label="mean" if r == 0 and c == 0 else None)
+            ax.set_title(f"{product.upper()} {name}", fontsize=10)
+            if wide:
+                ax.set_xscale("symlog", linthresh=max(steps[steps > 0].min(), 1))
+            if r == 1:
+                ax.set_xlabel("step")
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7, ncol=2 if len(layers) > 4 else 1)
+    if len(layers) > 8:  # a colour key instead of a legend line per layer
+        from matplotlib.cm import ScalarMappable
+        from matplotlib.colors import Normalize
+
+        sm = ScalarMappable(norm=Normalize(min(layers), max(layers)), cmap=cmap)
+        fig.colorbar(sm, ax=axes, label="layer", fraction=0.02, pad=0.01)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    if len(layers) <= 8:
+        fig.tight_layout()
+    write_atomic(path, lambda p: fig.savefig(p, dpi=110, format="png"))
+    plt.close(fig)
+    return path

@@ -1,0 +1,120 @@
+"""What every command shares: the typer app and its root options, the consoles, the one-line
+error wrapper for commands, the progress display and staged output sets."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
+
+from headrank.errors import HeadRankError, one_line
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="How weight decay and architecture shape the rank of attention layers.",
+)
+# markup off: paths, model types and messages come from the user and may hold square brackets;
+# styled parts are rich Text objects, never markup strings.
+out_console = Console(width=None if sys.stdout.isatty() else 120, markup=False)
+err_console = Console(stderr=True, markup=False)
+
+
+def styled(style: str, head: str, rest: str = "") -> Text:
+    """``head`` in ``style`` followed by plain ``rest`` (no markup is parsed in either)."""
+    return Text.assemble((head, style), rest)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from headrank.util.env import __version__
+
+        sys.stdout.write(f"headrank {__version__}\n")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", help="print the version and exit", is_eager=True,
+                                          callback=_print_version)] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="on an unexpected error (a bug), show its traceback "
+                                        "instead of one line (also: HEADRANK_DEBUG=1)")] = False,
+) -> None:
+    """How weight decay and architecture shape the rank of attention layers."""
+    _state["debug"] = _state["debug"] or debug
+
+
+_state = {"debug": False}  # --debug / HEADRANK_DEBUG, read by main()
+
+
+def print_error(message: str) -> None:
+    """``error: MESSAGE`` as one line on stderr (newlines in the message folded into spaces)."""
+    err_console.print(styled("bold red", "error: ", one_line(message, None)), highlight=False,
+                      soft_wrap=True)
+
+
+def user_errors(fn):
+    """Turn an HeadRankError into one line on stderr and exit status 2.
+
+    The library names paths in its errors; what it could not foresee from a user's input still
+    becomes one line: an OSError (a file system refusing, named with its path), a MemoryError
+    (sizes this machine cannot hold) or a RecursionError (an input nested too deeply).
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except HeadRankError as e:
+            print_error(str(e))
+        except BrokenPipeError as e:  # stdout's reader went away (`... | head`): quiet exit 141
+            from headrank.util.errorpath import broken_pipe
+
+            broken_pipe(e, print_error)
+        except OSError as e:
+            where = f" {e.filename}" if getattr(e, "filename", None) else ""
+            print_error(f"{e.strerror or type(e).__name__}:{where}" if where else
+                        (e.strerror or one_line(e, 200)))
+        except MemoryError:
+            print_error("out of memory: the input asks for more than this machine can hold")
+        except RecursionError:
+            print_error("an input is nested too deeply to read")
+        raise typer.Exit(2)
+
+    return wrapper
+
+
+def _save_set(save, out: Path | None) -> list[Path]:
+    """``save(directory)`` into a fresh staging directory inside ``out``, moved in only when
+    every file is written (a failure leaves the previous set as it was); the final paths."""
+    if out is None:
+        return []
+    from headrank.util.fileio import moved, staged_output
+
+    with staged_output(out) as stage:
+        files = save(stage)
+    return moved(files, stage, out)
+
+
+def progress_bar(quiet: bool) -> Progress:
+    """A rich bar on a terminal; plain lines every few seconds where stderr is not one."""
+    if not quiet and not err_console.is_terminal:
+        from headrank.util.progress import LineProgress
+
+        return LineProgress(err_console)
+    return Progress(
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+        disable=quiet or not err_console.is_terminal,
+    )

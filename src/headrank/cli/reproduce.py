@@ -1,0 +1,122 @@
+"""``headrank reproduce``: run, resume or replot the documents' reproductions and print their verdicts."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from headrank.cli.common import (
+    app,
+    err_console,
+    out_console,
+    styled,
+    user_errors,
+)
+from headrank.errors import HeadRankError
+
+
+@app.command()
+@user_errors
+def reproduce(
+    name: Annotated[str | None, typer.Argument(help="reproduction to run (see --list), e.g. fig1, fig5, or 'all'")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="write report.html, claims.json, data.json, run.json and PNGs here (default: out/NAME)")] = None,
+    list_: Annotated[bool, typer.Option("--list", help="list the known reproductions and exit")] = False,
+    strict: Annotated[bool, typer.Option("--strict", help="exit 1 if any claim did not hold")] = False,
+    quick: Annotated[bool, typer.Option("--quick", help="smaller, faster variant (fewer sweep points)")] = False,
+    full: Annotated[bool, typer.Option("--full", help="the full variant (the default; explicit for 'all')")] = False,
+    force: Annotated[bool, typer.Option("--force", help="with 'all': recompute parts already finished in --out")] = False,
+    model: Annotated[str | None, typer.Option("--model", help="run the reproduction's analysis on this checkpoint instead of its default (where it has one, e.g. fig4)")] = None,
+    replot: Annotated[bool, typer.Option("--replot", help="run nothing: re-judge the claims and redraw the figures from the data.json a finished run left in --out")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print the claims as JSON on stdout")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print nothing on success")] = False,
+) -> None:
+    """Reproduce a figure or claim of the source documents; every claim is checked with numbers.
+
+    Exit status 0 when it ran (claims that did not hold are findings), 1 with --strict when any
+    claim did not hold, 2 on user errors.
+    """
+    from contextlib import nullcontext
+
+    from headrank.report import runner as rep
+    from headrank.studies import registry
+
+    if list_:
+        _print_listing(registry.listing(), as_json)
+        return
+    if name is None:
+        raise HeadRankError("give a reproduction NAME, 'all', or --list")
+    if quick and full:
+        raise HeadRankError("--quick and --full exclude each other")
+    if replot and (quick or full or force):
+        raise HeadRankError("--replot keeps the stored run's profile: drop --quick/--full/--force")
+    if name == "all" and model is not None:
+        raise HeadRankError("--model applies to one reproduction (e.g. fig4), not to 'all'")
+    from headrank.util.fileio import check_writable
+
+    if not replot:
+        check_writable(out or Path("out") / name)  # before any training, not after it
+    if name == "all":
+        _reproduce_all(out or Path("out") / "all", quick=quick, force=force, strict=strict, as_json=as_json,
+                       quiet=quiet, replot=replot)
+        return
+    registry.get(name)  # unknown names fail here, before any work
+    out = out if out is not None else Path("out") / name
+    from headrank.util.progress import Heartbeat  # where stderr is no terminal: a line every 30 s
+
+    show, label = not (quiet or as_json), f"{'replotting' if replot else 'reproducing'} {name}"
+    with (err_console.status(f"{label} ...") if show and err_console.is_terminal
+          else Heartbeat(err_console, label) if show else nullcontext()):
+        summary = rep.run(name, out, quick=quick, replot=replot,
+                          overrides={"model": model} if model is not None else None)
+    if as_json:
+        sys.stdout.write(json.dumps({"name": name, "out": str(out), "runtime_s": summary.runtime_s,
+                                     "claims": [c.to_json() for c in summary.claims]}, indent=2) + "\n")
+    elif not quiet:
+        _print_claims(name, out, summary)
+    if strict and not summary.all_held:
+        raise typer.Exit(1)
+
+
+def _print_listing(rows: list[tuple[str, str]], as_json: bool) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps([{"name": n, "title": t} for n, t in rows], indent=2) + "\n")
+    else:
+        for n, t in rows:
+            out_console.print(styled("bold", n, f"  {t}"), highlight=False, soft_wrap=True)
+
+
+def _print_claims(name: str, out: Path, summary) -> None:
+    """One reproduction's claims as a console table (:func:`headrank.report.console.claims_table`)."""
+    from headrank.report.console import claims_table
+
+    out_console.print(claims_table(name, [c.to_json() for c in summary.claims], summary.runtime_s))
+    out_console.print(f"wrote {out / 'report.html'} (+ claims.json, data.json, run.json, "
+                      f"{sum(f.suffix == '.png' for f in summary.files)} PNG)", highlight=False)
+
+
+def _reproduce_all(out: Path, *, quick: bool, force: bool, strict: bool, as_json: bool, quiet: bool,
+                   replot: bool = False) -> None:
+    from headrank.report import runner as rep
+
+    def progress(name: str, state: str) -> None:
+        if not (quiet or as_json):
+            err_console.print(f"{name}: {state}", highlight=False)
+
+    entries = rep.run_all(out, quick=quick, force=force, progress=progress, replot=replot)
+    summary = json.loads((out / "summary.json").read_text())
+    if as_json:
+        sys.stdout.write(json.dumps(summary, indent=2) + "\n")
+    elif not quiet:
+        from headrank.report.console import all_table
+
+        out_console.print(all_table(summary))
+        out_console.print(f"wrote {out / 'report.html'} (+ claims.json, summary.json, one folder per reproduction)",
+                          highlight=False)
+    if any(e.error for e in entries):
+        raise typer.Exit(3)
+    if strict and summary["claims_held"] < summary["claims_total"]:
+        raise typer.Exit(1)

@@ -1,0 +1,159 @@
+"""``headrank spectra`` and ``headrank compress``: measure a checkpoint's heads, and act on it."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from headrank.cli.common import (
+    _save_set,
+    app,
+    err_console,
+    out_console,
+    progress_bar,
+    styled,
+    user_errors,
+)
+from headrank.core.linalg import DEFAULT_TOL
+from headrank.errors import HeadRankError
+
+
+@app.command()
+@user_errors
+def spectra(
+    path: Annotated[str, typer.Argument(help="checkpoint directory (config.json + weights), a weights file, 'minilm' (shipped), a Hugging Face id in the local cache (on the Hub with --remote), an http(s):// URL of a checkpoint directory or file, a .gguf file, a LoRA adapter directory, a training run or Trainer directory")],
+    out: Annotated[Path | None, typer.Option("--out", help="write heads.csv, summary.csv, spectra.npz, meta.json and PNG figures here")] = None,
+    config: Annotated[Path | None, typer.Option("--config", help="config.json for a single weights file")] = None,
+    revision: Annotated[str | None, typer.Option("--revision", help="Hub id: branch, tag or commit in the cache (default main)")] = None,
+    download: Annotated[bool, typer.Option("--download", help="Hub id: fetch config and weights into the Hugging Face cache first (needs the network; not with HF_HUB_OFFLINE)")] = False,
+    remote: Annotated[bool, typer.Option("--remote", help="Hub id: read over HTTP range requests, only config, headers and the attention tensors (HF_ENDPOINT, HF_TOKEN); an http(s):// URL always is")] = False,
+    allow_full: Annotated[bool, typer.Option("--allow-full", help="remote: accept a server that ignores range requests by downloading whole files (refused otherwise)")] = False,
+    base: Annotated[str | None, typer.Option("--base", help="LoRA adapter: base model path or Hub id (default: the adapter's base_model_name_or_path)")] = None,
+    delta: Annotated[bool, typer.Option("--delta", help="LoRA adapter: spectra of the change of the products (adapted minus base)")] = False,
+    fold_norm: Annotated[bool, typer.Option("--fold-norm", help="fold the norm before attention into W_Q, W_K, W_V (TransformerLens' fold_ln)")] = False,
+    fmt: Annotated[str, typer.Option("--format", help="stdout: table (summary per layer), csv (the per-head table) or json (= --json)")] = "table",
+    tol: Annotated[float, typer.Option("--tol", help="relative threshold tau of the numerical rank #{s_i > tau s_1}")] = DEFAULT_TOL,
+    layers: Annotated[str | None, typer.Option("--layers", help="layers to analyse, e.g. 0,3,5-7 (0-based)")] = None,
+    layout: Annotated[Path | None, typer.Option("--layout", help="TOML file naming the attention tensors and sizes, for a model_type not in the table")] = None,
+    plots: Annotated[bool, typer.Option("--plots/--no-plots", help="draw figures into --out")] = True,
+    rotary: Annotated[bool, typer.Option("--rotary/--no-rotary", help="rotary models: energy per rotary band and the non-rotary part's spectra (rotary.csv)")] = True,
+    vectors: Annotated[bool, typer.Option("--vectors", help="also write each head's singular vectors (vectors.npz)")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON on stdout")] = False,
+    threads: Annotated[int, typer.Option("--threads", min=1, max=256, help="worker threads over heads (1 by default, kind to a shared machine); results are identical for any value")] = 1,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress, no table")] = False,
+) -> None:
+    """Exact per-head spectra of W_K^T W_Q and P W_V, with balance and nuclear-norm diagnostics."""
+    from headrank.analysis.figproc import FigureProcess  # neither torch nor matplotlib
+    from headrank.util.fileio import check_writable
+    from headrank.util.memory import gc_paused
+
+    if fmt not in ("table", "csv", "json"):
+        raise HeadRankError(f"--format must be table, csv or json; got {fmt!r}")
+    as_json = as_json or fmt == "json"
+    if out is not None:
+        check_writable(out)  # before the analysis, not after it
+    figures = FigureProcess() if out is not None and plots else None  # imports matplotlib beside torch
+    with gc_paused():  # torch's and pandas' import: no collections while ~1M objects are made
+        from headrank.analysis.scan import analyze, save
+    with progress_bar(quiet or as_json or fmt == "csv") as bar:
+        task = bar.add_task("layers", total=None)
+        result = analyze(path, config=config, tol=tol, layers=layers, layout=layout, threads=threads, revision=revision,
+                         base=base, delta=delta, fold_norm=fold_norm, download=download, remote=remote,
+                         allow_full=allow_full, rotary=rotary, vectors=vectors,
+                         progress=lambda done, total: bar.update(task, completed=done, total=total))
+    for rec in result.meta["nonfinite_heads"]:
+        err_console.print(styled("yellow", "warning: ", f"NaN/Inf weights in layer {rec['layer']} head {rec['head']} "
+                                                       f"({rec['product']}): metrics set to NaN"), highlight=False)
+    written = _save_set(lambda d: save(result, d, plots=plots, figures=figures), out)
+    _report(result, fmt=fmt, as_json=as_json, quiet=quiet, out=out, written=written)
+
+
+def _report(result, *, fmt: str, as_json: bool, quiet: bool, out: Path | None, written: list[Path]) -> None:
+    """What ``spectra`` prints: the remote transfer line, then the csv table, the JSON summary or
+    the console table on stdout."""
+    from headrank.analysis.scan import overall
+
+    if "remote" in result.meta and not (quiet or as_json):
+        from headrank.io.remote import transfer_line
+
+        err_console.print(styled("bold", "remote: ", transfer_line(result.meta["remote"])), highlight=False)
+    if fmt == "csv":
+        result.table.to_csv(sys.stdout, index=False)
+        return
+    summary = result.summary()
+    if as_json:
+        payload = {"meta": result.meta, "overall": overall(result.table),
+                   "layers": json.loads(summary.to_json(orient="records"))}
+        if out is not None:
+            payload["written"] = [str(p) for p in written]
+        sys.stdout.write(json.dumps(payload, indent=2) + "\n")
+        return
+    if quiet:
+        return
+    _print_table(result, summary)
+    if written:
+        out_console.print(f"wrote {len(written)} files to {out}: " + ", ".join(p.name for p in written),
+                          highlight=False)
+
+
+def _print_table(result, summary) -> None:
+    """The header line (source, sizes, dtypes, τ) and the per-layer means of the console metrics."""
+    from headrank.analysis.rotary import rotary_line
+    from headrank.core.metrics import CONSOLE_CAPTION, CONSOLE_METRICS
+
+    c = result.meta["config"]
+    out_console.print(styled(
+        "bold", str(result.meta["source"]), f"  model_type={result.meta['model_type']}  layers={c['n_layers']}  "
+        f"d={c['d_model']}  heads={c['n_heads']} (kv {c['n_kv_heads']})  dh={c['head_dim']}  "
+        f"dtype={','.join(result.meta['dtype_read'])}  tau={result.meta['tolerance']:g}"), highlight=False)
+    table = Table(title="mean over heads per layer", caption=CONSOLE_CAPTION)
+    table.add_column("layer", justify="right")
+    for p in ("qk", "ov"):
+        for _, head, _ in CONSOLE_METRICS:
+            table.add_column(f"{p.upper()} {head}", justify="right")
+    piv = summary.set_index(["layer", "product"])
+    for layer in result.meta["layers"]:
+        row = [str(layer)]
+        for p in ("qk", "ov"):
+            row += [format(piv.loc[(layer, p)][k], f) for k, _, f in CONSOLE_METRICS]
+        table.add_row(*row)
+    out_console.print(table)
+    if line := rotary_line(result.meta):
+        out_console.print(line, highlight=False)
+
+
+@app.command()
+@user_errors
+def compress(
+    path: Annotated[str, typer.Argument(help="anything `spectra` opens: checkpoint directory, weights file, 'minilm', cached Hub id, .gguf file, run directory")],
+    out: Annotated[Path, typer.Option("--out", help="write the compressed checkpoint (safetensors, config, tokenizer) and compress.json here")],
+    keep: Annotated[float | None, typer.Option("--keep", help="per head: the fewest directions holding this share of the energy sum s^2, in (0, 1]")] = None,
+    rank: Annotated[int | None, typer.Option("--rank", help="per head: keep K directions (K <= head dim)")] = None,
+    params: Annotated[float | None, typer.Option("--params", help="global budget: this fraction of the cut products' parameters, allocated across heads from the spectra")] = None,
+    products: Annotated[str | None, typer.Option("--products", help="ov, qk or ov,qk [default: both where QK can be cut (rotary: whole bands; QK-normed models: ov only)]")] = None,
+    whiten: Annotated[bool, typer.Option("--whiten", help="activation-whitened cut (SVD-LLM), calibrated on the corpus validation split (or the first half of --text)")] = False,
+    evaluate: Annotated[bool, typer.Option("--eval", help="perplexity (causal LM) or sentence-embedding cosine drift (encoder) before and after, on held-out text")] = False,
+    text: Annotated[Path | None, typer.Option("--text", help="held-out text file for --eval/--whiten (one text per line) instead of the stdlib corpus")] = None,
+    config: Annotated[Path | None, typer.Option("--config", help="config.json for a single weights file")] = None,
+    layout: Annotated[Path | None, typer.Option("--layout", help="TOML layout for a model_type not in the table")] = None,
+    revision: Annotated[str | None, typer.Option("--revision", help="Hub id: branch, tag or commit in the cache")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print compress.json's totals as JSON")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print nothing on success")] = False,
+) -> None:
+    """Cut each head's OV (and QK) product to rank k and write the smaller-rank checkpoint."""
+    from headrank.analysis import compress as cut
+
+    with progress_bar(quiet or as_json) as bar:
+        task = bar.add_task("compress", total=None)
+        res = cut.compress(path, out, keep=keep, rank=rank, params=params, products=products, whiten=whiten,
+                         evaluate=evaluate, text=text, config=config, layout=layout, revision=revision,
+                         progress=lambda done, total: bar.update(task, completed=done, total=total))
+    for n in res["notes"]:
+        err_console.print(styled("yellow", "note: ", n), highlight=False)
+    if not quiet or as_json:
+        sys.stdout.write("\n".join(cut.report_lines(res, out, as_json)) + "\n")

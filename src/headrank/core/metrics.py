@@ -1,0 +1,239 @@
+"""The one metric table: every per-head measure of a product ``A Bᵀ``, defined once.
+
+Each :class:`Metric` row names a measure, states its definition, unit and direction, the products
+it applies to, and computes it from the quantities :mod:`headrank.core.linalg` gets from the
+factors (the singular values ``sv`` and the factor norms ``frob_bound``, ``balance``,
+``gram_scale = ‖AᵀA‖_F + ‖BᵀB‖_F``) and the rows above it. ``heads.csv``, ``summary.csv``, the
+tracker, ``headrank track``, the console tables and the training callback all read this table:
+adding a per-head metric is adding a row (and its dense reference test in
+``tests/core/test_metrics.py``).
+
+Semantics of the rank measures (functions below; same for every caller, tested against numpy
+float64 references):
+
+- input: singular values ``sv`` of shape ``(..., k)``, descending, ≥ 0, any float dtype (upcast
+  to float64), torch or numpy; a one-dimensional ``sv`` ``(k,)`` is one item (0-d results);
+  ``k = 0`` is the zero matrix.
+- zero item (``σ₁ = 0``): numerical rank 0, effective rank 0, stable rank 0, energy ranks 0 (a
+  zero matrix uses no dimension); ``gap_rel`` and ``balance_rel`` 0 (a zero factorisation is
+  balanced and meets its bound).
+- non-finite item (any ``σ`` NaN or ±Inf): float measures NaN; the integer measures (numerical
+  and energy ranks) are −1 at this level (an integer tensor holds no NaN); :class:`ProductMetrics
+  <headrank.core.linalg.ProductMetrics>` reports every measure of a non-finite head as NaN.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # torch is imported where used (``headrank --help`` reads DEFAULT_TOL without it)
+    import torch
+
+DEFAULT_TOL = 1e-3
+PRODUCTS = ("qk", "ov")
+
+
+def _sv(sv: Any) -> torch.Tensor:
+    """``sv`` as a float64 tensor of shape ``(..., k ≥ 1)`` (``k = 0``: one zero value)."""
+    import torch
+
+    if not isinstance(sv, torch.Tensor):  # numpy (any strides), lists
+        import numpy as np
+
+        sv = torch.from_numpy(np.ascontiguousarray(sv, dtype=np.float64))
+    sv = sv.to(torch.float64)
+    if sv.ndim == 0:
+        raise ValueError("singular values need a last axis (..., k); got a scalar")
+    if sv.shape[-1] == 0:
+        sv = torch.zeros((*sv.shape[:-1], 1), dtype=torch.float64)
+    return sv
+
+
+def _finite(sv: torch.Tensor) -> torch.Tensor:
+    import torch
+
+    return torch.isfinite(sv).all(-1)
+
+
+def _nan_where_not(finite: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    import torch
+
+    return torch.where(finite, value, torch.full_like(value, float("nan")))
+
+
+def _vector_norm(sv: torch.Tensor) -> torch.Tensor:
+    import torch
+
+    return torch.linalg.vector_norm(sv, dim=-1)
+
+
+def ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+    """``num / den`` with 0 where ``den == 0`` (a zero product); NaN stays NaN."""
+    import torch
+
+    zero = den == 0
+    return torch.where(zero, torch.zeros_like(num), num / torch.where(zero, torch.ones_like(den), den))
+
+
+def numerical_rank(sv: Any, tol: float = DEFAULT_TOL) -> torch.Tensor:
+    """``#{σᵢ > tol·σ₁}`` (int64); 0 for a zero item, −1 for a non-finite one."""
+    import torch
+
+    if not tol > 0:
+        raise ValueError(f"tolerance must be > 0, got {tol}")
+    sv = _sv(sv)
+    s1 = sv[..., 0]
+    rank = (sv > tol * s1.unsqueeze(-1)).sum(-1)
+    rank = torch.where(s1 > 0, rank, torch.zeros_like(rank))
+    return torch.where(_finite(sv), rank, torch.full_like(rank, -1))
+
+
+def _np(sv: torch.Tensor):
+    """A contiguous float64 numpy view: effective and stable rank are summed by numpy (its
+    pairwise sums), so they agree to the last bit with the numpy code they replaced."""
+    return sv.contiguous().numpy()
+
+
+def effective_rank(sv: Any) -> torch.Tensor:
+    """``exp(H(p))``, ``p = σ/Σσ`` (Roy & Vetterli); 0 for a zero item, NaN for a non-finite one."""
+    import numpy as np
+    import torch
+
+    s = _np(_sv(sv))
+    total = s.sum(-1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = s / total
+        h = -np.where(p > 0, p * np.log(p), 0.0).sum(-1)
+    eff = np.where(total[..., 0] > 0, np.exp(h), 0.0)
+    return _nan_where_not(_finite(torch.from_numpy(s)), torch.from_numpy(np.asarray(eff, dtype=np.float64)))
+
+
+def stable_rank(sv: Any) -> torch.Tensor:
+    """``Σσ² / σ₁²``; 0 for a zero item, NaN for a non-finite one."""
+    import numpy as np
+    import torch
+
+    s = _np(_sv(sv))
+    s1 = s[..., 0]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        stable = np.where(s1 > 0, (s * s).sum(-1) / s1**2, 0.0)
+    return _nan_where_not(_finite(torch.from_numpy(s)), torch.from_numpy(np.asarray(stable, dtype=np.float64)))
+
+
+def energy_rank(sv: Any, fraction: float) -> torch.Tensor:
+    """The fewest leading singular values holding ``fraction`` of ``Σσ²`` (the energy), per item.
+
+    ``sv`` is descending, shape ``(..., k)``; ``0 < fraction ≤ 1``. An all-zero item has energy
+    rank 0; an item holding NaN has no energy rank: -1 (the caller reports it as missing).
+    """
+    import torch
+
+    if not (0 < fraction <= 1):
+        raise ValueError(f"energy fraction must be in (0, 1], got {fraction}")
+    sv = _sv(sv)
+    energy = torch.cumsum(sv**2, dim=-1)
+    total = energy[..., -1:]
+    # k = 1 + #{j : cum_j < fraction * total}; relative slack of 1e-12 keeps fraction = 1 exact
+    below = energy < fraction * total * (1 - 1e-12)
+    k = 1 + below.sum(-1)
+    k = torch.where(total[..., 0] > 0, k, torch.zeros_like(k))
+    return torch.where(_finite(sv), k, torch.full_like(k, -1))
+
+
+def rank_measures(sv: Any, tol: float = DEFAULT_TOL) -> dict[str, torch.Tensor]:
+    """Numerical, effective and stable rank from descending singular values ``(..., k)``."""
+    return {"rank": numerical_rank(sv, tol), "effective_rank": effective_rank(sv), "stable_rank": stable_rank(sv)}
+
+
+Inputs = Mapping[str, Any]  # sv, frob_bound, balance, gram_scale, tol, and the rows computed so far
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One per-head measure of a product ``A Bᵀ`` (a row of :data:`METRICS`).
+
+    ``definition``: the formula in words (meta.json, README); ``unit``: ``dims`` (a count of
+    dimensions), ``product`` (the scale of the product's entries: W·W) or ``ratio``;
+    ``direction``: what a larger value means; ``products``: which products it is reported for;
+    ``compute(q)``: the value from :data:`Inputs`; ``integer``: a count (−1 = missing before
+    NaN-masking); ``summary``: averaged per layer in summary tables, the tracker's scalars and
+    the callback; ``console``: ``(position, header)`` in the console tables, if shown there.
+    """
+
+    name: str
+    definition: str
+    unit: str
+    direction: str
+    compute: Callable[[Inputs], Any]
+    integer: bool = False
+    summary: bool = False
+    console: tuple[int, str] | None = None
+    products: tuple[str, ...] = PRODUCTS
+
+
+_SCALE = "larger = a larger product (weight scale)"
+_DIMS = "larger = more of the head's dimensions used"
+
+METRICS: tuple[Metric, ...] = (
+    Metric("sv_max", "sigma_1, the spectral norm of A B^T", "product", _SCALE, lambda q: q["sv"][..., 0]),
+    Metric("nuclear", "sum sigma_i, the nuclear norm of A B^T", "product", _SCALE, lambda q: q["sv"].sum(-1)),
+    Metric("frob", "sqrt(sum sigma_i^2), the Frobenius norm of A B^T", "product", _SCALE,
+           lambda q: _vector_norm(q["sv"])),
+    Metric("frob_bound", "(||A||_F^2 + ||B||_F^2) / 2 >= nuclear (paper Prop. 3.1)", "product", _SCALE,
+           lambda q: q["frob_bound"]),
+    Metric("gap", "frob_bound - nuclear >= 0; 0 iff A^T A = B^T B", "product", "larger = further from balanced",
+           lambda q: q["frob_bound"] - q["nuclear"]),
+    Metric("balance", "||A^T A - B^T B||_F", "product", "larger = further from balanced", lambda q: q["balance"]),
+    Metric("balance_rel", "balance / (||A^T A||_F + ||B^T B||_F); 0 for a zero product", "ratio",
+           "larger = further from balanced (0 = balanced)", lambda q: ratio(q["balance"], q["gram_scale"]),
+           summary=True, console=(4, "bal")),
+    Metric("rank", "numerical rank #{sigma_i > tol * sigma_1} (tol relative)", "dims", _DIMS,
+           lambda q: numerical_rank(q["sv"], q["tol"]), integer=True, summary=True),
+    Metric("effective_rank", "exp(entropy of sigma / sum sigma) (Roy & Vetterli)", "dims", _DIMS,
+           lambda q: effective_rank(q["sv"]), summary=True, console=(1, "eff")),
+    Metric("stable_rank", "sum sigma^2 / sigma_1^2", "dims", _DIMS, lambda q: stable_rank(q["sv"]), summary=True),
+    Metric("k90", "energy rank: fewest sigma_i holding 90% of sum sigma^2", "dims", _DIMS,
+           lambda q: energy_rank(q["sv"], 0.90), integer=True, summary=True, console=(2, "k90")),
+    Metric("k99", "energy rank: fewest sigma_i holding 99% of sum sigma^2", "dims", _DIMS,
+           lambda q: energy_rank(q["sv"], 0.99), integer=True, summary=True),
+    Metric("gap_rel", "gap / frob_bound, in [0, 1]; 0 for a zero product", "ratio",
+           "larger = further from balanced (0 = balanced)", lambda q: ratio(q["gap"], q["frob_bound"]),
+           summary=True, console=(3, "gap")),
+)
+
+BY_NAME: dict[str, Metric] = {m.name: m for m in METRICS}
+METRIC_COLUMNS: tuple[str, ...] = tuple(m.name for m in METRICS)
+#: the per-head metrics averaged per layer (summary.csv, track, tracker scalars, the callback), the
+#: console ones first (effective rank, k90, gap / bound, balance), then the rest in table order
+SUMMARY_METRICS: tuple[str, ...] = tuple(m.name for m in sorted(
+    (m for m in METRICS if m.summary), key=lambda m: m.console[0] if m.console else len(METRICS)))
+#: the console tables' columns, in order: (metric, header, format spec)
+CONSOLE_METRICS: tuple[tuple[str, str, str], ...] = tuple(
+    (m.name, m.console[1], {"dims": ".2f", "ratio": ".4f"}.get(m.unit, ".4g"))
+    for m in sorted((m for m in METRICS if m.console), key=lambda m: m.console[0]))
+CONSOLE_CAPTION = "; ".join(f"{h} = {n}" for n, h, _ in CONSOLE_METRICS) + " (mean over heads; definitions in meta.json)"
+
+
+def evaluate(inputs: Inputs) -> dict[str, torch.Tensor]:
+    """Every row of :data:`METRICS`, in order, from :data:`Inputs` (each row sees those above it)."""
+    q = dict(inputs)
+    for m in METRICS:
+        q[m.name] = m.compute(q)
+    return {m.name: q[m.name] for m in METRICS}
+
+
+def from_singular_values(sv: Any, frob_bound: Any, balance: Any, gram_scale: Any,
+                         tol: float = DEFAULT_TOL) -> dict[str, torch.Tensor]:
+    """Every metric from singular values and the factor norms (float64 tensors, batch shape)."""
+    import torch
+
+    f64 = lambda x: torch.as_tensor(x).to(torch.float64)  # noqa: E731
+    return evaluate({"sv": _sv(sv), "frob_bound": f64(frob_bound), "balance": f64(balance),
+                     "gram_scale": f64(gram_scale), "tol": tol})
+
+
+def conventions(tol: float) -> dict[str, str]:
+    """``{name: definition}`` of every metric (meta.json's conventions), with ``tol`` filled in."""
+    return {m.name: m.definition.replace("tol *", f"{tol:g} *") for m in METRICS}

@@ -1,0 +1,707 @@
+"""Declarative layout table: model_type → attention tensors → per-head factors.
+
+Conventions (REFERENCE.md §1), PyTorch ``nn.Linear`` layout ``weight = (out, in)``:
+
+- ``W_Q,h, W_K,h, W_V,h ∈ R^{dh×d}`` are head h's rows of the projection weights;
+- ``P_h ∈ R^{d×dh}`` is head h's column block of the output projection ``W_O`` (d × H·dh);
+- QK product ``W_K,hᵀ W_Q,h`` = ``A Bᵀ`` with ``A = W_K,hᵀ``, ``B = W_Q,hᵀ``;
+- OV product ``P_h W_V,h`` = ``A Bᵀ`` with ``A = P_h``, ``B = W_V,hᵀ``;
+- grouped-query attention: query head h uses kv head ``h // (H // Hkv)``.
+
+Each row of :data:`LAYOUTS` names, for a family of ``model_type``, the per-layer tensor names
+(relative to a prefix found in the checkpoint, e.g. ``model.`` in a ``*ForCausalLM`` file), how
+to read the sizes from the config, and how raw tensors split into heads (a key of
+:data:`SPLITS`); where layer surgery on a live model is supported (``headrank collapse``), the
+row's :class:`Modules` names the submodules of a layer (layer list, attention, norms, MLP).
+Adding an architecture is adding a row (and its layout test); nothing else here knows about
+models. A user's own layout comes from a small TOML file
+(:func:`layout_from_toml`).
+
+Where the splits come from (the fused cases hide bugs in peers' converters):
+
+- ``separate``: q, k, v, o Linear weights, heads contiguous along ``out``.
+- ``fused``: one ``qkv`` Linear, rows ``[q (H·dh) | k (Hkv·dh) | v (Hkv·dh)]`` (Phi-3; Falcon
+  multi-query with Hkv = 1).
+- ``conv1d_fused``: GPT-2 ``Conv1D`` weights are ``(in, out)``: ``c_attn`` is ``(d, 3d)`` with
+  ``[q | k | v]`` along ``out``; ``c_proj`` is ``(H·dh, d)``.
+- ``fused_per_head``: one ``qkv`` Linear whose rows are grouped per head, ``(H, 3, dh)``: q, k, v
+  of head 0, then head 1, … (GPT-NeoX/Pythia, BLOOM, Falcon without new_decoder_architecture).
+- ``fused_per_kv_group``: one ``qkv`` Linear grouped per kv head, ``(Hkv, H/Hkv + 2, dh)``: the
+  group's query heads, then its k, then its v (Falcon new_decoder_architecture).
+
+The last two were called ``interleaved`` and ``grouped``; layout files may still use those names
+(:data:`SPLIT_ALIASES`, with a warning): "grouped" read as grouped-query attention, which is the
+``separate`` split with ``n_kv_heads`` < ``n_heads``.
+
+A row may name the norm that precedes attention (:class:`NormSpec`) so that its gain can be
+folded into W_Q, W_K, W_V (``fold_norm``, TransformerLens' ``fold_ln``).
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from headrank.errors import HeadRankError, one_line
+from headrank.io.tensor_source import BaseCheckpoint
+from headrank.io.validate import (
+    MAX_HEAD_DIM,
+    MAX_HEADS,
+    MAX_LAYERS,
+    MAX_WIDTH,
+    as_float,
+    as_int,
+    check_dtype,
+    check_fits,
+    read_text,
+    tensor_pattern,
+)
+
+
+@dataclass(frozen=True)
+class Dims:
+    n_layers: int
+    d: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+
+    def __post_init__(self):
+        for name, hi in (("n_layers", MAX_LAYERS), ("d", MAX_WIDTH), ("n_heads", MAX_HEADS),
+                         ("n_kv_heads", MAX_HEADS), ("head_dim", MAX_HEAD_DIM)):
+            as_int(getattr(self, name), name, "", lo=1, hi=hi)
+        if self.n_heads % self.n_kv_heads:
+            raise HeadRankError(f"{self.n_heads} query heads do not divide into {self.n_kv_heads} kv heads")
+
+
+@dataclass(frozen=True)
+class HeadWeights:
+    """One layer's attention weights split per head (in the stored dtype)."""
+
+    wq: torch.Tensor  # (H, dh, d)
+    wk: torch.Tensor  # (Hkv, dh, d)
+    wv: torch.Tensor  # (Hkv, dh, d)
+    p: torch.Tensor  # (H, d, dh): column blocks of W_O
+
+    @property
+    def group(self) -> int:
+        return self.wq.shape[0] // self.wk.shape[0]
+
+    def kv_for_query_heads(self, w: torch.Tensor) -> torch.Tensor:
+        """Repeat kv-head tensors so index h is the kv head used by query head h."""
+        return w.repeat_interleave(self.group, dim=0) if self.group > 1 else w
+
+    def qk_factors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(A, B), each (H, d, dh), with ``A Bᵀ = W_K,hᵀ W_Q,h``."""
+        return self.kv_for_query_heads(self.wk).mT, self.wq.mT
+
+    def ov_factors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(A, B), each (H, d, dh), with ``A Bᵀ = P_h W_V,h``."""
+        return self.p, self.kv_for_query_heads(self.wv).mT
+
+
+class _Shape(Exception):
+    def __init__(self, role: str, got: tuple[int, ...], want: tuple[int, ...]):
+        self.role, self.got, self.want = role, got, want
+
+
+def _expect(raw: dict[str, torch.Tensor], role: str, *shape: int) -> torch.Tensor:
+    t = raw[role]
+    if tuple(t.shape) != shape:
+        raise _Shape(role, tuple(t.shape), shape)
+    return t
+
+
+def _heads_out(o: torch.Tensor, dims: Dims) -> torch.Tensor:
+    """W_O (d, H·dh) → P (H, d, dh)."""
+    return o.reshape(dims.d, dims.n_heads, dims.head_dim).permute(1, 0, 2)
+
+
+def _split_separate(raw, dims: Dims) -> HeadWeights:
+    H, Hkv, dh, d = dims.n_heads, dims.n_kv_heads, dims.head_dim, dims.d
+    return HeadWeights(
+        wq=_expect(raw, "q", H * dh, d).reshape(H, dh, d),
+        wk=_expect(raw, "k", Hkv * dh, d).reshape(Hkv, dh, d),
+        wv=_expect(raw, "v", Hkv * dh, d).reshape(Hkv, dh, d),
+        p=_heads_out(_expect(raw, "o", d, H * dh), dims),
+    )
+
+
+def _fused_rows(qkv: torch.Tensor, o: torch.Tensor, dims: Dims) -> HeadWeights:
+    H, Hkv, dh, d = dims.n_heads, dims.n_kv_heads, dims.head_dim, dims.d
+    q, k, v = qkv.split([H * dh, Hkv * dh, Hkv * dh], dim=0)
+    return HeadWeights(q.reshape(H, dh, d), k.reshape(Hkv, dh, d), v.reshape(Hkv, dh, d), _heads_out(o, dims))
+
+
+def _split_fused(raw, dims: Dims) -> HeadWeights:
+    H, Hkv, dh, d = dims.n_heads, dims.n_kv_heads, dims.head_dim, dims.d
+    return _fused_rows(_expect(raw, "qkv", (H + 2 * Hkv) * dh, d), _expect(raw, "o", d, H * dh), dims)
+
+
+def _split_conv1d_fused(raw, dims: Dims) -> HeadWeights:
+    H, Hkv, dh, d = dims.n_heads, dims.n_kv_heads, dims.head_dim, dims.d
+    qkv = _expect(raw, "qkv", d, (H + 2 * Hkv) * dh).T  # Conv1D stores (in, out)
+    o = _expect(raw, "o", H * dh, d).T
+    return _fused_rows(qkv, o, dims)
+
+
+def _split_fused_per_head(raw, dims: Dims) -> HeadWeights:
+    H, dh, d = dims.n_heads, dims.head_dim, dims.d
+    if dims.n_kv_heads != H:
+        raise HeadRankError("a fused_per_head QKV layout needs n_kv_heads == n_heads")
+    w = _expect(raw, "qkv", H * 3 * dh, d).reshape(H, 3, dh, d)
+    return HeadWeights(w[:, 0], w[:, 1], w[:, 2], _heads_out(_expect(raw, "o", d, H * dh), dims))
+
+
+def _split_fused_per_kv_group(raw, dims: Dims) -> HeadWeights:
+    H, Hkv, dh, d = dims.n_heads, dims.n_kv_heads, dims.head_dim, dims.d
+    g = H // Hkv
+    w = _expect(raw, "qkv", Hkv * (g + 2) * dh, d).reshape(Hkv, g + 2, dh, d)
+    return HeadWeights(w[:, :g].reshape(H, dh, d), w[:, g], w[:, g + 1],
+                       _heads_out(_expect(raw, "o", d, H * dh), dims))
+
+
+SPLITS: dict[str, Callable[[dict[str, torch.Tensor], Dims], HeadWeights]] = {
+    "separate": _split_separate,
+    "fused": _split_fused,
+    "conv1d_fused": _split_conv1d_fused,
+    "fused_per_head": _split_fused_per_head,
+    "fused_per_kv_group": _split_fused_per_kv_group,
+}
+SPLIT_ROLES = {"separate": ("q", "k", "v", "o"), "fused": ("qkv", "o"), "conv1d_fused": ("qkv", "o"),
+               "fused_per_head": ("qkv", "o"), "fused_per_kv_group": ("qkv", "o")}
+# old names still accepted in layout files (with a warning)
+SPLIT_ALIASES = {"interleaved": "fused_per_head", "grouped": "fused_per_kv_group"}
+
+
+# -- sizes from configs ----------------------------------------------------------------------
+def _get(c: dict[str, Any], *keys: str, default: Any = None) -> Any:
+    for k in keys:
+        if c.get(k) is not None:
+            return c[k]
+    if default is not None:
+        return default
+    raise KeyError(" or ".join(keys))
+
+
+_LIMITS = {"layers": MAX_LAYERS, "width": MAX_WIDTH, "heads": MAX_HEADS, "head_dim": MAX_HEAD_DIM}
+
+
+def _size(c: dict[str, Any], keys: tuple[str, ...], kind: str, default: Any = None) -> int:
+    """The first present of ``keys`` as a checked size (an integer in range, not a bool)."""
+    name = next((k for k in keys if c.get(k) is not None), keys[0])
+    return as_int(_get(c, *keys, default=default), name, "", lo=1, hi=_LIMITS[kind])
+
+
+def _dims(c: dict[str, Any], layers: tuple[str, ...], width: tuple[str, ...], heads: tuple[str, ...],
+          kv: tuple[str, ...] = ()) -> Dims:
+    d, H = _size(c, width, "width"), _size(c, heads, "heads")
+    Hkv = _size(c, kv, "heads", default=H) if kv else H
+    dh = _size(c, ("head_dim",), "head_dim") if c.get("head_dim") is not None else max(d // H, 1)
+    return Dims(_size(c, layers, "layers"), d, H, Hkv, dh)
+
+
+def _hf_dims(c):  # bert, roberta, vit, gpt_neox, opt, phi, llama family
+    return _dims(c, ("num_hidden_layers",), ("hidden_size",), ("num_attention_heads",), ("num_key_value_heads",))
+
+
+def _gpt2_dims(c):
+    return _dims(c, ("n_layer",), ("n_embd",), ("n_head",))
+
+
+def _distilbert_dims(c):
+    return _dims(c, ("n_layers",), ("dim",), ("n_heads",))
+
+
+def _bloom_dims(c):
+    return _dims(c, ("n_layer", "num_hidden_layers"), ("hidden_size", "n_embed"), ("n_head", "num_attention_heads"))
+
+
+def _falcon_dims(c):
+    base = _dims(c, ("num_hidden_layers", "n_layer"), ("hidden_size",), ("num_attention_heads", "n_head"))
+    if c.get("new_decoder_architecture"):
+        kv = _size(c, ("num_kv_heads", "n_head_kv"), "heads", default=base.n_heads)
+    elif c.get("multi_query", True):
+        kv = 1
+    else:
+        kv = base.n_heads
+    return Dims(base.n_layers, base.d, base.n_heads, kv, base.head_dim)
+
+
+def _falcon_split(c):
+    if c.get("new_decoder_architecture"):
+        return "fused_per_kv_group"
+    return "fused" if c.get("multi_query", True) else "fused_per_head"
+
+
+def _headrank_dims(c):
+    H = _size(c, ("n_heads",), "heads")
+    return Dims(_size(c, ("n_layers",), "layers"), _size(c, ("d_model",), "width"), H,
+                _size(c, ("n_kv_heads",), "heads") if c.get("n_kv_heads") else H,
+                _size(c, ("head_dim",), "head_dim"))
+
+
+# -- the table -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Modules:
+    """Dotted submodule paths of a live model (``AutoModel``, no task head) that layer surgery
+    needs to run one layer from its own parts.
+
+    ``layers``: the layer list; ``placement``: ``post`` (BERT-style ``LN(x + f(x))``, the norm
+    inside each sublayer's output module) or ``pre`` (``x + f(N(x))``); ``attn``: the attention
+    module inside a layer, called with the unmodified model's own arguments; ``final_norm``: the
+    model's norm after the last layer (pre-norm), if any. Pre-norm: ``attn_norm``, ``mlp_norm``,
+    ``mlp`` inside a layer. Post-norm: ``attn_out`` (dense, dropout, LayerNorm after attention),
+    ``mlp`` (the expansion) and ``mlp_out`` (dense, dropout, LayerNorm after the MLP).
+    """
+
+    layers: str
+    placement: str
+    attn: str
+    final_norm: str | None = None
+    attn_norm: str = ""
+    mlp_norm: str = ""
+    mlp: str = ""
+    attn_out: str = ""
+    mlp_out: str = ""
+
+    def __post_init__(self) -> None:
+        if self.placement not in ("post", "pre"):
+            raise ValueError(f"placement must be post or pre, got {self.placement!r}")
+
+    def attention(self, i: int) -> str:
+        """The dotted path of layer ``i``'s attention module from the model's root."""
+        return f"{self.layers}.{i}.{self.attn}"
+
+
+_BERT_MODULES = Modules("encoder.layer", "post", "attention.self", attn_out="attention.output",
+                        mlp="intermediate", mlp_out="output")
+_GPT2_MODULES = Modules("h", "pre", "attn", "ln_f", attn_norm="ln_1", mlp_norm="ln_2", mlp="mlp")
+_LLAMA_MODULES = Modules("layers", "pre", "self_attn", "norm", attn_norm="input_layernorm",
+                         mlp_norm="post_attention_layernorm", mlp="mlp")
+
+
+@dataclass(frozen=True)
+class NormSpec:
+    """The norm in front of a layer's attention: its gain tensor (``{i}`` = layer), its kind
+    (``layernorm`` or ``rmsnorm``) and an offset added to the stored gain (Gemma's RMSNorm
+    multiplies by ``1 + w``). Other names for the same tensor may follow in ``alternatives``."""
+
+    name: str
+    kind: str = "rmsnorm"
+    offset: float = 0.0
+    alternatives: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("layernorm", "rmsnorm"):
+            raise ValueError(f"norm kind must be layernorm or rmsnorm, got {self.kind!r}")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How one family of model_type stores its attention.
+
+    ``tensors`` maps roles (``q, k, v, o`` or ``qkv, o``) to names with ``{i}`` for the layer;
+    ``split`` is a key of SPLITS, or a function of the config giving one.
+    ``position`` (of the config) is ``absolute``, ``rotary``, ``alibi`` or ``none``.
+    ``aliases`` are other name sets for the same roles (a library renamed its modules: a live
+    transformers-5 ViT has ``layers.{i}.attention.q_proj`` where saved checkpoints keep
+    ``encoder.layer.{i}.attention.attention.query``); the reader takes the first set present.
+    ``modules``: the live model's submodule paths for layer surgery (None: not supported).
+    ``norm``: the pre-attention norm whose gain ``fold_norm`` folds in (None: not known, e.g.
+    post-norm models, where the norm follows the sublayer).
+    """
+
+    model_types: tuple[str, ...]
+    tensors: dict[str, str]
+    dims: Callable[[dict[str, Any]], Dims]
+    split: str | Callable[[dict[str, Any]], str] = "separate"
+    biases: tuple[str, ...] = ()
+    position: Callable[[dict[str, Any]], str] = field(default=lambda c: "absolute")
+    qk_norm: Callable[[dict[str, Any]], bool] = field(default=lambda c: False)
+    aliases: tuple[dict[str, str], ...] = ()
+    modules: Modules | None = None
+    norm: Callable[[dict[str, Any]], NormSpec | None] = field(default=lambda c: None)
+
+    def split_for(self, config: dict[str, Any]) -> str:
+        return self.split(config) if callable(self.split) else self.split
+
+    def names(self, i: int) -> dict[str, str]:
+        return {role: t.format(i=i) for role, t in self.tensors.items()}
+
+    def with_tensors(self, tensors: dict[str, str]) -> Layout:
+        """This row with another of its name sets as the main one."""
+        return replace(self, tensors=tensors, biases=_bias_names(tensors), aliases=())
+
+
+def _bias_names(tensors: dict[str, str]) -> tuple[str, ...]:
+    return tuple(t.replace(".weight", ".bias") for t in tensors.values())
+
+
+def _row(model_types, split="separate", **kw) -> Layout:
+    tensors = kw.pop("tensors")
+    return Layout(model_types=model_types, tensors=tensors, split=split,
+                  biases=_bias_names(tensors), **kw)
+
+
+def _qkvo(prefix: str, q: str, k: str, v: str, o: str) -> dict[str, str]:
+    return {r: prefix + n + ".weight" for r, n in (("q", q), ("k", k), ("v", v), ("o", o))}
+
+
+_ROTARY = lambda c: "rotary"  # noqa: E731
+_BERT_QKVO = _qkvo("encoder.layer.{i}.attention.", "self.query", "self.key", "self.value", "output.dense")
+
+
+def _bert_position(c: dict[str, Any]) -> str:
+    """BERT-family position encoding as its config names it (``absolute`` unless it says
+    ``relative_key`` or ``relative_key_query``)."""
+    return c.get("position_embedding_type", "absolute")
+
+
+_LLAMA_QKVO = _qkvo("layers.{i}.self_attn.", "q_proj", "k_proj", "v_proj", "o_proj")
+_INPUT_LN = "layers.{i}.input_layernorm.weight"
+
+
+def _rms_input(c: dict[str, Any]) -> NormSpec:
+    """Llama-family pre-attention RMSNorm (Gemma's multiplies by 1 + w)."""
+    return NormSpec(_INPUT_LN, "rmsnorm", 1.0 if str(c.get("model_type", "")).startswith("gemma") else 0.0)
+
+
+def _const(spec: NormSpec | None) -> Callable[[dict[str, Any]], NormSpec | None]:
+    return lambda c: spec
+
+
+LAYOUTS: tuple[Layout, ...] = (
+    _row(("bert", "roberta", "xlm-roberta", "electra"),
+         tensors=_BERT_QKVO, dims=_hf_dims, position=_bert_position, modules=_BERT_MODULES),
+    _row(("camembert",), tensors=_BERT_QKVO, dims=_hf_dims, position=_bert_position),
+    _row(("vit", "deit"),
+         tensors=_qkvo("encoder.layer.{i}.attention.", "attention.query", "attention.key", "attention.value",
+                       "output.dense"),
+         aliases=(_qkvo("layers.{i}.attention.", "q_proj", "k_proj", "v_proj", "o_proj"),),
+         dims=_hf_dims),
+    _row(("distilbert",), tensors=_qkvo("transformer.layer.{i}.attention.", "q_lin", "k_lin", "v_lin", "out_lin"),
+         dims=_distilbert_dims),
+    _row(("gpt2",), split="conv1d_fused",
+         tensors={"qkv": "h.{i}.attn.c_attn.weight", "o": "h.{i}.attn.c_proj.weight"}, dims=_gpt2_dims,
+         modules=_GPT2_MODULES, norm=_const(NormSpec("h.{i}.ln_1.weight", "layernorm"))),
+    _row(("gpt_neox",), split="fused_per_head",
+         tensors={"qkv": "layers.{i}.attention.query_key_value.weight", "o": "layers.{i}.attention.dense.weight"},
+         dims=_hf_dims, position=_ROTARY, norm=_const(NormSpec(_INPUT_LN, "layernorm"))),
+    _row(("bloom",), split="fused_per_head",
+         tensors={"qkv": "h.{i}.self_attention.query_key_value.weight", "o": "h.{i}.self_attention.dense.weight"},
+         dims=_bloom_dims, position=lambda c: "alibi",
+         norm=_const(NormSpec("h.{i}.input_layernorm.weight", "layernorm"))),
+    _row(("falcon",), split=_falcon_split,
+         tensors={"qkv": "h.{i}.self_attention.query_key_value.weight", "o": "h.{i}.self_attention.dense.weight"},
+         dims=_falcon_dims, position=lambda c: "alibi" if c.get("alibi") else "rotary",
+         norm=_const(NormSpec("h.{i}.input_layernorm.weight", "layernorm", alternatives=("h.{i}.ln_attn.weight",)))),
+    _row(("llama", "mistral", "qwen2"), tensors=_LLAMA_QKVO, dims=_hf_dims, position=_ROTARY,
+         modules=_LLAMA_MODULES, norm=_rms_input),
+    # Same attention tensors; layer surgery not supported (MoE MLP, extra norms around sublayers).
+    _row(("mixtral", "gemma", "gemma2"), tensors=_LLAMA_QKVO, dims=_hf_dims, position=_ROTARY,
+         norm=_rms_input),
+    # OLMo-2 normalises after the sublayers: no norm in front of attention to fold
+    _row(("qwen3", "gemma3_text", "olmo2"), tensors=_LLAMA_QKVO, dims=_hf_dims, position=_ROTARY,
+         qk_norm=lambda c: True, norm=lambda c: None if c.get("model_type") == "olmo2" else _rms_input(c)),
+    _row(("starcoder2",), tensors=_LLAMA_QKVO, dims=_hf_dims, position=_ROTARY,
+         norm=_const(NormSpec(_INPUT_LN, "layernorm"))),
+    _row(("opt",), tensors=_qkvo("decoder.layers.{i}.self_attn.", "q_proj", "k_proj", "v_proj", "out_proj"),
+         dims=_hf_dims, norm=lambda c: NormSpec("decoder.layers.{i}.self_attn_layer_norm.weight", "layernorm")
+         if c.get("do_layer_norm_before", True) else None),
+    _row(("phi",), tensors=_qkvo("layers.{i}.self_attn.", "q_proj", "k_proj", "v_proj", "dense"),
+         dims=_hf_dims, position=_ROTARY, norm=_const(NormSpec(_INPUT_LN, "layernorm"))),
+    _row(("phi3",), split="fused",
+         tensors={"qkv": "layers.{i}.self_attn.qkv_proj.weight", "o": "layers.{i}.self_attn.o_proj.weight"},
+         dims=_hf_dims, position=_ROTARY, norm=_const(NormSpec(_INPUT_LN, "rmsnorm"))),
+    # The project's own model (headrank.models.transformer).
+    _row(("headrank",), tensors=_qkvo("blocks.{i}.attn.", "q", "k", "v", "o"), dims=_headrank_dims,
+         position=lambda c: "absolute" if c.get("learned_positions", True) else "none",
+         norm=lambda c: NormSpec("blocks.{i}.attn_norm.weight", "layernorm") if c.get("norm") == "pre" else None),
+)
+
+
+def layout_model_types() -> list[str]:
+    """model_types that have a row in the layout table (readable without a --layout file)."""
+    return sorted(t for lay in LAYOUTS for t in lay.model_types)
+
+
+def surgery_model_types() -> list[str]:
+    """model_types whose row names the live modules that layer surgery needs."""
+    return sorted(t for lay in LAYOUTS if lay.modules is not None for t in lay.model_types)
+
+
+def layout_for(config: dict[str, Any]) -> Layout:
+    mt = config.get("model_type")
+    for lay in LAYOUTS:
+        if mt in lay.model_types:
+            return lay
+    raise HeadRankError(
+        f"unsupported model_type {mt!r}; supported: {', '.join(layout_model_types())} "
+        "(or describe the layout in a TOML file and pass --layout FILE)"
+    )
+
+
+def layout_from_toml(path: str | os.PathLike) -> Layout:
+    """A user-described layout. Example::
+
+        split = "separate"            # or fused, conv1d_fused, fused_per_head, fused_per_kv_group
+        position = "rotary"           # absolute | rotary | alibi | none (recorded in meta)
+        qk_norm = false
+        [tensors]                     # {i} is the layer index; names may omit a common prefix
+        q = "model.layers.{i}.attn.wq.weight"
+        k = "model.layers.{i}.attn.wk.weight"
+        v = "model.layers.{i}.attn.wv.weight"
+        o = "model.layers.{i}.attn.wo.weight"
+        [sizes]
+        n_layers = 32
+        d_model = 4096
+        n_heads = 32
+        n_kv_heads = 8                # optional, default n_heads (grouped-query attention)
+        head_dim = 128                # optional, default d_model / n_heads
+        [norm]                        # optional: the norm before attention, for fold_norm
+        name = "model.layers.{i}.attn_norm.weight"
+        kind = "rmsnorm"              # or layernorm
+        offset = 0.0                  # added to the stored gain (Gemma: 1.0)
+
+    The old split names ``interleaved`` and ``grouped`` are accepted with a warning.
+    """
+    p = Path(path)
+    try:
+        spec = tomllib.loads(read_text(p, "layout file"))
+    except (tomllib.TOMLDecodeError, RecursionError) as e:
+        raise HeadRankError(f"cannot read layout file {p}: {one_line(str(e), 200) or 'nested too deeply'}"
+                            ) from None
+    where = f"layout {p}"
+    _only_keys(spec, _TOML_KEYS, where)
+    split, alias = _toml_split(spec.get("split", "separate"), p)
+    tensors = _toml_tensors(spec.get("tensors", {}), split, p)
+    dims = _toml_sizes(spec.get("sizes"), where)
+    norm = _toml_norm(p, spec.get("norm"))
+    position = spec.get("position", "none")
+    if position not in _POSITIONS:
+        raise HeadRankError(f"{where}: position must be one of {', '.join(_POSITIONS)}; got {position!r}"[:300])
+    qk_norm = spec.get("qk_norm", False)
+    if not isinstance(qk_norm, bool):
+        raise HeadRankError(f"{where}: qk_norm must be true or false; got {qk_norm!r}"[:300])
+    if alias is not None:  # warned only once the file is valid: an error stays one line
+        warnings.warn(f"layout {p}: split {alias!r} is now called {split!r} (grouped-query attention with "
+                      "separate q, k, v tensors is split = \"separate\" with n_kv_heads)", FutureWarning, stacklevel=2)
+    return Layout(model_types=(f"layout:{p.name}",), tensors=dict(tensors), dims=lambda c: dims, split=split,
+                  biases=_bias_names(tensors), position=lambda c: position,
+                  qk_norm=lambda c: qk_norm, norm=lambda c: norm)
+
+
+_TOML_KEYS = ("split", "position", "qk_norm", "tensors", "sizes", "norm")
+_POSITIONS = ("absolute", "rotary", "alibi", "none")
+
+
+def _toml_split(split: Any, p: Path) -> tuple[str, str | None]:
+    """The layout file's ``split``, and the retired name it was given by (None if current)."""
+    if not isinstance(split, str):
+        raise HeadRankError(f"layout {p}: split must be a string, one of {', '.join(SPLITS)}; got {split!r}"[:300])
+    alias = split if split in SPLIT_ALIASES else None
+    split = SPLIT_ALIASES.get(split, split)
+    if split not in SPLITS:
+        raise HeadRankError(f"layout {p}: split must be one of {', '.join(SPLITS)}; got {split!r}")
+    return split, alias
+
+
+def _toml_tensors(tensors: Any, split: str, p: Path) -> dict[str, str]:
+    """The layout file's ``[tensors]`` table: exactly the roles ``split`` reads, each a name pattern."""
+    need = SPLIT_ROLES[split]
+    if not isinstance(tensors, dict) or set(tensors) != set(need):
+        got = ", ".join(sorted(map(str, tensors))) if isinstance(tensors, dict) and tensors else "nothing"
+        raise HeadRankError(f"layout {p}: the [tensors] table must name exactly {', '.join(need)} for split "
+                            f"{split!r}, each a tensor name containing {{i}} (got {got})")
+    for role, t in tensors.items():
+        tensor_pattern(t, f"layout {p} [tensors] {role}")
+    return tensors
+
+
+def _only_keys(table: dict[str, Any], allowed: tuple[str, ...], where: str) -> None:
+    extra = sorted(str(k) for k in table if k not in allowed)
+    if extra:
+        raise HeadRankError(f"{where}: unknown key {extra[0]!r}; allowed: {', '.join(allowed)}"[:300])
+
+
+def _toml_sizes(sizes: Any, where: str) -> Dims:
+    """The [sizes] table: integers n_layers, d_model, n_heads (n_kv_heads, head_dim optional)."""
+    if not isinstance(sizes, dict):
+        raise HeadRankError(f"{where}: the [sizes] table needs integers n_layers, d_model and n_heads")
+    for k in ("n_layers", "d_model", "n_heads"):
+        if k not in sizes:
+            raise HeadRankError(f"{where}: the [sizes] table needs integers n_layers, d_model and n_heads "
+                                f"(missing {k})")
+    where = f"{where} [sizes]"
+    _only_keys(sizes, ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim"), where)
+    d = as_int(sizes["d_model"], "d_model", where, hi=MAX_WIDTH)
+    H = as_int(sizes["n_heads"], "n_heads", where, hi=MAX_HEADS)
+    Hkv = as_int(sizes.get("n_kv_heads", H), "n_kv_heads", where, hi=MAX_HEADS)
+    dh = as_int(sizes.get("head_dim", max(d // H, 1)), "head_dim", where, hi=MAX_HEAD_DIM)
+    n = as_int(sizes["n_layers"], "n_layers", where, hi=MAX_LAYERS)
+    try:
+        return Dims(n, d, H, Hkv, dh)
+    except HeadRankError as e:
+        raise HeadRankError(f"{where}: {e}") from None
+
+
+def _toml_norm(p: Path, norm: Any) -> NormSpec | None:
+    if norm is None:
+        return None
+    where = f"layout {p} [norm]"
+    if not isinstance(norm, dict) or "name" not in norm:
+        raise HeadRankError(f"{where}: the [norm] table needs name (with {{i}}), kind = layernorm|rmsnorm "
+                            "and an optional offset")
+    _only_keys(norm, ("name", "kind", "offset"), where)
+    kind = norm.get("kind", "rmsnorm")
+    if kind not in ("layernorm", "rmsnorm"):
+        raise HeadRankError(f"{where}: kind must be layernorm or rmsnorm; got {kind!r}"[:300])
+    try:
+        name = tensor_pattern(norm["name"], f"{where} name")
+    except HeadRankError as e:
+        raise HeadRankError(f"{where}: the [norm] table needs name (with {{i}}): {e}") from None
+    return NormSpec(name, kind,
+                    as_float(norm.get("offset", 0.0), "offset", where))
+
+
+class AttentionReader:
+    """Reads one layer at a time from a checkpoint and splits it into per-head weights.
+
+    Only the attention tensors of the requested layer are read, so peak memory is about one
+    layer's attention weights whatever the model size.
+
+    ``fold_norm``: multiply W_Q, W_K, W_V by the gain of the norm in front of attention (its
+    input columns), and for a LayerNorm also centre those columns, as TransformerLens'
+    ``fold_ln`` does (a LayerNorm's output has zero mean, so both leave the function unchanged);
+    the folded factors come back in float64. ``origin``: what the source was (for meta.json).
+    """
+
+    def __init__(self, ckpt: BaseCheckpoint, layout: Layout | None = None, *, fold_norm: bool = False,
+                 origin: dict[str, Any] | None = None):
+        self.ckpt = ckpt
+        self.origin: dict[str, Any] = dict(origin or {})
+        self.layout = layout or layout_for(ckpt.config)
+        try:
+            self.dims = self.layout.dims(ckpt.config)
+        except HeadRankError as e:
+            raise HeadRankError(f"config {ckpt.config_path}: {e}") from None
+        except (KeyError, TypeError, ValueError, ArithmeticError) as e:
+            raise HeadRankError(f"config {ckpt.config_path} lacks or garbles a size field: {e}") from None
+        self.split = self.layout.split_for(ckpt.config)
+        if self.split not in SPLITS:
+            raise HeadRankError(f"config {ckpt.config_path}: unknown attention split {self.split!r}")
+        self._check_memory()
+        self.prefix = self._find_prefix()
+        self._check_last_layer()
+        self.norm: NormSpec | None = None
+        if fold_norm:
+            self.norm = self.layout.norm(ckpt.config)
+            if self.norm is None:
+                raise HeadRankError(f"--fold-norm: no norm precedes attention in {self.layout.model_types[0]!r} "
+                                    "(post-norm, no norm, or not described in its layout)")
+            self.norm_name(0)  # fails now, before any work, when the tensor is missing
+
+    def _check_memory(self) -> None:
+        """One layer's attention weights in float64 (stored, split and reduced copies) must fit."""
+        d = self.dims
+        elems = (2 * d.n_heads + 2 * d.n_kv_heads) * d.head_dim * d.d
+        check_fits(3 * 8 * elems, f"one attention layer of {d.n_heads} heads x {d.head_dim} x {d.d} "
+                                  f"(config {self.ckpt.config_path})")
+
+    def _check_last_layer(self) -> None:
+        """The config's layer count must match the checkpoint: its last layer must be there."""
+        last = self.dims.n_layers - 1
+        missing = [n for n in self.tensor_names(last).values() if n not in self.ckpt]
+        if missing:
+            raise HeadRankError(f"config {self.ckpt.config_path} gives {self.dims.n_layers} layers but the checkpoint "
+                                f"has no tensor {missing[0]} (layer {last})")
+
+    def _find_prefix(self) -> str:
+        keys = list(self.ckpt.keys())
+        firsts = []
+        for tensors in (self.layout.tensors, *self.layout.aliases):
+            first = next(iter(tensors.values())).format(i=0)
+            firsts.append(first)
+            prefixes = sorted({k[: -len(first)] for k in keys if k.endswith(first)}, key=len)
+            prefixes = [p for p in prefixes if p == "" or p.endswith(".")]
+            if prefixes:
+                if tensors is not self.layout.tensors:
+                    self.layout = self.layout.with_tensors(tensors)
+                return prefixes[0]  # shortest: the base model's own weights
+        raise HeadRankError(
+            f"checkpoint has no tensor named like {' or '.join(map(repr, firsts))}: weights do not match "
+            f"the layout of {self.layout.model_types[0]!r}"
+        )
+
+    @property
+    def position(self) -> str:
+        return self.layout.position(self.ckpt.config)
+
+    @property
+    def qk_norm(self) -> bool:
+        return bool(self.layout.qk_norm(self.ckpt.config))
+
+    def tensor_names(self, i: int) -> dict[str, str]:
+        return {r: self.prefix + n for r, n in self.layout.names(i).items()}
+
+    def read_layer(self, i: int) -> HeadWeights:
+        if not 0 <= i < self.dims.n_layers:
+            raise HeadRankError(f"layer {i} out of range 0..{self.dims.n_layers - 1}")
+        names = self.tensor_names(i)
+        many = getattr(self.ckpt, "get_many", None)  # a remote checkpoint fetches a layer's tensors at once
+        raw = many(names) if many is not None else {role: self.ckpt.get(name) for role, name in names.items()}
+        for role, t in raw.items():
+            check_dtype(names[role], t.dtype, self.ckpt.path)
+        try:
+            hw = SPLITS[self.split](raw, self.dims)
+        except _Shape as e:
+            raise HeadRankError(
+                f"tensor {names[e.role]} has shape {e.got} but the config implies {e.want}"
+            ) from None
+        return self._fold(hw, i) if self.norm is not None else hw
+
+    def norm_name(self, i: int) -> str:
+        """The full name of layer ``i``'s pre-attention norm gain (``fold_norm``)."""
+        assert self.norm is not None
+        for t in (self.norm.name, *self.norm.alternatives):
+            if self.prefix + t.format(i=i) in self.ckpt:
+                return self.prefix + t.format(i=i)
+        raise HeadRankError(f"--fold-norm: the checkpoint has no norm gain {self.prefix + self.norm.name.format(i=i)!r}")
+
+    def _fold(self, hw: HeadWeights, i: int) -> HeadWeights:
+        assert self.norm is not None
+        name = self.norm_name(i)
+        g = self.ckpt.get(name).to(torch.float64) + self.norm.offset
+        if tuple(g.shape) != (self.dims.d,):
+            raise HeadRankError(f"norm gain {name} has shape {tuple(g.shape)}, expected ({self.dims.d},)")
+
+        def fold(w: torch.Tensor) -> torch.Tensor:  # (heads, dh, d): scale (and centre) the input columns
+            w = w.to(torch.float64) * g
+            return w - w.mean(-1, keepdim=True) if self.norm.kind == "layernorm" else w
+
+        return HeadWeights(fold(hw.wq), fold(hw.wk), fold(hw.wv), hw.p)
+
+    @property
+    def weights_note(self) -> str:
+        """How the factors relate to the stored weights (meta.json's conventions.weights)."""
+        if self.norm is None:
+            return "raw: no preceding norm gain folded in, W_O not centred"
+        centred = " and centred along d_model (LayerNorm)" if self.norm.kind == "layernorm" else ""
+        off = f" (1 + w: offset {self.norm.offset:g})" if self.norm.offset else ""
+        return (f"norm folded: W_Q, W_K, W_V multiplied by the gain of {self.norm.name}{off}{centred}, "
+                "as TransformerLens' fold_ln; norm biases (if any) and W_O untouched")
+
+    def dtypes(self) -> list[str]:
+        return sorted({self.ckpt.dtype(n) for n in self.tensor_names(0).values()})
+
+    def biases_present(self) -> list[str]:
+        """Bias tensors of layer 0's attention that exist in the checkpoint (relative names)."""
+        return [b.format(i=0) for b in self.layout.biases if self.prefix + b.format(i=0) in self.ckpt]

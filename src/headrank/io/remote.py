@@ -1,0 +1,677 @@
+"""Checkpoints read over HTTP(S) byte ranges: only what the analysis needs travels.
+
+Sources (:func:`open_remote`):
+
+- a Hugging Face Hub id (``org/name``, ``revision=`` a branch, tag or commit): files resolve at
+  ``{HF_ENDPOINT}/{repo}/resolve/{revision}/{file}`` (``huggingface_hub.hf_hub_url``; the
+  endpoint is read from ``HF_ENDPOINT`` at call time); the token is ``huggingface_hub``'s
+  (``HF_TOKEN``, else the saved login). The commit the first answer names (``X-Repo-Commit``)
+  pins every later file, so a branch that moves mid-run cannot mix two checkpoints;
+- an ``http(s)://`` URL of a checkpoint directory (``config.json`` + ``model.safetensors`` or a
+  sharded ``model.safetensors.index.json``), of one ``.safetensors`` file (its sibling
+  ``config.json``, or ``config=`` a local one), or of a ``.gguf`` file. The Hub token is sent
+  only to the Hub endpoint's own host.
+
+What is fetched: ``config.json``, the shard index, each safetensors header (8 bytes, then the
+header's own length), then only the tensors the reader asks for (the attention projections of
+one layer at a time, the next layer prefetched by :mod:`headrank.analysis.scan`, a layer's
+tensors fetched concurrently; the norm gains with ``fold_norm``), each as one ranged GET into
+memory. No weight is written to disk. A GGUF
+header has no length prefix: it is fetched in growing chunks (1 MiB, x4 each time, at most
+:data:`MAX_GGUF_HEADER`) into a sparse temporary file that only ``gguf.GGUFReader`` parses
+(metadata, never tensor data; deleted at once) until the parsed header ends inside what was
+fetched.
+
+HTTP goes through ``huggingface_hub``'s shared client (``get_session()``: redirects followed,
+``HF_HUB_OFFLINE`` honoured) and its ``hf_raise_for_status`` (missing repo, revision or file,
+gated repo, authentication). Every answer is checked: a ranged GET must come back ``206`` with
+the ``Content-Range`` asked for and exactly that many bytes. A dropped connection, a timeout, a
+short body or a 5xx answer is retried (:data:`RETRIES` more tries, waits from
+:data:`BACKOFF_S` doubling), then fails with one line; wrong numbers are never returned. A
+server that ignores ``Range`` (``200`` with the whole file) is refused unless ``allow_full``:
+then each such file is downloaded whole, once, into a temporary file deleted on close.
+
+``Transfer.stats`` (``meta.json``'s ``remote``) counts every byte received: tensors, metadata,
+requests, retries, and the share of the checkpoint's weight files that was fetched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, unquote, urljoin, urlsplit
+
+import numpy as np
+import torch
+
+from headrank.errors import HeadRankError, one_line
+from headrank.util.legacy import upgrade
+from headrank.io.checkpoint import HF_WEIGHTS
+from headrank.io.tensor_source import ST_DTYPES, BaseCheckpoint, TensorMeta, dtype_name
+from headrank.io.validate import MAX_JSON_BYTES
+
+RETRIES = 3  # more tries of one request after a dropped connection, a timeout, a short body or a 5xx
+BACKOFF_S = 0.5  # first wait between tries; doubles
+MAX_HEADER = 100 << 20  # safetensors' own limit on a header's length
+MAX_GGUF_HEADER = 256 << 20
+GGUF_FIRST_CHUNK = 1 << 20
+HEADER_THREADS = 8  # shard headers fetched concurrently
+
+
+
+def is_url(source: Any) -> bool:
+    """An ``http://`` or ``https://`` address."""
+    return isinstance(source, str) and source[:8].lower().startswith(("http://", "https://"))
+
+
+def endpoint() -> str:
+    """The Hub endpoint as the environment names it now (``HF_ENDPOINT``)."""
+    return (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
+
+
+def timeout_s() -> float:
+    """Seconds to wait for a server to send data (``HF_HUB_DOWNLOAD_TIMEOUT``, default 10)."""
+    try:
+        return max(float(os.environ.get("HF_HUB_DOWNLOAD_TIMEOUT") or 10), 0.1)
+    except ValueError:
+        return 10.0
+
+
+def _mb(n: int | None) -> str:
+    return "?" if n is None else f"{n / 1e6:,.1f} MB" if n >= 1e5 else f"{n:,} bytes"
+
+
+class Transfer:
+    """What travelled: ``stats`` is the dict that ends in meta.json (updated as bytes arrive)."""
+
+    def __init__(self, where: str):
+        self._lock = threading.Lock()
+        self.sizes: dict[str, int] = {}  # weight file -> size
+        self.started = time.perf_counter()
+        self.stats: dict[str, Any] = {
+            "url": where, "protocol": "HTTP range requests, one per tensor; no weights written to disk",
+            "bytes_fetched": 0, "tensor_bytes": 0, "metadata_bytes": 0, "requests": 0, "retries": 0,
+            "checkpoint_bytes": None, "share": None, "full_downloads": [], "seconds": 0.0}
+
+    def add(self, n: int, kind: str) -> None:
+        with self._lock:
+            s = self.stats
+            s["bytes_fetched"] += n
+            s[f"{kind}_bytes"] += n
+            s["seconds"] = round(time.perf_counter() - self.started, 3)
+            if s["checkpoint_bytes"]:
+                s["share"] = s["bytes_fetched"] / s["checkpoint_bytes"]
+
+    def count(self, what: str) -> None:
+        with self._lock:
+            self.stats[what] += 1
+
+    def weight_file(self, name: str, size: int) -> None:
+        with self._lock:
+            self.sizes[name] = size
+            self.stats["checkpoint_bytes"] = sum(self.sizes.values())
+            self.stats["share"] = self.stats["bytes_fetched"] / max(self.stats["checkpoint_bytes"], 1)
+
+
+def transfer_line(s: dict[str, Any]) -> str:
+    """One line of :attr:`Transfer.stats` for the terminal."""
+    share = f" ({100 * s['share']:.2f} %)" if s.get("share") is not None else ""
+    full = f"; downloaded whole: {', '.join(s['full_downloads'])}" if s.get("full_downloads") else ""
+    return (f"fetched {_mb(s['bytes_fetched'])} of a {_mb(s['checkpoint_bytes'])} checkpoint{share} in "
+            f"{s['requests']} HTTP requests ({s['retries']} retried), {s['seconds']:.1f} s{full}")
+
+
+@dataclass
+class Location:
+    """Where a remote checkpoint's files are: a Hub repo at a revision, or a base URL (ends in /)."""
+
+    label: str
+    base: str | None = None
+    repo_id: str | None = None
+    revision: str | None = None
+    endpoint: str | None = None
+    commit: str | None = None
+    file: tuple[str, str] | None = None  # (name, exact URL) of a URL that names one file
+
+    def url(self, filename: str) -> str:
+        if self.file is not None and filename == self.file[0]:
+            return self.file[1]
+        if self.repo_id is not None:
+            from huggingface_hub import hf_hub_url
+
+            return hf_hub_url(self.repo_id, filename, revision=self.commit or self.revision, endpoint=self.endpoint)
+        return urljoin(self.base or "", quote(filename))
+
+    @property
+    def where(self) -> str:
+        if self.repo_id is not None:
+            return f"{self.endpoint}/{self.repo_id}@{self.revision}"
+        return self.base or self.label
+
+    def headers(self) -> dict[str, str]:
+        """huggingface_hub's headers; its token only for the Hub endpoint's own host."""
+        from huggingface_hub.utils import build_hf_headers
+
+        hub_host = urlsplit(self.endpoint or endpoint()).netloc
+        mine = self.repo_id is not None or urlsplit(self.base or "").netloc == hub_host
+        h = build_hf_headers(token=None if mine else False)
+        h["Accept-Encoding"] = "identity"  # byte counts and ranges of the stored file, never of a re-encoding
+        return h
+
+
+class _Retry(Exception):
+    """A failure worth another try (connection dropped, timeout, short body, 5xx)."""
+
+
+@contextmanager
+def _http_errors(loc: Location, url: str, what: str):
+    """Errors of the HTTP layer as one line each; transient ones as :class:`_Retry`."""
+    import httpx2
+    from huggingface_hub import errors as hfe
+
+    try:
+        yield
+    except HeadRankError:
+        raise
+    except hfe.OfflineModeIsEnabled:
+        raise HeadRankError("reading remotely needs the network, but HF_HUB_OFFLINE is set (unset it)") from None
+    except httpx2.TooManyRedirects:
+        raise HeadRankError(f"redirect loop reading {what}: {url} redirects more than 20 times") from None
+    except (httpx2.TimeoutException, httpx2.NetworkError, httpx2.RemoteProtocolError) as e:
+        raise _Retry(one_line(e, 160, typed=True)) from None
+    except (httpx2.InvalidURL, httpx2.UnsupportedProtocol) as e:
+        raise HeadRankError(f"not a URL that can be read: {url} ({e})") from None
+    except hfe.RevisionNotFoundError:
+        raise HeadRankError(f"{loc.repo_id} has no revision {loc.revision!r} at {loc.endpoint}") from None
+    except hfe.GatedRepoError:
+        raise HeadRankError(f"{loc.repo_id} is gated: accept its terms on the Hub and set HF_TOKEN") from None
+    except hfe.RepositoryNotFoundError as e:
+        code = getattr(getattr(e, "response", None), "status_code", "?")
+        raise HeadRankError(f"no repository {loc.repo_id} at {loc.endpoint} (HTTP {code}; a private one needs "
+                            "HF_TOKEN)") from None
+    except hfe.HfHubHTTPError as e:
+        code = getattr(getattr(e, "response", None), "status_code", None)
+        if code in (401, 403):
+            raise HeadRankError(f"access refused (HTTP {code}) to {what}: {url} (set HF_TOKEN to a token "
+                                "with access)") from None
+        if code == 404 or isinstance(e, hfe.EntryNotFoundError):
+            raise HeadRankError(f"not found (HTTP 404): {what} at {url}") from None
+        if code is not None and (code >= 500 or code in (408, 429)):
+            raise _Retry(f"HTTP {code}") from None
+        raise HeadRankError(f"HTTP {code} reading {what}: {url}") from None
+
+
+def _check_status(r) -> None:
+    if r.status_code >= 400:
+        from huggingface_hub.utils import hf_raise_for_status
+
+        r.read()
+        hf_raise_for_status(r)
+
+
+def _retrying(fn, transfer: Transfer, what: str, url: str):
+    """``fn()`` with :data:`RETRIES` more tries on :class:`_Retry`, then one line."""
+    for attempt in range(RETRIES + 1):
+        try:
+            return fn()
+        except _Retry as e:
+            last = e
+            if attempt < RETRIES:
+                transfer.count("retries")
+                time.sleep(BACKOFF_S * 2 ** attempt)
+    raise HeadRankError(f"cannot read {what} from {url}: {last} ({RETRIES + 1} tries)")
+
+
+def _content_range(value: str | None) -> tuple[int, int, int | None] | None:
+    """``bytes a-b/total`` → (a, b, total or None)."""
+    try:
+        unit, rest = (value or "").split(" ", 1)
+        span, total = rest.split("/", 1)
+        a, b = span.split("-", 1)
+        return int(a), int(b), None if total.strip() == "*" else int(total)
+    except ValueError:
+        return None
+
+
+class RemoteFile:
+    """One file on a server, read by byte ranges (``read``) or whole (``read_all``, small files)."""
+
+    def __init__(self, loc: Location, name: str, transfer: Transfer, *, allow_full: bool = False,
+                 what: str | None = None):
+        self.loc, self.name, self.transfer, self.allow_full = loc, name, transfer, allow_full
+        self.what = what or name  # how errors name it
+        self.size: int | None = None
+        self._full: Any = None  # the temporary file of a server that ignores Range (allow_full)
+        self._full_lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        return self.loc.url(self.name)
+
+    def read(self, start: int, end: int, kind: str = "tensor", *, clip: bool = False) -> bytearray:
+        """Bytes ``[start, end)``; ``clip``: a file shorter than ``end`` gives what it has."""
+        if self.size is not None:
+            if end > self.size and not clip:
+                raise HeadRankError(f"{self.url}: bytes {start}-{end - 1} lie outside the file ({self.size:,} bytes)")
+            end = min(end, self.size)
+        if end <= start:
+            return bytearray()
+        if self._full is not None:
+            return bytearray(os.pread(self._full.fileno(), end - start, start))
+        what = f"bytes {start}-{end - 1} of {self.name}"
+        return _retrying(lambda: self._try_range(start, end, kind, clip), self.transfer, what, self.url)
+
+    def _try_range(self, start: int, end: int, kind: str, clip: bool) -> bytearray:
+        from huggingface_hub import get_session
+
+        url = self.url
+        headers = {**self.loc.headers(), "Range": f"bytes={start}-{end - 1}"}
+        with _http_errors(self.loc, url, self.what):
+            self.transfer.count("requests")
+            with get_session().stream("GET", url, headers=headers, timeout=timeout_s()) as r:
+                if r.status_code == 416:
+                    raise HeadRankError(f"{url}: bytes {start}-{end - 1} lie outside the file (HTTP 416)")
+                _check_status(r)
+                if r.status_code == 200:
+                    return self._whole(r, start, end, kind)
+                if r.status_code != 206:
+                    raise HeadRankError(f"{url}: HTTP {r.status_code} to a range request (expected 206)")
+                got = _content_range(r.headers.get("Content-Range"))
+                if got is None or got[0] != start or not (got[1] == end - 1 or (clip and got[1] < end - 1)):
+                    raise HeadRankError(f"{url}: asked for bytes {start}-{end - 1}, the server answered "
+                                        f"{r.headers.get('Content-Range')!r}")
+                self._learn_size(got[2])
+                return self._body(r, got[1] + 1 - start, kind)
+
+    def _body(self, r, n: int, kind: str) -> bytearray:
+        buf, got = bytearray(n), 0
+        try:
+            for chunk in r.iter_bytes():
+                if got + len(chunk) > n:
+                    raise HeadRankError(f"{self.url}: the server sent more than the {n:,} bytes asked for")
+                buf[got:got + len(chunk)] = chunk
+                got += len(chunk)
+        finally:
+            self.transfer.add(got, kind)
+        if got != n:
+            raise _Retry(f"response truncated: {got:,} of {n:,} bytes")
+        return buf
+
+    def _learn_size(self, total: int | None) -> None:
+        if total is not None and self.size is None:
+            self.size = total
+
+    def _whole(self, r, start: int, end: int, kind: str) -> bytearray:
+        """A 200 to a range request: the server sends the whole file. Refused unless allow_full."""
+        total = r.headers.get("Content-Length")
+        if not self.allow_full:
+            raise HeadRankError(
+                f"{urlsplit(self.url).netloc} ignores HTTP range requests (answered 200 with the whole "
+                f"{self.name}, {_mb(int(total)) if total and total.isdigit() else 'size unknown'}): reading only "
+                "the attention tensors is impossible there; pass --allow-full to download whole files instead")
+        with self._full_lock:
+            if self._full is not None:  # another thread downloaded it meanwhile
+                return self.read(start, end, kind)
+            tmp = tempfile.TemporaryFile(prefix="headrank-full-")
+            n = 0
+            try:
+                for chunk in r.iter_bytes():
+                    tmp.write(chunk)
+                    n += len(chunk)
+            finally:
+                self.transfer.add(n, kind)
+            if total and total.isdigit() and n != int(total):
+                tmp.close()
+                raise _Retry(f"response truncated: {n:,} of {int(total):,} bytes")
+            tmp.flush()
+            self._full, self.size = tmp, n
+            self.transfer.stats["full_downloads"].append(self.name)
+        return self.read(start, end, kind)
+
+    def read_all(self, kind: str = "metadata", *, missing_ok: bool = False) -> bytes | None:
+        """The whole (small) file; ``missing_ok``: None for a 404."""
+
+        def once() -> bytes | None:
+            from huggingface_hub import get_session
+
+            url = self.url
+            with _http_errors(self.loc, url, self.what):
+                self.transfer.count("requests")
+                with get_session().stream("GET", url, headers=self.loc.headers(), timeout=timeout_s()) as r:
+                    if r.status_code == 404 and missing_ok:
+                        return None
+                    _check_status(r)
+                    if r.headers.get("X-Repo-Commit") and self.loc.repo_id and not self.loc.commit:
+                        self.loc.commit = r.headers["X-Repo-Commit"]
+                    declared = r.headers.get("Content-Length")
+                    if declared and declared.isdigit() and int(declared) > MAX_JSON_BYTES:
+                        raise HeadRankError(f"{url}: {self.name} is {_mb(int(declared))}, too large to be one")
+                    return bytes(self._body(r, int(declared), kind)) if declared and declared.isdigit() else \
+                        self._unsized(r, kind)
+
+        return _retrying(once, self.transfer, self.name, self.url)
+
+    def _unsized(self, r, kind: str) -> bytes:
+        parts, n = [], 0
+        try:
+            for chunk in r.iter_bytes():
+                parts.append(chunk)
+                n += len(chunk)
+                if n > MAX_JSON_BYTES:
+                    raise HeadRankError(f"{self.url}: {self.name} is larger than {_mb(MAX_JSON_BYTES)}")
+        finally:
+            self.transfer.add(n, kind)
+        return b"".join(parts)
+
+    def close(self) -> None:
+        if self._full is not None:
+            self._full.close()
+            self._full = None
+
+
+def _json(data: bytes, what: str, url: str) -> Any:
+    try:
+        return upgrade(json.loads(data))
+    except (ValueError, RecursionError) as e:
+        raise HeadRankError(f"{url}: {what} is not valid JSON ({one_line(e, 120)})") from None
+
+
+@dataclass(frozen=True)
+class _At:
+    """Where one tensor lies in its file."""
+
+    file: RemoteFile
+    dtype: str
+    shape: tuple[int, ...]
+    start: int
+    end: int
+
+
+def read_safetensors_header(f: RemoteFile) -> dict[str, _At]:
+    """Two ranged GETs: the 8-byte length, then the JSON header; every entry checked against
+    its dtype, shape and the file's size."""
+    head = f.read(0, 8, "metadata", clip=True)
+    if len(head) < 8:
+        raise HeadRankError(f"{f.url}: not a safetensors file ({len(head)} bytes)")
+    n = int.from_bytes(head, "little")
+    size = f.size or 0
+    if n > size - 8:
+        raise HeadRankError(f"{f.url}: corrupt safetensors header: it claims {n:,} bytes but the file holds "
+                            f"{size:,}")
+    if n > MAX_HEADER:
+        raise HeadRankError(f"{f.url}: safetensors header of {n:,} bytes exceeds the format's limit")
+    header = _json(bytes(f.read(8, 8 + n, "metadata")), "the safetensors header", f.url)
+    if not isinstance(header, dict):
+        raise HeadRankError(f"{f.url}: corrupt safetensors header (not a JSON object)")
+    out = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        out[name] = _entry(f, name, e, 8 + n, size)
+    return out
+
+
+def _entry(f: RemoteFile, name: str, e: Any, data_start: int, size: int) -> _At:
+    try:
+        dtype, shape, (b, end) = e["dtype"], [int(s) for s in e["shape"]], e["data_offsets"]
+        if not (isinstance(b, int) and isinstance(end, int) and 0 <= b <= end) or any(s < 0 for s in shape):
+            raise ValueError
+    except (TypeError, KeyError, ValueError):
+        raise HeadRankError(f"{f.url}: corrupt safetensors header entry for {name!r}") from None
+    if dtype not in ST_DTYPES:
+        raise HeadRankError(f"{f.url}: tensor {name} has unsupported dtype {dtype!r}")
+    want = int(np.prod(shape, dtype=np.float64)) * ST_DTYPES[dtype].itemsize
+    if end - b != want:
+        raise HeadRankError(f"{f.url}: tensor {name} spans {end - b:,} bytes but its shape and dtype need {want:,}")
+    if data_start + end > size:
+        raise HeadRankError(f"{f.url}: tensor {name} lies at bytes {data_start + b:,}-{data_start + end - 1:,}, "
+                            f"outside the file ({size:,} bytes)")
+    return _At(f, dtype, tuple(shape), data_start + b, data_start + end)
+
+
+class RemoteCheckpoint(BaseCheckpoint):
+    """A checkpoint whose config, index and safetensors headers were fetched over HTTP;
+    ``get`` fetches one tensor with one ranged GET."""
+
+    def __init__(self, loc: Location, transfer: Transfer, *, weights: str | None = None,
+                 config: dict[str, Any] | None = None, allow_full: bool = False):
+        self.loc, self.transfer, self.allow_full = loc, transfer, allow_full
+        cfg_file = RemoteFile(loc, "config.json", transfer, what="config.json (for a GGUF file, pass its URL: "
+                              ".../resolve/REVISION/FILE.gguf on the Hub)" if loc.repo_id else None)
+        if config is None:
+            config = _json(cfg_file.read_all() or b"", "config.json", cfg_file.url)
+            if not isinstance(config, dict):
+                raise HeadRankError(f"{cfg_file.url} is not a JSON object")
+        weight_map = None if weights else self._weight_map()
+        self.weight_names = [weights] if weights else sorted(set(weight_map.values())) if weight_map else \
+            ["model.safetensors"]
+        hint = None if weights or weight_map else (
+            "model.safetensors (reading remotely needs safetensors weights, model.safetensors or "
+            "model.safetensors.index.json, or the URL of a .gguf file)")
+        self._files = {n: RemoteFile(loc, n, transfer, allow_full=allow_full, what=hint) for n in self.weight_names}
+        with ThreadPoolExecutor(min(HEADER_THREADS, len(self._files))) as pool:
+            headers = dict(zip(self._files, pool.map(read_safetensors_header, self._files.values()),
+                               strict=True))
+        tensors: dict[str, _At] = {}
+        for name, f in self._files.items():
+            transfer.weight_file(name, f.size or 0)
+            for t, at in headers[name].items():
+                tensors.setdefault(t, at)
+        for t, shard in (weight_map or {}).items():  # the index decides which shard holds a tensor
+            if t not in headers[shard]:
+                raise HeadRankError(f"shard {shard} lacks tensors its index names, e.g. {t}")
+            tensors[t] = headers[shard][t]
+        super().__init__(tensors, source=loc.label, path=loc.where, config=config, config_path=cfg_file.url)
+
+    def _weight_map(self) -> dict[str, str] | None:
+        """The shard index's ``weight_map`` (tensor -> shard file), None without an index."""
+        index_name = HF_WEIGHTS[0]  # model.safetensors.index.json
+        idx_file = RemoteFile(self.loc, index_name, self.transfer)
+        raw = idx_file.read_all(missing_ok=True)
+        if raw is None:
+            return None
+        data = _json(raw, "shard index", idx_file.url)
+        wm = data.get("weight_map") if isinstance(data, dict) else None
+        if not isinstance(wm, dict) or not wm or not all(isinstance(v, str) for v in wm.values()):
+            raise HeadRankError(f"corrupt shard index {idx_file.url}: its weight_map must be a non-empty object "
+                                "(tensor name -> shard file)")
+        for shard in set(wm.values()):
+            if shard.startswith("/") or ".." in Path(shard).parts or "://" in shard or not shard.strip():
+                raise HeadRankError(f"shard index {idx_file.url} names a file outside the checkpoint: {shard!r}")
+        return wm
+
+    def _read(self, name: str, at: _At) -> torch.Tensor:
+        """Fetch one tensor (one ranged GET) in its stored dtype."""
+        buf = at.file.read(at.start, at.end, "tensor")
+        dtype = ST_DTYPES[at.dtype]
+        if not buf:
+            return torch.empty(at.shape, dtype=dtype)
+        return torch.frombuffer(buf, dtype=dtype).reshape(at.shape)
+
+    def _meta(self, name: str, at: _At) -> TensorMeta:
+        return TensorMeta(dtype_name(ST_DTYPES[at.dtype]), at.shape, at.end - at.start, at.file.name)
+
+    def get_many(self, names: dict[str, str]) -> dict[str, torch.Tensor]:
+        """Several tensors (``{role: name}``, one layer's) fetched concurrently: one round trip of
+        latency per layer instead of one per tensor."""
+        if len(names) < 2:
+            return {role: self.get(n) for role, n in names.items()}
+        with ThreadPoolExecutor(len(names), thread_name_prefix="headrank-fetch") as pool:
+            futures = {role: pool.submit(self.get, n) for role, n in names.items()}
+            return {role: f.result() for role, f in futures.items()}
+
+    @property
+    def files(self) -> list[Any]:
+        return list(self.weight_names)
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+
+
+def _gguf_class():
+    from headrank.io.gguf import GGUFCheckpoint
+
+    class RemoteGGUFCheckpoint(GGUFCheckpoint):
+        """A GGUF file on a server: its header parsed by ``gguf.GGUFReader`` from the fetched
+        header bytes (in a sparse temporary file, deleted at once), each tensor fetched with
+        one ranged GET and dequantized as a local file's would be."""
+
+        def __init__(self, f: RemoteFile):
+            self.remote = f
+            tmp = _gguf_header_file(f)
+            try:
+                super().__init__(tmp, label=f.loc.label, where=f.url)
+            except HeadRankError as e:
+                raise HeadRankError(str(e).replace(str(tmp), f.url)) from None
+            finally:
+                os.unlink(tmp)
+            f.transfer.weight_file(f.name, f.size or 0)
+
+        def _tensor_data(self, t: Any) -> np.ndarray:
+            buf = self.remote.read(t.data_offset, t.data_offset + t.n_bytes, "tensor")
+            return np.frombuffer(buf, dtype=t.data.dtype).reshape(t.data.shape)
+
+        @property
+        def files(self) -> list[Any]:
+            return [self.remote.name]
+
+        def close(self) -> None:
+            super().close()
+            self.remote.close()
+
+    return RemoteGGUFCheckpoint
+
+
+def _gguf_header_file(f: RemoteFile) -> str:
+    """A sparse temporary file of the remote file's size holding only its header bytes, fetched
+    in growing chunks until the header (checked by :func:`headrank.io.gguf.check_structure`,
+    bounded by what was fetched) ends inside them."""
+    from headrank.io import gguf as ag
+
+    magic = f.read(0, 4, "metadata", clip=True)
+    if bytes(magic) != b"GGUF":
+        raise HeadRankError(f"{f.url}: not a GGUF file (it does not start with the GGUF magic)")
+    size = f.size or 4
+    fd, tmp = tempfile.mkstemp(prefix="headrank-gguf-header-", suffix=".gguf")
+    fetched, chunk = 4, GGUF_FIRST_CHUNK
+    try:
+        os.pwrite(fd, bytes(magic), 0)
+        while True:
+            want = min(size, max(chunk, fetched), MAX_GGUF_HEADER)
+            if want > fetched:
+                os.pwrite(fd, bytes(f.read(fetched, want, "metadata")), fetched)
+                fetched = want
+            try:
+                _header_complete(ag, tmp, fetched)
+                os.ftruncate(fd, size)  # tensor data: a hole, never read
+                return tmp
+            except HeadRankError as e:
+                if fetched >= min(size, MAX_GGUF_HEADER):
+                    raise HeadRankError(str(e).replace(tmp, f.url)) from None
+            chunk *= 4
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    finally:
+        os.close(fd)
+
+
+def _header_complete(ag: Any, tmp: str, fetched: int) -> None:
+    """Raise unless the GGUF header lies entirely within the ``fetched`` bytes of ``tmp``."""
+    check = getattr(ag, "check_structure", None)
+    if check is not None:
+        check(Path(tmp))  # walks magic, metadata and tensor infos within the file's bytes
+        return
+    from gguf import GGUFReader
+
+    try:
+        end = GGUFReader(tmp).data_offset
+    except Exception as e:  # noqa: BLE001 - cut short or corrupt
+        raise HeadRankError(f"cannot read GGUF file {tmp}: {one_line(e, 200)}") from None
+    if end > fetched:
+        raise HeadRankError(f"cannot read GGUF file {tmp}: its header runs past byte {fetched:,}")
+
+
+def _location(source: str, revision: str | None) -> tuple[Location, str | None]:
+    """The files' location and, for a URL of one file, that file's name."""
+    from headrank.io import hub
+
+    if is_url(source):
+        if revision is not None:
+            raise HeadRankError("--revision applies to a Hugging Face Hub id, not to a URL")
+        parts = urlsplit(source)
+        if not parts.netloc:
+            raise HeadRankError(f"not a URL that can be read: {source}")
+        name = unquote(parts.path.rsplit("/", 1)[-1])
+        if name.endswith((".gguf", ".safetensors")):
+            return Location(source, base=urljoin(source, "."), file=(name, source)), name
+        return Location(source, base=source if source.endswith("/") else source + "/"), None
+    if not hub.looks_like_repo_id(source):
+        raise HeadRankError(f"--remote reads a Hugging Face Hub id (org/name) or an http(s) URL; got {source!r}")
+    return Location(source, repo_id=source, revision=revision or "main", endpoint=endpoint()), None
+
+
+def open_remote(source: str, *, revision: str | None = None, allow_full: bool = False,
+                config: str | os.PathLike | dict[str, Any] | None = None) -> tuple[BaseCheckpoint, dict[str, Any], Any]:
+    """``(checkpoint, origin, layout)`` of a Hub id or URL read over HTTP (module docstring);
+    ``layout`` is the GGUF file's own, else None. ``origin['remote']`` is the live
+    :attr:`Transfer.stats`, complete once the analysis has read its layers."""
+    from headrank.io import hub
+
+    if hub.offline():
+        raise HeadRankError("reading remotely needs the network, but HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) is "
+                            "set: unset it")
+    loc, name = _location(source, revision)
+    transfer = Transfer(loc.where)
+    if isinstance(config, (str, os.PathLike)):
+        from headrank.io.checkpoint import read_config
+
+        config = read_config(Path(config))
+    origin: dict[str, Any] = {"input": "remote", "source": source, "path": loc.where}
+    if name is not None and name.endswith(".gguf"):
+        from headrank.io.gguf import gguf_origin
+
+        ckpt = _gguf_class()(RemoteFile(loc, name, transfer, allow_full=allow_full))
+        origin.update(gguf_origin(ckpt), input="remote")
+        layout = ckpt.layout
+    else:
+        ckpt = RemoteCheckpoint(loc, transfer, weights=name, config=config, allow_full=allow_full)
+        layout = None
+    origin["path"] = loc.url(name) if name else loc.url("")  # the Hub's: .../resolve/COMMIT/
+    origin["files"] = list(ckpt.files)
+    if loc.repo_id is not None:
+        origin["hub"] = {"repo_id": loc.repo_id, "revision": loc.revision, "commit": loc.commit,
+                         "endpoint": loc.endpoint}
+    origin["remote"] = transfer.stats
+    return ckpt, origin, layout
+
+
+def list_revisions(repo_id: str) -> list[str]:
+    """Every branch and tag of a Hub repo (``HfApi.list_repo_refs``), one line on failure."""
+    from headrank.io import hub
+
+    if hub.offline():
+        raise HeadRankError("--revisions all lists the Hub's refs, but HF_HUB_OFFLINE is set (unset it)")
+    if not hub.looks_like_repo_id(repo_id):
+        raise HeadRankError(f"--revisions all needs a Hugging Face Hub id (org/name); got {repo_id!r}")
+    from huggingface_hub import HfApi
+
+    loc = Location(repo_id, repo_id=repo_id, revision="main", endpoint=endpoint())
+    url = f"{loc.endpoint}/api/models/{repo_id}/refs"
+    transfer = Transfer(url)
+
+    def once() -> list[str]:
+        with _http_errors(loc, url, "the list of refs"):
+            refs = HfApi(endpoint=loc.endpoint).list_repo_refs(repo_id)
+        return [r.name for r in (*refs.branches, *refs.tags)]
+
+    return _retrying(once, transfer, "the list of refs", url)

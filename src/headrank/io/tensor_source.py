@@ -1,0 +1,126 @@
+"""The contract every checkpoint reader keeps.
+
+:class:`TensorSource` is the protocol: ``keys()``, ``get(name)`` (a ``torch.Tensor``) and
+``meta(name)`` (a :class:`TensorMeta`: stored dtype, shape, stored bytes, file) without reading
+the tensor. :class:`BaseCheckpoint` is what every reader of this package is built on (local
+files, a live model, a GGUF file, a LoRA-adapted checkpoint, a checkpoint over HTTP): it holds
+what a reader resolved at construction (``source``, ``path``, ``config``, ``config_path`` and the
+tensor entries by name) and gives the mapping helpers (``in``, iteration, ``dtype``, the
+context manager) once. A reader passes all of it to ``BaseCheckpoint.__init__`` and implements
+``_read`` and ``_meta`` for one entry; nothing sets another class's fields.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from headrank.errors import HeadRankError
+
+# safetensors' dtype names (local and remote headers) -> torch dtypes
+ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+             "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+             "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+             "C64": torch.complex64}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"``."""
+    return str(dtype).removeprefix("torch.")
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """What a reader knows of one tensor without reading its data."""
+
+    dtype: str  # as stored: "bfloat16", a GGML type ("Q8_0"), "float64 (adapted)"
+    shape: tuple[int, ...]  # of the tensor ``get`` returns
+    nbytes: int | None  # bytes it occupies where it is stored; None: computed, not stored
+    file: str | None  # name (or URL) of the file that holds it; None: in memory
+
+
+@runtime_checkable
+class TensorSource(Protocol):
+    """Tensors by name: what the layout table reads (every reader here implements it)."""
+
+    def keys(self) -> list[str]: ...
+
+    def get(self, name: str) -> torch.Tensor: ...
+
+    def meta(self, name: str) -> TensorMeta: ...
+
+
+class BaseCheckpoint:
+    """A :class:`TensorSource` with the config beside it and where both came from.
+
+    ``entries``: the reader's tensor entries by name (whatever its ``_read``/``_meta`` need);
+    ``source``: what the user named; ``path``: the file, directory or URL read (a label for a
+    model in memory); ``config``: the config.json dict; ``config_path``: where it came from.
+    """
+
+    def __init__(self, entries: Mapping[str, Any], *, source: str, path: Path | str, config: Mapping[str, Any],
+                 config_path: Path | str):
+        self.source = source
+        self.path = path
+        self.config: dict[str, Any] = dict(config)
+        self.config_path = config_path
+        self._entries = entries
+
+    # -- what a reader implements --------------------------------------------------------------
+    def _read(self, name: str, entry: Any) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _meta(self, name: str, entry: Any) -> TensorMeta:
+        raise NotImplementedError
+
+    # -- the protocol ----------------------------------------------------------------------------
+    def keys(self) -> list[str]:
+        return list(self._entries)
+
+    def get(self, name: str) -> torch.Tensor:
+        """One tensor (its stored dtype unless the reader says otherwise)."""
+        return self._read(name, self._entry(name))
+
+    def meta(self, name: str) -> TensorMeta:
+        return self._meta(name, self._entry(name))
+
+    def _entry(self, name: str) -> Any:
+        try:
+            return self._entries[name]
+        except KeyError:
+            raise HeadRankError(f"tensor {name!r} not found in {self.path}") from None
+
+    # -- helpers, the same for every reader ------------------------------------------------------
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def dtype(self, name: str) -> str:
+        """The stored dtype of ``name`` (meta.json's ``dtypes``)."""
+        return self.meta(name).dtype
+
+    def release(self) -> None:
+        """Unmap what reads mapped so far (a streaming reader calls this between layers)."""
+
+    @property
+    def files(self) -> list[Any]:
+        """The weight files read (empty for a model in memory)."""
+        return []
+
+    def close(self) -> None:
+        """Let go of open files."""
+
+    def __enter__(self) -> BaseCheckpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.source!r}, {len(self._entries)} tensors)"

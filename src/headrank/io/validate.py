@@ -1,0 +1,215 @@
+"""One validation layer for what a file or a caller supplies: numbers, files, patterns, sizes.
+
+Every check here raises :class:`~headrank.errors.HeadRankError` with one line that names the
+file (or option) and the value, so the CLI prints one line and exits 2:
+
+- :func:`as_int` / :func:`as_float`: a config value of the right type, finite, in range
+  (``true`` is not 1, ``8.9`` is not 8, ``Infinity`` and ``1e30`` are refused);
+- :func:`regular_file`, :func:`read_bytes`, :func:`read_json`: only regular files are opened
+  (a FIFO or a device named ``config.json`` would block or never end), permission errors name
+  the path, deeply nested JSON is one line rather than a ``RecursionError``;
+- :func:`tensor_pattern`: a layout's tensor name may use only the field ``{i}`` (no
+  ``{i.__class__}``, no ``{x}``, no format spec);
+- :func:`check_fits`: sizes whose product this machine cannot hold are refused before
+  anything is allocated.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import math
+import os
+import stat
+import string
+from numbers import Integral, Real
+from pathlib import Path
+from typing import Any
+
+from headrank.errors import HeadRankError, one_line
+
+# Bounds on sizes a config may state (far above any released model; they keep products of
+# sizes well inside 64-bit integers and loops over layers finite).
+MAX_LAYERS = 100_000
+MAX_WIDTH = 1 << 22  # d_model
+MAX_HEADS = 1 << 16
+MAX_HEAD_DIM = 1 << 16
+MAX_JSON_BYTES = 256 << 20  # a config, shard index or adapter config larger than this is not one
+
+
+def as_int(value: Any, name: str, where: str, *, lo: int = 1, hi: int | None = None) -> int:
+    """``value`` as an int in ``[lo, hi]``: ints, and floats with an integral value (``8.0``);
+    never a bool, a non-integral float, a non-finite number or a string."""
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise HeadRankError(f"{where}: {name} must be an integer; got {_show(value)}")
+    if not isinstance(value, Integral):
+        if not math.isfinite(float(value)) or float(value) != math.floor(float(value)):
+            raise HeadRankError(f"{where}: {name} must be an integer; got {_show(value)}")
+    if value < lo or (hi is not None and value > hi):
+        rng = f"{lo}..{hi}" if hi is not None else f">= {lo}"
+        raise HeadRankError(f"{where}: {name} must lie in {rng}; got {_show(value)}")
+    return int(value)
+
+
+def as_float(value: Any, name: str, where: str, *, lo: float | None = None, hi: float | None = None,
+             lo_open: bool = False) -> float:
+    """``value`` as a finite float in the range (``lo_open``: ``lo`` itself excluded); not a bool
+    or a string."""
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(float(value)):
+        raise HeadRankError(f"{where}: {name} must be a finite number; got {_show(value)}")
+    v = float(value)
+    if (lo is not None and (v < lo or (lo_open and v == lo))) or (hi is not None and v > hi):
+        lo_s = "" if lo is None else f"{'>' if lo_open else '>='} {lo:g}"
+        hi_s = "" if hi is None else f"<= {hi:g}"
+        raise HeadRankError(f"{where}: {name} must be {' and '.join(s for s in (lo_s, hi_s) if s)}; "
+                            f"got {_show(value)}")
+    return v
+
+
+def _show(value: Any) -> str:
+    s = repr(value)
+    return s if len(s) <= 60 else s[:57] + "..."
+
+
+# -- files -----------------------------------------------------------------------------------
+def os_error(e: OSError, path: str | os.PathLike, doing: str = "read") -> HeadRankError:
+    """One line for an OSError on ``path`` (permission denied, no space left, ...)."""
+    if isinstance(e, PermissionError) or e.errno in (errno.EACCES, errno.EPERM):
+        return HeadRankError(f"permission denied: cannot {doing} {path}")
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return HeadRankError(f"no space left on the device: cannot {doing} {path}")
+    if e.errno == errno.ENOENT:
+        return HeadRankError(f"no such file or directory: {path}")
+    reason = e.strerror or one_line(e, 200)
+    return HeadRankError(f"cannot {doing} {path}: {reason}")
+
+
+def regular_file(path: str | os.PathLike, what: str = "file") -> Path:
+    """``path`` if it is a regular file (symlinks followed); else one line: missing, not a
+    regular file (a FIFO, socket or device would block or never end), or not permitted."""
+    p = Path(path)
+    try:
+        st = os.stat(p)
+    except OSError as e:
+        raise os_error(e, p, f"read the {what}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise HeadRankError(f"{p} is a directory, not a {what}")
+    if not stat.S_ISREG(st.st_mode):
+        raise HeadRankError(f"{p} is not a regular file ({_kind(st.st_mode)}): refusing to read it as a {what}")
+    return p
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a plain file"
+
+
+def is_regular_file(path: str | os.PathLike) -> bool:
+    """True for a regular file (symlinks followed); False for anything else or on any error."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+def check_readable(path: str | os.PathLike, what: str = "file") -> Path:
+    """:func:`regular_file`, and the file can be opened for reading (permission checked now)."""
+    p = regular_file(path, what)
+    try:
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as e:
+        raise os_error(e, p, f"read the {what}") from None
+    os.close(fd)
+    return p
+
+
+def read_bytes(path: str | os.PathLike, what: str = "file", max_bytes: int = MAX_JSON_BYTES) -> bytes:
+    """The contents of a regular file of at most ``max_bytes``; one line for anything else."""
+    p = regular_file(path, what)
+    try:
+        if os.path.getsize(p) > max_bytes:
+            raise HeadRankError(f"{p} is larger than {max_bytes >> 20} MiB: not a {what}")
+        with open(p, "rb") as fh:
+            return fh.read(max_bytes + 1)
+    except OSError as e:
+        raise os_error(e, p, f"read the {what}") from None
+
+
+def read_text(path: str | os.PathLike, what: str = "file", max_bytes: int = MAX_JSON_BYTES) -> str:
+    """:func:`read_bytes` decoded as UTF-8 (one line if it is not)."""
+    data = read_bytes(path, what, max_bytes)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise HeadRankError(f"cannot read the {what} {path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
+def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
+    """A JSON file parsed; one line for a missing, special, unreadable, malformed, non-UTF-8
+    or too deeply nested file."""
+    text = read_text(path, what)
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise HeadRankError(f"cannot parse {path}: nested too deeply") from None
+    except ValueError as e:
+        raise HeadRankError(f"cannot parse {path}: {one_line(e, 200)}") from None
+
+
+def inside(root: Path, name: Any, where: str) -> Path:
+    """``root / name`` for a relative ``name`` that stays inside ``root`` (no ``..``, no absolute
+    path); symlinks inside ``root`` are followed as usual (the Hugging Face cache uses them)."""
+    if not isinstance(name, str) or not name or "\0" in name:
+        raise HeadRankError(f"{where}: a file name must be a non-empty string; got {_show(name)}")
+    norm = os.path.normpath(name)
+    if os.path.isabs(name) or norm == ".." or norm.startswith(".." + os.sep) or norm == ".":
+        raise HeadRankError(f"{where}: {name!r} lies outside the checkpoint directory {root}")
+    return root / norm
+
+
+# -- patterns and sizes ----------------------------------------------------------------------
+def tensor_pattern(pattern: Any, where: str, *, need_i: bool = True) -> str:
+    """A tensor name template that uses only ``{i}`` (the layer index): no other field, no
+    attribute or index access, no conversion or format spec; ``{{``/``}}`` are literal braces."""
+    if not isinstance(pattern, str) or not pattern:
+        raise HeadRankError(f"{where}: a tensor name must be a non-empty string; got {_show(pattern)}")
+    try:
+        fields = [(f, spec, conv) for _, f, spec, conv in string.Formatter().parse(pattern) if f is not None]
+    except ValueError as e:
+        raise HeadRankError(f"{where}: bad tensor name {pattern!r}: {e}") from None
+    for f, spec, conv in fields:
+        if f != "i" or spec or conv:
+            raise HeadRankError(f"{where}: tensor name {pattern!r} may use only {{i}} (the layer index); "
+                                f"got {{{f}{'!' + conv if conv else ''}{':' + spec if spec else ''}}}")
+    if need_i and not fields:
+        raise HeadRankError(f"{where}: tensor name {pattern!r} must contain {{i}} (the layer index)")
+    return pattern
+
+
+def memory_bytes() -> int:
+    """Physical memory of this machine in bytes (a large number where it cannot be read)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 1 << 50
+
+
+def check_fits(nbytes: int, what: str) -> None:
+    """Refuse, before allocating, something that needs more bytes than this machine's memory."""
+    have = memory_bytes()
+    if nbytes > have:
+        raise HeadRankError(f"{what} would need {_gib(nbytes)} of memory; this machine has {_gib(have)}")
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.3g} GiB"
+
+
+def check_dtype(name: str, dtype: Any, where: Any) -> None:
+    """Weights must be real floating point (or integer) numbers: complex and bool refused."""
+    s = str(dtype).removeprefix("torch.")
+    if s.startswith("complex") or s in ("C64", "C128", "C32") or s in ("bool", "BOOL"):
+        raise HeadRankError(f"tensor {name} in {where} has dtype {s}: attention weights must be real numbers")

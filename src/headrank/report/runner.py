@@ -1,0 +1,405 @@
+"""Reproductions of the source documents' figures and claims, each checked with numbers.
+
+A reproduction is a :class:`~headrank.studies.registry.Study` registered under a short name
+(``fig1``, ``fig5``, …): params → run → data → claims → figures. :func:`run` executes one (or,
+with ``replot``, re-judges its stored data) and writes, atomically,
+
+- ``report.html``: claims table first, figures inline (base64 PNG), parameters, library
+  versions, runtime; self-contained (no external assets);
+- ``claims.json``: a list of claim objects (``name``, ``kind``, ``verdict``, ``source``,
+  ``quote``, ``rule``, ``supports``, ``statement``, ``measured``, ``expected``, ``reason``, …);
+- ``data.json``: the raw series behind the figures and claims;
+- ``run.json``: name, parameters, versions, experiment source hash, runtime, the tally and any
+  citation problems;
+- one ``<figure>.png`` per figure.
+
+A claim that did not hold is a finding, not an error: :func:`run` returns normally and the
+CLI exits 0 unless ``--strict``.
+
+Adding a reproduction: write a :class:`headrank.studies.registry.Study` (frozen params with
+``quick()``/``full()``, ``run``, ``claims``, ``figures``) in its own module, register it with
+``register_study``, and add ``"name": ("module", "title")`` to :data:`CATALOGUE` so
+``headrank reproduce --list`` can show it without importing the module (and its training code).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from headrank.errors import HeadRankError, one_line
+from headrank.studies.registry import QUOTES, Claim, Result, citation_problems, get, names, tally
+from headrank.util.env import versions
+from headrank.util.legacy import OLD_NAME
+from headrank.util.fileio import (
+    jsonable,
+    moved,
+    prepare_out_dir,
+    staged_output,
+    write_atomic,
+    write_json,
+    write_text,
+)
+
+
+@dataclass
+class RunSummary:
+    name: str
+    out: Path
+    claims: list[Claim]
+    files: list[Path]
+    runtime_s: float
+
+    @property
+    def all_held(self) -> bool:
+        return all(c.held for c in self.claims)
+
+    @property
+    def n_held(self) -> int:
+        return sum(c.held for c in self.claims)
+
+
+def _png_bytes(fig, dpi: int = 110) -> bytes:
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    try:
+        fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+    finally:
+        plt.close(fig)
+    return buf.getvalue()
+
+
+def _read_json(path: Path, what: str) -> Any:
+    import json
+
+    from headrank.io.validate import regular_file
+
+    try:
+        if path.exists():
+            regular_file(path, path.name)  # a FIFO or a device would block or never end
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise HeadRankError(f"--replot needs {path.name} of a finished run in {path.parent}; "
+                            f"run `headrank reproduce {what} --out {path.parent}` first") from None
+    except (OSError, ValueError) as e:
+        raise HeadRankError(f"cannot read {path}: {e}") from None
+
+
+def _evaluate(name: str, out: Path, *, quick: bool, replot: bool,
+              overrides: dict[str, Any] | None = None) -> tuple[Result, dict[str, Any]]:
+    """Run (or, with ``replot``, reload) reproduction ``name``: its Result and run facts."""
+    import json
+
+    study = get(name).study
+    if overrides and replot:
+        raise HeadRankError(f"reproduction {name!r} takes no parameters from the command line with --replot")
+    if replot:
+        old = _read_json(out / "run.json", name)
+        if old.get("name") != name:
+            raise HeadRankError(f"{out / 'run.json'} belongs to reproduction {old.get('name')!r}, not {name!r}")
+        data = _read_json(out / "data.json", name)
+        params = study.params_from_json(old.get("params") or {})
+        facts = {"quick": bool(old.get("quick")), "runtime_s": old.get("runtime_s"), "replotted": True}
+    else:
+        params = study.make_params("quick" if quick else "full")
+        if overrides:
+            params = study.with_overrides(params, overrides)
+        t0 = time.perf_counter()
+        raw = study.run(params)
+        facts = {"quick": quick, "runtime_s": time.perf_counter() - t0}
+        data = json.loads(json.dumps(jsonable(raw)))  # exactly what data.json holds, so a replot sees the same
+    t1 = time.perf_counter()
+    claims = study.claims(data, params)
+    figures = study.figures(data, params)
+    notes = study.notes(data, params) if study.notes else []
+    facts["judge_s"] = time.perf_counter() - t1
+    return Result(claims=claims, figures=figures, data=data, params=asdict(params), notes=notes), facts
+
+
+def run(name: str, out: str | Path, *, quick: bool = False, replot: bool = False,
+        overrides: dict[str, Any] | None = None) -> RunSummary:
+    """Run reproduction ``name`` and write its report, claims, data and figures into ``out``.
+
+    ``replot``: run nothing; re-judge the claims and redraw the figures from the ``data.json``
+    and ``run.json`` a finished run left in ``out`` (data.json is not rewritten).
+    ``overrides``: parameter fields to set on the profile's parameters (e.g. ``{"model": path}``).
+    """
+    from headrank.report.html import render_report
+
+    entry = get(name)
+    out = Path(out)
+    if not replot:
+        out = prepare_out_dir(out)
+    old_meta = _read_json(out / "run.json", name) if replot else None
+    result, facts = _evaluate(name, out, quick=quick, replot=replot, overrides=overrides)
+    runtime = facts["runtime_s"]
+
+    figures, pngs = [], {}
+    for f in result.figures:
+        png = _png_bytes(f.figure)
+        pngs[f"{f.name}.png"] = png
+        figures.append({"name": f.name, "caption": f.caption,
+                        "png_base64": base64.b64encode(png).decode("ascii")})
+
+    claims = [c.to_json() for c in result.claims]
+    meta = {
+        "name": name,
+        "title": entry.title,
+        "source": entry.source,
+        "quick": facts["quick"],
+        "runtime_s": runtime,
+        "params": jsonable(result.params),
+        "versions": versions(),
+        "claims_held": sum(c["held"] for c in claims),
+        "claims_total": len(claims),
+        "tally": tally(claims),
+        "citation_problems": citation_problems(claims),
+        "experiment_hash": (old_meta or {}).get("experiment_hash", "") if replot else experiment_hash(name),
+        "quote": QUOTES.get(name, ("", ""))[0],
+        "quote_source": QUOTES.get(name, ("", ""))[1],
+        "notes": list(result.notes),
+        "figures": [{"name": f["name"], "caption": f["caption"]} for f in figures],
+    }
+    if facts.get("replotted"):
+        meta["replotted_s"] = facts["judge_s"]
+    html = render_report(meta=meta, claims=claims, figures=figures)
+    with staged_output(out) as stage:  # report, claims, data, run.json and figures move in as one set
+        files = [write_text(stage / "report.html", html)]
+        files += [write_atomic(stage / n, lambda p, b=png: p.write_bytes(b)) for n, png in pngs.items()]
+        files.append(write_json(stage / "claims.json", claims))
+        if not replot:
+            files.append(write_json(stage / "data.json", jsonable(result.data)))
+        files.append(write_json(stage / "run.json", meta))
+    files = moved(files, stage, out)
+    return RunSummary(name=name, out=out, claims=result.claims, files=files, runtime_s=runtime)
+
+
+# --------------------------------------------------------------------------- all of them
+
+
+@dataclass
+class AllEntry:
+    """One reproduction inside ``run_all``: its run.json, claims and whether it was cached."""
+
+    name: str
+    meta: dict[str, Any]
+    claims: list[dict[str, Any]]
+    cached: bool
+    error: str | None = None
+
+
+#: the package directory (src/headrank)
+PKG = Path(__file__).resolve().parents[1]
+#: the layers below ``studies`` that make a study's data (training, models, readers, measures)
+DATA_LAYERS = ("util", "core", "io", "models", "analysis", "training")
+
+
+#: modules of ``studies`` that judge or draw stored data (re-run on every re-judging, never hashed)
+JUDGING = ("claims", "figures", "registry", "verdicts", "coverage", "lm_plots")
+
+
+def _study_imports(path: Path, pkg: Path) -> set[Path]:
+    """The ``headrank.studies`` modules ``path`` imports (absolute or relative), as files."""
+    import ast
+
+    inside = path.is_relative_to(pkg)
+    base = path.relative_to(pkg).with_suffix("").parts[:-1] if inside else ()
+    out: set[Path] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (inside or not node.level):
+            mod = (node.module or "").split(".")
+            parts = [*base[:len(base) - node.level + 1], *mod] if node.level else mod[1:]
+            cands = [parts] + [[*parts, a.name] for a in node.names]
+        elif isinstance(node, ast.Import):
+            cands = [a.name.split(".")[1:] for a in node.names]
+        else:
+            continue
+        for c in cands:
+            f = pkg.joinpath(*c)
+            for cand in (f.with_suffix(".py"), f / "__init__.py"):
+                if c[:1] == ["studies"] and cand.is_file():
+                    out.add(cand)
+    return out
+
+
+def experiment_sources(name: str) -> list[Path]:
+    """The source files a study's data depends on: the modules of its ``run`` and of its params
+    class with the ``studies`` modules they import (transitively; not the judging ones,
+    :data:`JUDGING`), every module of :data:`DATA_LAYERS`, and the package's top-level modules."""
+    import inspect
+
+    study = get(name).study
+    pkg = PKG
+    todo = [Path(f) for f in (inspect.getsourcefile(study.run), inspect.getsourcefile(study.params)) if f]
+    files: set[Path] = set()
+    while todo:
+        f = todo.pop()
+        if f not in files and f.is_file():
+            files.add(f)
+            todo += [g for g in _study_imports(f, pkg) if g.stem not in JUDGING and g.name != "__init__.py"]
+    files |= {f for layer in DATA_LAYERS for f in (pkg / layer).rglob("*.py")}
+    files |= set(pkg.glob("*.py"))
+    return sorted(files)
+
+
+def experiment_hash(name: str) -> str:
+    """SHA-256 of :func:`experiment_sources` (each file's path inside the package and its bytes):
+    a stored run is reused only while none of them changed. Claims and figures are always
+    re-judged from the stored data, so their code may change freely."""
+    import hashlib
+
+    pkg = PKG
+    h = hashlib.sha256()
+    for f in experiment_sources(name):
+        rel = f.relative_to(pkg).as_posix() if f.is_relative_to(pkg) else f.name
+        h.update(rel.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def staleness(name: str, sub: Path, quick: bool) -> tuple[dict[str, Any] | None, str]:
+    """``(run.json, "")`` when the finished run in ``sub`` can be reused: same profile, the same
+    params as this version's profile, the same package version and experiment source hash.
+    Otherwise ``(None, why)``."""
+    import json
+
+    try:
+        meta = json.loads((sub / "run.json").read_text())
+        json.loads((sub / "claims.json").read_text())
+    except (OSError, ValueError):
+        return None, "no finished run"
+    if not (sub / "data.json").exists():
+        return None, "no data.json"
+    if meta.get("quick") is not quick:
+        return None, "another profile"
+    study = get(name).study
+    if meta.get("params") != jsonable(asdict(study.make_params("quick" if quick else "full"))):
+        return None, "params changed"
+    stored = meta.get("versions", {})  # written by attnrank, before the rename: its version counts
+    if stored.get("headrank", stored.get(OLD_NAME)) != versions().get("headrank"):
+        return None, "package version changed"
+    if meta.get("experiment_hash") != experiment_hash(name):
+        return None, "experiment code changed"
+    return meta, ""
+
+
+def _cached(sub: Path, quick: bool) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+    """What :func:`run` wrote in ``sub`` (run.json written last), if it is of this profile."""
+    import json
+
+    try:
+        meta = json.loads((sub / "run.json").read_text())
+        claims = json.loads((sub / "claims.json").read_text())
+    except (OSError, ValueError):
+        return None
+    figs_ok = all((sub / f"{f['name']}.png").exists() for f in meta.get("figures", []))
+    if meta.get("quick") is not quick or "figures" not in meta or not figs_ok:
+        return None
+    return meta, claims
+
+
+def run_all(out: str | Path, *, quick: bool = False, force: bool = False, only: list[str] | None = None,
+            progress: Callable[[str, str], None] | None = None, replot: bool = False) -> list[AllEntry]:
+    """Run every reproduction into ``out/NAME/`` and write one combined report in ``out``.
+
+    A reproduction already finished in ``out/NAME`` is reused (re-running resumes rather than
+    recomputes) unless ``force``, and only while it is not stale (:func:`staleness`: the same
+    profile, params, package version and experiment source hash); a reused part's claims are
+    re-judged and its figures redrawn from its data.json with this code. One that raises is recorded with its error
+    and the others still run. Writes ``out/report.html`` (self-contained: claims of every
+    reproduction first, then each one's figures, parameters and runtime, then the
+    environment), ``out/claims.json`` and ``out/summary.json``.
+
+    ``replot``: run nothing; re-judge and redraw every reproduction that has a stored run in
+    ``out/NAME`` (see :func:`run`), keeping each one's recorded profile.
+    """
+    if replot and not Path(out).is_dir():
+        raise HeadRankError(f"--replot needs a finished `reproduce all` in {out}; there is no such directory")
+    out = prepare_out_dir(out)
+    todo = only or names()
+    for n in todo:
+        get(n)  # unknown names fail before any work
+    entries: list[AllEntry] = []
+    for n in todo:
+        entry = _replot_part(n, out / n, progress) if replot else _run_part(n, out / n, quick, force, progress)
+        if entry is not None:
+            entries.append(entry)
+            if replot:
+                quick = bool(entry.meta.get("quick"))
+    _write_combined(out, entries, quick)
+    return entries
+
+
+def _replot_part(n: str, sub: Path, progress: Callable[[str, str], None] | None) -> AllEntry | None:
+    """Re-judge and redraw one stored part (None where it has no stored run)."""
+    if not (sub / "data.json").exists():
+        if progress:
+            progress(n, "no stored run")
+        return None
+    run(n, sub, replot=True)
+    meta = _read_json(sub / "run.json", n)
+    if progress:
+        progress(n, "replotted")
+    return AllEntry(n, meta, _read_json(sub / "claims.json", n), cached=True)
+
+
+def _run_part(n: str, sub: Path, quick: bool, force: bool,
+              progress: Callable[[str, str], None] | None) -> AllEntry:
+    """One part of ``run_all``: reused while not stale (claims re-judged), else run; an
+    unexpected failure is recorded on the entry, not raised."""
+    hit, why = (None, "forced") if force else staleness(n, sub, quick)
+    if hit is not None:  # reuse the data, re-judge the claims and redraw with this code
+        run(n, sub, replot=True)
+        meta, claims = _cached(sub, quick) or ({}, [])
+        if progress:
+            progress(n, "cached (claims re-judged)")
+        return AllEntry(n, meta, claims, cached=True)
+    if progress:
+        progress(n, "running" + (f" ({why})" if why not in ("no finished run", "forced") else ""))
+    try:
+        run(n, sub, quick=quick)
+        meta, claims = _cached(sub, quick) or ({}, [])  # read back exactly what was written
+    except HeadRankError:
+        raise
+    except Exception as e:  # noqa: BLE001 - one failing reproduction must not stop the others
+        if progress:
+            progress(n, "failed")
+        return AllEntry(n, {"name": n, "title": get(n).title, "source": get(n).source, "quick": quick}, [],
+                        cached=False, error=one_line(e, 500, typed=True))
+    if progress:
+        progress(n, "done")
+    return AllEntry(n, meta, claims, cached=False)
+
+
+def _write_combined(out: Path, entries: list[AllEntry], quick: bool) -> None:
+    """out/claims.json, out/summary.json and the self-contained out/report.html."""
+    from headrank.report.html import render_combined
+
+    figures: dict[str, list[dict[str, str]]] = {}
+    for e in entries:
+        figures[e.name] = [
+            {**f, "png_base64": base64.b64encode((out / e.name / f"{f['name']}.png").read_bytes()).decode("ascii")}
+            for f in e.meta.get("figures", [])
+        ]
+    all_claims = [{"reproduction": e.name, **c} for e in entries for c in e.claims]
+    reported = {c["name"] for c in all_claims}  # a row counts as the combined tally does
+    summary = {
+        "quick": quick,
+        "reproductions": [{"name": e.name, "runtime_s": e.meta.get("runtime_s"), "cached": e.cached,
+                           "claims_held": sum(bool(c["held"]) for c in e.claims),
+                           "claims_total": len(e.claims), "tally": tally(e.claims, reported), "error": e.error}
+                          for e in entries],
+        "claims_held": sum(bool(c["held"]) for c in all_claims),
+        "claims_total": len(all_claims),
+        "tally": tally(all_claims),
+        "total_runtime_s": sum(e.meta.get("runtime_s") or 0.0 for e in entries),
+        "versions": versions(),
+    }
+    write_json(out / "claims.json", all_claims)
+    write_json(out / "summary.json", summary)
+    write_text(out / "report.html", render_combined(entries=entries, figures=figures, summary=summary))

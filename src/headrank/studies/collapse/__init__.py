@@ -1,0 +1,42 @@
+"""Reproduction 'collapse': the second document's rank-collapse claims (Dong, Cordonnier, Loukas
+2021; docs/METHODS.md).
+
+params (:mod:`.params`) → experiment (:mod:`.experiment`: surgery on MiniLM, depth sweep,
+path-restricted model, path enumeration) → data → claims (:mod:`.claims`) → figures
+(:mod:`.figures`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from headrank.studies.collapse.claims import claims
+from headrank.studies.collapse.experiment import run
+from headrank.studies.collapse.figures import figures
+from headrank.studies.collapse.params import CollapseParams
+from headrank.studies.registry import CATALOGUE, Study, register_study
+
+SOURCE = "Dong, Cordonnier, Loukas 2021 (an article on it)"
+
+
+def notes(data: dict[str, Any], params: CollapseParams) -> list[str]:
+    """Prose for the report: how surgery treats norms, and which settings are our choices."""
+    return [
+        "Surgery keeps each sublayer's own LayerNorm: BERT's attention sublayer becomes LN(attn(x)) without the skip; "
+        "removing the MLP removes its sublayer with its LayerNorm. LayerNorm acts per token and keeps a collapsed "
+        "(identical-rows) matrix collapsed.",
+        "Random init: the architecture's own initialiser (std 0.02) with torch seed 0; attention is then nearly "
+        "uniform, so pure attention collapses within 2-3 layers to the float64 floor, too fast to fit a depth law.",
+        "The depth sweep uses larger init scales (0.2-0.5) so that attention is not uniform and the decay spans "
+        "several layers before the floor; the scales are our choice.",
+        f"Runs use {params.threads} torch thread(s) (faster for these small models on a shared CPU).",
+        "The stated bound's gamma is not defined in any text we could read (the article: 'constants that depend on "
+        "the attention mechanism and weights'); beta is computed from the real weights and the bound claim reports "
+        "the log10 gamma at which the inequality turns and at which it becomes vacuous.",
+    ]
+
+
+STUDY = register_study(Study(name="collapse", title=CATALOGUE["collapse"][1], source=SOURCE, params=CollapseParams,
+                             run=run, claims=claims, figures=figures, notes=notes))
+
+__all__ = ["STUDY", "CollapseParams", "claims", "figures", "notes", "run"]

@@ -1,0 +1,103 @@
+"""The collapse experiment: surgery on a pretrained model, the depth sweep, the path-restricted
+project model and the path enumeration. Returns JSON-able data; the only slow part."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from headrank.analysis.collapse import (
+    MEASURES,
+    PRIMARY,
+    analyze,
+    byte_batch,
+    depth_sweep,
+    enumerate_paths,
+    fit_depth,
+    path_restricted,
+    path_table,
+    pure_attention_config,
+)
+from headrank.analysis.collapse.bound import surgery_bound
+from headrank.analysis.collapse.surgery import INITS
+from headrank.studies.collapse.claims import geo_curve
+from headrank.studies.collapse.params import CollapseParams
+from headrank.util.threads import torch_threads
+
+ENUMERATED = [(L, H) for L in range(0, 5) for H in range(1, 4)]  # brute-force path counts: L <= 4, H <= 3
+
+
+def _fits_above_floor(curve: np.ndarray, floor: float) -> dict[str, Any]:
+    above = curve > floor
+    n_fit = int(np.argmin(above)) if not above.all() else above.size
+    return {"n_fit": n_fit, "fit": fit_depth(np.arange(n_fit), np.log(curve[:n_fit]))}
+
+
+def _surgery(p: CollapseParams) -> dict[str, Any]:
+    res = analyze(p.model, n_seqs=p.n_seqs, max_tokens=p.max_tokens, seed=p.seed, path_samples=p.path_samples)
+    j = MEASURES.index(PRIMARY)
+    by_seq = {k: v[:, :, j].tolist() for k, v in res.values.items()}
+    paths = res.paths
+    return {"summary": res.summary().to_dict(orient="records"), "layers": res.table.to_dict(orient="records"),
+            "primary_by_seq": by_seq,
+            "pure_fits": {k.split("/")[0]: _fits_above_floor(geo_curve(v), p.floor)
+                          for k, v in by_seq.items() if k.endswith("/pure")},
+            "path_products": res.path_summary().to_dict(orient="records"),
+            "paths": {"length": paths["length"].astype(int).tolist(), "residual": paths["residual"].tolist()},
+            "minilm_meta": res.meta}
+
+
+def _restricted(p: CollapseParams) -> dict[str, Any]:
+    from scipy.stats import spearmanr
+
+    from headrank.models.transformer import Transformer
+
+    ids = byte_batch(p.sweep_seqs, p.sweep_length)
+    out: dict[str, Any] = {}
+    for norm in p.restricted_norms:
+        for std in p.restricted_stds:
+            logs, errs, shares = [], [], []
+            for s in p.sweep_seeds:
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(s)
+                    m = Transformer(pure_attention_config(p.restricted_layers, std, d_model=p.sweep_d_model,
+                                                          n_heads=p.sweep_heads, skip=True, norm=norm))
+                r = path_restricted(m.double().eval(), ids)
+                logs.append(np.log(np.maximum(r["residual"], 1e-300)))
+                errs.append(r["sum_rel_error"])
+                shares.append(np.asarray(r["norm_share"]))  # (L+1, B): |Y_k|_F / sum_k |Y_k|_F per sequence
+            lg = np.concatenate(logs, 1).mean(1)
+            out[f"norm={norm}, init std {std:g}"] = {
+                "geo_mean": np.exp(lg).tolist(), "sum_rel_error": max(errs),
+                "spearman_k_vs_log_residual": float(spearmanr(np.arange(1, lg.size), lg[1:]).statistic),
+                "norm_share_by_k": np.concatenate(shares, 1).T.tolist()}  # per sequence and seed, by k
+    return out
+
+
+def _enumeration() -> list[dict[str, Any]]:
+    """Path counts by brute force: every path (skip or one head per layer) enumerated."""
+    rows = []
+    for L, H in ENUMERATED:
+        counts = [0] * (L + 1)
+        for path in enumerate_paths(L, H):
+            counts[sum(h is not None for h in path)] += 1
+        rows.append({"layers": L, "heads": H, "counts": counts})
+    return rows
+
+
+def run(p: CollapseParams) -> dict[str, Any]:
+    """Surgery on ``p.model``, the depth sweep, the path-restricted model, the bound's inputs (β,
+    absolute residuals, MLP Lipschitz bounds), path enumeration."""
+    with torch_threads(p.threads):
+        data = _surgery(p)
+        data["depth_sweep"] = depth_sweep(n_layers=p.sweep_depth, init_stds=p.sweep_init_stds, seeds=p.sweep_seeds,
+                                          n_seqs=p.sweep_seqs, length=p.sweep_length, d_model=p.sweep_d_model,
+                                          n_heads=p.sweep_heads, floor=p.floor)
+        data["path_restricted"] = _restricted(p)
+        data["bound"] = {"minilm": surgery_bound(p.model, n_seqs=p.n_seqs, max_tokens=p.max_tokens, seed=p.seed,
+                                                 inits=INITS)}
+    data["path_enumeration"] = _enumeration()
+    data["path_table"] = path_table().to_dict(orient="records")
+    return data

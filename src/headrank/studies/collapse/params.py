@@ -1,0 +1,63 @@
+"""Settings of the rank-collapse reproduction (batch sizes, init scales, thresholds: our choices)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from headrank.analysis.collapse import FLOOR
+
+
+@dataclass(frozen=True)
+class CollapseParams:
+    """Everything that shapes the collapse result; ``quick()`` and ``full()`` profiles.
+
+    Surgery on ``model`` (``n_seqs`` corpus sentences of at most ``max_tokens`` tokens, float64,
+    ``path_samples`` head paths per length and sentence); a depth sweep of pure self-attention
+    networks (the project's Transformer, no skip / MLP / norm, ``sweep_depth`` layers, d =
+    ``sweep_d_model``, ``sweep_heads`` heads, random init N(0, std²) for each of
+    ``sweep_init_stds``, ``sweep_seeds`` × ``sweep_seqs`` byte sequences of ``sweep_length``);
+    the project's model restricted to paths (``restricted_layers`` layers, skips, no MLP, norm
+    placements ``restricted_norms``, init scales ``restricted_stds``, same seeds and sequences).
+    ``ratio_collapse`` / ``ratio_prevent``: last/first residual thresholds for "collapsed" /
+    "not collapsed"; ``short_share``: the share of the output norm that paths of length
+    ≤ L/2 must carry for "ensembles of shallow networks"; ``floor``: residuals below it are
+    float64 rounding noise. ``lipschitz_min_points`` / ``lipschitz_alpha``: the MLP-Lipschitz
+    claim needs at least that many (layer, init) points above the floor (with fewer, a one-sided
+    Spearman test at 0.05 needs a perfect ordering) and a one-sided p below alpha.
+    ``bound_log10_gamma``: log10 of the γ of the stated bound; None, because no text we could read
+    defines it (the bound claim then reports the γ at which the inequality turns).
+    """
+
+    model: str = "minilm"
+    n_seqs: int = 32
+    max_tokens: int = 64
+    path_samples: int = 32
+    seed: int = 0
+    sweep_depth: int = 12
+    sweep_init_stds: tuple[float, ...] = (0.02, 0.2, 0.3, 0.5)
+    sweep_seeds: tuple[int, ...] = (0, 1, 2)
+    sweep_seqs: int = 16
+    sweep_length: int = 32
+    sweep_d_model: int = 64
+    sweep_heads: int = 4
+    restricted_layers: int = 6
+    restricted_norms: tuple[str, ...] = ("none", "pre")
+    restricted_stds: tuple[float, ...] = (0.02, 0.3)
+    ratio_collapse: float = 1e-2
+    ratio_prevent: float = 0.5
+    short_share: float = 0.5
+    floor: float = FLOOR
+    threads: int = 1
+    lipschitz_min_points: int = 5
+    lipschitz_alpha: float = 0.05
+    bound_log10_gamma: float | None = None
+
+    @classmethod
+    def quick(cls) -> CollapseParams:
+        """8 sentences of 32 tokens, 8 paths per length, 2 sweep seeds x 8 sequences (seconds)."""
+        return cls(n_seqs=8, max_tokens=32, path_samples=8, sweep_seeds=(0, 1), sweep_seqs=8)
+
+    @classmethod
+    def full(cls) -> CollapseParams:
+        """32 sentences of 64 tokens, 32 paths per length, 3 sweep seeds x 16 sequences."""
+        return cls()

@@ -1,0 +1,24 @@
+"""Names written before the package was renamed from ``attnrank`` to ``headrank``, read as today's.
+
+Run directories, ``config.json`` files (``model_type: attnrank``), sweep, series and reproduction
+outputs written by ``attnrank`` keep opening: every reader of such a file passes the parsed dict
+through :func:`upgrade` first. Nothing is rewritten on disk.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+OLD_NAME = "attnrank"
+#: old value -> today's, for the keys that hold the package's name
+RENAMED = {"attnrank": "headrank", "attnrank-run": "headrank-run", "attnrank-series": "headrank-series"}
+KEYS = ("model_type", "kind")
+
+
+def upgrade(obj: Any) -> Any:
+    """``obj`` with the package's old name in ``model_type``/``kind`` read as the new one (a copy
+    when anything changed; anything but a dict is returned as it is)."""
+    if not isinstance(obj, dict):
+        return obj
+    changed = {k: RENAMED[v] for k in KEYS if isinstance(v := obj.get(k), str) and v in RENAMED}
+    return {**obj, **changed} if changed else obj

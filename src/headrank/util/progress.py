@@ -1,0 +1,93 @@
+"""Progress as plain lines, for a console that is not a terminal (a log file, a pipe, CI).
+
+A rich progress bar draws nothing when stderr is not a terminal, so a long command run with its
+output redirected printed nothing for minutes. :class:`LineProgress` takes its place there: the
+part of :class:`rich.progress.Progress`'s interface the commands use (``add_task``, ``update``,
+a context manager), writing one line such as ``layers 4/6 (12 s)`` at most every ``every_s``
+seconds, and a last line when the task is complete. Nothing is printed in the first
+``every_s`` seconds, so a quick command (or one that fails at once with its one error line)
+prints no progress at all.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+EVERY_S = 15.0
+
+
+class LineProgress:
+    """Plain-line progress on ``console`` (anything with ``print(str, highlight=...)``)."""
+
+    def __init__(self, console: Any, every_s: float = EVERY_S, clock: Callable[[], float] = time.monotonic):
+        self.console, self.every_s, self.clock = console, every_s, clock
+        self.tasks: list[dict[str, Any]] = []
+        self.start = self.last = clock()
+        self.printed = 0
+
+    def __enter__(self) -> LineProgress:
+        self.start = self.last = self.clock()
+        return self
+
+    def __exit__(self, *exc: Any) -> bool:
+        return False
+
+    def add_task(self, description: str, total: float | None = None, **fields: Any) -> int:
+        self.tasks.append({"description": description, "total": total, "completed": 0, "fields": dict(fields)})
+        return len(self.tasks) - 1
+
+    def update(self, task_id: int, *, completed: float | None = None, total: float | None = None,
+               advance: float | None = None, description: str | None = None, **fields: Any) -> None:
+        t = self.tasks[task_id]
+        before = (t["completed"], t["description"])
+        if total is not None:
+            t["total"] = total
+        if completed is not None:
+            t["completed"] = completed
+        if advance is not None:
+            t["completed"] += advance
+        if description is not None:
+            t["description"] = description
+        t["fields"].update(fields)
+        if (t["completed"], t["description"]) == before:
+            return
+        now = self.clock()
+        done = t["total"] is not None and t["completed"] >= t["total"]
+        if now - self.last >= self.every_s or (done and self.printed):
+            self.last = now
+            self.printed += 1
+            self.console.print(self.line(t, now), highlight=False)
+
+    def line(self, t: dict[str, Any], now: float) -> str:
+        n = f"{t['completed']:g}" + (f"/{t['total']:g}" if t["total"] is not None else "")
+        info = " ".join(str(v) for v in t["fields"].values() if v not in (None, ""))
+        return f"{t['description']} {n}{'  ' + info if info else ''} ({now - self.start:.0f} s)"
+
+
+class Heartbeat:
+    """For a long call that reports no progress of its own (a reproduction): a line ``LABEL ...
+    (N s)`` on ``console`` every ``every_s`` seconds from a daemon thread, the first after
+    ``every_s`` seconds (a quick call prints nothing); stops when the block ends."""
+
+    def __init__(self, console: Any, label: str, every_s: float = 30.0):
+        import threading
+
+        self.console, self.label, self.every_s = console, label, every_s
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._beat, name="headrank-heartbeat", daemon=True)
+
+    def _beat(self) -> None:
+        start = time.monotonic()
+        while not self.stop.wait(self.every_s):
+            self.console.print(f"{self.label} ... ({time.monotonic() - start:.0f} s)", highlight=False)
+
+    def __enter__(self) -> Heartbeat:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> bool:
+        self.stop.set()
+        self.thread.join()
+        return False
