@@ -60,8 +60,8 @@ import pandas as pd
 from headrank.core.linalg import DEFAULT_TOL
 from headrank.core.metrics import SUMMARY_METRICS
 from headrank.errors import HeadRankError, one_line
-from headrank.util.legacy import upgrade
 from headrank.util.fileio import moved, staged_output, write_atomic, write_json
+from headrank.util.legacy import upgrade
 from headrank.util.ray import ray_session
 
 KEY = ("checkpoint", "step")

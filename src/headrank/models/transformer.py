@@ -36,8 +36,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from headrank.errors import HeadRankError, one_line
-from headrank.util.legacy import upgrade
 from headrank.util.fileio import write_atomic, write_json
+from headrank.util.legacy import upgrade
 
 NormPlacement = Literal["pre", "post", "none"]
 MODEL_TYPE = "headrank"

@@ -35,7 +35,6 @@ from typing import Any
 from headrank.errors import HeadRankError, one_line
 from headrank.studies.registry import QUOTES, Claim, Result, citation_problems, get, names, tally
 from headrank.util.env import versions
-from headrank.util.legacy import OLD_NAME
 from headrank.util.fileio import (
     jsonable,
     moved,
@@ -45,6 +44,7 @@ from headrank.util.fileio import (
     write_json,
     write_text,
 )
+from headrank.util.legacy import OLD_NAME
 
 
 @dataclass

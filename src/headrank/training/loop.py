@@ -55,7 +55,6 @@ import torch.nn as nn
 
 from headrank.analysis.tracker import RankTracker
 from headrank.errors import HeadRankError, one_line
-from headrank.util.legacy import upgrade
 from headrank.io.rundir import (
     CHECKPOINTS,
     LOCK,
@@ -78,6 +77,7 @@ from headrank.training.optim import param_groups
 from headrank.training.state import load_checkpoint, save_checkpoint
 from headrank.util.env import versions
 from headrank.util.fileio import write_json
+from headrank.util.legacy import upgrade
 
 Progress = Callable[[int, int, dict[str, Any] | None], None]
 
