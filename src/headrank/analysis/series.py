@@ -438,7 +438,7 @@ def _tracker_rows(series: Any, revisions: Any, items: list[SeriesItem], arch: di
     if not is_regular_file(run / "config.json"):  # a FIFO would block the read
         return None
     try:
-        cfg = json.loads((run / "config.json").read_text())
+        cfg = upgrade(json.loads((run / "config.json").read_text()))
     except (OSError, ValueError):
         return None
     if not isinstance(cfg, dict) or cfg.get("tol") != tol:

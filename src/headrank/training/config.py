@@ -27,6 +27,7 @@ from headrank.errors import HeadRankError
 from headrank.models.data import ImageTaskConfig, LMTaskConfig
 from headrank.models.tasks import RecallConfig, RecallStream, recall_loss_and_accuracy
 from headrank.models.transformer import ModelConfig, Transformer, ViT, ViTConfig
+from headrank.util.legacy import upgrade
 
 #: the largest seed accepted (torch's generators take 64-bit seeds; offsets stay below the limit)
 MAX_SEED = 2**63 - 1
@@ -274,6 +275,7 @@ def run_config(cfg: TrainConfig) -> dict[str, Any]:
 def comparable(d: dict[str, Any]) -> dict[str, Any]:
     """The part of a run's ``config.json`` that must match for a resume (not versions, device,
     the threads it started with or how many checkpoints it keeps)."""
+    d = upgrade(d)  # a run written by attnrank, before the rename, compares as today's
     return {k: v for k, v in d.items() if k not in ("versions", "device", "threads", "keep_checkpoints")}
 
 

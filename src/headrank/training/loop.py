@@ -95,7 +95,7 @@ def _prepare_run_dir(run: Path, cfg: TrainConfig, resume: bool) -> None:
 
         regular_file(cfg_path, "run config")  # a FIFO would block the read forever
         try:
-            old = json.loads(cfg_path.read_text())
+            old = upgrade(json.loads(cfg_path.read_text()))
         except (OSError, ValueError) as e:
             raise HeadRankError(f"cannot read {cfg_path}: {e}") from None
         new = run_config(cfg)

@@ -16,9 +16,11 @@ KEYS = ("model_type", "kind")
 
 
 def upgrade(obj: Any) -> Any:
-    """``obj`` with the package's old name in ``model_type``/``kind`` read as the new one (a copy
-    when anything changed; anything but a dict is returned as it is)."""
+    """``obj`` with the package's old name in ``model_type``/``kind`` read as the new one, in the
+    dict and in the dicts nested in it (a run's ``model``, a series' ``architecture``); a copy
+    when anything changed, anything but a dict returned as it is."""
     if not isinstance(obj, dict):
         return obj
-    changed = {k: RENAMED[v] for k in KEYS if isinstance(v := obj.get(k), str) and v in RENAMED}
-    return {**obj, **changed} if changed else obj
+    out = {k: upgrade(v) if isinstance(v, dict) else v for k, v in obj.items()}
+    out.update({k: RENAMED[v] for k in KEYS if isinstance(v := obj.get(k), str) and v in RENAMED})
+    return out if out != obj else obj
