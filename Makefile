@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_OUT ?= demo-out
 
-.PHONY: venv demo test fuzz lint bench gallery gallery-full reproduce-full clean
+.PHONY: venv demo test test-fast fuzz lint bench gallery gallery-full reproduce-full clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,8 +25,13 @@ demo: $(STAMP)
 	@echo
 	@echo "Open $(DEMO_OUT)/heads.csv (one row per layer x head x product) and the figures $(DEMO_OUT)/*.png"
 
+# The whole suite (slow end-to-end tests included); PYTEST_ARGS adds options, e.g. --durations=25.
 test: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# The fast lane: everything not marked slow (under 2 minutes on a quiet 2-core machine).
+test-fast: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 # The fuzz suite with many random inputs (make test runs a few fixed ones): FUZZ_EXAMPLES per test.
 FUZZ_EXAMPLES ?= 400

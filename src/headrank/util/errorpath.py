@@ -76,6 +76,18 @@ def broken_pipe(e: BrokenPipeError, print_error: Callable[[str], None]) -> None:
     print_error(f"{e.strerror or 'broken pipe'}: {e.filename or 'a pipe or socket closed'}")
 
 
+def expand_tilde(args: list[str]) -> list[str]:
+    """Each word that begins with ``~`` or ``~user``, alone or after an option's ``=``, with the
+    home directory in its place, as a shell expands an unquoted word: ``--out "~/x"`` and
+    ``--out=~/x`` reach the command as the path the user meant, not a directory named ``~``. A
+    word whose user is unknown stays as it is."""
+    out = []
+    for a in args:
+        opt, eq, val = a.partition("=") if a.startswith("--") and "=" in a else ("", "", a)
+        out.append(opt + eq + (os.path.expanduser(val) if val.startswith("~") else val))
+    return out
+
+
 def run_app(app: Any, print_error: Callable[[str], None], state: dict[str, bool]) -> NoReturn:
     """Run the typer ``app`` and exit with its status, every failure as one line on stderr.
 
@@ -87,7 +99,7 @@ def run_app(app: Any, print_error: Callable[[str], None], state: dict[str, bool]
 
     state["debug"] = debug_from_env()
     try:
-        code = app(standalone_mode=False)  # typer turns Ctrl-C inside a command into exit code 130
+        code = app(args=expand_tilde(sys.argv[1:]), standalone_mode=False)  # typer turns Ctrl-C inside a command into exit code 130
         sys.stdout.flush()
     except typer.TyperException as e:
         if type(e).__name__ != "NoArgsIsHelpError":  # that one has printed the help already
