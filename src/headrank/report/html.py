@@ -226,7 +226,7 @@ def _section(name: str, meta: dict[str, Any], claims: list[dict[str, Any]], figu
     groups = claim_groups(claims)
     exposure = any(c.get("exposure") not in (None, {}) for c in claims if c.get("kind") != "identity")
     notes = "".join(f"<li>{escape(n)}</li>" for n in meta.get("notes", []))
-    prof = "quick" if meta.get("quick") else "full"
+    prof = meta.get("profile") or ("quick" if meta.get("quick") else "full")
     parts = [f"<h2 id='{escape(name)}'>{escape(name)}: {escape(meta.get('title', ''))}</h2>",
              f"<p class='sub'>{prof} profile; runtime {fmt_value(meta.get('runtime_s'), 3)} s</p>"]
     if quote:
@@ -356,7 +356,7 @@ def render_report(*, meta: dict[str, Any], claims: list[dict[str, Any]], figures
     """
     name = meta["name"]
     body = (f"<h1>headrank reproduce {escape(name)}</h1>"
-            f"<p class='sub'>{'quick' if meta.get('quick') else 'full'} profile, "
+            f"<p class='sub'>{meta.get('profile') or ('quick' if meta.get('quick') else 'full')} profile, "
             f"{fmt_value(meta.get('runtime_s'), 3)} s; {escape(_versions_line(meta.get('versions', {})))}</p>"
             + _summary_table([(name, meta, claims, None)])
             + f"<p class='reading'>{escape(reading(claims))}</p>"

@@ -48,7 +48,7 @@ def parse_scales(text: str) -> tuple[float, ...]:
     try:
         vals = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise HeadRankError(f"--scales must be comma-separated numbers, got {text!r}") from None
+        raise HeadRankError(f"`scales` must be comma-separated numbers, got {text!r}") from None
     return check_scales(vals)
 
 
