@@ -97,7 +97,7 @@ def read_csv(path: Path):
     if not path.is_file():
         raise HeadRankError(f"{path.parent} has no {path.name}: not a saved result of this kind")
     try:
-        return pd.read_csv(path, float_precision="round_trip")
+        return pd.read_csv(path)
     except pd.errors.EmptyDataError:  # an empty table (no columns) was saved
         return pd.DataFrame()
 
