@@ -49,3 +49,15 @@ def test_the_cli_maps_parameter_names_to_flags():
     assert flag_message("`attn_weight_decay` is fixed", {}) == "--attn-wd is fixed"
     assert flag_message("use `out` and `scales`", {"scales": "--scales"}) == "use --out and --scales"
     assert flag_message("`x` left as it is", {}) == "`x` left as it is"
+
+
+def test_docstrings_cite_pages_of_the_repository():
+    """Docstrings cite pages under docs/ that exist, never REFERENCE.md (outside the repository)."""
+    docs = ROOT.parents[1] / "docs"
+    for path in sorted(ROOT.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                if path.name != "registry.py":
+                    assert "REFERENCE.md" not in node.value, path
+                for page in re.findall(r"docs/([\w/.-]+\.md)", node.value):
+                    assert (docs / page).is_file(), f"{path.relative_to(ROOT)} cites docs/{page}, which is missing"

@@ -1,6 +1,6 @@
 """Declarative layout table: model_type → attention tensors → per-head factors.
 
-Conventions (REFERENCE.md §1), PyTorch ``nn.Linear`` layout ``weight = (out, in)``:
+Conventions (docs/methods/products.md), PyTorch ``nn.Linear`` layout ``weight = (out, in)``:
 
 - ``W_Q,h, W_K,h, W_V,h ∈ R^{dh×d}`` are head h's rows of the projection weights;
 - ``P_h ∈ R^{d×dh}`` is head h's column block of the output projection ``W_O`` (d × H·dh);

@@ -1,6 +1,6 @@
 """Rank collapse of token representations across depth (Dong, Cordonnier, Loukas, ICML 2021).
 
-The package, by part (REFERENCE.md §4):
+The package, by part (docs/methods/collapse.md):
 
 - :mod:`~headrank.analysis.collapse.measures`: relative residual ``‖X − 1xᵀ‖ / ‖X‖`` in the
   ℓ1, ℓ∞, composite ``√(ℓ1·ℓ∞)`` and Frobenius norms (mean row or best-fit row), pairwise

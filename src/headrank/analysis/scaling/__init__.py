@@ -1,4 +1,4 @@
-"""Scale invariance of a model's function (REFERENCE.md §5; source document 002), behind
+"""Scale invariance of a model's function (docs/methods/scale.md; source document 002), behind
 ``headrank scale MODEL``:
 
 - :mod:`.invariance`: the per-tensor test (``W → cW``: invariant, homogeneous of degree k,

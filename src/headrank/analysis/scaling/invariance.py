@@ -1,5 +1,5 @@
 """Per-tensor scale test: is the model's function invariant, homogeneous of some degree, or
-neither under ``W → cW`` (REFERENCE.md §5)?
+neither under ``W → cW`` (docs/methods/scale.md)?
 
 The function ``f`` is the model's output on fixed real inputs, computed in float64. For each
 parameter tensor (or a named group of tensors, scaled together) and each factor ``c``:
