@@ -51,6 +51,16 @@ details > div { padding: 0.3rem 0.6rem; border-left: 2px solid #ddd; margin: 0.2
 
 _VERDICT_CLASS = {"held": "held", "not held": "not-held", "inconclusive": "inconclusive"}
 MAX_CELL = 300  # characters of a statement shown in a claims row; the rest is folded
+MAX_VISIBLE = 400  # characters of text any table cell shows; the rest goes into a fold beside it
+
+
+def clipped(text: str, limit: int = MAX_VISIBLE) -> str:
+    """``text`` escaped for a table cell; longer than ``limit``, its start and the whole of it
+    in a fold (so no visible cell grows with the rules or the data)."""
+    if len(text) <= limit:
+        return escape(text)
+    head = text[:limit - 40].rsplit(" ", 1)[0] + " …"
+    return f"{escape(head)}<details><summary>all of it</summary><div>{escape(text)}</div></details>"
 
 
 # --------------------------------------------------------------------------- numbers
@@ -174,8 +184,13 @@ def _claim_rows(claims: list[dict[str, Any]], with_exposure: bool) -> str:
     rows = []
     for c in claims:
         st = c.get("statement", "")
-        short = st if len(st) <= MAX_CELL else st[:MAX_CELL].rsplit(" ", 1)[0] + " …"
+        room = max(80, min(MAX_CELL, MAX_VISIBLE - len(c["name"]) - 2))
+        short = st if len(st) <= room else st[:room].rsplit(" ", 1)[0] + " …"
+        quote = c.get("quote") if c.get("quote") and not c.get("supports") else ""
         fold = []
+        if quote and len(c["name"]) + len(short) + len(quote) + len(c.get("source", "")) + 2 > MAX_VISIBLE:
+            fold.append(f"<blockquote>{escape(quote)}<cite>{escape(c.get('source', ''))}</cite></blockquote>")
+            quote = ""  # too long to sit beside the statement: first in the fold
         if short != st:
             fold.append(f"<p>{escape(st)}</p>")
         if c.get("reason"):
@@ -196,10 +211,9 @@ def _claim_rows(claims: list[dict[str, Any]], with_exposure: bool) -> str:
         exp = f"<td class='n'>{escape(_exposure_text(c.get('exposure')))}</td>" if with_exposure else ""
         rows.append(
             f"<tr><td>{_badge(c)}</td><td class='st'><b>{escape(c['name'])}</b> {escape(short)}"
-            + (f"<blockquote>{escape(c['quote'])}<cite>{escape(c.get('source', ''))}</cite></blockquote>"
-               if c.get("quote") and not c.get("supports") else "")
+            + (f"<blockquote>{escape(quote)}<cite>{escape(c.get('source', ''))}</cite></blockquote>" if quote else "")
             + f"<details><summary>details</summary><div>{''.join(fold)}</div></details></td>"
-            f"<td class='n'>{escape(measured_brief(c))}</td><td class='n'>{escape(brief(c.get('expected')))}</td>"
+            f"<td class='n'>{clipped(measured_brief(c))}</td><td class='n'>{clipped(brief(c.get('expected')))}</td>"
             f"{exp}</tr>")
     head = "<tr><th>verdict</th><th>claim</th><th>measured</th><th>expected</th>" + \
         ("<th>exposure</th>" if with_exposure else "") + "</tr>"
@@ -326,8 +340,8 @@ def coverage_html(by_name: dict[str, dict[str, Any]]) -> str:
         for n in (x.strip() for x in tested.split(",") if x.strip()):
             c = by_name.get(n)
             cells.append(f"{escape(n)} {_badge(c)}" if c else f"{escape(n)} <span class='sub'>(not run)</span>")
-        rows.append(f"<tr><td>{escape(doc)}</td><td>{escape(place)}</td><td>{escape(statement)}</td>"
-                    f"<td class='n'>{'<br>'.join(cells) or '—'}</td><td>{escape(why)}</td></tr>")
+        rows.append(f"<tr><td>{escape(doc)}</td><td>{clipped(place)}</td><td>{clipped(statement)}</td>"
+                    f"<td class='n'>{'<br>'.join(cells) or '—'}</td><td>{clipped(why)}</td></tr>")
     head = "<tr><th>document</th><th>place</th><th>statement</th><th>tested by</th><th>note</th></tr>"
     return (f"<h2 id='coverage'>Coverage: every statement of the documents</h2><div class='wrap'><table>{head}"
             f"{''.join(rows)}</table></div>")
