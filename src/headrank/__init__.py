@@ -4,6 +4,11 @@ The package is layered, each layer importing only from the ones before it (tests
 ``util`` → ``core`` → ``io`` → ``models`` → ``analysis`` → ``training`` → ``studies`` →
 ``report`` → ``cli``. The public entry points below are loaded on first use, so importing a
 low layer (``headrank.core.linalg``) does not pull in the rest.
+
+Every command of the CLI is a function here (:data:`VERBS`: ``spectra``, ``compress``, ``track``,
+``collapse``, ``scale``, ``train``, ``sweep``, ``reproduce``), taking what the command takes and
+returning a result with one contract (``table``, ``meta``, ``summary()``, ``save``, ``load``,
+``plot()``, ``to_json()``; docs/python.md).
 """
 
 from __future__ import annotations

@@ -345,16 +345,44 @@ def track(series: str | os.PathLike | Sequence[str | os.PathLike], out: str | os
           revisions: str | Sequence[str] | None = None, tol: float = DEFAULT_TOL, workers: int | None = None,
           ray: str | None = None, plots: bool = True, force: bool = False, metrics: bool = True,
           remote: bool = False, progress: Callable[[int, int], None] | None = None) -> SeriesResult:
-    """Measure every checkpoint of ``series`` into ``out`` (see the module docstring).
+    """``headrank track SERIES --out OUT``: measure every checkpoint of ``series`` into ``out``
+    (see the module docstring and ``docs/verbs/track.md``).
 
-    ``remote``: Hub revisions read over HTTP ranges (``revisions="all"``: the repo's refs). A
-    checkpoint whose analysis fails is tried :data:`CHECKPOINT_TRIES` times, then recorded as
+    A checkpoint whose analysis fails is tried :data:`CHECKPOINT_TRIES` times, then recorded as
     failed (``result.failed``, ``series.json``'s ``failed``) while the others go on; the next run
     tries it again.
 
-    ``force``: measure into an ``out`` made from other checkpoints or another tolerance (its
-    tables of checkpoints that are not these are redone). ``metrics``: for a run directory, also
-    use the tracker rows of ``metrics.jsonl`` at steps without a checkpoint."""
+    Parameters
+    ----------
+    series
+        A training run directory, a Trainer ``output_dir``, several checkpoint directories, or a
+        Hub id with ``revisions``.
+    out
+        The series directory (resumable): table.csv, summary.csv, series.json, over_training.png.
+    revisions
+        Hub revisions (``"step1000,step2000"`` or a sequence); ``"all"`` with ``remote``: every
+        ref named by a step.
+    tol
+        Relative threshold τ of the numerical rank.
+    workers
+        Worker processes, one checkpoint each (1 to 4 per CPU; default: the CPUs).
+    ray
+        Analyse the checkpoints as Ray tasks: a cluster address, ``"auto"`` or ``"local"``.
+    plots
+        Draw over_training.png.
+    force
+        Measure into an ``out`` made from other checkpoints or another tolerance (its tables of
+        checkpoints that are not these are redone).
+    metrics
+        For a run directory, also use the tracker rows of ``metrics.jsonl`` at steps without a
+        checkpoint.
+    remote
+        Hub revisions read over HTTP ranges.
+
+    Returns
+    -------
+    SeriesResult
+    """
     out = _check_args(tol, workers, out)
     items = resolve_series(series, revisions, remote=remote)
     ids: dict[str, str] = {}

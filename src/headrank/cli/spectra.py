@@ -152,7 +152,9 @@ def compress(
     d = res.to_json() if hasattr(res, "to_json") else res  # the result object, or its dict
     for n in d.get("notes", []):
         err_console.print(styled("yellow", "note: ", n), highlight=False)
-    if not quiet or as_json:
+    if as_json and hasattr(res, "to_json"):  # a result of the one contract: --json is its to_json()
+        sys.stdout.write(json.dumps(d, indent=2) + "\n")
+    elif not quiet or as_json:
         sys.stdout.write("\n".join(compress_lines(d, out, as_json)) + "\n")
 
 

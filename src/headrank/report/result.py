@@ -119,13 +119,13 @@ def reproduce(name: str, out: str | os.PathLike | None = None, *, profile: str =
     from headrank.studies import registry
 
     if not isinstance(name, str) or not name:
-        raise HeadRankError("name must be a reproduction's name or 'all'")
+        raise HeadRankError("`name` must be a reproduction's name or 'all'")
     if name == "all" and model is not None:
-        raise HeadRankError("model applies to one reproduction (e.g. fig4), not to 'all'")
+        raise HeadRankError("`model` applies to one reproduction (e.g. fig4), not to 'all'")
     out = Path(out) if out is not None else Path("out") / name
     if name == "all":
         if profile not in ("quick", "full"):
-            raise HeadRankError(f"profile of 'all' must be quick or full; got {str(profile)[:40]!r}")
+            raise HeadRankError(f"`profile` of 'all' must be quick or full; got {str(profile)[:40]!r}")
         runner.run_all(out, quick=profile == "quick", force=force, replot=replot)
         return ReproduceResult.load(out)
     study = registry.get(name).study

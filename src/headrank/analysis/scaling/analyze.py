@@ -89,7 +89,7 @@ def parse_group(spec: str) -> tuple[str, list[str]]:
     name, sep, pats = spec.partition("=")
     patterns = [p.strip() for p in pats.split(",") if p.strip()]
     if not sep or not name.strip() or not patterns:
-        raise HeadRankError(f"groups must look like NAME=PATTERN[,PATTERN...], got {spec!r}")
+        raise HeadRankError(f"`groups` must look like NAME=PATTERN[,PATTERN...], got {spec!r}")
     return name.strip(), patterns
 
 
