@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_OUT ?= demo-out
 
-.PHONY: venv demo test test-fast fuzz lint bench gallery gallery-full reproduce-full clean
+.PHONY: venv demo test test-fast fuzz lint docs bench gallery gallery-full reproduce-full clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -42,6 +42,10 @@ fuzz: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 
+# The documentation site (mkdocs.yml, docs/) into site/; --strict: a broken link or reference fails it.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict
+
 bench: $(STAMP)
 	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python benchmarks/bench_spectra.py
@@ -60,4 +64,4 @@ gallery-full: reproduce-full
 	$(BIN)/python docs/gallery.py out/full docs
 
 clean:
-	rm -rf $(VENV) $(DEMO_OUT)
+	rm -rf $(VENV) $(DEMO_OUT) site

@@ -67,7 +67,7 @@ def run_floor(path: Path, out: Path, _args) -> dict:
 def run_spectra(path: Path, _out: Path, _args) -> dict:
     import headrank
 
-    return {"rows": len(headrank.spectra(path, threads=1))}
+    return {"rows": len(headrank.spectra(path, threads=1).table)}
 
 
 def run_compress(path: Path, out: Path, args, layout: str | None = None) -> dict:

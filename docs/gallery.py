@@ -1,10 +1,10 @@
-"""Regenerate the README's gallery from a `reproduce all` output folder (`make gallery` for the quick
+"""Regenerate the gallery from a `reproduce all` output folder (`make gallery` for the quick
 profile, `make gallery-full` for the full one).
 
 Copies a few figures into docs/ (quick profile only), writes docs/claims_{quick,full}.md (the
 summary table of the report, then every claim grouped as the tally counts them: the documents'
 findings with their quotes and rules, supporting evidence, our checks, identities), replaces
-the README's summary table of that profile (between its BEGIN/END markers) with the same
+docs/report.md's summary table of that profile (between its BEGIN/END markers) with the same
 summary table the report opens with, and writes the coverage table into docs/METHODS.md
 (between its markers).
 """
@@ -134,7 +134,7 @@ def main(src: Path, docs: Path) -> None:
             + f"## The documents' findings: quote, rule, verdict\n\n{quotes_and_rules(claims)}\n\n"
             f"## Every claim\n\n{claims_table(claims)}\n")
     write_text(docs / f"claims_{profile}.md", text)
-    update_readme(docs.parent / "README.md", profile, table)
+    update_readme(docs / "report.md", profile, table)  # the claims tables live on the report page
     update_between(docs / "METHODS.md", "<!-- coverage:begin (docs/gallery.py) -->", "<!-- coverage:end -->",
                    coverage.markdown())
     print(text)

@@ -4,6 +4,11 @@ The package is layered, each layer importing only from the ones before it (tests
 ``util`` → ``core`` → ``io`` → ``models`` → ``analysis`` → ``training`` → ``studies`` →
 ``report`` → ``cli``. The public entry points below are loaded on first use, so importing a
 low layer (``headrank.core.linalg``) does not pull in the rest.
+
+Every command of the CLI is a function here (:data:`VERBS`: ``spectra``, ``compress``, ``track``,
+``collapse``, ``scale``, ``train``, ``sweep``, ``reproduce``), taking what the command takes and
+returning a result with one contract (``table``, ``meta``, ``summary()``, ``save``, ``load``,
+``plot()``, ``to_json()``; docs/python.md).
 """
 
 from __future__ import annotations
@@ -14,23 +19,54 @@ from headrank.errors import HeadRankError
 from headrank.util.env import __version__
 
 if TYPE_CHECKING:  # pragma: no cover
-    from headrank.analysis.scan import SpectraResult, analyze, save, spectra
+    from headrank.analysis.collapse.analyze import CollapseResult
+    from headrank.analysis.collapse.analyze import collapse as collapse
+    from headrank.analysis.compress import compress as compress
+    from headrank.analysis.scaling.analyze import ScaleResult
+    from headrank.analysis.scaling.analyze import scale as scale
+    from headrank.analysis.scan import HeadSpectrum, SpectraResult, analyze, save, spectra
+    from headrank.analysis.series import SeriesResult
+    from headrank.analysis.series import track as track
     from headrank.analysis.tracker import RankTracker
+    from headrank.report.result import ReproduceResult
+    from headrank.report.result import reproduce as reproduce
     from headrank.training.integrations import RankCallback
+    from headrank.training.loop import RunResult
+    from headrank.training.loop import train_task as train
     from headrank.training.optim import param_groups
+    from headrank.training.sweep import SweepResult
+    from headrank.training.sweep import sweep_verb as sweep
 
-__all__ = ["HeadRankError", "RankCallback", "RankTracker", "SpectraResult", "analyze", "param_groups", "save", "spectra",
-           "__version__"]
-# public name -> module that defines it, imported on first use (importing headrank stays cheap:
-# no torch, pandas or matplotlib until one of these is touched)
+#: the CLI's verbs, each a function taking what the verb takes (docs/python.md)
+VERBS = ("spectra", "compress", "track", "collapse", "scale", "train", "sweep", "reproduce")
+
+__all__ = ["CollapseResult", "HeadRankError", "HeadSpectrum", "RankCallback", "RankTracker", "ReproduceResult",
+           "RunResult", "ScaleResult", "SeriesResult", "SpectraResult", "SweepResult", "__version__", "analyze",
+           "collapse", "compress", "param_groups", "reproduce", "save", "scale", "spectra", "sweep", "track", "train"]
+# public name -> (module that defines it, its name there), imported on first use (importing
+# headrank stays cheap: no torch, pandas or matplotlib until one of these is touched)
 _LAZY = {
-    "SpectraResult": "headrank.analysis.scan",
-    "analyze": "headrank.analysis.scan",
-    "spectra": "headrank.analysis.scan",
-    "save": "headrank.analysis.scan",
-    "RankTracker": "headrank.analysis.tracker",
-    "RankCallback": "headrank.training.integrations",
-    "param_groups": "headrank.training.optim",
+    "spectra": ("headrank.analysis.scan", "spectra"),
+    "analyze": ("headrank.analysis.scan", "analyze"),
+    "save": ("headrank.analysis.scan", "save"),
+    "SpectraResult": ("headrank.analysis.scan", "SpectraResult"),
+    "HeadSpectrum": ("headrank.analysis.scan", "HeadSpectrum"),
+    "compress": ("headrank.analysis.compress", "compress"),
+    "collapse": ("headrank.analysis.collapse.analyze", "collapse"),
+    "CollapseResult": ("headrank.analysis.collapse.analyze", "CollapseResult"),
+    "scale": ("headrank.analysis.scaling.analyze", "scale"),
+    "ScaleResult": ("headrank.analysis.scaling.analyze", "ScaleResult"),
+    "track": ("headrank.analysis.series", "track"),
+    "SeriesResult": ("headrank.analysis.series", "SeriesResult"),
+    "train": ("headrank.training.loop", "train_task"),
+    "RunResult": ("headrank.training.loop", "RunResult"),
+    "sweep": ("headrank.training.sweep", "sweep_verb"),
+    "SweepResult": ("headrank.training.sweep", "SweepResult"),
+    "reproduce": ("headrank.report.result", "reproduce"),
+    "ReproduceResult": ("headrank.report.result", "ReproduceResult"),
+    "RankTracker": ("headrank.analysis.tracker", "RankTracker"),
+    "RankCallback": ("headrank.training.integrations", "RankCallback"),
+    "param_groups": ("headrank.training.optim", "param_groups"),
 }
 
 
@@ -38,7 +74,8 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        module, attr = _LAZY[name]
+        return getattr(importlib.import_module(module), attr)
     raise AttributeError(f"module 'headrank' has no attribute {name!r}")
 
 

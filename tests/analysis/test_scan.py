@@ -63,7 +63,7 @@ def test_one_head_against_dense_svd(minilm_dir, minilm_result):
 
 
 def test_public_api_and_layer_selection():
-    t = headrank.spectra("minilm", layers=[1, 3], tol=1e-2)
+    t = headrank.spectra("minilm", layers=[1, 3], tol=1e-2).table
     assert sorted(t["layer"].unique()) == [1, 3]
     assert parse_layers("0,2-4", 6) == [0, 2, 3, 4]
     with pytest.raises(HeadRankError):

@@ -30,7 +30,7 @@ def test_bad_sources(source, needle):
 @pytest.mark.parametrize("kwargs, needle", [
     ({"layers": 5}, "layers must be a spec string"),
     ({"layers": []}, "layers is empty"),
-    ({"layers": ""}, "--layers is empty"),
+    ({"layers": ""}, "`layers` is empty"),
     ({"layers": [0, "1"]}, "layers must be integers"),
     ({"layers": [True]}, "layers must be integers"),
     ({"layers": "3-1"}, "the range 3-1 is empty"),
@@ -39,8 +39,8 @@ def test_bad_sources(source, needle):
     ({"tol": "abc"}, "tolerance must be a number"),
     ({"tol": True}, "tolerance must be a number"),
     ({"tol": float("nan")}, "tolerance must lie in"),
-    ({"threads": 0}, "threads must be an integer"),
-    ({"threads": "2"}, "threads must be an integer"),
+    ({"threads": 0}, "`threads` must lie in 1.."),
+    ({"threads": "2"}, "`threads` must be an integer"),
     ({"progress": 3}, "progress must be a callable"),
     ({"config": 3}, "config must be a path or a dict"),
     ({"layout": 3}, "layout must be a path"),
@@ -53,9 +53,9 @@ def test_bad_arguments(tiny, kwargs, needle):
 
 
 def test_good_arguments_of_every_accepted_type(tiny):
-    t = headrank.spectra(tiny, layers=(np.int64(1),), tol=np.float32(0.01), threads=1)
+    t = headrank.spectra(tiny, layers=(np.int64(1),), tol=np.float32(0.01), threads=1).table
     assert set(t["layer"]) == {1}
-    assert set(headrank.spectra(str(tiny), layers=" 0 - 1 ")["layer"]) == {0, 1}
+    assert set(headrank.spectra(str(tiny), layers=" 0 - 1 ").table["layer"]) == {0, 1}
 
 
 @pytest.mark.parametrize("spec, want", [(None, [0, 1, 2, 3]), ("2", [2]), ("3,0-1", [0, 1, 3]), ("1-1", [1]),

@@ -58,7 +58,7 @@ def test_run_directory_equals_the_tracker_and_resumes(run, tmp_path):
     tr = res.table[res.table["origin"] == "metrics.jsonl"]
     assert sorted(tr["step"].unique()) == [0, 2, 6, 10] and len(tr) == 4 * 2 * 2 * 2
     assert tr[list(METRIC_COLUMNS)].notna().all().all() and (tr["head_dim"] == 8).all()
-    s = res.summary
+    s = res.summary()
     assert len(s) == 7 * 2 * 2 and {"rank", "effective_rank", "gap_rel", "balance_rel"} <= set(s.columns)
     assert (out / "over_training.png").stat().st_size > 10_000
     # resumable: a finished checkpoint is not redone, a missing one is
@@ -158,7 +158,7 @@ def test_out_of_other_checkpoints_refused_unless_force(run, tmp_path):
     track(run, out, workers=1, plots=False)
     before = {f: (out / f).read_bytes() for f in ("table.csv", "summary.csv", "series.json")}
     b = other_run(tmp_path)
-    with pytest.raises(HeadRankError, match="other checkpoints.*--force"):
+    with pytest.raises(HeadRankError, match="other checkpoints.*`force`"):
         track(b, out, workers=1, plots=False)
     assert {f: (out / f).read_bytes() for f in before} == before
     res = track(b, out, workers=1, plots=False, force=True)
@@ -216,7 +216,7 @@ def test_figure_drops_flat_panels_and_names_the_model(run, tmp_path):
     from headrank.analysis.series import _title, moving_panels
 
     res = track(run, tmp_path / "f", workers=1, plots=False)
-    s = res.summary
+    s = res.summary()
     flat = s.assign(rank=16.0)
     assert [c for c, _ in moving_panels(flat)][:1] == ["effective_rank"]
     assert "rank" not in [c for c, _ in moving_panels(flat)]

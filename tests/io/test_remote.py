@@ -185,7 +185,7 @@ def test_dropped_connection_is_retried_then_fails_with_one_line(srv, ckpts, tmp_
 
 def test_server_ignoring_range_is_refused_unless_allow_full(srv, ckpts):
     srv.fault = lambda path, start, end: "norange"
-    with pytest.raises(HeadRankError, match="ignores HTTP range requests.*--allow-full"):
+    with pytest.raises(HeadRankError, match="ignores HTTP range requests.*`allow_full`"):
         analyze("org/llama", remote=True)
     srv.reset()
     got = analyze("org/llama", remote=True, allow_full=True)
@@ -274,13 +274,13 @@ def test_track_remote_revisions_all_resumes_and_records_failures(srv, ckpts, tmp
 
 
 def test_option_conflicts_are_one_line(srv, tmp_path):
-    with pytest.raises(HeadRankError, match="--revision applies to a Hugging Face Hub id, not to a URL"):
+    with pytest.raises(HeadRankError, match="`revision` applies to a Hugging Face Hub id, not to a URL"):
         analyze(f"{srv.url}/files/gpt2/", revision="main")
-    with pytest.raises(HeadRankError, match="--download and --remote exclude each other"):
+    with pytest.raises(HeadRankError, match="`download` and `remote` exclude each other"):
         analyze("org/llama", remote=True, download=True)
-    with pytest.raises(HeadRankError, match="--remote reads a Hugging Face Hub id"):
+    with pytest.raises(HeadRankError, match="`remote` reads a Hugging Face Hub id"):
         analyze("not a repo id", remote=True)
-    with pytest.raises(HeadRankError, match="--revisions all lists the Hub's refs: add --remote"):
+    with pytest.raises(HeadRankError, match="`revisions` all lists the Hub's refs: add `remote`"):
         track("org/pythia", tmp_path / "t", revisions="all")
 
 

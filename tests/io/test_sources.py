@@ -119,7 +119,7 @@ def test_uncached_id_names_the_fetch_command(tmp_path, monkeypatch):
 
 def test_revision_needs_a_hub_id(tmp_path):
     _llama(tmp_path / "m")
-    with pytest.raises(HeadRankError, match="--revision applies"):
+    with pytest.raises(HeadRankError, match="`revision` applies"):
         analyze(tmp_path / "m", revision="main")
 
 

@@ -233,5 +233,5 @@ def test_a_png_declaring_20000_squared_is_refused_as_a_bomb(tmp_path):
 def test_image_size_checked_against_memory_before_resizing():
     from headrank.models.data import load_images
 
-    with pytest.raises(HeadRankError, match=r"--image-size 100000: 1797 images of 100000x100000 pixels would need"):
+    with pytest.raises(HeadRankError, match=r"`image_size` 100000: 1797 images of 100000x100000 pixels would need"):
         load_images(None, 100000)

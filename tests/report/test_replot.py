@@ -87,7 +87,7 @@ def test_replot_judges_edited_data(tmp_path, probe):
 
 
 def test_replot_without_a_stored_run_is_a_user_error(tmp_path, probe):
-    with pytest.raises(HeadRankError, match="--replot needs run.json"):
+    with pytest.raises(HeadRankError, match="`replot` needs run.json"):
         rep.run("probe", tmp_path, replot=True)
     r = CliRunner().invoke(app, ["reproduce", "probe", "--replot", "--out", str(tmp_path / "none")])
     assert r.exit_code == 2

@@ -57,7 +57,7 @@ def test_a_logger_that_cannot_start_is_one_line_and_leaves_nothing(tmp_path, mon
 
     monkeypatch.setattr(integrations._Wandb, "__init__", refuse)
     pytest.importorskip("wandb")
-    with pytest.raises(HeadRankError, match=r"--log wandb: the wandb logger could not start: RuntimeError"):
+    with pytest.raises(HeadRankError, match=r"`log` wandb: the wandb logger could not start: RuntimeError"):
         train(tmp_path / "w", recall_config(steps=2, **TINY), device="cpu", log="wandb")
     assert not (tmp_path / "w").exists()
 

@@ -4,7 +4,7 @@ import os
 import subprocess
 import sys
 
-from headrank.util import errorpath as ep
+from headrank.cli import errorpath as ep
 
 
 def test_unexpected_names_type_message_and_debug():
@@ -23,7 +23,7 @@ def test_debug_from_env(monkeypatch):
 
 
 def test_stdout_broken_sees_a_closed_pipe_reader():
-    code = ("import sys, time; from headrank.util.errorpath import stdout_broken; "
+    code = ("import sys, time; from headrank.cli.errorpath import stdout_broken; "
             "a = stdout_broken(); time.sleep(0.5); sys.stderr.write(f'{a} {stdout_broken()}')")
     r, w = os.pipe()
     p = subprocess.Popen([sys.executable, "-c", code], stdout=w, stderr=subprocess.PIPE, text=True)

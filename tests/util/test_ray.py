@@ -10,7 +10,7 @@ from headrank.util.ray import ray_session
 
 def test_missing_ray_is_one_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
-    with pytest.raises(HeadRankError, match=r"--ray needs Ray: pip install"):
+    with pytest.raises(HeadRankError, match=r"`ray` needs Ray: pip install"):
         with ray_session("local"):
             pass
 

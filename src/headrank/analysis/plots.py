@@ -322,3 +322,57 @@ def lam_colors(n: int) -> list:
     """``n`` colours along viridis (0 to 0.9), one per λ (or any ordered setting); at least two."""
     cmap = plt.get_cmap("viridis")
     return [cmap(x) for x in np.linspace(0.0, 0.9, max(n, 2))]
+
+
+def sweep_figure(summary, keys: list[str]) -> plt.Figure:
+    """A sweep's summary: each metric (``METRIC_mean`` ± ``METRIC_std``, or the one seed's
+    ``METRIC``) against the first swept field, one line per value of the others."""
+    metrics = [c[:-5] if c.endswith("_mean") else c for c in summary.columns
+               if c not in (*keys, "runs", "failed") and not c.endswith("_std")]
+    n = max(1, min(len(metrics), 6))
+    fig, axes = plt.subplots(1, n, figsize=(3.6 * n, 3.2), squeeze=False)
+    x = keys[0] if keys else None
+    rest = keys[1:]
+    groups = summary.groupby(rest, sort=False, dropna=False) if rest else [((), summary)]
+    for ax, m in zip(axes[0], metrics[:n], strict=False):
+        col = f"{m}_mean" if f"{m}_mean" in summary else m
+        for key, g in groups:
+            xs = g[x] if x else np.arange(len(g))
+            err = g[f"{m}_std"] if f"{m}_std" in g else None
+            ax.errorbar(xs, g[col], yerr=err, marker="o", ms=3, capsize=2,
+                        label=", ".join(f"{k}={v}" for k, v in zip(rest, key if isinstance(key, tuple) else (key,),
+                                                                    strict=False)) or None)
+        ax.set_title(m, fontsize=9)
+        ax.set_xlabel(x or "grid point")
+        ax.grid(alpha=0.3)
+    if rest:
+        axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def train_figure(rows) -> plt.Figure:
+    """A training run's rows: loss (and accuracy) and the mean effective rank of QK and OV
+    against step."""
+    fig, axes = plt.subplots(1, 2, figsize=(8.5, 3.2), squeeze=False)
+    ax = axes[0][0]
+    for col in ("loss", "val_loss", "test_loss"):
+        if col in rows:
+            d = rows.dropna(subset=[col])
+            ax.plot(d["step"], d[col], marker="o" if col != "loss" else None, ms=3, label=col)
+    ax.set_xlabel("step")
+    ax.set_title("loss", fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    ax = axes[0][1]
+    for p in ("qk", "ov"):
+        col = f"{p}_effective_rank"
+        if col in rows:
+            d = rows.dropna(subset=[col])
+            ax.plot(d["step"], d[col], marker="o", ms=3, label=p.upper())
+    ax.set_xlabel("step")
+    ax.set_title("mean effective rank", fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig

@@ -32,13 +32,33 @@ from headrank.io.sources import open_reader
 from headrank.io.tensor_source import BaseCheckpoint
 from headrank.util.env import versions
 from headrank.util.fileio import prepare_out_dir, write_atomic, write_json
-from headrank.util.threads import torch_threads
+from headrank.util.result import ResultBase, plain, read_csv, read_json, records
+from headrank.util.threads import check_threads, torch_threads
 
 TABLE_COLUMNS = ("layer", "head", "kv_head", "product", *METRIC_COLUMNS, "head_dim", "finite")
 
 
+@dataclass(frozen=True)
+class HeadSpectrum:
+    """One head's product, in the spirit of TransformerLens' ``FactoredMatrix``: the singular
+    values ``S`` (descending, length dh), and with ``vectors=True`` the thin SVD
+    ``A Bᵀ = U diag(S) Vᵀ`` (``U``, ``V`` of shape (d, dh); None otherwise)."""
+
+    layer: int
+    head: int
+    product: str
+    S: np.ndarray
+    U: np.ndarray | None = None
+    V: np.ndarray | None = None
+
+    @property
+    def Vh(self) -> np.ndarray | None:
+        """``Vᵀ`` (numpy's and TransformerLens' convention)."""
+        return None if self.V is None else self.V.T
+
+
 @dataclass
-class SpectraResult:
+class SpectraResult(ResultBase):
     """Everything ``headrank spectra`` measures.
 
     ``table``: one row per (layer, head, product), columns TABLE_COLUMNS.
@@ -53,7 +73,12 @@ class SpectraResult:
     thin SVD ``A Bᵀ = U diag(S) Vᵀ`` as float32, U and V of shape (layers, heads, d, dh), S of
     shape (layers, heads, dh) (``vectors.npz``; QK: U on the key side, V on the query side, so
     a score is ``xᵀ V S Uᵀ y`` for query x and key y; OV: U in the output space).
+
+    ``res[layer, head, "qk"]`` is one head's :class:`HeadSpectrum` (``layer`` as numbered in the
+    model, not its position in the selection).
     """
+
+    verb = "spectra"
 
     table: pd.DataFrame
     sv: dict[str, np.ndarray]
@@ -63,11 +88,54 @@ class SpectraResult:
     vectors: dict[str, dict[str, np.ndarray]] | None = None
 
     def summary(self) -> pd.DataFrame:
+        """Per layer and product: heads, mean rank / dh and the means of every summary metric
+        (:func:`summarize`; ``summary.csv``)."""
         return summarize(self.table)
 
     def save(self, out: str | os.PathLike, *, plots: bool = True) -> list[Path]:
         """Write the result into directory ``out`` (see :func:`save`)."""
         return save(self, out, plots=plots)
+
+    @classmethod
+    def load(cls, out: str | os.PathLike) -> SpectraResult:
+        """The result a :meth:`save` (or ``headrank spectra --out``) wrote into ``out``."""
+        out = Path(out)
+        meta = read_json(out / "meta.json")
+        table = read_csv(out / "heads.csv").drop(columns=["source"], errors="ignore")
+        with np.load(out / "spectra.npz") as z:
+            sv = {p: z[p] for p in PRODUCTS if p in z.files}
+            norms = {k[len("row_norms_"):]: z[k] for k in z.files if k.startswith("row_norms_")}
+        rotary = read_csv(out / "rotary.csv") if (out / "rotary.csv").is_file() else None
+        vectors = None
+        if (out / "vectors.npz").is_file():
+            with np.load(out / "vectors.npz") as z:
+                vectors = {p: {k: z[f"{p}_{k}"] for k in ("u", "s", "v") if f"{p}_{k}" in z.files}
+                           for p in PRODUCTS}
+        return cls(table=table, sv=sv, row_norms=norms, meta=meta, rotary=rotary, vectors=vectors)
+
+    def to_json(self) -> dict[str, Any]:
+        """What ``headrank spectra --json`` prints: ``meta``, ``overall`` (means over every head
+        per product) and ``layers`` (the summary's rows)."""
+        return plain({"meta": self.meta, "overall": overall(self.table), "layers": records(self.summary())})
+
+    def __getitem__(self, key: tuple[int, int, str]) -> HeadSpectrum:
+        """``res[layer, head, product]``: one head's singular values (and vectors, when the
+        analysis kept them)."""
+        if not (isinstance(key, tuple) and len(key) == 3):
+            raise HeadRankError("index a spectra result as res[layer, head, product], e.g. res[0, 3, 'qk']")
+        layer, head, product = key
+        if product not in PRODUCTS:
+            raise HeadRankError(f"product must be one of {', '.join(PRODUCTS)}; got {product!r}")
+        layers = list(self.meta["layers"])
+        if layer not in layers:
+            raise HeadRankError(f"layer {layer!r} was not analysed; analysed: {layers}")
+        i = layers.index(layer)
+        n = self.sv[product].shape[1]
+        if isinstance(head, bool) or not isinstance(head, (int, np.integer)) or not 0 <= head < n:
+            raise HeadRankError(f"head must be an integer in 0..{n - 1}; got {head!r}")
+        vec = (self.vectors or {}).get(product)
+        return HeadSpectrum(int(layer), int(head), product, self.sv[product][i, head],
+                            None if vec is None else vec["u"][i, head], None if vec is None else vec["v"][i, head])
 
     def describe(self) -> pd.DataFrame:
         """One wide row per layer (WeightWatcher style): ``layer``, ``source``, ``model_type``,
@@ -191,9 +259,9 @@ def parse_layers(spec: str | None, n_layers: int) -> list[int]:
     if spec is None:
         return list(range(n_layers))
     if not isinstance(spec, str):
-        raise HeadRankError(f"--layers must be a string like 0,2,5-7; got {type(spec).__name__}")
+        raise HeadRankError(f"`layers` must be a string like 0,2,5-7; got {type(spec).__name__}")
     if not spec.strip():
-        raise HeadRankError("--layers is empty: give layers like 0,2,5-7 (or leave it out for all)")
+        raise HeadRankError("`layers` is empty: give layers like 0,2,5-7 (or leave it out for all)")
     out: set[int] = set()
     for part in spec.split(","):
         part = part.strip()
@@ -204,13 +272,13 @@ def parse_layers(spec: str | None, n_layers: int) -> list[int]:
             else:
                 a = b = int(part)
         except ValueError:
-            raise HeadRankError(f"--layers must look like 0,2,5-7; got {spec!r}"[:300]) from None
+            raise HeadRankError(f"`layers` must look like 0,2,5-7; got {spec!r}"[:300]) from None
         if b < a:
-            raise HeadRankError(f"--layers {spec!r}: the range {part} is empty (write low-high)"[:300])
+            raise HeadRankError(f"`layers` {spec!r}: the range {part} is empty (write low-high)"[:300])
         for i in (a, b):
             if not 0 <= i < n_layers:
                 shown = str(i) if len(str(i)) <= 20 else str(i)[:17] + "..."
-                raise HeadRankError(f"--layers {spec[:60]!r}: layer {shown} out of range 0..{n_layers - 1}")
+                raise HeadRankError(f"`layers` {spec[:60]!r}: layer {shown} out of range 0..{n_layers - 1}")
         out.update(range(a, b + 1))
     return sorted(out)
 
@@ -222,9 +290,8 @@ def _check_args(tol: Any, layers: Any, threads: Any, progress: Any) -> list[int]
         raise HeadRankError(f"tolerance must be a number in (0, 1); got {type(tol).__name__} {str(tol)[:40]!r}")
     if not tol > 0 or not tol < 1:
         raise HeadRankError(f"tolerance must lie in (0, 1); got {tol}")
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, (int, np.integer))
-                                or not 1 <= threads <= 4096):
-        raise HeadRankError(f"threads must be an integer from 1 to 4096; got {str(threads)[:40]!r}")
+    if threads is not None:
+        check_threads(threads)  # the one bound of every threads/workers count
     if progress is not None and not callable(progress):
         raise HeadRankError(f"progress must be a callable (done, total); got {type(progress).__name__}")
     if layers is None or isinstance(layers, str):
@@ -267,10 +334,11 @@ def analyze(
 
     ``layout``: a TOML layout file (or a :class:`Layout`) for a model_type not in the table;
     the config then may be absent. ``progress(done, total)`` is called after each layer.
-    ``threads``: worker threads (default: torch's current thread count). Each runs single-
-    threaded torch over its own heads while a background thread reads the next layer, so a
-    core taken by another process slows the scan in proportion, and results are bit-identical
-    whatever the load. ``rotary``: for rotary models, also the per-band energies and the spectra
+    ``threads``: CPU threads of the computation (default: torch's current thread count; the one
+    bound of every thread count, :func:`headrank.util.threads.check_threads`: 1 to 4 per CPU).
+    Each runs single-threaded torch over its own heads while a background thread reads the next
+    layer, so a core taken by another process slows the scan in proportion, and results are
+    bit-identical whatever the load. ``rotary``: for rotary models, also the per-band energies and the spectra
     of the non-rotary part (``result.rotary``, :mod:`headrank.analysis.rotary`). ``vectors``:
     also each head's singular vectors (``result.vectors``; refused when they would not fit in a
     quarter of this machine's memory: select layers).
@@ -336,7 +404,7 @@ class _Vectors:
         need = 2 * n_layers * dims.n_heads * dims.head_dim * (2 * dims.d + 1) * 4
         if need > memory_bytes() / 4:
             raise HeadRankError(f"singular vectors of {n_layers} layers need {need / 2**30:.1f} GiB, more than a "
-                                "quarter of this machine's memory: select fewer layers with --layers")
+                                "quarter of this machine's memory: select fewer `layers`")
         self.parts: dict[str, dict[str, list[np.ndarray]]] = {p: {"u": [], "s": [], "v": []} for p in PRODUCTS}
 
     def add(self, hw: HeadWeights) -> None:
@@ -405,9 +473,25 @@ def _meta(reader: AttentionReader, sel: list[int], tol: float, table: pd.DataFra
     }
 
 
-def spectra(source: str | os.PathLike, **kwargs: Any) -> pd.DataFrame:
-    """Per-head metrics as a tidy DataFrame (one row per layer × head × product)."""
-    return analyze(source, **kwargs).table
+def spectra(source: str | os.PathLike | BaseCheckpoint | Any, **kwargs: Any) -> SpectraResult:
+    """``headrank spectra SOURCE``: exact per-head spectra of W_Kᵀ W_Q and P W_V
+    (``docs/verbs/spectra.md``); the same as :func:`analyze`.
+
+    Parameters
+    ----------
+    source
+        A checkpoint directory, a weights file, ``"minilm"``, a Hugging Face id, an http(s)
+        URL, a ``.gguf`` file, a LoRA adapter, a training run, a live ``nn.Module`` or a
+        TransformerLens model.
+    **kwargs
+        The options of :func:`analyze` (``layers``, ``tol``, ``threads``, ``vectors`` …).
+
+    Returns
+    -------
+    SpectraResult
+        ``.table`` one row per (layer, head, product); ``res[layer, head, "qk"]`` one head.
+    """
+    return analyze(source, **kwargs)
 
 
 def summarize(table: pd.DataFrame) -> pd.DataFrame:

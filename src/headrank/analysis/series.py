@@ -63,6 +63,15 @@ from headrank.errors import HeadRankError, one_line
 from headrank.util.fileio import moved, staged_output, write_atomic, write_json
 from headrank.util.legacy import upgrade
 from headrank.util.ray import ray_session
+from headrank.util.result import (
+    ResultBase,
+    check_dir,
+    copy_dir,
+    plain,
+    read_csv,
+    read_json,
+    records,
+)
 
 KEY = ("checkpoint", "step")
 
@@ -135,9 +144,9 @@ def _remote_step(repo_id: str, revision: str) -> int:
 def _all_revisions(series: Any, remote: bool) -> list[str]:
     """``--revisions all``: the Hub's branches and tags whose names carry a step (``main`` does not)."""
     if not remote:
-        raise HeadRankError("--revisions all lists the Hub's refs: add --remote")
+        raise HeadRankError("`revisions` all lists the Hub's refs: add `remote`")
     if not isinstance(series, (str, os.PathLike)):
-        raise HeadRankError("--revisions takes one Hub id")
+        raise HeadRankError("`revisions` takes one Hub id")
     from headrank.io.remote import list_revisions
 
     refs = list_revisions(str(series))
@@ -164,16 +173,16 @@ def resolve_series(series: str | os.PathLike | Sequence[str | os.PathLike],
     """The checkpoints of ``series`` (see the module docstring), sorted by step. ``remote``: the
     revisions are read over HTTP (``revisions="all"``: every ref of the Hub repo named by a step)."""
     if remote and revisions is None:
-        raise HeadRankError("--remote with track reads Hub revisions: give a Hub id and --revisions")
+        raise HeadRankError("`remote` with track reads Hub revisions: give a Hub id and `revisions`")
     if isinstance(revisions, str) and revisions.strip() == "all":
         revisions = _all_revisions(series, remote)
     if revisions is not None:
         revs = [r.strip() for r in (revisions.split(",") if isinstance(revisions, str) else revisions)]
         revs = [r for r in revs if r]
         if not isinstance(series, (str, os.PathLike)) or not revs:
-            raise HeadRankError("--revisions takes one Hub id and a comma-separated list of revisions")
+            raise HeadRankError("`revisions` takes one Hub id and a comma-separated list of revisions")
         if Path(series).exists():
-            raise HeadRankError(f"--revisions applies to a Hugging Face Hub id, not to the local path {series}")
+            raise HeadRankError(f"`revisions` applies to a Hugging Face Hub id, not to the local path {series}")
         items = [SeriesItem(_safe(r), _remote_step(str(series), r) if remote else revision_step(str(series), r),
                             str(series), r, remote) for r in revs]
     elif isinstance(series, (str, os.PathLike)):
@@ -198,7 +207,7 @@ def _dir_series(p: Path) -> list[SeriesItem]:
 
     if not p.is_dir():
         raise HeadRankError(f"{p} is not a directory: give a run directory, a Trainer output_dir, several "
-                            "checkpoint directories, or a Hub id with --revisions")
+                            "checkpoint directories, or a Hub id with `revisions`")
     run = checkpoint_dirs(p)
     if run:
         return [SeriesItem(d.name, step, str(d)) for step, d in run]
@@ -267,33 +276,113 @@ def analyse_checkpoint(item: dict[str, Any], tol: float) -> pd.DataFrame:
 
 
 @dataclass
-class SeriesResult:
-    """What :func:`track` returns: every row, the per-layer summary, the files written."""
+class SeriesResult(ResultBase):
+    """What :func:`track` returns: every row (``table``), the per-layer means
+    (``summary()``, ``summary.csv``), the files written; ``failed``: label → the error, after
+    :data:`CHECKPOINT_TRIES` tries."""
+
+    verb = "track"
 
     out: Path
     table: pd.DataFrame
-    summary: pd.DataFrame
+    layer_means: pd.DataFrame
     architecture: dict[str, Any]
     computed: list[str]
     skipped: list[str]
     files: list[Path]
-    failed: dict[str, str] = field(default_factory=dict)  # label -> the error, after CHECKPOINT_TRIES tries
+    failed: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """The series' facts: ``out``, ``architecture``, ``computed``, ``skipped``, ``failed``, ``files``."""
+        return {"out": str(self.out), "architecture": self.architecture, "computed": self.computed,
+                "skipped": self.skipped, "failed": self.failed, "files": [str(f) for f in self.files]}
+
+    def headline(self) -> str:
+        return f"SeriesResult in {self.out}: {self.table['checkpoint'].nunique()} checkpoints"
+
+    def summary(self) -> pd.DataFrame:
+        """Per (checkpoint, step, layer, product): means over heads (``summary.csv``)."""
+        return self.layer_means
+
+    def checkpoint_means(self) -> pd.DataFrame:
+        """Per (checkpoint, step, product): means over layers and heads of every summary metric."""
+        s = self.layer_means
+        return (s.groupby(["checkpoint", "step", "product"], sort=False)[[k for k in SUMMARY_METRICS if k in s]]
+                .mean().reset_index())
+
+    def save(self, out: str | os.PathLike) -> list[Path]:
+        """The series directory (``table.csv``, ``summary.csv``, ``series.json``, figure,
+        ``checkpoints/``) copied into ``out`` (nothing to do when ``out`` is where it was measured)."""
+        return copy_dir(self.out, out)
+
+    @classmethod
+    def load(cls, out: str | os.PathLike) -> SeriesResult:
+        """The series a :func:`track` (or ``headrank track --out``) wrote into ``out``."""
+        out = check_dir(out, "series.json")
+        spec = upgrade(read_json(out / "series.json"))
+        table = read_csv(out / "table.csv")
+        table["checkpoint"] = table["checkpoint"].astype(str)
+        layer_means = read_csv(out / "summary.csv")
+        layer_means["checkpoint"] = layer_means["checkpoint"].astype(str)
+        files = [out / n for n in ("table.csv", "summary.csv", "series.json", "over_training.png")
+                 if (out / n).is_file()]
+        return cls(out=out, table=table, layer_means=layer_means, architecture=spec.get("architecture", {}),
+                   computed=list(spec.get("computed", [])), skipped=list(spec.get("skipped", [])), files=files,
+                   failed=dict(spec.get("failed", {})))
+
+    def plot(self):
+        """Effective rank (and k90), gap/bound, balance and numerical rank against step."""
+        return series_figure(self.layer_means)
+
+    def to_json(self) -> dict[str, Any]:
+        """What ``headrank track --json`` prints: the series' facts and ``checkpoints`` (per
+        checkpoint and product, the means over layers and heads)."""
+        return plain({**self.meta, "checkpoints": records(self.checkpoint_means())})
 
 
 def track(series: str | os.PathLike | Sequence[str | os.PathLike], out: str | os.PathLike, *,
           revisions: str | Sequence[str] | None = None, tol: float = DEFAULT_TOL, workers: int | None = None,
           ray: str | None = None, plots: bool = True, force: bool = False, metrics: bool = True,
           remote: bool = False, progress: Callable[[int, int], None] | None = None) -> SeriesResult:
-    """Measure every checkpoint of ``series`` into ``out`` (see the module docstring).
+    """``headrank track SERIES --out OUT``: measure every checkpoint of ``series`` into ``out``
+    (see the module docstring and ``docs/verbs/track.md``).
 
-    ``remote``: Hub revisions read over HTTP ranges (``revisions="all"``: the repo's refs). A
-    checkpoint whose analysis fails is tried :data:`CHECKPOINT_TRIES` times, then recorded as
+    A checkpoint whose analysis fails is tried :data:`CHECKPOINT_TRIES` times, then recorded as
     failed (``result.failed``, ``series.json``'s ``failed``) while the others go on; the next run
     tries it again.
 
-    ``force``: measure into an ``out`` made from other checkpoints or another tolerance (its
-    tables of checkpoints that are not these are redone). ``metrics``: for a run directory, also
-    use the tracker rows of ``metrics.jsonl`` at steps without a checkpoint."""
+    Parameters
+    ----------
+    series
+        A training run directory, a Trainer ``output_dir``, several checkpoint directories, or a
+        Hub id with ``revisions``.
+    out
+        The series directory (resumable): table.csv, summary.csv, series.json, over_training.png.
+    revisions
+        Hub revisions (``"step1000,step2000"`` or a sequence); ``"all"`` with ``remote``: every
+        ref named by a step.
+    tol
+        Relative threshold τ of the numerical rank.
+    workers
+        Worker processes, one checkpoint each (1 to 4 per CPU; default: the CPUs).
+    ray
+        Analyse the checkpoints as Ray tasks: a cluster address, ``"auto"`` or ``"local"``.
+    plots
+        Draw over_training.png.
+    force
+        Measure into an ``out`` made from other checkpoints or another tolerance (its tables of
+        checkpoints that are not these are redone).
+    metrics
+        For a run directory, also use the tracker rows of ``metrics.jsonl`` at steps without a
+        checkpoint.
+    remote
+        Hub revisions read over HTTP ranges.
+
+    Returns
+    -------
+    SeriesResult
+    """
     out = _check_args(tol, workers, out)
     items = resolve_series(series, revisions, remote=remote)
     ids: dict[str, str] = {}
@@ -348,7 +437,7 @@ def _check_args(tol: float, workers: int | None, out: str | os.PathLike) -> Path
         check_threads(workers, "workers")  # 1..4 per CPU
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise HeadRankError(f"--out {out} exists and is not a directory")
+        raise HeadRankError(f"`out` {out} exists and is not a directory")
     return out
 
 
@@ -400,24 +489,24 @@ def _check_out(out: Path, spec: dict[str, Any], force: bool = False) -> None:
         old = upgrade(old) if isinstance(old, dict) else {}
         if old.get("tol") != spec["tol"]:
             raise HeadRankError(f"{out} holds a series measured with other settings (tol {old.get('tol')}); "
-                                "use the same --tol, --force to measure anew, or another --out")
+                                "use the same `tol`, `force` to measure anew, or another `out`")
         if old.get("architecture") != spec["architecture"]:
             raise HeadRankError(f"{out} holds a series of another architecture ({old.get('architecture')}); "
-                                "use --force to measure anew, or another --out")
+                                "use `force` to measure anew, or another `out`")
         olds = {it.get("label"): it for it in old.get("items", []) if isinstance(it, dict)}
         common = [it for it in spec["items"] if it["label"] in olds]
         for it in common:
             o = olds[it["label"]]
             if not _same_item(o, it):
                 raise HeadRankError(f"{out} was made from other checkpoints ({it['label']}: {o.get('source')} there, "
-                                    f"{it['source']} here, or changed since); pass --force to measure this series "
-                                    "into it anew, or choose another --out")
+                                    f"{it['source']} here, or changed since); pass `force` to measure this series "
+                                    "into it anew, or choose another `out`")
         if olds and not common:
             src = next(iter(olds.values())).get("source")
             raise HeadRankError(f"{out} was made from other checkpoints ({src}, none of them in this series); "
-                                "pass --force to measure this series into it anew, or choose another --out")
+                                "pass `force` to measure this series into it anew, or choose another `out`")
     elif out.is_dir() and any(out.iterdir()):
-        raise HeadRankError(f"--out {out} is a non-empty directory that holds no series; choose another --out")
+        raise HeadRankError(f"`out` {out} is a non-empty directory that holds no series; choose another `out`")
 
 
 def _tracker_rows(series: Any, revisions: Any, items: list[SeriesItem], arch: dict[str, Any],
@@ -510,11 +599,11 @@ def _combine(out: Path, items: list[SeriesItem], arch: dict[str, Any], computed:
         files = [write_atomic(stage / "table.csv", lambda p: table.to_csv(p, index=False)),
                  write_atomic(stage / "summary.csv", lambda p: summary.to_csv(p, index=False))]
         if spec is not None:
-            files.append(write_json(stage / "series.json", spec))
+            files.append(write_json(stage / "series.json", {**spec, "computed": computed, "skipped": skipped}))
         if plots:
             more = 0 if extra is None else extra["step"].nunique()
             files.append(plot_series(summary, stage / "over_training.png", title=_title(items, arch, more)))
-    return SeriesResult(out=out, table=table, summary=summary, architecture=arch, computed=computed,
+    return SeriesResult(out=out, table=table, layer_means=summary, architecture=arch, computed=computed,
                         skipped=skipped, files=moved(files, stage, out))
 
 
@@ -560,6 +649,16 @@ def moving_panels(summary: pd.DataFrame) -> list[tuple[str, str]]:
 
 
 def plot_series(summary: pd.DataFrame, path: Path, title: str = "") -> Path:
+    """:func:`series_figure` written as a PNG to ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig = series_figure(summary, title)
+    write_atomic(path, lambda p: fig.savefig(p, dpi=110, format="png"))
+    plt.close(fig)
+    return path
+
+
+def series_figure(summary: pd.DataFrame, title: str = ""):
     """Rows QK and OV, columns :func:`moving_panels`; one thin line per layer (mean over its
     heads, coloured by layer with a key) and the mean over layers in black, against step."""
     import matplotlib
@@ -601,6 +700,4 @@ def plot_series(summary: pd.DataFrame, path: Path, title: str = "") -> Path:
         fig.suptitle(title, fontsize=10)
     if len(layers) <= 8:
         fig.tight_layout()
-    write_atomic(path, lambda p: fig.savefig(p, dpi=110, format="png"))
-    plt.close(fig)
-    return path
+    return fig

@@ -20,10 +20,10 @@ __all__ = ["app", "main"]
 
 
 def main() -> None:
-    """The ``headrank`` entry point, the one error path (:func:`headrank.util.errorpath.run_app`):
+    """The ``headrank`` entry point, the one error path (:func:`headrank.cli.errorpath.run_app`):
     a user or usage error is one line and exit status 2; anything unforeseen is one line naming
     its type and ``--debug`` (exit 1); Ctrl-C is "interrupted" (130); a closed stdout is quiet."""
-    from headrank.util.errorpath import run_app
+    from headrank.cli.errorpath import run_app
 
     run_app(app, print_error, _state)
 

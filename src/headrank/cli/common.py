@@ -60,6 +60,40 @@ def print_error(message: str) -> None:
                       soft_wrap=True)
 
 
+#: Python parameter names whose flag is not ``--`` + the name with dashes
+FLAG_ALIASES = {"attn_weight_decay": "--attn-wd", "weight_decay": "--wd", "evaluate": "--eval", "n_seqs": "--seqs",
+                "tolerance": "--tol", "sets": "--set", "set": "--set", "groups": "--group", "with_eps": "--with-eps"}
+
+
+def cli_flags() -> dict[str, str]:
+    """Every option of every command: Python parameter name → its long flag (read from the app)."""
+    if not _flags:
+        import typer.main
+
+        stack = [typer.main.get_command(app)]
+        while stack:
+            cmd = stack.pop()
+            stack += list(getattr(cmd, "commands", {}).values())
+            for prm in getattr(cmd, "params", []):
+                long = [o for o in getattr(prm, "opts", []) if o.startswith("--")]
+                if long and prm.name:
+                    _flags.setdefault(prm.name, long[0])
+        _flags.update(FLAG_ALIASES)
+    return _flags
+
+
+_flags: dict[str, str] = {}
+
+
+def flag_message(message: str, flags: dict[str, str] | None = None) -> str:
+    """A library error in the command line's words: every parameter the library names in
+    backticks (`` `layers` ``) becomes its flag (``--layers``); other backticked text stays."""
+    import re
+
+    known = {**cli_flags(), **(flags or {})}
+    return re.sub(r"`([a-z][a-z0-9_]*)`", lambda m: known.get(m.group(1), m.group(0)), message)
+
+
 def user_errors(fn):
     """Turn an HeadRankError into one line on stderr and exit status 2.
 
@@ -73,9 +107,9 @@ def user_errors(fn):
         try:
             return fn(*args, **kwargs)
         except HeadRankError as e:
-            print_error(str(e))
+            print_error(flag_message(str(e)))
         except BrokenPipeError as e:  # stdout's reader went away (`... | head`): quiet exit 141
-            from headrank.util.errorpath import broken_pipe
+            from headrank.cli.errorpath import broken_pipe
 
             broken_pipe(e, print_error)
         except OSError as e:

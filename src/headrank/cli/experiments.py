@@ -32,26 +32,25 @@ def collapse(
     seqs: Annotated[int, typer.Option("--seqs", help="sentences in the batch (stdlib corpus, test split)")] = 32,
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="tokens per sentence at most")] = 64,
     seed: Annotated[int, typer.Option("--seed", help="seed of the re-initialised model and of the path sampling")] = 0,
-    threads: Annotated[int, typer.Option("--threads", help="torch/BLAS threads, at most 4 per CPU (1, the default, is fastest for small models on a busy machine)")] = 1,
+    threads: Annotated[int, typer.Option("--threads", help="CPU threads of the computation, 1 to 4 per CPU (1, the default, is fastest for small models on a busy machine)")] = 1,
     as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON on stdout")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress, no table")] = False,
 ) -> None:
     """Rank collapse by layer: pure attention, + MLP, + skip, full; pretrained and re-initialised."""
-    from headrank.analysis.collapse import analyze, save
+    from headrank.analysis.collapse import collapse as run_collapse
+    from headrank.analysis.collapse import save
     from headrank.util.fileio import check_writable
 
     if out is not None:
         check_writable(out)
     with progress_bar(quiet or as_json) as bar:
         task = bar.add_task("sequences", total=None)
-        result = analyze(model, n_seqs=seqs, max_tokens=max_tokens, seed=seed, threads=threads,
-                         progress=lambda done, total: bar.update(task, completed=done, total=total))
+        result = run_collapse(model, seqs=seqs, max_tokens=max_tokens, seed=seed, threads=threads,
+                              progress=lambda done, total: bar.update(task, completed=done, total=total))
     written = _save_set(lambda d: save(result, d), out)
     summary = result.summary()
     if as_json:
-        meta = {k: v for k, v in result.meta.items() if k != "texts"}
-        payload = {"meta": meta, "summary": json.loads(summary.to_json(orient="records")),
-                   "paths": json.loads(result.path_summary().to_json(orient="records"))}
+        payload = result.to_json()
         if out is not None:
             payload["written"] = [str(p) for p in written]
         sys.stdout.write(json.dumps(payload, indent=2) + "\n")
@@ -85,30 +84,29 @@ def scale(
     pairs: Annotated[bool, typer.Option("--pairs/--no-pairs", help="per-head W_Q/W_K and W_V/W_O rescaling symmetries")] = True,
     with_eps: Annotated[bool, typer.Option("--with-eps", help="judge the real function, normalisation epsilon kept (default: epsilon set to 0 for the verdicts)")] = False,
     exhaustive: Annotated[bool, typer.Option("--exhaustive", help="try every c even once a tensor is clearly neither")] = False,
-    threads: Annotated[int, typer.Option("--threads", help="torch threads, at most 4 per CPU (1, the default, is fastest for small models on a busy machine)")] = 1,
+    threads: Annotated[int, typer.Option("--threads", help="CPU threads of the computation, 1 to 4 per CPU (1, the default, is fastest for small models on a busy machine)")] = 1,
     as_json: Annotated[bool, typer.Option("--json", help="print verdicts and deviations as JSON on stdout")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress, no table")] = False,
 ) -> None:
     """Which tensors are scale-invariant (weight decay cannot change the function), homogeneous
     or neither, measured on real inputs; and the per-head attention rescaling symmetries."""
-    from headrank.analysis.scaling import analyze_scaling, parse_group, parse_scales, save
-    from headrank.util.fileio import check_writable, jsonable
+    from headrank.analysis.scaling import save
+    from headrank.analysis.scaling import scale as run_scale
+    from headrank.util.fileio import check_writable
 
     if out is not None:
         check_writable(out)
-    groups = dict(parse_group(g) for g in group or [])
     with progress_bar(quiet or as_json) as bar:
         task = bar.add_task("tensors", total=None)
-        result = analyze_scaling(model, scales=parse_scales(scales), tol=tol, groups=groups, pairs=pairs,
-                                 exhaustive=exhaustive, structural=not with_eps, threads=threads,
-                                 progress=lambda stage, d, t: bar.update(task, description=stage, completed=d, total=t))
+        result = run_scale(model, scales=scales, tol=tol, groups=group or None, pairs=pairs, with_eps=with_eps,
+                           exhaustive=exhaustive, threads=threads,
+                           progress=lambda stage, d, t: bar.update(task, description=stage, completed=d, total=t))
     written = _save_set(lambda d: save(result, d), out)
     if as_json:
-        payload = {"meta": result.meta, "counts": result.counts(), "pair_summary": result.pair_summary(),
-                   "tensors": result.table.to_dict(orient="records")}
+        payload = result.to_json()
         if out is not None:
             payload["written"] = [str(p) for p in written]
-        sys.stdout.write(json.dumps(jsonable(payload), indent=2) + "\n")
+        sys.stdout.write(json.dumps(payload, indent=2) + "\n")
         return
     if quiet:
         return
@@ -156,7 +154,7 @@ def track(
     revisions: Annotated[str | None, typer.Option("--revisions", help="Hub id: comma-separated revisions in the local cache (or with --remote, on the Hub), e.g. step1000,step2000 (step parsed from the name); 'all' with --remote: every ref named by a step")] = None,
     remote: Annotated[bool, typer.Option("--remote", help="Hub id: read each revision over HTTP range requests (only config, headers and attention tensors), nothing downloaded")] = False,
     tol: Annotated[float, typer.Option("--tol", help="relative threshold tau of the numerical rank #{s_i > tau s_1}")] = DEFAULT_TOL,
-    workers: Annotated[int | None, typer.Option("--workers", help="local worker processes, one checkpoint each [default: cores]")] = None,
+    workers: Annotated[int | None, typer.Option("--workers", help="worker processes, one checkpoint each, 1 to 4 per CPU [default: cores]")] = None,
     ray: Annotated[str | None, typer.Option("--ray", help="analyse the checkpoints as Ray tasks: a cluster ADDRESS, 'auto', or 'local' (start one here)")] = None,
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="draw over_training.png")] = True,
     force: Annotated[bool, typer.Option("--force", help="measure into an --out made from other checkpoints or another --tol (refused otherwise)")] = False,
@@ -174,15 +172,11 @@ def track(
                         progress=lambda done, total: bar.update(task, completed=done, total=total))
     for label, err in res.failed.items():
         err_console.print(styled("yellow", "failed: ", f"{label}: {err} (a re-run tries it again)"), highlight=False)
-    s = res.summary
-    from headrank.core.metrics import CONSOLE_CAPTION, CONSOLE_METRICS, SUMMARY_METRICS
+    from headrank.core.metrics import CONSOLE_CAPTION, CONSOLE_METRICS
 
-    means = (s.groupby(["checkpoint", "step", "product"], sort=False)[[k for k in SUMMARY_METRICS if k in s]]
-             .mean().reset_index())
+    means = res.checkpoint_means()
     if as_json:
-        sys.stdout.write(json.dumps({"out": str(out), "architecture": res.architecture, "computed": res.computed,
-                                     "skipped": res.skipped, "failed": res.failed, "files": [str(f) for f in res.files],
-                                     "checkpoints": json.loads(means.to_json(orient="records"))}, indent=2) + "\n")
+        sys.stdout.write(json.dumps(res.to_json(), indent=2) + "\n")
         raise typer.Exit(1 if res.failed else 0)
     if quiet:
         raise typer.Exit(1 if res.failed else 0)
@@ -208,8 +202,8 @@ def sweep(
     grid: Annotated[list[str] | None, typer.Option("--grid", help="FIELD=V1,V2,...: sweep this config field (repeatable; e.g. attn_weight_decay=0,0.1,1)")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="FIELD=V: fix a config field for every run (repeatable; e.g. steps=500)")] = None,
     seeds: Annotated[str | None, typer.Option("--seeds", help="comma-separated seeds [default: 0, or the spec's]")] = None,
-    workers: Annotated[int | None, typer.Option("--workers", help="local worker processes [default: cores / threads]")] = None,
-    threads: Annotated[int, typer.Option("--threads", help="torch threads per run")] = 1,
+    workers: Annotated[int | None, typer.Option("--workers", help="worker processes, one run each, 1 to 4 per CPU [default: cores / threads]")] = None,
+    threads: Annotated[int, typer.Option("--threads", help="CPU threads of each run, 1 to 4 per CPU")] = 1,
     ray: Annotated[str | None, typer.Option("--ray", help="run on Ray: a cluster ADDRESS, 'auto', or 'local' (start one here)")] = None,
     device: Annotated[str, typer.Option("--device", help="device of every run")] = "cpu",
     extend: Annotated[bool, typer.Option("--extend", help="with a larger --set steps=N than the sweep in --out: continue every run to N steps (refused without it)")] = False,
@@ -219,7 +213,7 @@ def sweep(
     """A grid of training runs (e.g. attention decay x MLP decay x seeds): local pool or Ray; resumable;
     failures recorded; mean and std over seeds in summary.csv. Exit status 3 when any run failed.
     A re-run into --out may add grid values and seeds; other settings are refused."""
-    from headrank.training.sweep import build_spec, run_sweep
+    from headrank.training.sweep import build_spec, sweep_verb
 
     s = build_spec(spec, sets=set_, grid=grid, seeds=seeds)
     with progress_bar(quiet or as_json) as bar:
@@ -231,12 +225,11 @@ def sweep(
                 err_console.print(styled("yellow", f"run {rec['name']} failed: ", str(rec["error"])),
                                   highlight=False, soft_wrap=True)
 
-        res = run_sweep(s, out, workers=workers, ray=ray, threads=threads, device=device, extend=extend,
-                        progress=progress)
+        res = sweep_verb(s, out, workers=workers, ray=ray, threads=threads, device=device, extend=extend,
+                         progress=progress)
     s = res.spec or s
     if as_json:
-        sys.stdout.write(json.dumps({"out": str(out), "counts": res.counts,
-                                     "summary": json.loads(res.summary.to_json(orient="records"))}, indent=2) + "\n")
+        sys.stdout.write(json.dumps(res.to_json(), indent=2) + "\n")
     elif not quiet:
         _sweep_table(res, s, out)
     if res.failure_line():
@@ -254,10 +247,10 @@ def _sweep_table(res, s, out: Path) -> None:
 
     ranks = [f"{p}_{k}" for p in ("qk", "ov") for k, _, _ in CONSOLE_METRICS[:2]]  # effective rank, k90
     metrics = [m for m in ("test_ppl", "test_loss", "test_acc", "val_loss", "loss", "acc", *ranks)
-               if f"{m}_mean" in res.summary or m in res.summary]
+               if f"{m}_mean" in res.grid_summary or m in res.grid_summary]
     for col in (*keys, "runs", "failed", *metrics):
         table.add_column(col, justify="right")
-    for r in res.summary.to_dict(orient="records"):
+    for r in res.summary().to_dict(orient="records"):
         table.add_row(*[str(r[k]) for k in keys], str(r["runs"]), str(r["failed"]),
                       *[_mean_std(r, m) for m in metrics])
     out_console.print(table)

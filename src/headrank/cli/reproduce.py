@@ -28,6 +28,7 @@ def reproduce(
     strict: Annotated[bool, typer.Option("--strict", help="exit 1 if any claim did not hold")] = False,
     quick: Annotated[bool, typer.Option("--quick", help="smaller, faster variant (fewer sweep points)")] = False,
     full: Annotated[bool, typer.Option("--full", help="the full variant (the default; explicit for 'all')")] = False,
+    profile: Annotated[str | None, typer.Option("--profile", help="a profile the reproduction offers: quick, full (the default) or paper (where it has one: the document's own settings)")] = None,
     force: Annotated[bool, typer.Option("--force", help="with 'all': recompute parts already finished in --out")] = False,
     model: Annotated[str | None, typer.Option("--model", help="run the reproduction's analysis on this checkpoint instead of its default (where it has one, e.g. fig4)")] = None,
     replot: Annotated[bool, typer.Option("--replot", help="run nothing: re-judge the claims and redraw the figures from the data.json a finished run left in --out")] = False,
@@ -41,7 +42,7 @@ def reproduce(
     """
     from contextlib import nullcontext
 
-    from headrank.report import runner as rep
+    from headrank.report.result import reproduce as run_reproduce
     from headrank.studies import registry
 
     if list_:
@@ -49,10 +50,7 @@ def reproduce(
         return
     if name is None:
         raise HeadRankError("give a reproduction NAME, 'all', or --list")
-    if quick and full:
-        raise HeadRankError("--quick and --full exclude each other")
-    if replot and (quick or full or force):
-        raise HeadRankError("--replot keeps the stored run's profile: drop --quick/--full/--force")
+    profile = _profile(quick, full, profile, replot, force)
     if name == "all" and model is not None:
         raise HeadRankError("--model applies to one reproduction (e.g. fig4), not to 'all'")
     from headrank.util.fileio import check_writable
@@ -60,7 +58,7 @@ def reproduce(
     if not replot:
         check_writable(out or Path("out") / name)  # before any training, not after it
     if name == "all":
-        _reproduce_all(out or Path("out") / "all", quick=quick, force=force, strict=strict, as_json=as_json,
+        _reproduce_all(out or Path("out") / "all", profile=profile, force=force, strict=strict, as_json=as_json,
                        quiet=quiet, replot=replot)
         return
     registry.get(name)  # unknown names fail here, before any work
@@ -70,15 +68,23 @@ def reproduce(
     show, label = not (quiet or as_json), f"{'replotting' if replot else 'reproducing'} {name}"
     with (err_console.status(f"{label} ...") if show and err_console.is_terminal
           else Heartbeat(err_console, label) if show else nullcontext()):
-        summary = rep.run(name, out, quick=quick, replot=replot,
-                          overrides={"model": model} if model is not None else None)
+        result = run_reproduce(name, out, profile=profile, model=model, replot=replot)
     if as_json:
-        sys.stdout.write(json.dumps({"name": name, "out": str(out), "runtime_s": summary.runtime_s,
-                                     "claims": [c.to_json() for c in summary.claims]}, indent=2) + "\n")
+        sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
     elif not quiet:
-        _print_claims(name, out, summary)
-    if strict and not summary.all_held:
+        _print_claims(name, out, result)
+    if strict and not result.all_held:
         raise typer.Exit(1)
+
+
+def _profile(quick: bool, full: bool, profile: str | None, replot: bool, force: bool) -> str:
+    """The one profile that --quick, --full and --profile NAME ask for (full by default)."""
+    asked = [p for p, on in (("quick", quick), ("full", full)) if on] + ([profile] if profile is not None else [])
+    if len(set(asked)) > 1:
+        raise HeadRankError(f"--quick, --full and --profile exclude each other; got {', '.join(asked)}")
+    if replot and (asked or force):
+        raise HeadRankError("--replot keeps the stored run's profile: drop --quick/--full/--profile/--force")
+    return asked[0] if asked else "full"
 
 
 def _print_listing(rows: list[tuple[str, str]], as_json: bool) -> None:
@@ -89,25 +95,29 @@ def _print_listing(rows: list[tuple[str, str]], as_json: bool) -> None:
             out_console.print(styled("bold", n, f"  {t}"), highlight=False, soft_wrap=True)
 
 
-def _print_claims(name: str, out: Path, summary) -> None:
+def _print_claims(name: str, out: Path, result) -> None:
     """One reproduction's claims as a console table (:func:`headrank.report.console.claims_table`)."""
     from headrank.report.console import claims_table
 
-    out_console.print(claims_table(name, [c.to_json() for c in summary.claims], summary.runtime_s))
+    out_console.print(claims_table(name, result.claims, result.meta.get("runtime_s")))
     out_console.print(f"wrote {out / 'report.html'} (+ claims.json, data.json, run.json, "
-                      f"{sum(f.suffix == '.png' for f in summary.files)} PNG)", highlight=False)
+                      f"{len(result.meta.get('figures', []))} PNG)", highlight=False)
 
 
-def _reproduce_all(out: Path, *, quick: bool, force: bool, strict: bool, as_json: bool, quiet: bool,
+def _reproduce_all(out: Path, *, profile: str, force: bool, strict: bool, as_json: bool, quiet: bool,
                    replot: bool = False) -> None:
     from headrank.report import runner as rep
+    from headrank.report.result import ReproduceResult
+
+    if profile not in ("quick", "full"):
+        raise HeadRankError(f"'all' runs the quick or the full profile; got --profile {profile}")
 
     def progress(name: str, state: str) -> None:
         if not (quiet or as_json):
             err_console.print(f"{name}: {state}", highlight=False)
 
-    entries = rep.run_all(out, quick=quick, force=force, progress=progress, replot=replot)
-    summary = json.loads((out / "summary.json").read_text())
+    entries = rep.run_all(out, quick=profile == "quick", force=force, progress=progress, replot=replot)
+    summary = ReproduceResult.load(out).to_json()
     if as_json:
         sys.stdout.write(json.dumps(summary, indent=2) + "\n")
     elif not quiet:

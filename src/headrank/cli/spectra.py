@@ -44,7 +44,7 @@ def spectra(
     rotary: Annotated[bool, typer.Option("--rotary/--no-rotary", help="rotary models: energy per rotary band and the non-rotary part's spectra (rotary.csv)")] = True,
     vectors: Annotated[bool, typer.Option("--vectors", help="also write each head's singular vectors (vectors.npz)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON on stdout")] = False,
-    threads: Annotated[int, typer.Option("--threads", min=1, max=256, help="worker threads over heads (1 by default, kind to a shared machine); results are identical for any value")] = 1,
+    threads: Annotated[int, typer.Option("--threads", help="CPU threads of the computation, 1 to 4 per CPU (1 by default, kind to a shared machine); results are identical for any value")] = 1,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress, no table")] = False,
 ) -> None:
     """Exact per-head spectra of W_K^T W_Q and P W_V, with balance and nuclear-norm diagnostics."""
@@ -76,8 +76,6 @@ def spectra(
 def _report(result, *, fmt: str, as_json: bool, quiet: bool, out: Path | None, written: list[Path]) -> None:
     """What ``spectra`` prints: the remote transfer line, then the csv table, the JSON summary or
     the console table on stdout."""
-    from headrank.analysis.scan import overall
-
     if "remote" in result.meta and not (quiet or as_json):
         from headrank.io.remote import transfer_line
 
@@ -85,17 +83,15 @@ def _report(result, *, fmt: str, as_json: bool, quiet: bool, out: Path | None, w
     if fmt == "csv":
         result.table.to_csv(sys.stdout, index=False)
         return
-    summary = result.summary()
     if as_json:
-        payload = {"meta": result.meta, "overall": overall(result.table),
-                   "layers": json.loads(summary.to_json(orient="records"))}
+        payload = result.to_json()
         if out is not None:
             payload["written"] = [str(p) for p in written]
         sys.stdout.write(json.dumps(payload, indent=2) + "\n")
         return
     if quiet:
         return
-    _print_table(result, summary)
+    _print_table(result, result.summary())
     if written:
         out_console.print(f"wrote {len(written)} files to {out}: " + ", ".join(p.name for p in written),
                           highlight=False)
@@ -153,7 +149,27 @@ def compress(
         res = cut.compress(path, out, keep=keep, rank=rank, params=params, products=products, whiten=whiten,
                          evaluate=evaluate, text=text, config=config, layout=layout, revision=revision,
                          progress=lambda done, total: bar.update(task, completed=done, total=total))
-    for n in res["notes"]:
+    d = res.to_json() if hasattr(res, "to_json") else res  # the result object, or its dict
+    for n in d.get("notes", []):
         err_console.print(styled("yellow", "note: ", n), highlight=False)
-    if not quiet or as_json:
-        sys.stdout.write("\n".join(cut.report_lines(res, out, as_json)) + "\n")
+    if as_json and hasattr(res, "to_json"):  # a result of the one contract: --json is its to_json()
+        sys.stdout.write(json.dumps(d, indent=2) + "\n")
+    elif not quiet or as_json:
+        sys.stdout.write("\n".join(compress_lines(d, out, as_json)) + "\n")
+
+
+def compress_lines(res: dict, out: Path, as_json: bool = False) -> list[str]:
+    """What ``headrank compress`` prints: the totals (and eval) as lines, or as JSON."""
+    if as_json:
+        keys = ("rule", "products", "notes", "totals", "files", "eval")
+        return [json.dumps({k: res[k] for k in keys if k in res}, indent=2)]
+    t = res["totals"]
+    ks = ", ".join(f"{p} {k:.2f}" for p, k in t["mean_k"].items())
+    lines = [f"mean k ({ks}) of {res['config']['head_dim']}; factored: {t['params_saved_factored']:,} parameters "
+             f"saved ({1 - t['kept_fraction_of_cut_products']:.1%} of the cut products), KV cache "
+             f"{sum(t['kv_cache_bytes_saved_per_token'].values())} of {t['kv_cache_bytes_per_token']} bytes/token saved"]
+    if "eval" in res:
+        e = res["eval"]
+        lines.append(f"{e['metric']}: {e['before']:.4g} -> {e['after']:.4g} ({e['text']})")
+    lines.append(f"wrote {len(res['files']) + 1} files to {out} (compress.json, {res['files'][0]}, ...)")
+    return lines

@@ -42,6 +42,28 @@ _JSON = Annotated[bool, typer.Option("--json", help="print the final summary as 
 _QUIET = Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar, no summary")]
 
 
+#: CLI option names that differ from the config field they set
+CLI_FIELDS = {"attn_wd": "attn_weight_decay", "wd": "weight_decay"}
+
+
+def cli_config(kind: str, run_dir: Path, values: dict, given: set[str], *, resume: bool):
+    """The config of ``headrank train KIND``: with ``--resume`` and a stored ``config.json``, the
+    stored settings checked against the options ``given`` on the command line
+    (:func:`headrank.training.loop.resume_config`); else one built from every option ``values``
+    (CLI names: ``attn_wd``, ``wd``, ``keep_checkpoints`` as ``N`` or ``all``, the rest config
+    fields)."""
+    from headrank.training.config import make_config
+    from headrank.training.loop import resume_config
+    from headrank.training.state import parse_keep
+
+    values = {**values, "keep_checkpoints": parse_keep(values.get("keep_checkpoints"))}
+    fields_ = {CLI_FIELDS.get(k, k): v for k, v in values.items()}
+    cfg = None
+    if resume:
+        cfg = resume_config(run_dir, kind, {CLI_FIELDS.get(k, k): v for k, v in values.items() if k in given})
+    return cfg if cfg is not None else make_config(kind, **fields_)
+
+
 def _given(ctx: typer.Context, values: dict) -> tuple[dict, set]:
     """``values`` and the names of those given on the command line (not defaults)."""
     return values, {k for k in values if (src := ctx.get_parameter_source(k)) is not None and src.name != "DEFAULT"}
@@ -90,7 +112,7 @@ def _run_training(options: tuple[dict, set], out: Path, label: str, *, resume: b
     ``options``: (the option values, the names given); ``--resume`` reads the stored settings."""
     import os
 
-    from headrank.training.loop import cli_config, train
+    from headrank.training.loop import train
 
     cfg = cli_config(label, out, *options, resume=resume)
 
@@ -120,8 +142,7 @@ def _run_training(options: tuple[dict, set], out: Path, label: str, *, resume: b
         return
     f = result.final
     if as_json:
-        sys.stdout.write(json.dumps({"run_dir": str(result.run_dir), "resumed_from": result.resumed_from,
-                                     "checkpoint": str(result.checkpoint), "final": f}, indent=2) + "\n")
+        sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
     elif not quiet:
         m = f.get("mean", {})
         out_console.print(

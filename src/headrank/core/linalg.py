@@ -14,7 +14,7 @@ needed for the balance discrepancy are ``RᵀR``. A factor shared by several pro
 in grouped-query attention) is reduced once: see :func:`factor_root` and
 :func:`metrics_from_roots`.
 
-Conventions (REFERENCE.md §1): Frobenius bound ``½(‖A‖²_F + ‖B‖²_F) ≥ ‖ABᵀ‖_*`` with equality
+Conventions (docs/methods/products.md): Frobenius bound ``½(‖A‖²_F + ‖B‖²_F) ≥ ‖ABᵀ‖_*`` with equality
 iff ``AᵀA = BᵀB``; ``gap = bound − nuclear``; ``balance = ‖AᵀA − BᵀB‖_F``,
 ``balance_rel = balance / (‖AᵀA‖_F + ‖BᵀB‖_F)``; numerical rank ``#{σ_i > τ σ_1}``;
 effective rank ``exp(H(p))``, ``p = σ/Σσ`` (Roy & Vetterli); stable rank ``Σσ²/σ_1²``; energy

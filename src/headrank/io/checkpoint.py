@@ -100,7 +100,7 @@ def locate(source: str | os.PathLike, revision: str | None = None, *, download: 
     s = str(source)
     local = s in SHIPPED or (bool(s) and "\0" not in s and _exists(Path(s)))
     if revision is not None and local:
-        raise HeadRankError("--revision applies to a Hugging Face Hub id, not to a local path")
+        raise HeadRankError("`revision` applies to a Hugging Face Hub id, not to a local path")
     if download and not local:
         from headrank.io import hub
 
@@ -144,7 +144,7 @@ class Checkpoint(BaseCheckpoint):
             else:
                 cfg_path = Path(config) if isinstance(config, (str, os.PathLike)) else path.parent / "config.json"
                 if config is None and require_config and not _exists(cfg_path):
-                    raise HeadRankError(f"{path} is a single weights file: pass its config.json with --config")
+                    raise HeadRankError(f"{path} is a single weights file: pass its config.json with `config`")
                 files = {"": path}
         except OSError as e:  # a directory the user may not list
             raise os_error(e, getattr(e, "filename", None) or path, "read") from None

@@ -67,7 +67,7 @@ def cached_snapshot(repo_id: str, revision: str | None = None, *, download: bool
     where = cache_dir()
     if download:
         if offline():
-            raise HeadRankError(f"--download: the network is off (HF_HUB_OFFLINE); fetch {repo_id} elsewhere "
+            raise HeadRankError(f"`download`: the network is off (HF_HUB_OFFLINE); fetch {repo_id} elsewhere "
                                 f"with: {fetch_command(repo_id, revision)}")
         try:
             return Path(snapshot_download(repo_id, revision=revision, cache_dir=where,
@@ -84,7 +84,7 @@ def cached_snapshot(repo_id: str, revision: str | None = None, *, download: bool
         raise HeadRankError(
             f"no such file or directory, and {repo_id}{at} is not in the Hugging Face cache {where}: "
             f"fetch config and weights with `{fetch_command(repo_id, revision)}` "
-            "(or pass --download where the network is allowed)") from None
+            "(or pass `download` where the network is allowed)") from None
     inside_cache(path, where / repo_folder(repo_id), repo_id)
     if not (path / "config.json").exists() and not any(path.glob("*.gguf")) and not (
             path / "adapter_config.json").exists():
@@ -113,7 +113,7 @@ def check_cached_ref(cache: Path, repo_id: str, revision: str | None) -> None:
     parts = rev.split("/")
     if (not rev or os.path.isabs(rev) or any(p in ("", ".", "..") for p in parts)
             or any(c.isspace() or ord(c) < 32 or c in "\\~^:?*[" for c in rev)):  # git's ref-name rules
-        raise HeadRankError(f"--revision {rev!r} is not a branch, tag or commit name")
+        raise HeadRankError(f"`revision` {rev!r} is not a branch, tag or commit name")
     if _COMMIT.fullmatch(rev):
         return
     ref = cache / repo_folder(repo_id) / "refs" / rev

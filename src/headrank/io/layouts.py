@@ -1,6 +1,6 @@
 """Declarative layout table: model_type → attention tensors → per-head factors.
 
-Conventions (REFERENCE.md §1), PyTorch ``nn.Linear`` layout ``weight = (out, in)``:
+Conventions (docs/methods/products.md), PyTorch ``nn.Linear`` layout ``weight = (out, in)``:
 
 - ``W_Q,h, W_K,h, W_V,h ∈ R^{dh×d}`` are head h's rows of the projection weights;
 - ``P_h ∈ R^{d×dh}`` is head h's column block of the output projection ``W_O`` (d × H·dh);
@@ -445,7 +445,7 @@ def layout_for(config: dict[str, Any]) -> Layout:
             return lay
     raise HeadRankError(
         f"unsupported model_type {mt!r}; supported: {', '.join(layout_model_types())} "
-        "(or describe the layout in a TOML file and pass --layout FILE)"
+        "(or describe the layout in a TOML file and pass `layout` FILE)"
     )
 
 
@@ -605,7 +605,7 @@ class AttentionReader:
         if fold_norm:
             self.norm = self.layout.norm(ckpt.config)
             if self.norm is None:
-                raise HeadRankError(f"--fold-norm: no norm precedes attention in {self.layout.model_types[0]!r} "
+                raise HeadRankError(f"`fold_norm`: no norm precedes attention in {self.layout.model_types[0]!r} "
                                     "(post-norm, no norm, or not described in its layout)")
             self.norm_name(0)  # fails now, before any work, when the tensor is missing
 
@@ -674,7 +674,7 @@ class AttentionReader:
         for t in (self.norm.name, *self.norm.alternatives):
             if self.prefix + t.format(i=i) in self.ckpt:
                 return self.prefix + t.format(i=i)
-        raise HeadRankError(f"--fold-norm: the checkpoint has no norm gain {self.prefix + self.norm.name.format(i=i)!r}")
+        raise HeadRankError(f"`fold_norm`: the checkpoint has no norm gain {self.prefix + self.norm.name.format(i=i)!r}")
 
     def _fold(self, hw: HeadWeights, i: int) -> HeadWeights:
         assert self.norm is not None

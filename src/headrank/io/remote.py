@@ -316,7 +316,7 @@ class RemoteFile:
             raise HeadRankError(
                 f"{urlsplit(self.url).netloc} ignores HTTP range requests (answered 200 with the whole "
                 f"{self.name}, {_mb(int(total)) if total and total.isdigit() else 'size unknown'}): reading only "
-                "the attention tensors is impossible there; pass --allow-full to download whole files instead")
+                "the attention tensors is impossible there; pass `allow_full` to download whole files instead")
         with self._full_lock:
             if self._full is not None:  # another thread downloaded it meanwhile
                 return self.read(start, end, kind)
@@ -607,7 +607,7 @@ def _location(source: str, revision: str | None) -> tuple[Location, str | None]:
 
     if is_url(source):
         if revision is not None:
-            raise HeadRankError("--revision applies to a Hugging Face Hub id, not to a URL")
+            raise HeadRankError("`revision` applies to a Hugging Face Hub id, not to a URL")
         parts = urlsplit(source)
         if not parts.netloc:
             raise HeadRankError(f"not a URL that can be read: {source}")
@@ -616,7 +616,7 @@ def _location(source: str, revision: str | None) -> tuple[Location, str | None]:
             return Location(source, base=urljoin(source, "."), file=(name, source)), name
         return Location(source, base=source if source.endswith("/") else source + "/"), None
     if not hub.looks_like_repo_id(source):
-        raise HeadRankError(f"--remote reads a Hugging Face Hub id (org/name) or an http(s) URL; got {source!r}")
+        raise HeadRankError(f"`remote` reads a Hugging Face Hub id (org/name) or an http(s) URL; got {source!r}")
     return Location(source, repo_id=source, revision=revision or "main", endpoint=endpoint()), None
 
 
@@ -660,9 +660,9 @@ def list_revisions(repo_id: str) -> list[str]:
     from headrank.io import hub
 
     if hub.offline():
-        raise HeadRankError("--revisions all lists the Hub's refs, but HF_HUB_OFFLINE is set (unset it)")
+        raise HeadRankError("`revisions` all lists the Hub's refs, but HF_HUB_OFFLINE is set (unset it)")
     if not hub.looks_like_repo_id(repo_id):
-        raise HeadRankError(f"--revisions all needs a Hugging Face Hub id (org/name); got {repo_id!r}")
+        raise HeadRankError(f"`revisions` all needs a Hugging Face Hub id (org/name); got {repo_id!r}")
     from huggingface_hub import HfApi
 
     loc = Location(repo_id, repo_id=repo_id, revision="main", endpoint=endpoint())

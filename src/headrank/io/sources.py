@@ -63,11 +63,11 @@ def open_reader(source: Any, *, config: str | os.PathLike | dict[str, Any] | Non
         ckpt, origin = _open_live(source, config, layout)
         origin.update(tl)
     if revision is not None:
-        raise HeadRankError("--revision applies to a Hugging Face Hub id")
+        raise HeadRankError("`revision` applies to a Hugging Face Hub id")
     return AttentionReader(ckpt, layout, fold_norm=fold_norm, origin=origin)
 
 
-_NOT_ADAPTER = "--base and --delta apply to a LoRA adapter directory (adapter_config.json)"
+_NOT_ADAPTER = "`base` and `delta` apply to a LoRA adapter directory (adapter_config.json)"
 
 
 def _is_url(source: Any) -> bool:
@@ -82,14 +82,14 @@ def _open_remote(source: Any, *, config: Any, layout: Layout | None, revision: s
     from headrank.io.remote import is_url, open_remote
 
     if not isinstance(source, str):
-        raise HeadRankError("--remote reads a Hugging Face Hub id or an http(s) URL, not a "
+        raise HeadRankError("`remote` reads a Hugging Face Hub id or an http(s) URL, not a "
                             f"{type(source).__name__}")
     if download:
-        raise HeadRankError("--download and --remote exclude each other: --remote reads without downloading")
+        raise HeadRankError("`download` and `remote` exclude each other: `remote` reads without downloading")
     if base is not None or delta:
-        raise HeadRankError("--base and --delta apply to a local LoRA adapter directory, not to --remote")
+        raise HeadRankError("`base` and `delta` apply to a local LoRA adapter directory, not to `remote`")
     if not is_url(source) and (source in SHIPPED or Path(source).exists()):
-        raise HeadRankError(f"--remote reads a Hub id or an http(s) URL; {source} is a local path")
+        raise HeadRankError(f"`remote` reads a Hub id or an http(s) URL; {source} is a local path")
     ckpt, origin, own_layout = open_remote(source, revision=revision, allow_full=allow_full, config=config)
     return AttentionReader(ckpt, layout or own_layout, fold_norm=fold_norm, origin=origin)
 
@@ -167,7 +167,7 @@ def _open_adapter(loc: Located, base: Any, *, delta: bool, layout: Layout | None
     cfg = read_adapter_config(loc.given)
     base = base if base is not None else cfg.get("base_model_name_or_path")
     if not base:
-        raise HeadRankError(f"{loc.given}: the adapter names no base model; pass --base PATH|ID")
+        raise HeadRankError(f"{loc.given}: the adapter names no base model; pass `base` PATH|ID")
     ckpt = AdaptedCheckpoint(loc.given, Checkpoint(locate(base), require_config=layout is None))
     origin = {**_origin("adapter", ckpt, loc.source), **extra, **adapter_origin(ckpt, delta)}
     origin["path"] = str(loc.given.resolve())

@@ -156,19 +156,19 @@ def corpus_files(path: str | os.PathLike) -> tuple[Path, list[str]]:
     """(root, sorted relative POSIX paths) of the corpus files under ``path`` (a file or a directory)."""
     p = Path(path).expanduser()
     if not p.exists():
-        raise HeadRankError(f"--corpus {path}: no such file or directory")
+        raise HeadRankError(f"`corpus` {path}: no such file or directory")
     if not p.is_dir():
         from headrank.io.validate import regular_file
 
         regular_file(p, "corpus file")  # not a FIFO, a device or a symlink to one
         if _text_suffix(p) is None:
-            raise HeadRankError(f"--corpus {path}: unsupported file type (use {', '.join(TEXT_SUFFIXES)})")
+            raise HeadRankError(f"`corpus` {path}: unsupported file type (use {', '.join(TEXT_SUFFIXES)})")
         return p.parent, [p.name]
     rels = sorted(f.relative_to(p).as_posix() for f in p.rglob("*")
                   if f.is_file() and _text_suffix(f) is not None
                   and not any(part.startswith(".") for part in f.relative_to(p).parts))
     if not rels:
-        raise HeadRankError(f"--corpus {path}: no {', '.join(TEXT_SUFFIXES)} files in the directory")
+        raise HeadRankError(f"`corpus` {path}: no {', '.join(TEXT_SUFFIXES)} files in the directory")
     return p, rels
 
 
@@ -207,7 +207,7 @@ def text_splits(corpus: str | None = None, max_chars: int | None = None) -> dict
         out = {s: "\n\n".join(d for d in parts[s] if d) for s in stdlib_corpus.SPLITS}
         if max_chars is not None:
             out = {s: t[:max_chars] for s, t in out.items()}
-        where = f"--corpus {corpus}"
+        where = f"`corpus` {corpus}"
     empty = [s for s in stdlib_corpus.SPLITS if not out[s].strip()]
     if empty:
         raise HeadRankError(f"{where} has no text in the {' and '.join(empty)} split"
@@ -319,7 +319,7 @@ class LMTaskConfig:
         if self.corpus is not None:
             p = Path(self.corpus).expanduser()
             if not p.exists():
-                raise HeadRankError(f"--corpus {self.corpus}: no such file or directory")
+                raise HeadRankError(f"`corpus` {self.corpus}: no such file or directory")
             object.__setattr__(self, "corpus", str(p.resolve()))
 
     @property
@@ -353,7 +353,7 @@ def lm_tokens(cfg: LMTaskConfig, run_dir: str | os.PathLike | None = None
         ids = torch.from_numpy(tok.encode(texts[s]))
         if ids.numel() < cfg.seq_len + 1:
             raise HeadRankError(f"the {s} split has {ids.numel()} tokens, fewer than seq_len + 1 = "
-                                f"{cfg.seq_len + 1}: give more text or a shorter --seq-len")
+                                f"{cfg.seq_len + 1}: give more text or a shorter `seq_len`")
         out[s] = ids
     return out, tok
 
@@ -418,7 +418,7 @@ class ImageTaskConfig:
         if self.images is not None:
             p = Path(self.images).expanduser()
             if not p.is_dir():
-                raise HeadRankError(f"--images {self.images}: not a directory")
+                raise HeadRankError(f"`images` {self.images}: not a directory")
             object.__setattr__(self, "images", str(p.resolve()))
 
     def to_dict(self) -> dict[str, Any]:
@@ -478,7 +478,7 @@ def _image_files(root: Path) -> dict[str, list[tuple[str, str]]]:
     if split_dirs["train"].is_dir():
         for s in stdlib_corpus.SPLITS:
             if not split_dirs[s].is_dir():
-                raise HeadRankError(f"--images {root}: has train/ but no {s}/ directory")
+                raise HeadRankError(f"`images` {root}: has train/ but no {s}/ directory")
             out[s] = scan(split_dirs[s])
     else:
         for rel, cls in scan(root):
@@ -493,11 +493,11 @@ def _image_folder(root: Path, image_size: int | None) -> ImageData:
     files = _image_files(root)
     classes = sorted({c for s in stdlib_corpus.SPLITS for _, c in files[s]})
     if not classes:
-        raise HeadRankError(f"--images {root}: no images found (layout: DIR/<class>/<image>, "
+        raise HeadRankError(f"`images` {root}: no images found (layout: DIR/<class>/<image>, "
                             f"extensions {', '.join(IMAGE_SUFFIXES)})")
     empty = [s for s in stdlib_corpus.SPLITS if not files[s]]
     if empty:
-        raise HeadRankError(f"--images {root}: no images in the {', '.join(empty)} split(s)")
+        raise HeadRankError(f"`images` {root}: no images in the {', '.join(empty)} split(s)")
     index = {c: i for i, c in enumerate(classes)}
     _check_images_fit(sum(len(v) for v in files.values()), 3, size)
     images = {}
@@ -524,7 +524,7 @@ def _check_images_fit(n: int, channels: int, size: int) -> None:
     """``n`` float32 images of ``size``² pixels must fit in memory before they are made."""
     from headrank.io.validate import check_fits
 
-    check_fits(4 * n * channels * size * size, f"--image-size {size}: {n} images of {size}x{size} pixels")
+    check_fits(4 * n * channels * size * size, f"`image_size` {size}: {n} images of {size}x{size} pixels")
 
 
 def _open_image(path: Path) -> Any:
@@ -541,10 +541,10 @@ def _open_image(path: Path) -> Any:
                 im.load()
                 return im.copy()
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
-        raise HeadRankError(f"--images: {path} declares more pixels than Pillow decodes safely "
+        raise HeadRankError(f"`images`: {path} declares more pixels than Pillow decodes safely "
                             f"({one_line(e, 120)}): refused as a decompression bomb") from None
     except (OSError, UnidentifiedImageError, ValueError, SyntaxError) as e:
-        raise HeadRankError(f"--images: cannot read {path}: {one_line(e, 160)}") from None
+        raise HeadRankError(f"`images`: cannot read {path}: {one_line(e, 160)}") from None
 
 
 @functools.lru_cache(maxsize=4)
@@ -554,7 +554,7 @@ def load_images(images: str | None = None, image_size: int | None = None) -> Ima
         return _digits(image_size)
     root = Path(images).expanduser()
     if not root.is_dir():
-        raise HeadRankError(f"--images {images}: not a directory")
+        raise HeadRankError(f"`images` {images}: not a directory")
     return _image_folder(root, image_size)
 
 

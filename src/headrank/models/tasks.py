@@ -1,6 +1,6 @@
 """Associative recall, fully online (a fresh batch every step), seeded and resumable.
 
-Sequence format (REFERENCE.md §3; sizes are *our choice*)::
+Sequence format (docs/methods/training.md; sizes are *our choice*)::
 
     k_1 v_1 k_2 v_2 … k_n v_n q   →   v(q)
 

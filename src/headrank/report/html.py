@@ -51,6 +51,16 @@ details > div { padding: 0.3rem 0.6rem; border-left: 2px solid #ddd; margin: 0.2
 
 _VERDICT_CLASS = {"held": "held", "not held": "not-held", "inconclusive": "inconclusive"}
 MAX_CELL = 300  # characters of a statement shown in a claims row; the rest is folded
+MAX_VISIBLE = 400  # characters of text any table cell shows; the rest goes into a fold beside it
+
+
+def clipped(text: str, limit: int = MAX_VISIBLE) -> str:
+    """``text`` escaped for a table cell; longer than ``limit``, its start and the whole of it
+    in a fold (so no visible cell grows with the rules or the data)."""
+    if len(text) <= limit:
+        return escape(text)
+    head = text[:limit - 40].rsplit(" ", 1)[0] + " …"
+    return f"{escape(head)}<details><summary>all of it</summary><div>{escape(text)}</div></details>"
 
 
 # --------------------------------------------------------------------------- numbers
@@ -174,8 +184,13 @@ def _claim_rows(claims: list[dict[str, Any]], with_exposure: bool) -> str:
     rows = []
     for c in claims:
         st = c.get("statement", "")
-        short = st if len(st) <= MAX_CELL else st[:MAX_CELL].rsplit(" ", 1)[0] + " …"
+        room = max(80, min(MAX_CELL, MAX_VISIBLE - len(c["name"]) - 2))
+        short = st if len(st) <= room else st[:room].rsplit(" ", 1)[0] + " …"
+        quote = c.get("quote") if c.get("quote") and not c.get("supports") else ""
         fold = []
+        if quote and len(c["name"]) + len(short) + len(quote) + len(c.get("source", "")) + 2 > MAX_VISIBLE:
+            fold.append(f"<blockquote>{escape(quote)}<cite>{escape(c.get('source', ''))}</cite></blockquote>")
+            quote = ""  # too long to sit beside the statement: first in the fold
         if short != st:
             fold.append(f"<p>{escape(st)}</p>")
         if c.get("reason"):
@@ -196,10 +211,9 @@ def _claim_rows(claims: list[dict[str, Any]], with_exposure: bool) -> str:
         exp = f"<td class='n'>{escape(_exposure_text(c.get('exposure')))}</td>" if with_exposure else ""
         rows.append(
             f"<tr><td>{_badge(c)}</td><td class='st'><b>{escape(c['name'])}</b> {escape(short)}"
-            + (f"<blockquote>{escape(c['quote'])}<cite>{escape(c.get('source', ''))}</cite></blockquote>"
-               if c.get("quote") and not c.get("supports") else "")
+            + (f"<blockquote>{escape(quote)}<cite>{escape(c.get('source', ''))}</cite></blockquote>" if quote else "")
             + f"<details><summary>details</summary><div>{''.join(fold)}</div></details></td>"
-            f"<td class='n'>{escape(measured_brief(c))}</td><td class='n'>{escape(brief(c.get('expected')))}</td>"
+            f"<td class='n'>{clipped(measured_brief(c))}</td><td class='n'>{clipped(brief(c.get('expected')))}</td>"
             f"{exp}</tr>")
     head = "<tr><th>verdict</th><th>claim</th><th>measured</th><th>expected</th>" + \
         ("<th>exposure</th>" if with_exposure else "") + "</tr>"
@@ -226,7 +240,7 @@ def _section(name: str, meta: dict[str, Any], claims: list[dict[str, Any]], figu
     groups = claim_groups(claims)
     exposure = any(c.get("exposure") not in (None, {}) for c in claims if c.get("kind") != "identity")
     notes = "".join(f"<li>{escape(n)}</li>" for n in meta.get("notes", []))
-    prof = "quick" if meta.get("quick") else "full"
+    prof = meta.get("profile") or ("quick" if meta.get("quick") else "full")
     parts = [f"<h2 id='{escape(name)}'>{escape(name)}: {escape(meta.get('title', ''))}</h2>",
              f"<p class='sub'>{prof} profile; runtime {fmt_value(meta.get('runtime_s'), 3)} s</p>"]
     if quote:
@@ -326,8 +340,8 @@ def coverage_html(by_name: dict[str, dict[str, Any]]) -> str:
         for n in (x.strip() for x in tested.split(",") if x.strip()):
             c = by_name.get(n)
             cells.append(f"{escape(n)} {_badge(c)}" if c else f"{escape(n)} <span class='sub'>(not run)</span>")
-        rows.append(f"<tr><td>{escape(doc)}</td><td>{escape(place)}</td><td>{escape(statement)}</td>"
-                    f"<td class='n'>{'<br>'.join(cells) or '—'}</td><td>{escape(why)}</td></tr>")
+        rows.append(f"<tr><td>{escape(doc)}</td><td>{clipped(place)}</td><td>{clipped(statement)}</td>"
+                    f"<td class='n'>{'<br>'.join(cells) or '—'}</td><td>{clipped(why)}</td></tr>")
     head = "<tr><th>document</th><th>place</th><th>statement</th><th>tested by</th><th>note</th></tr>"
     return (f"<h2 id='coverage'>Coverage: every statement of the documents</h2><div class='wrap'><table>{head}"
             f"{''.join(rows)}</table></div>")
@@ -356,7 +370,7 @@ def render_report(*, meta: dict[str, Any], claims: list[dict[str, Any]], figures
     """
     name = meta["name"]
     body = (f"<h1>headrank reproduce {escape(name)}</h1>"
-            f"<p class='sub'>{'quick' if meta.get('quick') else 'full'} profile, "
+            f"<p class='sub'>{meta.get('profile') or ('quick' if meta.get('quick') else 'full')} profile, "
             f"{fmt_value(meta.get('runtime_s'), 3)} s; {escape(_versions_line(meta.get('versions', {})))}</p>"
             + _summary_table([(name, meta, claims, None)])
             + f"<p class='reading'>{escape(reading(claims))}</p>"

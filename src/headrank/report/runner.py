@@ -85,34 +85,36 @@ def _read_json(path: Path, what: str) -> Any:
             regular_file(path, path.name)  # a FIFO or a device would block or never end
         return json.loads(path.read_text())
     except FileNotFoundError:
-        raise HeadRankError(f"--replot needs {path.name} of a finished run in {path.parent}; "
-                            f"run `headrank reproduce {what} --out {path.parent}` first") from None
+        raise HeadRankError(f"`replot` needs {path.name} of a finished run in {path.parent}; "
+                            f"run reproduction {what} into `out` {path.parent} first") from None
     except (OSError, ValueError) as e:
         raise HeadRankError(f"cannot read {path}: {e}") from None
 
 
-def _evaluate(name: str, out: Path, *, quick: bool, replot: bool,
-              overrides: dict[str, Any] | None = None) -> tuple[Result, dict[str, Any]]:
+def _evaluate(name: str, out: Path, *, quick: bool, replot: bool, overrides: dict[str, Any] | None = None,
+              profile: str | None = None) -> tuple[Result, dict[str, Any]]:
     """Run (or, with ``replot``, reload) reproduction ``name``: its Result and run facts."""
     import json
 
     study = get(name).study
     if overrides and replot:
-        raise HeadRankError(f"reproduction {name!r} takes no parameters from the command line with --replot")
+        raise HeadRankError(f"reproduction {name!r} takes no parameters from the command line with `replot`")
     if replot:
         old = _read_json(out / "run.json", name)
         if old.get("name") != name:
             raise HeadRankError(f"{out / 'run.json'} belongs to reproduction {old.get('name')!r}, not {name!r}")
         data = _read_json(out / "data.json", name)
         params = study.params_from_json(old.get("params") or {})
-        facts = {"quick": bool(old.get("quick")), "runtime_s": old.get("runtime_s"), "replotted": True}
+        facts = {"quick": bool(old.get("quick")), "runtime_s": old.get("runtime_s"), "replotted": True,
+                 "profile": old.get("profile") or ("quick" if old.get("quick") else "full")}
     else:
-        params = study.make_params("quick" if quick else "full")
+        profile = profile or ("quick" if quick else "full")
+        params = study.make_params(profile)
         if overrides:
             params = study.with_overrides(params, overrides)
         t0 = time.perf_counter()
         raw = study.run(params)
-        facts = {"quick": quick, "runtime_s": time.perf_counter() - t0}
+        facts = {"quick": profile == "quick", "profile": profile, "runtime_s": time.perf_counter() - t0}
         data = json.loads(json.dumps(jsonable(raw)))  # exactly what data.json holds, so a replot sees the same
     t1 = time.perf_counter()
     claims = study.claims(data, params)
@@ -123,8 +125,11 @@ def _evaluate(name: str, out: Path, *, quick: bool, replot: bool,
 
 
 def run(name: str, out: str | Path, *, quick: bool = False, replot: bool = False,
-        overrides: dict[str, Any] | None = None) -> RunSummary:
+        overrides: dict[str, Any] | None = None, profile: str | None = None) -> RunSummary:
     """Run reproduction ``name`` and write its report, claims, data and figures into ``out``.
+
+    ``profile``: one the study offers (``quick``, ``full``, ``paper`` where it has one;
+    default ``quick`` when ``quick`` is set, else ``full``).
 
     ``replot``: run nothing; re-judge the claims and redraw the figures from the ``data.json``
     and ``run.json`` a finished run left in ``out`` (data.json is not rewritten).
@@ -137,7 +142,7 @@ def run(name: str, out: str | Path, *, quick: bool = False, replot: bool = False
     if not replot:
         out = prepare_out_dir(out)
     old_meta = _read_json(out / "run.json", name) if replot else None
-    result, facts = _evaluate(name, out, quick=quick, replot=replot, overrides=overrides)
+    result, facts = _evaluate(name, out, quick=quick, replot=replot, overrides=overrides, profile=profile)
     runtime = facts["runtime_s"]
 
     figures, pngs = [], {}
@@ -153,6 +158,7 @@ def run(name: str, out: str | Path, *, quick: bool = False, replot: bool = False
         "title": entry.title,
         "source": entry.source,
         "quick": facts["quick"],
+        "profile": facts["profile"],
         "runtime_s": runtime,
         "params": jsonable(result.params),
         "versions": versions(),
@@ -319,7 +325,7 @@ def run_all(out: str | Path, *, quick: bool = False, force: bool = False, only: 
     ``out/NAME`` (see :func:`run`), keeping each one's recorded profile.
     """
     if replot and not Path(out).is_dir():
-        raise HeadRankError(f"--replot needs a finished `reproduce all` in {out}; there is no such directory")
+        raise HeadRankError(f"`replot` needs a finished `reproduce all` in {out}; there is no such directory")
     out = prepare_out_dir(out)
     todo = only or names()
     for n in todo:

@@ -4,7 +4,7 @@ the middle layer ``n_layers // 2``) and a ViT on scikit-learn's digits (mean ove
 layers). Sizes: :func:`headrank.studies.lm_common.lm_base` / ``vit_base``.
 
 Decoupled decay acts on the time scale 1/(λ·lr), so the λ grid is set by decay exposure
-``λ·Σlr`` (REFERENCE.md §3): each model's λs are the target exposures divided by its Σlr. The
+``λ·Σlr`` (docs/methods/training.md): each model's λs are the target exposures divided by its Σlr. The
 largest, 8, is the exposure λ = 0.1 has in LLaMA-2-7B pretraining: the caption's "λ = 0.1
 noticeably reduces the rank" is tested at that matched exposure. Every run of a model shares
 its seeds' initialisation and data order across λ, so differences are paired by seed.

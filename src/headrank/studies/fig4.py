@@ -8,7 +8,7 @@ norm ‖ABᵀ‖_* (paper Prop. 3.1; Fig. 4 on LLaMA-2 7B). Two parts:
   offline — ``headrank reproduce fig4 --model PATH`` analyses any other that ``spectra`` opens:
   directory, Hub id, GGUF, adapter, Trainer checkpoint): per head
   nuclear / bound and the row-norm spread, against two fair nulls that keep the real factors
-  and destroy only their pairing (REFERENCE.md §3): a rotation null (B → B·O, O Haar-random on
+  and destroy only their pairing (docs/methods/training.md): a rotation null (B → B·O, O Haar-random on
   the dh inner dimension) and a row-pairing shuffle (which row of W_Q goes with which row of
   W_K). MiniLM is not the paper's subject (distilled, contrastively fine-tuned, tiny decay
   exposure, undecayed biases), so the caption's LLaMA-2-7B sentences are *not testable here*

@@ -243,6 +243,11 @@ class Result:
     notes: list[str] = field(default_factory=list)
 
 
+#: every profile a study may offer, smallest first: ``quick`` (minutes), ``full`` (the default),
+#: ``paper`` (the source document's own settings, where a study has them)
+PROFILES = ("quick", "full", "paper")
+
+
 @dataclass(frozen=True)
 class Study:
     """A reproduction in four parts (the shape every study has):
@@ -267,9 +272,17 @@ class Study:
     figures: Callable[[dict[str, Any], Any], list[FigureOut]]
     notes: Callable[[dict[str, Any], Any], list[str]] | None = None
 
+    def profiles(self) -> tuple[str, ...]:
+        """The profiles this study offers: those of :data:`PROFILES` its params class defines
+        as a classmethod (every study has ``quick`` and ``full``)."""
+        return tuple(p for p in PROFILES if callable(getattr(self.params, p, None)))
+
     def make_params(self, profile: str) -> Any:
-        if profile not in ("quick", "full"):
-            raise HeadRankError(f"unknown profile {profile!r}; use quick or full")
+        """The params of ``profile`` (one of :meth:`profiles`)."""
+        offered = self.profiles()
+        if not isinstance(profile, str) or profile not in offered:
+            raise HeadRankError(f"unknown profile {str(profile)[:40]!r} for {self.name}; use one of "
+                                f"{', '.join(offered)}")
         return getattr(self.params, profile)()
 
     def with_overrides(self, params: Any, overrides: dict[str, Any]) -> Any:
@@ -343,5 +356,5 @@ def get(name: str) -> Entry:
         importlib.import_module(CATALOGUE[name][0])
     if name not in _REGISTRY:
         known = ", ".join(names()) or "(none)"
-        raise HeadRankError(f"unknown reproduction {name!r}; known: {known} (see `headrank reproduce --list`)")
+        raise HeadRankError(f"unknown reproduction {name!r}; known: {known}")
     return _REGISTRY[name]

@@ -2,7 +2,7 @@
 MLP decay (``weight_decay``: every matrix outside attention, embeddings included), over ≥ 5
 seeds. Sizes: :func:`headrank.studies.lm_common.lm_base`.
 
-The grid is set in decay exposure ``λ·Σlr`` (REFERENCE.md §3): each λ is a target exposure
+The grid is set in decay exposure ``λ·Σlr`` (docs/methods/training.md): each λ is a target exposure
 divided by the run's Σlr. Every cell runs the same seeds (same initialisation and data order),
 so differences between cells are paired by seed; the spread of a mean difference is
 ``t_{0.975, n−1}`` standard errors of the per-seed differences (:mod:`headrank.studies.verdicts`).

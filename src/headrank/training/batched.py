@@ -1,4 +1,4 @@
-"""The scale-invariance experiment's training (REFERENCE.md §5): many small ReLU + LayerNorm MLPs
+"""The scale-invariance experiment's training (docs/methods/scale.md): many small ReLU + LayerNorm MLPs
 on scikit-learn's digits, trained side by side with batched SGD / AdamW (one tensor per
 parameter, a leading run axis), in three residual variants (``N`` = LayerNorm, ``h₀ = x`` the
 standardised input):

@@ -258,7 +258,7 @@ def lr_sums(cfg: TrainConfig) -> list[float]:
 def decay_exposure(cfg: TrainConfig, steps: int | None = None) -> dict[str, float]:
     """Decay exposure ``λ·Σ_t lr_t`` of each decay group after ``steps`` updates (default: the
     whole run): decoupled decay shrinks a weight by ``∏(1 − lr_t λ) ≈ exp(−λ Σ lr_t)``, so this
-    counts the time constants the decay had to act (REFERENCE.md §3). ``attn``: the attention
+    counts the time constants the decay had to act (docs/methods/training.md). ``attn``: the attention
     projections (``attn_weight_decay``); ``other``: every other decayed matrix and the
     embeddings (``weight_decay``)."""
     n = cfg.steps if steps is None else steps

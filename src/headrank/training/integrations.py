@@ -65,7 +65,7 @@ def parse_log(spec: str | Sequence[str] | None) -> tuple[str, ...] | None:
         return ()
     bad = [x for x in items if x not in BACKENDS]
     if bad or not items:
-        raise HeadRankError(f"--log {','.join(items) or repr(spec)}: unknown backend "
+        raise HeadRankError(f"`log` {','.join(items) or repr(spec)}: unknown backend "
                             f"{(bad or [''])[0]!r}; use any of {', '.join(BACKENDS)} (comma-separated) or none")
     return tuple(dict.fromkeys(items))
 
@@ -76,7 +76,7 @@ def require(backend: str) -> None:
 
     module, extra = BACKENDS[backend]
     if importlib.util.find_spec(module) is None:
-        raise HeadRankError(f"--log {backend} needs the {module} package: pip install 'headrank[{extra}]'")
+        raise HeadRankError(f"`log` {backend} needs the {module} package: pip install 'headrank[{extra}]'")
 
 
 def row_scalars(row: dict[str, Any]) -> dict[str, float]:
@@ -235,7 +235,7 @@ def open_loggers(run: Path, backends: tuple[str, ...] | None, config: dict[str, 
         if isinstance(e, HeadRankError):
             raise
         hint = " (W&B: run `wandb login`, or set WANDB_MODE=offline)" if b == "wandb" else ""
-        raise HeadRankError(f"--log {b}: the {b} logger could not start: {type(e).__name__}: "
+        raise HeadRankError(f"`log` {b}: the {b} logger could not start: {type(e).__name__}: "
                             f"{one_line(e, 300)}{hint}") from None
     return RunLoggers(out)
 

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import torch
 import torch.nn as nn
 
@@ -78,6 +79,7 @@ from headrank.training.state import load_checkpoint, save_checkpoint
 from headrank.util.env import versions
 from headrank.util.fileio import write_json
 from headrank.util.legacy import upgrade
+from headrank.util.result import ResultBase, check_dir, copy_dir, plain, read_json
 
 Progress = Callable[[int, int, dict[str, Any] | None], None]
 
@@ -86,11 +88,11 @@ Progress = Callable[[int, int, dict[str, Any] | None], None]
 
 def _prepare_run_dir(run: Path, cfg: TrainConfig, resume: bool) -> None:
     if run.exists() and not run.is_dir():
-        raise HeadRankError(f"--out {run} exists and is not a directory")
+        raise HeadRankError(f"`out` {run} exists and is not a directory")
     cfg_path = run / "config.json"
     if cfg_path.exists():
         if not resume:
-            raise HeadRankError(f"{run} already holds a run: pass --resume to continue it, or choose another --out")
+            raise HeadRankError(f"{run} already holds a run: pass `resume` to continue it, or choose another `out`")
         from headrank.io.validate import regular_file
 
         regular_file(cfg_path, "run config")  # a FIFO would block the read forever
@@ -105,17 +107,17 @@ def _prepare_run_dir(run: Path, cfg: TrainConfig, resume: bool) -> None:
                 _check_extension(cfg, old["steps"])
                 write_json(cfg_path, {**old, "steps": cfg.steps})
                 return
-            raise HeadRankError(f"--resume with settings that differ from {cfg_path} ({', '.join(diff)}); "
-                                "use the same options or another --out")
+            raise HeadRankError(f"`resume` with settings that differ from {cfg_path} ({', '.join(diff)}); "
+                                "use the same options or another `out`")
         return
     if run.is_dir() and any(p.name != LOCK for p in run.iterdir()):
-        raise HeadRankError(f"--out {run} is a non-empty directory that holds no run; choose another --out")
+        raise HeadRankError(f"`out` {run} is a non-empty directory that holds no run; choose another `out`")
     try:
         run.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise HeadRankError(f"cannot create --out {run}: {e.strerror or e}") from None
+        raise HeadRankError(f"cannot create `out` {run}: {e.strerror or e}") from None
     if not os.access(run, os.W_OK):
-        raise HeadRankError(f"--out {run} is not writable")
+        raise HeadRankError(f"`out` {run} is not writable")
 
 
 #: settings a resume may change: ``steps`` (extends the run) and how many checkpoints are kept
@@ -166,30 +168,50 @@ def resume_config(run_dir: str | os.PathLike, kind: str, given: dict[str, Any]) 
         if have != v:
             diffs.append(f"{k} {v} (stored: {have})")
     if diffs:
-        raise HeadRankError(f"--resume with settings that differ from {p}: {'; '.join(diffs)}; drop those options "
-                            "(the stored settings are used) or choose another --out")
+        raise HeadRankError(f"`resume` with settings that differ from {p}: {'; '.join(diffs)}; drop those options "
+                            "(the stored settings are used) or choose another `out`")
     return replace(cfg, **change) if change else cfg
 
 
-#: CLI option names that differ from the config field they set
-CLI_FIELDS = {"attn_wd": "attn_weight_decay", "wd": "weight_decay"}
+def train_task(task: str, out: str | os.PathLike, *, resume: bool = False, device: str = "auto",
+               threads: int = 1, log: str | Sequence[str] | None = None, progress: Progress | None = None,
+               **fields: Any) -> RunResult:
+    """``headrank train TASK --out OUT``: train the project's transformer on ``task`` (``recall``,
+    ``lm`` or ``vit``) with attention-specific weight decay (``docs/verbs/train.md``).
 
+    Parameters
+    ----------
+    task
+        ``"recall"``, ``"lm"`` or ``"vit"``.
+    out
+        The run directory (config.json, metrics.jsonl, checkpoints/, summary.json).
+    resume
+        Continue the run in ``out`` from its newest checkpoint with its stored settings (the
+        ``fields`` given must match them; a larger ``steps`` extends the run when its schedule
+        allows).
+    device
+        ``"auto"`` (CUDA when present), ``"cpu"``, ``"cuda"``, ``"cuda:N"``.
+    threads
+        CPU threads of the computation (torch's; 1 to 4 per CPU), recorded in config.json.
+    log
+        Backends besides metrics.jsonl: ``tensorboard``, ``wandb``, ``mlflow`` or ``none``.
+    **fields
+        Config fields of the task (:func:`headrank.training.config.make_config`), e.g.
+        ``steps``, ``attn_weight_decay``, ``weight_decay``, ``seed``, ``n_layers``, ``d_model``,
+        ``n_heads``, ``lr``, ``batch_size``, ``keep_checkpoints`` (N or ``"all"``).
 
-def cli_config(kind: str, run_dir: str | os.PathLike, values: dict[str, Any], given: set[str], *,
-               resume: bool) -> TrainConfig:
-    """The config of ``headrank train KIND``: with ``resume`` and a stored ``config.json``, the
-    stored settings checked against the options ``given`` on the command line
-    (:func:`resume_config`); else one built from every option ``values`` (CLI names:
-    ``attn_wd``, ``wd``, ``keep_checkpoints`` as ``N`` or ``all``, the rest config fields)."""
+    Returns
+    -------
+    RunResult
+    """
     from headrank.training.config import make_config
     from headrank.training.state import parse_keep
 
-    values = {**values, "keep_checkpoints": parse_keep(values.get("keep_checkpoints"))}
-    fields_ = {CLI_FIELDS.get(k, k): v for k, v in values.items()}
-    cfg = None
-    if resume:
-        cfg = resume_config(run_dir, kind, {CLI_FIELDS.get(k, k): v for k, v in values.items() if k in given})
-    return cfg if cfg is not None else make_config(kind, **fields_)
+    if isinstance(fields.get("keep_checkpoints"), str):
+        fields["keep_checkpoints"] = parse_keep(fields["keep_checkpoints"])
+    cfg = resume_config(out, task, fields) if resume else None
+    cfg = cfg if cfg is not None else make_config(task, **fields)
+    return train(out, cfg, resume=resume, device=device, progress=progress, threads=threads, log=log)
 
 
 def _check_extension(cfg: TrainConfig, old_steps: int) -> None:
@@ -199,12 +221,18 @@ def _check_extension(cfg: TrainConfig, old_steps: int) -> None:
     if cfg.schedule != "constant":
         raise HeadRankError(f"cannot extend this run from {old_steps} to {cfg.steps} steps: its {cfg.schedule} "
                             f"learning-rate schedule was declared for {old_steps} steps (it decays to 0 there); "
-                            "start a new run with the longer --steps")
+                            "start a new run with the longer `steps`")
 
 
 @dataclass
-class RunResult:
-    """What :func:`train` returns: the run, its final row values and newest checkpoint."""
+class RunResult(ResultBase):
+    """What :func:`train` returns: the run, its final row values and newest checkpoint.
+
+    ``table``: the rows of ``metrics.jsonl``, flat (``qk_effective_rank`` …, without the
+    per-head lists); ``summary()``: the final row; ``meta``: run directory, steps, resume point,
+    checkpoint and final values."""
+
+    verb = "train"
 
     run_dir: Path
     steps: int
@@ -212,6 +240,53 @@ class RunResult:
     final: dict[str, Any]
     checkpoint: Path
     rank: int = 0
+
+    @property
+    def table(self) -> pd.DataFrame:
+        return pd.DataFrame([_flat_row(r) for r in read_metrics(self.run_dir)])
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return {"run_dir": str(self.run_dir), "steps": self.steps, "resumed_from": self.resumed_from,
+                "checkpoint": str(self.checkpoint), "final": self.final}
+
+    def headline(self) -> str:
+        return f"RunResult in {self.run_dir}: {self.steps} steps"
+
+    def summary(self) -> pd.DataFrame:
+        """The final values (loss, accuracy, evaluations, tracker means) as one row."""
+        return pd.DataFrame([_flat_row(self.final)])
+
+    def save(self, out: str | os.PathLike) -> list[Path]:
+        """The run directory copied into ``out`` (nothing to do when ``out`` is the run)."""
+        return copy_dir(self.run_dir, out)
+
+    @classmethod
+    def load(cls, out: str | os.PathLike) -> RunResult:
+        """The finished run in ``out`` (its ``summary.json``)."""
+        run = check_dir(out, "summary.json")
+        s = read_json(run / "summary.json")
+        return cls(run_dir=run, steps=int(s["steps"]), resumed_from=s.get("resumed_from"), final=s.get("final", {}),
+                   checkpoint=latest_checkpoint(run))
+
+    def plot(self):
+        """Loss and the mean effective rank of QK and OV against step."""
+        from headrank.analysis.plots import train_figure
+
+        return train_figure(self.table)
+
+    def to_json(self) -> dict[str, Any]:
+        """What ``headrank train --json`` prints: ``run_dir``, ``resumed_from``, ``checkpoint``, ``final``."""
+        return plain({"run_dir": str(self.run_dir), "resumed_from": self.resumed_from,
+                      "checkpoint": str(self.checkpoint), "final": self.final})
+
+
+def _flat_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A metrics row without its per-head lists, the tracker means as ``qk_METRIC`` columns."""
+    out = {k: v for k, v in row.items() if k not in ("mean", "heads")}
+    for product, means in (row.get("mean") or {}).items():
+        out.update({f"{product}_{k}": v for k, v in means.items()})
+    return out
 
 
 
@@ -309,7 +384,7 @@ def _train(run: Path, cfg: TrainConfig, *, resume: bool, device: str, progress: 
             raise HeadRankError(f"batch size {cfg.batch_size} is not divisible by the {dist.world} processes: "
                                 "every process takes an equal slice of the global batch")
         if run.exists() and not run.is_dir():
-            raise HeadRankError(f"--out {run} exists and is not a directory")
+            raise HeadRankError(f"`out` {run} exists and is not a directory")
         created = not run.exists()
         before = {p.name for p in run.iterdir()} if not created else set()
         s, held = None, False

@@ -99,13 +99,13 @@ def parse_keep(text: str | int | None) -> int | None:
     """``--keep-checkpoints``: a positive count or ``all`` (0: every checkpoint is kept); None stays None."""
     if text is None or (isinstance(text, int) and not isinstance(text, bool)):
         if isinstance(text, int) and text < 0:
-            raise HeadRankError(f"--keep-checkpoints takes a positive number or 'all', got {text}")
+            raise HeadRankError(f"`keep_checkpoints` takes a positive number or 'all', got {text}")
         return text
     t = str(text).strip().lower()
     if t == "all":
         return 0
     if not t.isdigit() or int(t) < 1:
-        raise HeadRankError(f"--keep-checkpoints takes a positive number or 'all', got {text!r}")
+        raise HeadRankError(f"`keep_checkpoints` takes a positive number or 'all', got {text!r}")
     return int(t)
 
 

@@ -47,7 +47,7 @@ import os
 import re
 import shutil
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -61,6 +61,8 @@ from headrank.errors import HeadRankError, one_line
 from headrank.io.rundir import locked_run, run_locked
 from headrank.util.fileio import staged_output, write_json, write_text
 from headrank.util.ray import ray_session
+from headrank.util.result import ResultBase, check_dir, copy_dir, plain, read_csv, read_json
+from headrank.util.result import records as frame_records
 
 #: final metrics copied into runs.csv (and aggregated in summary.csv) when a run has them: the
 #: losses, and per product the final tracker means of the metric table's summary rows
@@ -91,7 +93,7 @@ class SweepSpec:
             if len({_fmt(x) for x in v}) != len(v):  # 0 and 0.0 would name the same run
                 raise HeadRankError(f"grid field {k!r} repeats a value: {v}")
         if "seed" in self.grid or "seed" in self.base:
-            raise HeadRankError("give seeds with --seeds (a seeds list), not as a grid or base field")
+            raise HeadRankError("give seeds with `seeds` (a seeds list), not as a grid or base field")
         both = set(self.grid) & set(self.base)
         if both:
             raise HeadRankError(f"field(s) {', '.join(sorted(both))} are both fixed and swept")
@@ -282,12 +284,63 @@ def _finished(run: Path, kind: str, overrides: dict[str, Any]) -> dict[str, Any]
 # -- the sweep -------------------------------------------------------------------------------------
 
 @dataclass
-class SweepResult:
+class SweepResult(ResultBase):
+    """What :func:`run_sweep` returns: one row per run (``runs``, also ``table``; ``runs.csv``),
+    per grid point the mean and std over seeds (``summary()``; ``summary.csv``), the run counts
+    (``runs``, ``ok``, ``failed``, ``skipped``; ``counts.json``) and the spec."""
+
+    verb = "sweep"
+
     out: Path
     runs: pd.DataFrame
-    summary: pd.DataFrame
+    grid_summary: pd.DataFrame
     counts: dict[str, int]
     spec: SweepSpec | None = None
+
+    @property
+    def table(self) -> pd.DataFrame:
+        """One row per run: grid values, seed, name, status, error, final metrics."""
+        return self.runs
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """``out``, ``counts`` and the spec (``kind``, ``base``, ``grid``, ``seeds``)."""
+        return {"out": str(self.out), "counts": self.counts, "spec": asdict(self.spec) if self.spec else None}
+
+    def headline(self) -> str:
+        c = self.counts
+        return f"SweepResult in {self.out}: {c['runs']} runs, {c['ok']} ok, {c['failed']} failed"
+
+    def summary(self) -> pd.DataFrame:
+        """Per grid point: runs, failed, and ``METRIC_mean`` / ``METRIC_std`` over the seeds (the
+        run's own ``METRIC`` with one seed)."""
+        return self.grid_summary
+
+    def save(self, out: str | os.PathLike) -> list[Path]:
+        """The sweep directory copied into ``out`` (nothing to do when ``out`` is where it ran)."""
+        return copy_dir(self.out, out)
+
+    @classmethod
+    def load(cls, out: str | os.PathLike) -> SweepResult:
+        """The sweep a :func:`run_sweep` (or ``headrank sweep --out``) wrote into ``out``."""
+        out = check_dir(out, "runs.csv")
+        d = read_json(out / "sweep.json")
+        spec = SweepSpec(kind=d["kind"], base=dict(d["base"]), grid=dict(d["grid"]), seeds=list(d["seeds"]))
+        runs = read_csv(out / "runs.csv")
+        counts = read_json(out / "counts.json") if (out / "counts.json").is_file() else {
+            "runs": len(runs), "ok": int((runs["status"] == "ok").sum()),
+            "failed": int((runs["status"] != "ok").sum()), "skipped": 0}
+        return cls(out=out, runs=runs, grid_summary=read_csv(out / "summary.csv"), counts=counts, spec=spec)
+
+    def plot(self):
+        """Each metric of the summary against the first swept field (one panel per metric)."""
+        from headrank.analysis.plots import sweep_figure
+
+        return sweep_figure(self.grid_summary, list(self.spec.grid) if self.spec else [])
+
+    def to_json(self) -> dict[str, Any]:
+        """What ``headrank sweep --json`` prints: ``out``, ``counts`` and ``summary`` (its rows)."""
+        return plain({"out": str(self.out), "counts": self.counts, "summary": frame_records(self.grid_summary)})
 
     def failure_line(self) -> str | None:
         """One line when runs failed (how many, where their errors are), else None."""
@@ -318,13 +371,13 @@ def merge_rerun(out: Path, spec: SweepSpec, extend: bool = False) -> SweepSpec:
         d = json.loads(p.read_text())
         old = SweepSpec(kind=d["kind"], base=dict(d["base"]), grid=dict(d["grid"]), seeds=list(d["seeds"]))
     except (OSError, ValueError, KeyError, TypeError, HeadRankError):
-        raise HeadRankError(f"{p} does not describe a sweep: choose another --out") from None
+        raise HeadRankError(f"{p} does not describe a sweep: choose another `out`") from None
     keep = "its runs are left as they are"
     if old.kind != spec.kind:
-        raise HeadRankError(f"{out} holds a {old.kind} sweep, not {spec.kind}; {keep}: choose another --out")
+        raise HeadRankError(f"{out} holds a {old.kind} sweep, not {spec.kind}; {keep}: choose another `out`")
     if list(old.grid) != list(spec.grid):
         raise HeadRankError(f"{out} holds a sweep over {', '.join(old.grid) or 'no field'}, not "
-                            f"{', '.join(spec.grid) or 'no field'}; {keep}: sweep the same fields or choose another --out")
+                            f"{', '.join(spec.grid) or 'no field'}; {keep}: sweep the same fields or choose another `out`")
     dflt = _defaults(spec.kind)
     diffs = {k: (old.base.get(k, dflt.get(k)), spec.base.get(k, dflt.get(k))) for k in {**old.base, **spec.base}}
     diffs = {k: ab for k, ab in diffs.items() if ab[0] != ab[1]}
@@ -332,15 +385,15 @@ def merge_rerun(out: Path, spec: SweepSpec, extend: bool = False) -> SweepSpec:
     if diffs:
         what = "; ".join(f"{k} {a} -> {b}" for k, (a, b) in sorted(diffs.items()))
         raise HeadRankError(f"{out} holds a sweep with other base settings ({what}); {keep}: use the same "
-                            "settings or choose another --out")
+                            "settings or choose another `out`")
     if steps is not None:
         a, b = steps
         if not (isinstance(a, int) and isinstance(b, int) and b > a):
             raise HeadRankError(f"{out} holds a sweep of {a} steps, not {b}; {keep}: a sweep cannot be shortened, "
-                                "choose another --out")
+                                "choose another `out`")
         if not extend:
-            raise HeadRankError(f"{out} holds a sweep of {a} steps, not {b}; {keep}: pass --extend to continue "
-                                f"every run to {b} steps, or choose another --out")
+            raise HeadRankError(f"{out} holds a sweep of {a} steps, not {b}; {keep}: pass `extend` to continue "
+                                f"every run to {b} steps, or choose another `out`")
     grid = {k: old.grid[k] + [v for v in spec.grid[k] if _fmt(v) not in {_fmt(x) for x in old.grid[k]}]
             for k in old.grid}  # a value is its run name's: 0 and 0.0 are one point
     seeds = old.seeds + [x for x in spec.seeds if x not in old.seeds]
@@ -353,8 +406,61 @@ def _check_extendable(spec: SweepSpec) -> None:
     probe = {**spec.base, **{k: v[0] for k, v in spec.grid.items()}, "seed": spec.seeds[0]}
     cfg = make_config(spec.kind, **probe)
     if cfg.schedule != "constant":
-        raise HeadRankError(f"--extend: these runs use a {cfg.schedule} learning-rate schedule, declared for their "
-                            "length (it decays to 0 there); they cannot be extended: choose another --out")
+        raise HeadRankError(f"`extend`: these runs use a {cfg.schedule} learning-rate schedule, declared for their "
+                            "length (it decays to 0 there); they cannot be extended: choose another `out`")
+
+
+def sweep_verb(spec: str | os.PathLike | SweepSpec, out: str | os.PathLike, *,
+               grid: dict[str, Sequence[Any]] | Sequence[str] | None = None,
+               set: dict[str, Any] | Sequence[str] | None = None,  # noqa: A002 - the CLI's --set
+               seeds: Sequence[int] | str | None = None, workers: int | None = None, threads: int = 1,
+               ray: str | None = None, device: str = "cpu", extend: bool = False,
+               progress: Callable[[dict[str, Any], int, int], None] | None = None) -> SweepResult:
+    """``headrank sweep SPEC --out OUT`` (``headrank.sweep``): a grid of training runs, resumable,
+    failures recorded, mean and std over seeds (``docs/verbs/sweep.md``).
+
+    Parameters
+    ----------
+    spec
+        A task (``"lm"``, ``"vit"``, ``"recall"``), a JSON/TOML spec file, or a :class:`SweepSpec`.
+    out
+        The sweep directory: runs/, results/, runs.csv, summary.csv.
+    grid
+        Swept config fields: ``{"attn_weight_decay": [0, 0.1, 1]}`` or ``["FIELD=V1,V2"]``.
+    set
+        Config fields fixed for every run: ``{"steps": 500}`` or ``["FIELD=V"]``.
+    seeds
+        Seeds (a sequence or ``"0,1,2"``); default 0, or the spec's.
+    workers
+        Worker processes, one run each (1 to 4 per CPU; default: CPUs / threads).
+    threads
+        CPU threads of each run (1 to 4 per CPU).
+    ray
+        Run on Ray: a cluster address, ``"auto"`` or ``"local"``.
+    device
+        Device of every run.
+    extend
+        With a larger ``steps`` than the sweep in ``out``: continue every run to it.
+
+    Returns
+    -------
+    SweepResult
+    """
+    if isinstance(spec, SweepSpec):
+        if grid or set or seeds is not None:
+            raise HeadRankError("grid, set and seeds go into the SweepSpec itself when spec is one")
+        s = spec
+    else:
+        seed_text = ",".join(str(x) for x in seeds) if isinstance(seeds, list | tuple) else seeds
+        s = build_spec(os.fspath(spec), sets=None if isinstance(set, dict) else set,
+                       grid=None if isinstance(grid, dict) else grid, seeds=seed_text)
+        if isinstance(set, dict) or isinstance(grid, dict):  # Python values, no parsing
+            g = {**s.grid, **({k: list(v) if isinstance(v, list | tuple) else [v] for k, v in grid.items()}
+                              if isinstance(grid, dict) else {})}
+            base = {**s.base, **(set if isinstance(set, dict) else {})}
+            s = SweepSpec(kind=s.kind, base={k: v for k, v in base.items() if k not in g}, grid=g, seeds=s.seeds)
+    return run_sweep(s, out, workers=workers, ray=ray, threads=threads, device=device, extend=extend,
+                     progress=progress)
 
 
 def run_sweep(spec: SweepSpec, out: str | os.PathLike, *, workers: int | None = None, ray: str | None = None,
@@ -373,7 +479,7 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike, *, workers: int | None = 
         check_threads(workers, "workers")  # 1..4 per CPU
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise HeadRankError(f"--out {out} exists and is not a directory")
+        raise HeadRankError(f"`out` {out} exists and is not a directory")
     _check_field_names(spec)
     created = not out.exists()
     try:
@@ -531,10 +637,11 @@ def aggregate(spec: SweepSpec, out: Path, records: list[dict[str, Any]]) -> Swee
     empty += [m for m in FINAL_METRICS if m in summary and summary[m].isna().all()]
     summary = summary.drop(columns=empty)
     runs = runs.drop(columns=[m for m in FINAL_METRICS if runs[m].isna().all()])
-    with staged_output(out) as stage:  # runs.csv and summary.csv move in together
-        write_text(stage / "runs.csv", runs.to_csv(index=False))
-        write_text(stage / "summary.csv", summary.to_csv(index=False))
     counts = {"runs": len(records), "ok": int((runs["status"] == "ok").sum()),
               "failed": int((runs["status"] != "ok").sum()),
               "skipped": sum(bool(r.get("skipped")) for r in records)}
-    return SweepResult(out=out, runs=runs, summary=summary, counts=counts, spec=spec)
+    with staged_output(out) as stage:  # runs.csv, summary.csv and counts.json move in together
+        write_text(stage / "runs.csv", runs.to_csv(index=False))
+        write_text(stage / "summary.csv", summary.to_csv(index=False))
+        write_json(stage / "counts.json", counts)
+    return SweepResult(out=out, runs=runs, grid_summary=summary, counts=counts, spec=spec)

@@ -81,7 +81,7 @@ def prepare_out_dir(out: str | os.PathLike) -> Path:
     """Create the output directory ``out`` (and parents); one clear error if it cannot be."""
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise HeadRankError(f"--out {out} exists and is not a directory")
+        raise HeadRankError(f"`out` {out} exists and is not a directory")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -98,7 +98,7 @@ def check_writable(out: str | os.PathLike) -> Path:
     out = Path(out)
     if out.exists():
         if not out.is_dir():
-            raise HeadRankError(f"--out {out} exists and is not a directory")
+            raise HeadRankError(f"`out` {out} exists and is not a directory")
         try:
             fd, probe = tempfile.mkstemp(prefix=f".headrank-probe.{os.getpid()}.", suffix=".tmp", dir=out)
             os.close(fd)
@@ -189,7 +189,7 @@ def _move_set(stage: Path, out: Path) -> None:
         t = out / p.name
         if t.is_dir() and not t.is_symlink() and not p.is_dir():
             raise HeadRankError(f"cannot write {t}: a directory of that name is in the way; "
-                                "remove it or choose another --out")
+                                "remove it or choose another `out`")
     aside = Path(tempfile.mkdtemp(prefix=".previous-", dir=stage))
     done: list[str] = []
     try:

@@ -52,7 +52,7 @@ def ray_session(address: str) -> Iterator[Any]:
     try:
         import ray
     except ImportError:
-        raise HeadRankError("--ray needs Ray: pip install 'headrank[ray]'") from None
+        raise HeadRankError("`ray` needs Ray: pip install 'headrank[ray]'") from None
     started = not ray.is_initialized()
     if started:
         problem = auth_problem(address)

@@ -38,9 +38,9 @@ def check_threads(n: object, name: str = "threads") -> int:
     import numbers
 
     if isinstance(n, bool) or not isinstance(n, numbers.Integral):
-        raise HeadRankError(f"{name} must be an integer, got {str(n)[:40]!r}")
+        raise HeadRankError(f"`{name}` must be an integer, got {str(n)[:40]!r}")
     if not 1 <= n <= max_threads():
-        raise HeadRankError(f"{name} must lie in 1..{max_threads()} ({PER_CPU} per CPU this process may use; "
+        raise HeadRankError(f"`{name}` must lie in 1..{max_threads()} ({PER_CPU} per CPU this process may use; "
                             f"1 is best on a shared machine), got {n}")
     return int(n)
 

@@ -1,6 +1,6 @@
 """Rank collapse of token representations across depth (Dong, Cordonnier, Loukas, ICML 2021).
 
-The package, by part (REFERENCE.md §4):
+The package, by part (docs/methods/collapse.md):
 
 - :mod:`~headrank.analysis.collapse.measures`: relative residual ``‖X − 1xᵀ‖ / ‖X‖`` in the
   ℓ1, ℓ∞, composite ``√(ℓ1·ℓ∞)`` and Frobenius norms (mean row or best-fit row), pairwise
@@ -26,7 +26,7 @@ LLaMA-style (``llama``, ``mistral``, ``qwen2``) Hugging Face directories, the sh
 directory, whose newest checkpoint is used).
 """
 
-from headrank.analysis.collapse.analyze import CollapseResult, analyze, save
+from headrank.analysis.collapse.analyze import CollapseResult, analyze, collapse, save
 from headrank.analysis.collapse.depth import (
     FLOOR,
     byte_batch,
@@ -70,7 +70,7 @@ from headrank.analysis.collapse.surgery import (
 
 __all__ = [
     "CENTERS", "FLOOR", "INITS", "MEASURES", "NORMS", "PRIMARY", "SURGERY_VARIANTS", "VARIANT_LABELS",
-    "VARIANT_SWITCHES", "WELL_KNOWN", "CollapseResult", "HFAdapter", "ProjectAdapter", "analyze", "best_row",
+    "VARIANT_SWITCHES", "WELL_KNOWN", "CollapseResult", "HFAdapter", "ProjectAdapter", "analyze", "best_row", "collapse",
     "byte_batch", "collapse_model_types", "cosine_similarity", "depth_sweep", "enumerate_paths", "fit_depth",
     "linf_best_row", "make_adapter", "matrix_norm", "path_counts", "path_length_stats", "path_products",
     "path_restricted", "path_table", "pure_attention_config", "residual", "run_variant", "save",

@@ -34,18 +34,56 @@ from headrank.analysis.collapse.surgery import (
 )
 from headrank.errors import HeadRankError
 from headrank.models.opener import PROJECT_TYPE, Opened, open_model, resolve
-from headrank.util.threads import torch_threads
+from headrank.util.result import ResultBase, plain, read_csv, read_json, records
+from headrank.util.threads import check_threads, torch_threads
 
 
 @dataclass
-class CollapseResult:
-    """Per-layer collapse measures of every (init, variant); see :func:`analyze`."""
+class CollapseResult(ResultBase):
+    """Per-layer collapse measures of every (init, variant); see :func:`analyze`.
 
-    table: pd.DataFrame                       # tidy: init, variant, layer, measure, mean, std, n
-    values: dict[str, np.ndarray]             # "init/variant" → (seqs, layers+1, measures)
-    paths: pd.DataFrame                       # sampled attention-path products (pretrained, full)
+    ``table``: tidy, one row per (init, variant, layer, measure) with ``mean``, ``std``, ``n``;
+    ``values["init/variant"]``: (seqs, layers+1, measures); ``paths``: the sampled
+    attention-path products (pretrained, full; empty in a loaded result, whose
+    :meth:`path_summary` is read from ``paths.csv``).
+    """
+
+    verb = "collapse"
+
+    table: pd.DataFrame
+    values: dict[str, np.ndarray]
+    paths: pd.DataFrame
     meta: dict[str, Any]
     path_counts: list[int] = field(default_factory=list)
+    saved_paths: pd.DataFrame | None = field(default=None, repr=False)  # paths.csv of a loaded result
+
+    def save(self, out: str | os.PathLike, *, plots: bool = True) -> list[Path]:
+        """``layers.csv``, ``summary.csv``, ``paths.csv``, ``collapse.npz``, ``meta.json`` and
+        figures into ``out`` (:func:`save`)."""
+        return save(self, out, plots=plots)
+
+    @classmethod
+    def load(cls, out: str | os.PathLike) -> CollapseResult:
+        """The result a :meth:`save` (or ``headrank collapse --out``) wrote into ``out``."""
+        out = Path(out)
+        meta = read_json(out / "meta.json")
+        counts = [int(c) for c in meta.pop("path_counts", [])]
+        with np.load(out / "collapse.npz") as z:
+            values = {k.replace("__", "/"): z[k] for k in z.files if k != "measures"}
+        return cls(table=read_csv(out / "layers.csv"), values=values, paths=pd.DataFrame(), meta=meta,
+                   path_counts=counts, saved_paths=read_csv(out / "paths.csv"))
+
+    def plot(self):
+        """The primary measure per layer, each variant a line, pretrained and re-initialised."""
+        from headrank.analysis import plots as P
+
+        return P.collapse_layers(self.table, self.meta)
+
+    def to_json(self) -> dict[str, Any]:
+        """What ``headrank collapse --json`` prints: ``meta`` (without the sentences),
+        ``summary`` and ``paths`` (the path summary)."""
+        meta = {k: v for k, v in self.meta.items() if k != "texts"}
+        return plain({"meta": meta, "summary": records(self.summary()), "paths": records(self.path_summary())})
 
     def summary(self, measure: str = PRIMARY) -> pd.DataFrame:
         """One row per (init, variant): the measure at the first and last layer and their ratio."""
@@ -62,6 +100,8 @@ class CollapseResult:
 
     def path_summary(self) -> pd.DataFrame:
         """Per path length: number of paths, mean and std of the product's residual, samples."""
+        if self.saved_paths is not None:
+            return self.saved_paths
         if self.paths.empty:
             return pd.DataFrame(columns=["length", "n_paths", "mean", "std", "samples"])
         g = self.paths.groupby("length")["residual"]
@@ -78,13 +118,41 @@ def analyze(source: str | os.PathLike, *, n_seqs: int = 32, max_tokens: int = 64
 
     Sequences are run one at a time (no padding). ``texts`` overrides the corpus sentences.
     Path products use the pretrained (or the first init's) unmodified forward pass.
-    ``threads`` sets torch's intra-op threads for the call (restored after); one thread is
-    much faster for small models on a busy machine.
+    ``threads``: CPU threads of the computation (torch's intra-op threads for the call, restored
+    after; 1 to 4 per CPU, :func:`headrank.util.threads.check_threads`); one thread is much
+    faster for small models on a busy machine.
     """
+    if threads is not None:
+        check_threads(threads)
     with torch_threads(threads):
         return _analyze(source, n_seqs=n_seqs, max_tokens=max_tokens, min_tokens=min_tokens, inits=inits,
                         variants=variants, seed=seed, dtype=dtype, path_samples=path_samples, texts=texts,
                         progress=progress)
+
+
+def collapse(model: str | os.PathLike, *, seqs: int = 32, max_tokens: int = 64, seed: int = 0, threads: int = 1,
+             progress: Callable[[int, int], None] | None = None) -> CollapseResult:
+    """``headrank collapse MODEL``: rank collapse by layer for pure attention, + MLP, + skip and
+    the full model, pretrained and re-initialised (``docs/verbs/collapse.md``).
+
+    Parameters
+    ----------
+    model
+        ``"minilm"``, a Hugging Face BERT/GPT-2/LLaMA-style directory, or a project model / run.
+    seqs
+        Sentences in the batch (the stdlib corpus' test split), at least 2.
+    max_tokens
+        Tokens per sentence at most.
+    seed
+        Seed of the re-initialised model and of the path sampling.
+    threads
+        CPU threads of the computation (1 to 4 per CPU).
+
+    Returns
+    -------
+    CollapseResult
+    """
+    return analyze(model, n_seqs=seqs, max_tokens=max_tokens, seed=seed, threads=threads, progress=progress)
 
 
 def _check_args(n_seqs: int, max_tokens: int, min_tokens: int, inits, variants) -> None:

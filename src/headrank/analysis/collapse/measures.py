@@ -1,4 +1,4 @@
-"""Measures of token representations ``X`` (n tokens × d), REFERENCE.md §4.
+"""Measures of token representations ``X`` (n tokens × d), docs/methods/collapse.md.
 
 - relative residual ``‖X − 1xᵀ‖ / ‖X‖`` in the ℓ1 norm (max column abs-sum), the ℓ∞ norm
   (max row abs-sum), the composite ``‖·‖_{1,∞} = √(‖·‖_1 ‖·‖_∞)`` and the Frobenius norm, with

@@ -1,4 +1,4 @@
-"""Paths through a self-attention network with skips (REFERENCE.md §4).
+"""Paths through a self-attention network with skips (docs/methods/collapse.md).
 
 With skips, a network of L layers of H heads is a sum over paths through at most one head per
 layer; there are ``C(L,k)·H^k`` paths of length k (:func:`path_counts`). :func:`path_products`

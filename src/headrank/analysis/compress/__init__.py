@@ -35,8 +35,7 @@ from headrank.errors import HeadRankError
 from headrank.util.env import versions
 from headrank.util.fileio import check_writable, staged_output, write_json
 
-__all__ = ["Plan", "Rule", "TextSpec", "compress", "cost_curve", "cut_in_place", "kept_fraction", "make_plan",
-           "report_lines"]
+__all__ = ["Plan", "Rule", "TextSpec", "compress", "cost_curve", "cut_in_place", "kept_fraction", "make_plan"]
 
 
 def _check_out(out: Path) -> dict[str, Any] | None:
@@ -54,7 +53,7 @@ def _check_out(out: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         old = None
     if not isinstance(old, dict):
-        raise HeadRankError(f"--out {out} is not empty and holds no compress.json: choose an empty or new directory")
+        raise HeadRankError(f"`out` {out} is not empty and holds no compress.json: choose an empty or new directory")
     return old
 
 
@@ -62,11 +61,11 @@ def _original(reader, live) -> tuple[Any, Any]:
     if live is not None:
         tok = getattr(live, "_headrank_tokenizer", None)
         if tok is None:
-            raise HeadRankError("--eval and --whiten need a tokenizer; this GGUF file holds none")
+            raise HeadRankError("`evaluate` and `whiten` need a tokenizer; this GGUF file holds none")
         return live, tok
     src = source_dir(reader)
     if src is None:
-        raise HeadRankError("--eval and --whiten need a checkpoint directory transformers can load")
+        raise HeadRankError("`evaluate` and `whiten` need a checkpoint directory transformers can load")
     return load(src)
 
 
@@ -92,7 +91,7 @@ def compress(source: Any, out: str | os.PathLike, *, keep: float | None = None, 
     prods, note = parse_products(None if products is None else (
         products if isinstance(products, str) else list(products)), reader)
     if rule.kind == "rank" and rule.value > reader.dims.head_dim:
-        raise HeadRankError(f"--rank {int(rule.value)} exceeds the head dimension {reader.dims.head_dim}")
+        raise HeadRankError(f"`rank` {int(rule.value)} exceeds the head dimension {reader.dims.head_dim}")
     old = _check_out(out)
     spec = TextSpec(n=n_eval, seq_len=seq_len, text_file=None if text is None else str(text))
     orig = tok = None
@@ -247,20 +246,3 @@ def cost_curve(source: Any, budgets: Iterable[float], *, methods: Iterable[str] 
             if progress:
                 progress(f"{method} {b:g}: {rows[-1]['cost']:.4g}")
     return rows
-
-
-def report_lines(res: dict[str, Any], out: str | os.PathLike, as_json: bool = False) -> list[str]:
-    """What ``headrank compress`` prints: the totals (and eval) as lines, or as JSON."""
-    if as_json:
-        keys = ("rule", "products", "notes", "totals", "files", "eval")
-        return [json.dumps({k: res[k] for k in keys if k in res}, indent=2)]
-    t = res["totals"]
-    ks = ", ".join(f"{p} {k:.2f}" for p, k in t["mean_k"].items())
-    lines = [f"mean k ({ks}) of {res['config']['head_dim']}; factored: {t['params_saved_factored']:,} parameters "
-             f"saved ({1 - t['kept_fraction_of_cut_products']:.1%} of the cut products), KV cache "
-             f"{sum(t['kv_cache_bytes_saved_per_token'].values())} of {t['kv_cache_bytes_per_token']} bytes/token saved"]
-    if "eval" in res:
-        e = res["eval"]
-        lines.append(f"{e['metric']}: {e['before']:.4g} -> {e['after']:.4g} ({e['text']})")
-    lines.append(f"wrote {len(res['files']) + 1} files to {out} (compress.json, {res['files'][0]}, ...)")
-    return lines

@@ -64,9 +64,9 @@ def parse_products(products: str | list[str] | tuple[str, ...] | None, reader: A
     items = [p.strip().lower() for p in items if p.strip()]
     bad = [p for p in items if p not in CUT_ORDER]
     if bad or not items:
-        raise HeadRankError(f"--products must name ov and/or qk (comma-separated); got {products!r}")
+        raise HeadRankError(f"`products` must name ov and/or qk (comma-separated); got {products!r}")
     if "qk" in items and refusal:
-        raise HeadRankError(f"--products qk: {refusal}; cut OV only (--products ov)")
+        raise HeadRankError(f"`products` qk: {refusal}; cut OV only (`products` ov)")
     return tuple(p for p in CUT_ORDER if p in items), None
 
 

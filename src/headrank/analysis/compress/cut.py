@@ -1,7 +1,7 @@
 """Exact truncation of one layer's attention products, written back into the same tensors.
 
 A head's product is ``X_h Sᵀ`` with a per-query-head factor ``X_h`` and a factor ``S`` its kv
-head shares with the rest of its query group (REFERENCE.md §1, §8):
+head shares with the rest of its query group (docs/methods/products.md, docs/methods/compression.md):
 
 - OV: ``X_h = P_h`` (d × dh), ``S = W_V,kvᵀ``; the product is ``P_h W_V``.
 - QK: ``X_h = W_Q,hᵀ``, ``S = W_K,kvᵀ``; the product is ``W_Q,hᵀ W_K``, the transpose of

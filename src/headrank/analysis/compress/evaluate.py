@@ -41,7 +41,7 @@ class TextSpec:
 
         lines = [ln.strip() for ln in read_text(Path(self.text_file), "text file").splitlines() if ln.strip()]
         if len(lines) < 4:
-            raise HeadRankError(f"--text {self.text_file}: needs at least 4 non-empty lines")
+            raise HeadRankError(f"`text` {self.text_file}: needs at least 4 non-empty lines")
         half = len(lines) // 2
         part = lines[half:] if split == EVAL_SPLIT else lines[:half]
         return part[:n] if n else part
@@ -66,7 +66,7 @@ def load(path: str | Path, *, dtype: torch.dtype = torch.float32):
                                         trust_remote_code=False, attn_implementation="eager")
             tok = tf.AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
     except Exception as e:  # noqa: BLE001 - no tokenizer, unknown architecture, ...
-        raise HeadRankError(f"--eval: cannot load {path} with transformers: {one_line(e, 200)}") from None
+        raise HeadRankError(f"`evaluate`: cannot load {path} with transformers: {one_line(e, 200)}") from None
     return model.eval(), tok
 
 

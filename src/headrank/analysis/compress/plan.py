@@ -28,14 +28,14 @@ class Rule:
     def of(cls, keep: float | None = None, rank: int | None = None, params: float | None = None) -> Rule:
         given = [(k, v) for k, v in (("keep", keep), ("rank", rank), ("params", params)) if v is not None]
         if len(given) != 1:
-            raise HeadRankError("give exactly one of --keep FRACTION, --rank K or --params FRACTION"
+            raise HeadRankError("give exactly one of `keep` FRACTION, `rank` K or `params` FRACTION"
                                 + (f" (got {', '.join(k for k, _ in given)})" if given else ""))
         kind, value = given[0]
         if isinstance(value, bool):
             raise HeadRankError(f"--{kind} must be a number, got {value!r}")
         if kind == "rank":
             if not float(value).is_integer() or value < 1:
-                raise HeadRankError(f"--rank must be a whole number >= 1, got {value!r}")
+                raise HeadRankError(f"`rank` must be a whole number >= 1, got {value!r}")
         elif not (0 < float(value) <= 1):
             raise HeadRankError(f"--{kind} must be in (0, 1], got {value!r}")
         return cls(kind, float(value))
@@ -56,7 +56,7 @@ def choose(rule: Rule, spectra: dict[str, torch.Tensor], cost: dict[str, int], h
     if rule.kind == "rank":
         k = int(rule.value)
         if k > head_dim:
-            raise HeadRankError(f"--rank {k} exceeds the head dimension {head_dim}")
+            raise HeadRankError(f"`rank` {k} exceeds the head dimension {head_dim}")
         return {p: torch.full(sv.shape[:-1], k, dtype=torch.long) for p, sv in spectra.items()}
     if rule.kind == "keep":
         return {p: energy_rank(sv, rule.value).clamp_min(1) for p, sv in spectra.items()}
@@ -70,7 +70,7 @@ def _budget(fraction: float, spectra: dict[str, torch.Tensor], cost: dict[str, i
     ranks = {p: torch.ones(sv.shape[:-1], dtype=torch.long) for p, sv in spectra.items()}
     used = sum(r.numel() * cost[p] for p, r in ranks.items())
     if used > budget:
-        raise HeadRankError(f"--params {fraction:g} is below one direction per head "
+        raise HeadRankError(f"`params` {fraction:g} is below one direction per head "
                             f"({used / total:.3g} of the parameters)")
     vals, owners = [], []
     for pi, (p, sv) in enumerate(spectra.items()):

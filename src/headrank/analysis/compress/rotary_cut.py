@@ -1,4 +1,4 @@
-"""QK cuts that commute with rotary position embeddings (REFERENCE.md §8).
+"""QK cuts that commute with rotary position embeddings (docs/methods/compression.md).
 
 With rotary embeddings the score is ``xᵀ W_Qᵀ R(m − n) W_K y``, ``R`` block-diagonal: one 2-D
 rotation per frequency band, the identity on the non-rotary dimensions of partial-rotary models

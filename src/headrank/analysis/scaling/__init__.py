@@ -1,4 +1,4 @@
-"""Scale invariance of a model's function (REFERENCE.md §5; source document 002), behind
+"""Scale invariance of a model's function (docs/methods/scale.md; source document 002), behind
 ``headrank scale MODEL``:
 
 - :mod:`.invariance`: the per-tensor test (``W → cW``: invariant, homogeneous of degree k,
@@ -18,6 +18,7 @@ from headrank.analysis.scaling.analyze import (
     layout_or_note,
     parse_group,
     save,
+    scale,
 )
 from headrank.analysis.scaling.invariance import (
     DEFAULT_SCALES,
@@ -43,6 +44,6 @@ from headrank.analysis.scaling.symmetries import (
 __all__ = [
     "DEFAULT_SCALES", "INVARIANCE_TOL", "TENSOR_VERDICTS", "AttentionSite", "ScaleResult",
     "analyze_scaling", "attention_sites", "check_scales", "classify_outputs", "layout_or_note", "norm_eps_zero",
-    "pair_edits", "pair_symmetries", "parse_group", "parse_scales", "perturbed", "resolve_groups", "save",
+    "pair_edits", "pair_symmetries", "parse_group", "parse_scales", "perturbed", "resolve_groups", "save", "scale",
     "scale_test", "scaled", "verdict_counts",
 ]

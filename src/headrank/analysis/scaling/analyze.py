@@ -22,16 +22,51 @@ from headrank.analysis.scaling.invariance import (
 from headrank.analysis.scaling.symmetries import pair_symmetries
 from headrank.errors import HeadRankError
 from headrank.io.layouts import Layout, layout_for
-from headrank.util.threads import torch_threads
+from headrank.util.result import ResultBase, plain, read_csv, read_json, records
+from headrank.util.threads import check_threads, torch_threads
 
 
 @dataclass
-class ScaleResult:
-    """What :func:`analyze_scaling` measured: per-tensor table, per-head pair table, facts."""
+class ScaleResult(ResultBase):
+    """What :func:`analyze_scaling` measured: per-tensor table, per-head pair table, facts.
 
-    table: pd.DataFrame  # one row per tensor / group
-    pairs: pd.DataFrame  # one row per (layer, kv head, product); empty without a layout
+    ``table``: one row per tensor / group; ``pairs``: one row per (layer, kv head, product),
+    empty without a layout.
+    """
+
+    verb = "scale"
+
+    table: pd.DataFrame
+    pairs: pd.DataFrame
     meta: dict[str, Any] = field(default_factory=dict)
+
+    def summary(self) -> pd.DataFrame:
+        """Verdict counts over the tensors (one row per verdict)."""
+        return pd.DataFrame(list(self.counts().items()), columns=["verdict", "tensors"])
+
+    def save(self, out: str | os.PathLike, *, plots: bool = True) -> list[Path]:
+        """``tensors.csv``, ``pairs.csv``, ``meta.json`` and figures into ``out`` (:func:`save`)."""
+        return save(self, out, plots=plots)
+
+    @classmethod
+    def load(cls, out: str | os.PathLike) -> ScaleResult:
+        """The result a :meth:`save` (or ``headrank scale --out``) wrote into ``out``."""
+        out = Path(out)
+        meta = read_json(out / "meta.json")
+        meta.pop("pair_summary", None)
+        return cls(table=read_csv(out / "tensors.csv"), pairs=read_csv(out / "pairs.csv"), meta=meta)
+
+    def plot(self):
+        """Each tensor's invariance and homogeneity deviations."""
+        from headrank.analysis import plots as P
+
+        return P.scale_tensor_deviations(self.table, self.meta)
+
+    def to_json(self) -> dict[str, Any]:
+        """What ``headrank scale --json`` prints: ``meta``, ``counts``, ``pair_summary`` and
+        ``tensors`` (the table's rows)."""
+        return plain({"meta": self.meta, "counts": self.counts(), "pair_summary": self.pair_summary(),
+                      "tensors": records(self.table)})
 
     def counts(self) -> dict[str, int]:
         """Verdict counts over the tensors."""
@@ -54,7 +89,7 @@ def parse_group(spec: str) -> tuple[str, list[str]]:
     name, sep, pats = spec.partition("=")
     patterns = [p.strip() for p in pats.split(",") if p.strip()]
     if not sep or not name.strip() or not patterns:
-        raise HeadRankError(f"--group must look like NAME=PATTERN[,PATTERN...], got {spec!r}")
+        raise HeadRankError(f"`groups` must look like NAME=PATTERN[,PATTERN...], got {spec!r}")
     return name.strip(), patterns
 
 
@@ -65,16 +100,59 @@ def analyze_scaling(source: str | os.PathLike, *, scales: Iterable[float] = DEFA
                     progress: Callable[[str, int, int], None] | None = None) -> ScaleResult:
     """Per-tensor scaling verdicts and per-head pair symmetries of a model on real inputs.
 
-    ``threads``: torch threads for the duration of the call (restored after); 1 is fastest for
-    small models on a busy machine.
+    ``threads``: CPU threads of the computation (torch's, for the duration of the call, restored
+    after; 1 to 4 per CPU, :func:`headrank.util.threads.check_threads`); 1 is fastest for small
+    models on a busy machine.
     """
     scales = check_scales(scales)
     if not (isinstance(tol, int | float) and tol > 0):
         raise HeadRankError(f"tolerance must be > 0, got {tol}")
-    if threads is not None and threads < 1:
-        raise HeadRankError(f"threads must be >= 1, got {threads}")
+    if threads is not None:
+        check_threads(threads)
     with torch_threads(threads):
         return _analyze_scaling(source, scales, tol, groups, pairs, seed, exhaustive, structural, progress)
+
+
+def scale(model: str | os.PathLike, *, scales: str | Iterable[float] = DEFAULT_SCALES, tol: float = INVARIANCE_TOL,
+          groups: dict[str, Sequence[str]] | Sequence[str] | None = None, pairs: bool = True,
+          with_eps: bool = False, exhaustive: bool = False, threads: int = 1,
+          progress: Callable[[str, int, int], None] | None = None) -> ScaleResult:
+    """``headrank scale MODEL``: which tensors are scale-invariant, homogeneous or neither, and
+    the per-head attention rescaling symmetries (``docs/verbs/scale.md``).
+
+    Parameters
+    ----------
+    model
+        ``"minilm"``, a Hugging Face model directory, a headrank model directory or run.
+    scales
+        Scale factors c (positive, not 1): a sequence or a comma-separated string.
+    tol
+        Relative deviation below which ``f(cW)`` counts as ``f(W)`` (or ``c^k f(W)``).
+    groups
+        Tensors also scaled together: ``{name: [fnmatch patterns]}`` or ``["NAME=PAT,PAT"]``.
+    pairs
+        Also measure the per-head W_Q/W_K and W_V/W_O rescaling symmetries.
+    with_eps
+        Judge the real function, normalisation epsilon kept (default: epsilon 0 for verdicts).
+    exhaustive
+        Try every c even once a tensor is clearly neither.
+    threads
+        CPU threads of the computation (1 to 4 per CPU).
+
+    Returns
+    -------
+    ScaleResult
+    """
+    from headrank.analysis.scaling.invariance import parse_scales
+
+    if isinstance(scales, str):
+        scales = parse_scales(scales)
+    if groups is not None and not isinstance(groups, dict):
+        if isinstance(groups, str):
+            groups = [groups]
+        groups = dict(parse_group(g) for g in groups)
+    return analyze_scaling(model, scales=scales, tol=tol, groups=groups, pairs=pairs, exhaustive=exhaustive,
+                           structural=not with_eps, threads=threads, progress=progress)
 
 
 def layout_or_note(config: dict[str, Any]) -> tuple[Layout | None, str]:

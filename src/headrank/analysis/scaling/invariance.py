@@ -1,5 +1,5 @@
 """Per-tensor scale test: is the model's function invariant, homogeneous of some degree, or
-neither under ``W → cW`` (REFERENCE.md §5)?
+neither under ``W → cW`` (docs/methods/scale.md)?
 
 The function ``f`` is the model's output on fixed real inputs, computed in float64. For each
 parameter tensor (or a named group of tensors, scaled together) and each factor ``c``:
@@ -48,7 +48,7 @@ def parse_scales(text: str) -> tuple[float, ...]:
     try:
         vals = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise HeadRankError(f"--scales must be comma-separated numbers, got {text!r}") from None
+        raise HeadRankError(f"`scales` must be comma-separated numbers, got {text!r}") from None
     return check_scales(vals)
 
 

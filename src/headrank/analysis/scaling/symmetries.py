@@ -1,4 +1,4 @@
-"""Attention pair symmetries, per head (REFERENCE.md §5), found through the layout table
+"""Attention pair symmetries, per head (docs/methods/scale.md), found through the layout table
 (:mod:`headrank.io.layouts`, read by its :class:`~headrank.io.layouts.AttentionReader`, aliases
 included), so fused, interleaved, Conv1D and grouped-query layouts are handled the same way:
 
