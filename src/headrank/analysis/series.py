@@ -391,7 +391,22 @@ def track(series: str | os.PathLike | Sequence[str | os.PathLike], out: str | os
             "items": [{**asdict(i), "identity": ids[i.label]} for i in items]}
     _check_out(out, spec, force)
     extra = _tracker_rows(series, revisions, items, arch, tol) if metrics else None
-    ckdir = out / "checkpoints"
+    done, todo, failed = _measure(items, ids, out / "checkpoints", tol, workers, ray, progress)
+    ok = [it for it in items if it.label not in failed]
+    if not ok:
+        label, err = next(iter(failed.items()))
+        raise HeadRankError(f"every checkpoint failed ({len(failed)}); {label}: {err}")
+    measured = [t["label"] for t in todo if t["label"] not in failed]
+    res = _combine(out, ok, arch, measured, sorted(done), plots, {**spec, "failed": failed} if failed else spec, extra)
+    res.failed = failed
+    return res
+
+
+def _measure(items: Sequence[SeriesItem], ids: dict[str, str], ckdir: Path, tol: float, workers: int | None,
+             ray: str | None, progress: Callable[[int, int], None] | None
+             ) -> tuple[set[str], list[dict[str, Any]], dict[str, str]]:
+    """Measure the checkpoints of ``items`` not already measured in ``ckdir``, writing each one's
+    table as it finishes: (labels reused, items measured now, labels that failed -> error)."""
     ckdir.mkdir(parents=True, exist_ok=True)
     done = {it.label for it in items if _reusable(ckdir, it.label, ids[it.label], tol)}
     todo = [asdict(it) for it in items if it.label not in done]
@@ -415,16 +430,7 @@ def track(series: str | os.PathLike | Sequence[str | os.PathLike], out: str | os
         _on_ray(todo, tol, ray, collect)
     elif todo:
         _on_pool(todo, tol, workers, collect)
-    ok = [it for it in items if it.label not in failed]
-    if not ok:
-        label, err = next(iter(failed.items()))
-        raise HeadRankError(f"every checkpoint failed ({len(failed)}); {label}: {err}")
-    if failed:
-        spec = {**spec, "failed": failed}
-    res = _combine(out, ok, arch, [t["label"] for t in todo if t["label"] not in failed], sorted(done), plots,
-                   spec, extra)
-    res.failed = failed
-    return res
+    return done, todo, failed
 
 
 def _check_args(tol: float, workers: int | None, out: str | os.PathLike) -> Path:
