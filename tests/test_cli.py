@@ -94,6 +94,7 @@ class _Exploit:
         return (open, (self.marker, "w"))
 
 
+@pytest.mark.slow
 def test_crafted_pickle_and_empty_dir_exit_2(tmp_path, minilm_dir):
     import pickle
 
@@ -110,6 +111,7 @@ def test_crafted_pickle_and_empty_dir_exit_2(tmp_path, minilm_dir):
     assert r.returncode == 2 and "no weights" in r.stderr
 
 
+@pytest.mark.slow
 def test_layout_file_option(tmp_path, minilm_dir):
     layout = tmp_path / "bert.toml"
     layout.write_text(
@@ -125,6 +127,7 @@ def test_layout_file_option(tmp_path, minilm_dir):
     assert r.returncode == 2 and "split must be one of" in r.stderr
 
 
+@pytest.mark.slow
 def test_square_brackets_in_user_text_are_printed_as_they_are(tmp_path, minilm_dir):
     """Messages are not parsed as rich markup: a path with [/] or [red] is shown verbatim."""
     r = run("spectra", str(tmp_path / "no[/]such[red]dir"))
@@ -308,6 +311,7 @@ def test_ctrl_c_prints_interrupted_exit_130(monkeypatch):
     assert code == 130 and err.strip() == "error: interrupted", err
 
 
+@pytest.mark.slow
 def test_sigint_to_a_running_command(tmp_path):
     """A real SIGINT to a running `headrank train`: one line, exit 130, no traceback."""
     import signal

@@ -61,12 +61,14 @@ def test_a_relative_out_from_another_directory(workdir, verb):
     assert not (workdir / "~").exists()
 
 
+@pytest.mark.slow
 def test_the_messages_name_the_out_the_user_gave(workdir):
     r = headrank("spectra", "minilm", "--out", "../mine", cwd=workdir)
     assert r.returncode == 0, r.stderr
     assert "to ../mine:" in r.stdout + r.stderr
 
 
+@pytest.mark.slow
 def test_tilde_and_the_parent_directory(workdir, tmp_path):
     home = tmp_path / "home dir"
     home.mkdir()
@@ -83,6 +85,7 @@ def test_tilde_and_the_parent_directory(workdir, tmp_path):
     assert (workdir / "run" / "singular_values.png").is_file()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("verb", ["spectra", "train", "compress", "reproduce"])
 def test_an_out_that_is_a_file_is_one_line(workdir, verb):
     args, _ = VERBS[verb]
@@ -93,6 +96,7 @@ def test_an_out_that_is_a_file_is_one_line(workdir, verb):
     assert (workdir / "taken").read_text() == "keep me\n"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root to mount a tmpfs")
 @pytest.mark.parametrize("verb", ["spectra", "train", "collapse", "reproduce"])
 def test_a_read_only_file_system_is_one_line(tmp_path, verb):

@@ -147,6 +147,7 @@ def test_path_products_direct(rng):
     assert big.groupby("length").size().max() == 3
 
 
+@pytest.mark.slow
 def test_path_restricted_sums_to_output_and_matches_explicit_paths():
     from headrank.models.transformer import Transformer
 
@@ -245,6 +246,7 @@ def _bert_hook_surgery(model, ids, skip: bool, mlp: bool):
             h.remove()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("init", ["pretrained", "random"])
 def test_minilm_variants_equal_hook_surgery(minilm_loaded, minilm_ids, init):
     ad = C.make_adapter(minilm_loaded, init, 3)
@@ -257,6 +259,7 @@ def test_minilm_variants_equal_hook_surgery(minilm_loaded, minilm_ids, init):
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.slow
 def test_random_init_is_seeded_and_differs(minilm_loaded):
     a, b, c = (C.make_adapter(minilm_loaded, "random", s).model for s in (5, 5, 6))
     w = "encoder.layer.0.attention.self.query.weight"
@@ -340,6 +343,7 @@ def test_project_model_variants(tmp_path):
     assert pr["available"] and pr["sum_rel_error"] < 1e-12 and len(pr["residual_by_length"]) == 3
 
 
+@pytest.mark.slow
 def test_analyze_end_to_end(tmp_path, sentences):
     res = C.analyze("minilm", n_seqs=2, max_tokens=24, path_samples=4, texts=sentences[:3], inits=("pretrained",))
     t = res.table
@@ -395,6 +399,7 @@ def test_surgery_modules_come_from_the_layout_table():
     assert {"bert", "roberta", "gpt2", "llama", "mistral", "qwen2", "headrank"} <= set(C.collapse_model_types())
 
 
+@pytest.mark.slow
 def test_cli_collapse(tmp_path):
     from typer.testing import CliRunner
 

@@ -69,6 +69,7 @@ def _tiny_lm(path):
     m.save_pretrained(path)
 
 
+@pytest.mark.slow
 def test_lm_perplexity_is_the_one_transformers_loss_gives(tmp_path):
     _tiny_lm(tmp_path / "lm")
     res = compress(str(tmp_path / "lm"), tmp_path / "o", rank=2, evaluate=True, n_eval=4, seq_len=32)
@@ -87,6 +88,7 @@ def test_lm_perplexity_is_the_one_transformers_loss_gives(tmp_path):
     assert e["after"] == pytest.approx(math.exp(sum(losses) / 4), rel=1e-5)
 
 
+@pytest.mark.slow
 def test_cost_curve_whitening_and_budgets(tmp_path):
     _tiny_lm(tmp_path / "lm")
     rows = cost_curve(str(tmp_path / "lm"), [1.0, 0.5], spec=TextSpec(n=4, seq_len=32))

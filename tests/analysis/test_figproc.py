@@ -78,6 +78,7 @@ def test_multi_layer_figures_carry_a_layer_key(tmp_path):
     plots.plt.close(fig)
 
 
+@pytest.mark.slow
 def test_child_process_draws_what_the_parent_would(tmp_path, two_layers):
     """The CLI's figure process writes the same files, and the same pixels, as drawing in-process."""
     child, here = tmp_path / "child", tmp_path / "here"

@@ -220,6 +220,7 @@ def test_norm_eps_zero_restores_and_finds_hf_style_norms():
 # ---------------------------------------------------------------- attention pair symmetries
 
 
+@pytest.mark.slow
 def test_minilm_pairs_hold_and_controls_do_not(minilm_dir):
     from headrank.io.layouts import layout_for
     from headrank.models.opener import open_model
@@ -363,6 +364,7 @@ def test_training_run_directory_uses_newest_checkpoint_and_task_inputs(tmp_path)
 # ---------------------------------------------------------------- CLI
 
 
+@pytest.mark.slow
 def test_cli_scale_json_and_out(tmp_path, hf_dirs):
     out = tmp_path / "o"
     r = CliRunner().invoke(app, ["scale", str(hf_dirs["gpt2"]), "--json", "--out", str(out),

@@ -33,6 +33,7 @@ def test_table_shape_and_columns(minilm_result):
     assert (np.diff(minilm_result.sv["ov"], axis=-1) <= 0).all()
 
 
+@pytest.mark.slow
 def test_one_head_against_dense_svd(minilm_dir, minilm_result):
     """Layer 4, head 7: form W_Kᵀ W_Q and P W_V from the raw tensors, take numpy's SVD."""
     sd = load_file(minilm_dir / "model.safetensors")

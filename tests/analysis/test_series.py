@@ -46,6 +46,7 @@ def same_as_tracker(table: pd.DataFrame, run, steps=(4, 8, 12)) -> None:
         np.testing.assert_allclose(m[c], m[f"{c}_live"], rtol=1e-12, atol=1e-15, err_msg=c)
 
 
+@pytest.mark.slow
 def test_run_directory_equals_the_tracker_and_resumes(run, tmp_path):
     out = tmp_path / "t"
     res = track(run, out, workers=2)
@@ -97,6 +98,7 @@ def test_checkpoint_list_and_hub_revisions(run, tmp_path, monkeypatch):
     assert not (tmp_path / "h2").exists()  # refused before any work
 
 
+@pytest.mark.slow
 def test_bad_series_one_line_exit_2(run, tmp_path):
     from headrank.training.config import recall_config
     from headrank.training.loop import train
@@ -118,6 +120,7 @@ def test_bad_series_one_line_exit_2(run, tmp_path):
         assert p.returncode == 2 and len(lines) == 1 and "error" in lines[0], (args, p.stderr)
 
 
+@pytest.mark.slow
 def test_cli_track_json(run, tmp_path):
     p = subprocess.run([sys.executable, "-m", "headrank", "track", str(run), "--out", str(tmp_path / "c"),
                         "--workers", "1", "--json"], capture_output=True, text=True,

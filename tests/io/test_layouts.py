@@ -43,6 +43,7 @@ def hf_run(minilm_dir, sentences):
     return model, runs
 
 
+@pytest.mark.slow
 def test_minilm_qk_factors_reproduce_hf_attention_probabilities(hf_run, minilm_dir):
     model, runs = hf_run
     with Checkpoint(minilm_dir) as ckpt:
@@ -62,6 +63,7 @@ def test_minilm_qk_factors_reproduce_hf_attention_probabilities(hf_run, minilm_d
                 torch.testing.assert_close(probs, cap[i]["probs"][0], rtol=0, atol=1e-10)
 
 
+@pytest.mark.slow
 def test_minilm_ov_factors_reproduce_hf_per_head_value_output(hf_run, minilm_dir):
     model, runs = hf_run
     with Checkpoint(minilm_dir) as ckpt:

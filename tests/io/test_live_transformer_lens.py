@@ -27,6 +27,7 @@ def dense_reference(bridge, layer: int, head: int) -> tuple[np.ndarray, np.ndarr
     return np.linalg.svd(q @ k.T, compute_uv=False)[:dh], np.linalg.svd(v @ o, compute_uv=False)[:dh]
 
 
+@pytest.mark.slow
 def test_transformer_bridge_is_read_through_its_hugging_face_model(bridge):
     res = analyze(bridge, tol=1e-3)
     assert res.meta["model_type"] == "bert" and res.meta["config"]["n_layers"] == 6

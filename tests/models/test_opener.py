@@ -49,6 +49,7 @@ def test_sequences_filter_short_and_truncate(minilm):
     assert s2.texts == ["One.", "Two words here."] and len(s2.ids[0]) < len(s2.ids[1])
 
 
+@pytest.mark.slow
 def test_reinit_is_seeded_and_uses_the_architecture_initialiser(minilm):
     a, b, c = (minilm.reinit(s) for s in (5, 5, 6))
     w = "encoder.layer.0.attention.self.query.weight"

@@ -59,6 +59,7 @@ def test_balanced_checkpoint_sits_at_one_and_the_nulls_move_it(balanced_ckpt):
     assert nulls_keep_bound({"described": d, "runs": []}).verdict == "held"
 
 
+@pytest.mark.slow
 def test_describe_matches_the_spectra_scan():
     d = describe("minilm")
     t = analyze("minilm").table

@@ -17,6 +17,7 @@ TINY = dict(n_pairs=3, n_keys=6, n_values=6, d_model=16, n_heads=2, batch_size=8
             track_every=100, log_every=50, checkpoint_every=300)
 
 
+@pytest.mark.slow
 def test_600_extended_to_900_equals_an_uninterrupted_900_step_run(tmp_path):
     ref = train(tmp_path / "ref", recall_config(steps=900, **TINY), device="cpu", tensorboard=False, threads=1)
     first = train(tmp_path / "ext", recall_config(steps=600, **TINY), device="cpu", tensorboard=False, threads=1)
@@ -37,6 +38,7 @@ def test_600_extended_to_900_equals_an_uninterrupted_900_step_run(tmp_path):
         train(tmp_path / "ext", recall_config(steps=800, **TINY), device="cpu", resume=True, tensorboard=False)
 
 
+@pytest.mark.slow
 def test_a_cosine_run_cannot_be_extended_one_line(tmp_path):
     out = tmp_path / "cos"
     train(out, recall_config(steps=20, schedule="cosine", **dict(TINY, warmup=5)), device="cpu",
@@ -47,6 +49,7 @@ def test_a_cosine_run_cannot_be_extended_one_line(tmp_path):
     assert json.loads((out / "config.json").read_text())["steps"] == 20  # left as it was
 
 
+@pytest.mark.slow
 def test_cli_resume_with_more_steps_extends(tmp_path):
     out = tmp_path / "r"
     args = ["train", "recall", "--out", str(out), "--track-every", "5", "--checkpoint-every", "5", "--device", "cpu"]

@@ -100,6 +100,7 @@ def tiny_gpt2_run(tmp_path):
     return model, data, args
 
 
+@pytest.mark.slow
 def test_trainer_run_logs_ranks_to_tensorboard_wandb_and_mlflow(tmp_path, offline, monkeypatch):
     pytest.importorskip("wandb")
     pytest.importorskip("mlflow")
@@ -146,6 +147,7 @@ def test_trainer_run_logs_ranks_to_tensorboard_wandb_and_mlflow(tmp_path, offlin
     assert [h["step"] for h in trainer.state.log_history if key in h] == [0, 2, 4]
 
 
+@pytest.mark.slow
 def test_callback_passed_the_hugging_face_way_logs_to_every_integration(tmp_path, offline, monkeypatch):
     """`Trainer(..., callbacks=[RankCallback(every=2)])`, built without the trainer: the model
     comes with the callback arguments, and the ranks reach TensorBoard (the Trainer's own log
@@ -209,6 +211,7 @@ def test_train_log_wandb_and_mlflow_receive_every_row(tmp_path, offline):
     assert set(ids) == {"wandb", "mlflow"} and ids["mlflow"] == mrun.info.run_id
 
 
+@pytest.mark.slow
 def test_bad_log_input_one_line_exit_2(tmp_path, monkeypatch):
     assert parse_log(None) is None and parse_log("none") == () and parse_log("wandb, tensorboard") == \
         ("wandb", "tensorboard")

@@ -48,6 +48,7 @@ def assert_tables_equal(live: pd.DataFrame, disk: pd.DataFrame) -> None:
         np.testing.assert_allclose(m[f"{c}_live"], m[f"{c}_disk"], rtol=1e-12, atol=1e-15, err_msg=c)
 
 
+@pytest.mark.slow
 def test_tracker_rows_equal_spectra_on_the_saved_checkpoints(tmp_path):
     cfg = recall_config(steps=30, track_every=10, checkpoint_every=10, keep_checkpoints=5, lr=3e-3,
                         attn_weight_decay=0.5, **TINY)
@@ -110,6 +111,7 @@ def test_metrics_rows_layout(tmp_path):
     assert res.resumed_from == 25 and (tmp_path / "r" / "metrics.jsonl").read_bytes() == before
 
 
+@pytest.mark.slow
 def test_in_process_resume_equals_uninterrupted(tmp_path):
     """Stop after a checkpoint (a shorter run), then resume to the full length."""
     base = dict(track_every=5, checkpoint_every=7, log_every=3, **TINY)
@@ -167,6 +169,7 @@ def test_sigkill_at_random_moments_then_resume_gives_identical_metrics(tmp_path)
     assert json.loads(out)["final"]["step"] == 120
 
 
+@pytest.mark.slow
 def test_cli_bad_input_is_one_line_and_exit_2(tmp_path):
     afile = tmp_path / "file"
     afile.write_text("x")
@@ -187,6 +190,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path):
         assert "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_cli_refuses_to_overwrite_or_resume_with_other_settings(tmp_path):
     out = tmp_path / "run"
     rc, o, err = run_cli("train", "recall", "--steps", "3", "--out", str(out), "--json", "--track-every", "3",

@@ -118,6 +118,7 @@ def test_a_killed_sweep_takes_its_workers_and_a_rerun_never_shares_a_run(tmp_pat
         "ok", "ok"]
 
 
+@pytest.mark.slow
 def test_bad_training_options_leave_nothing_behind(tmp_path):
     for opts, needle in ((["--seed", "100000000000000000000000"], "seed must lie in 0.."),
                          (["--batch-size", "1000000000000"], "of memory; this machine has"),

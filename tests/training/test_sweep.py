@@ -36,6 +36,7 @@ def test_spec_expansion_and_parsing(tmp_path):
             SweepSpec(**bad)
 
 
+@pytest.mark.slow
 def test_pool_sweep_records_failures_skips_finished_and_aggregates(tmp_path):
     # lr * decay >= 1 is refused by the config: the attn_weight_decay=400 runs fail, the others go on
     spec = SweepSpec(kind="recall", base=dict(TINY, lr=3e-3), grid={"attn_weight_decay": [0.0, 1.0, 400.0]},
@@ -84,6 +85,7 @@ def test_pool_sweep_records_failures_skips_finished_and_aggregates(tmp_path):
     assert (ok_run / "metrics.jsonl").stat().st_mtime_ns == mtime
 
 
+@pytest.mark.slow
 def test_cli_sweep_and_bad_input(tmp_path):
     rc, out, err = run_cli("sweep", "recall", "--out", str(tmp_path / "s"), "--grid", "attn_weight_decay=0,0.5",
                            "--set", "steps=6", "--set", "d_model=16", "--set", "n_heads=2", "--set", "batch_size=8",
@@ -116,6 +118,7 @@ def test_ray_local_sweep(tmp_path):
     assert a == b and pool.counts["ok"] == 1
 
 
+@pytest.mark.slow
 def test_cli_sweep_with_every_default_one_seed(tmp_path):
     """`headrank sweep recall` with every default but the length: one seed, the local pool, the table.
     One seed has no std: summary.csv holds the run's values, and the table prints them."""

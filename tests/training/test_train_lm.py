@@ -73,6 +73,7 @@ def test_config_errors():
         vit_config(tie_embeddings=True)
 
 
+@pytest.mark.slow
 def test_cli_lm_vit_bad_input_is_one_line_and_exit_2(tmp_path):
     (tmp_path / "empty").mkdir()
     (tmp_path / "tiny.jsonl").write_text('{"text": "one document only"}\n')

@@ -80,6 +80,7 @@ def test_an_old_sweep_and_reproduction_open(old):
     assert (old / "repro" / "fig1.png").is_file() and (old / "repro" / "report.html").is_file()
 
 
+@pytest.mark.slow
 def test_a_truncated_old_run_is_one_line(old):
     cfg = old / "run" / "config.json"
     cfg.write_text(cfg.read_text()[:100])
@@ -90,6 +91,7 @@ def test_a_truncated_old_run_is_one_line(old):
     assert {p: p.read_bytes() for p in (old / "run").rglob("*") if p.is_file()} == before  # nothing lost
 
 
+@pytest.mark.slow
 def test_a_corrupt_old_checkpoint_is_one_line(old):
     st = old / "run" / "checkpoints" / "step-00000020" / "model.safetensors"
     st.write_bytes(st.read_bytes()[:200])
