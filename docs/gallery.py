@@ -44,18 +44,20 @@ def _checks(t: dict) -> str:
 def summary_table(summary: dict, claims: list[dict]) -> str:
     """The report's first table: one row per reproduction (documents' findings counted once;
     supporting evidence and our checks apart)."""
-    lines = ["| reproduction | findings held | not held | inconclusive | supporting re-tests | our checks held | "
-             "identities verified | runtime |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| reproduction | findings held | not held | inconclusive | untested | supporting re-tests | "
+             "our checks held | identities verified | runtime |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in summary["reproductions"]:
         t = tally([c for c in claims if c["reproduction"] == r["name"]], {c["name"] for c in claims})
         f, i = t["findings"], t["identities"]
         ident = f"{i['verified']} of {i['verified'] + i['failed']}" if i["verified"] + i["failed"] else "—"
         err = f" (error: {r['error']})" if r.get("error") else ""
         lines.append(f"| {r['name']}{err} | {f['held']} | {f['not held']} | {f['inconclusive']} | "
-                     f"{t['supporting'] or '—'} | {_checks(t)} | {ident} | {r['runtime_s'] or 0:.0f} s |")
+                     f"{t.get('untested') or '—'} | {t['supporting'] or '—'} | {_checks(t)} | {ident} | "
+                     f"{r['runtime_s'] or 0:.0f} s |")
     t = tally(claims)
     f, i = t["findings"], t["identities"]
-    lines.append(f"| **all** | **{f['held']}** | **{f['not held']}** | **{f['inconclusive']}** | **{t['supporting']}** | "
+    lines.append(f"| **all** | **{f['held']}** | **{f['not held']}** | **{f['inconclusive']}** | "
+                 f"**{t.get('untested', 0)}** | **{t['supporting']}** | "
                  f"**{_checks(t)}** | **{i['verified']} of {i['verified'] + i['failed']}** | "
                  f"**{summary['total_runtime_s']:.0f} s** |")
     return "\n".join(lines)
@@ -65,6 +67,8 @@ def _verdict(c: dict) -> str:
     verdict = c.get("verdict") or ("held" if c["held"] else "not held")
     if c.get("kind") == "identity":
         return "verified" if c["held"] else "**FAILED**"
+    if c.get("untested"):
+        return f"**untested** (tested by `{c['untested']}`)"
     return verdict if verdict == "held" else f"**{verdict}**"
 
 

@@ -15,14 +15,17 @@ SCALE = "article 'Weight Decay is Useless Without Residual Connections'"
 COVERAGE: tuple[tuple[str, str, str, str, str], ...] = (
     (PAPER, "abstract; Prop. 3.1", "For balanced factors (AᵀA = BᵀB) the Frobenius bound equals the nuclear norm, so "
      "L2 on the factors and nuclear norm on the product share their minima.",
-     "prop31.balanced_equality, prop31.unbalanced_gap, fig1.soft_threshold", ""),
+     "prop31.balanced_equality, prop31.unbalanced_gap",
+     "identities (algebra, verified, not counted among the findings); fig1.soft_threshold, counted under Figure 1 "
+     "center right, tests the shared minimum"),
     (PAPER, "abstract; Figure 1 left", "Under gradient descent the L2 and nuclear-norm losses become identical "
      "exponentially quickly for λ > 0.", "fig1.gap_decay", ""),
     (PAPER, "abstract", "This explains why the regularisation acts in the early stages of training.",
      "fig2.early_stages", "judged on the recall task in decay exposure, not steps: the relative gap between the "
      "Frobenius bound (the L2 term) and the nuclear norm at exposure 1, against its start and the λ = 0 control"),
     (PAPER, "abstract; TL;DR", "Weight decay significantly reduces the rank of W_KᵀW_Q and P W_V, even in fully "
-     "online training.", "fig2.rank_falls, fig3.rank_falls", ""),
+     "online training.", "", "the abstract's summary of Figure 2 left and Figure 3: judged there (fig2.rank_falls, "
+     "fig3.rank_falls) and counted in those rows, not a third time"),
     (PAPER, "abstract (Table 1)", "Inducing low rank in the attention products can damage language-model "
      "performance.", "table1.attn_decay_hurts", "a 4-layer byte-level LM, not a Pile LM"),
     (PAPER, "abstract (Table 1)", "Decoupling the attention layers' weight decay from the rest of the parameters "
@@ -78,13 +81,15 @@ COVERAGE: tuple[tuple[str, str, str, str, str], ...] = (
     (COLLAPSE, "Research Paper Focus", "Deep SANs with skips act like ensembles of weakly-dependent shallow "
      "networks.", "collapse.short_paths", "the share of the output norm carried by short paths"),
     (COLLAPSE, "§2.2", "The SAN output is a sum over paths through heads.", "collapse.path_sum_exact", ""),
-    (COLLAPSE, "§3.2", "In multi-head SANs the rate is modulated by the number of heads.", "collapse.stated_bound",
-     "the multi-head form (H in the base) from secondary restatements of the paper; inconclusive while γ is "
-     "undefined"),
+    (COLLAPSE, "§3.2", "In multi-head SANs the rate is modulated by the number of heads.", "",
+     "untested: the stated bound's multi-head form (H in its base) is inconclusive while γ is undefined "
+     "(collapse.stated_bound, counted under §3.1), and the depth sweep does not vary H"),
     (COLLAPSE, "§4.1", "With skips there are C(L,k)·H^k paths of length k.", "collapse.path_counts", ""),
     (COLLAPSE, "§5.2", "The expressivity of a path falls with its length.", "collapse.path_products", ""),
-    (COLLAPSE, "§5.4", "The predictions were validated on BERT, Albert and XLNet.", "collapse.pure_attention",
-     "on MiniLM-L6 (a BERT) only; Albert and XLNet are not on this machine"),
+    (COLLAPSE, "§5.4", "The predictions were validated on BERT, Albert and XLNet.", "",
+     "untested: Albert and XLNet are not on this machine; collapse.pure_attention (counted above) runs on MiniLM-L6, "
+     "a BERT; `headrank reproduce collapse --model PATH` runs the surgery on another checkpoint the surgery "
+     "supports"),
     (SCALE, "Positive Scaling of ReLU Networks", "Scaling a weight matrix (and its bias) of a ReLU network without "
      "LayerNorm scales the output by the same factor.", "scale.homogeneous", ""),
     (SCALE, "TL;DR; How to Disappear Completely", "With LayerNorm and no residuals every weight can be shrunk "
@@ -104,6 +109,26 @@ COVERAGE: tuple[tuple[str, str, str, str, str], ...] = (
 def claims_named() -> set[str]:
     """Every claim name the coverage table refers to."""
     return {n.strip() for row in COVERAGE for n in row[3].split(",") if n.strip()}
+
+
+def row_names(i: int) -> list[str]:
+    """The claims row ``i`` names as testing its statement."""
+    return [n.strip() for n in COVERAGE[i][3].split(",") if n.strip()]
+
+
+def row_of(name: str) -> int | None:
+    """The index of the one coverage row (statement) that names claim ``name``; None when none
+    does. A claim tests one statement: a name in two rows is an error of the table (a test)."""
+    rows = [i for i in range(len(COVERAGE)) if name in row_names(i)]
+    if len(rows) > 1:
+        raise ValueError(f"claim {name} is named by coverage rows {rows}: a claim tests one statement")
+    return rows[0] if rows else None
+
+
+def statement_label(i: int) -> str:
+    """A coverage row as a short label: document place, then the claims that test it."""
+    doc, place, _, tested, _ = COVERAGE[i]
+    return f"{doc.split(' ')[0]} {place} ({tested})"
 
 
 def markdown() -> str:
