@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from headrank.errors import HeadRankError, one_line
+from headrank.studies.prereg import git_commit, stamp
 from headrank.studies.registry import QUOTES, Claim, Result, citation_problems, get, names, tally
 from headrank.util.env import versions
 from headrank.util.fileio import (
@@ -116,6 +117,7 @@ def _evaluate(name: str, out: Path, *, quick: bool, replot: bool,
         data = json.loads(json.dumps(jsonable(raw)))  # exactly what data.json holds, so a replot sees the same
     t1 = time.perf_counter()
     claims = study.claims(data, params)
+    stamp(claims, params)
     figures = study.figures(data, params)
     notes = study.notes(data, params) if study.notes else []
     facts["judge_s"] = time.perf_counter() - t1
@@ -161,6 +163,8 @@ def run(name: str, out: str | Path, *, quick: bool = False, replot: bool = False
         "tally": tally(claims),
         "citation_problems": citation_problems(claims),
         "experiment_hash": (old_meta or {}).get("experiment_hash", "") if replot else experiment_hash(name),
+        "data_commit": (old_meta or {}).get("data_commit", "") if replot else git_commit(),
+        "judged_commit": git_commit(),
         "quote": QUOTES.get(name, ("", ""))[0],
         "quote_source": QUOTES.get(name, ("", ""))[1],
         "notes": list(result.notes),

@@ -102,7 +102,8 @@ class Claim:
     everything, in the fold). ``untested``: the command that tests the statement, set when it
     could not be tested here (a model not on this machine); such a claim is inconclusive and its
     statement is listed as untested, not counted among those checked. ``rule_sha256``: the hash
-    of the rule that judged it (:mod:`headrank.studies.prereg`), set by the runner.
+    of the rule that judged it (:mod:`headrank.studies.prereg`), set by the runner;
+    ``judged_by``: the study functions that built it (recorded here, hashed there).
     """
 
     name: str
@@ -123,6 +124,7 @@ class Claim:
     rule: str = ""
     untested: str = ""
     rule_sha256: str = ""
+    judged_by: str = ""
 
     def __post_init__(self) -> None:
         if self.verdict is None:
@@ -140,6 +142,10 @@ class Claim:
         if self.untested and self.verdict != "inconclusive":
             raise ValueError(f"claim {self.name}: an untested statement has no verdict but inconclusive")
         self.held = self.verdict == "held"
+        if not self.judged_by:
+            from headrank.studies.prereg import caller
+
+            self.judged_by = caller()
 
     def to_json(self) -> dict[str, Any]:
         return jsonable(asdict(self))
