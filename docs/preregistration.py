@@ -18,7 +18,6 @@ that made a profile's stored run changed after that run: a departure (docs/METHO
 
 from __future__ import annotations
 
-import ast
 import json
 import subprocess
 import sys
@@ -57,26 +56,10 @@ def git(*args: str) -> str:
 
 
 def static_digest(source: str, funcs: list[str]) -> str | None:
-    """The judging functions (with the module functions they name, transitively) and upper-case
-    constants of a module's source, normalised by the AST; None when a function is missing."""
-    source = source.replace("attnrank", "headrank").replace("AttnRankError", "HeadRankError")
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return None
-    defs = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-    if any(f not in defs for f in funcs):
-        return None
-    todo, seen = list(funcs), set()
-    while todo:
-        f = todo.pop()
-        if f in seen or f not in defs:
-            continue
-        seen.add(f)
-        todo += [n.id for n in ast.walk(defs[f]) if isinstance(n, ast.Name) and n.id in defs]
-    consts = [ast.unparse(n) for n in tree.body if isinstance(n, ast.Assign)
-              and all(isinstance(t, ast.Name) and t.id.isupper() for t in n.targets)]
-    return "\n".join([*(ast.unparse(defs[f]) for f in sorted(seen)), *consts])
+    """:func:`headrank.studies.prereg.static_digest` with the package rename undone."""
+    from headrank.studies.prereg import static_digest as digest
+
+    return digest(source.replace("attnrank", "headrank").replace("AttnRankError", "HeadRankError"), funcs)
 
 
 def first_fixed(judged_by: str) -> str:
@@ -116,8 +99,10 @@ def probe_claims() -> dict[str, list]:
     sys.path.insert(0, str(ROOT))
     from dataclasses import replace
 
-    from headrank.studies.registry import get
     from tests.studies import test_compress, test_coverage
+
+    from headrank.studies.registry import get
+    from headrank.util.fileio import jsonable
 
     by: dict[str, list] = {}
     for c in test_coverage._all_claims():
@@ -127,7 +112,7 @@ def probe_claims() -> dict[str, list]:
     for name, small in (("fig1", {}), ("scale", {"steps": 200, "evals": 8, "windows": 8})):
         study = get(name).study
         p = replace(study.params.quick(), **small)
-        data = json.loads(json.dumps(study.run(p)))
+        data = json.loads(json.dumps(jsonable(study.run(p))))
         by[name] = study.claims(data, p)
     return by
 

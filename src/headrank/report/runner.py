@@ -124,6 +124,18 @@ def _evaluate(name: str, out: Path, *, quick: bool, replot: bool,
     return Result(claims=claims, figures=figures, data=data, params=asdict(params), notes=notes), facts
 
 
+def _mark_rule_changes(claims: list[dict[str, Any]], old: list[dict[str, Any]] | None) -> None:
+    """Record with each claim the hash of the rule that judged the stored run when it was made
+    (``rule_sha256_at_run``: this run's on a fresh run, carried over on every re-judging) and
+    ``rule_changed_after_run``: whether today's rule differs from it (None where that run
+    recorded no hash: made before hashes were recorded, see docs/preregistration.json)."""
+    before = {c.get("name"): c.get("rule_sha256_at_run") or c.get("rule_sha256") for c in old or []}
+    for c in claims:
+        at_run = c["rule_sha256"] if old is None else before.get(c["name"])
+        c["rule_sha256_at_run"] = at_run or None
+        c["rule_changed_after_run"] = None if not at_run else at_run != c["rule_sha256"]
+
+
 def run(name: str, out: str | Path, *, quick: bool = False, replot: bool = False,
         overrides: dict[str, Any] | None = None) -> RunSummary:
     """Run reproduction ``name`` and write its report, claims, data and figures into ``out``.
@@ -150,6 +162,7 @@ def run(name: str, out: str | Path, *, quick: bool = False, replot: bool = False
                         "png_base64": base64.b64encode(png).decode("ascii")})
 
     claims = [c.to_json() for c in result.claims]
+    _mark_rule_changes(claims, _read_json(out / "claims.json", name) if replot else None)
     meta = {
         "name": name,
         "title": entry.title,

@@ -8,7 +8,7 @@ A claim's rule is the code that judged it and every threshold that code reads. I
   (``judged_by``, recorded when the claim is made; for a private helper, also the function that
   called it), with every function of the same module it calls (transitively): the rule text is
   formatted there, from the thresholds below;
-- the module-level constants (upper-case names) of those modules, and the source of
+- the module-level constants (upper-case names) those functions name, and the source of
   :mod:`headrank.studies.verdicts` (the statistics every rule uses);
 - the study's params (its profile: every threshold, horizon, grid and seed list fixed there),
   less the fields that cannot change a verdict (:data:`OPERATIONAL`).
@@ -52,27 +52,42 @@ def caller() -> str:
     return ",".join(out)
 
 
-def _functions(module: Any) -> dict[str, ast.AST]:
-    tree = ast.parse(inspect.getsource(module))
-    return {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-
-
-def _code(spec: str) -> dict[str, Any]:
-    """The sources ``spec`` (``module:function``) depends on inside its module: the function and
-    every module function it names, transitively, and the module's upper-case constants."""
-    mod_name, func = spec.split(":")
-    module = importlib.import_module(mod_name)
-    funcs = _functions(module)
-    todo, seen = [func.split(".")[0]], set()
+def static_digest(source: str, funcs: list[str]) -> str | None:
+    """The rule's code in a module's ``source``: the functions ``funcs`` with every module function
+    they name (transitively) and the module's upper-case constants they name, each normalised by
+    the AST (comments and layout do not count); None when a function is missing or the source
+    does not parse."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    defs = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    consts = {t.id: n for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))
+              for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+              if isinstance(t, ast.Name) and t.id.isupper()}
+    if any(f not in defs for f in funcs):
+        return None
+    todo, seen, named = list(funcs), set(), set()
     while todo:
         f = todo.pop()
-        if f in seen or f not in funcs:
+        if f in seen:
             continue
         seen.add(f)
-        todo += [n.id for n in ast.walk(funcs[f]) if isinstance(n, ast.Name) and n.id in funcs]
-    consts = {k: repr(v) for k, v in vars(module).items()
-              if k.isupper() and isinstance(v, (int, float, str, tuple, frozenset))}
-    return {"module": mod_name, "functions": {f: ast.unparse(funcs[f]) for f in sorted(seen)}, "constants": consts}
+        node = defs.get(f) or consts.get(f)
+        if node is None:
+            continue
+        names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+        named |= names & set(consts)
+        todo += [n for n in names if n in defs or n in consts]
+    return "\n".join([*(ast.unparse(defs[f]) for f in sorted(seen & set(defs))),
+                      *(ast.unparse(consts[c]) for c in sorted(named))])
+
+
+def _code(spec: str) -> str:
+    """The rule's code that ``spec`` (``module:function``) names (:func:`static_digest`)."""
+    mod_name, func = spec.split(":")
+    digest = static_digest(inspect.getsource(importlib.import_module(mod_name)), [func.split(".")[0]])
+    return f"{mod_name}:{digest}"
 
 
 def thresholds(params: Any) -> dict[str, Any]:
