@@ -157,7 +157,11 @@ def _badge(c: dict[str, Any]) -> str:
         cls, text = ("held", "verified") if verdict == "held" else ("not-held", "identity failed")
     else:
         cls, text = _VERDICT_CLASS[verdict], verdict
-    return f"<span class='badge {cls}'>{escape(text)}</span>"
+    if c.get("untested"):
+        text = f"untested ({c['untested']})"
+    changed = (" <span class='sub' title='the rule that judged this claim was changed after its run was made'>"
+               "(rule changed after the run)</span>" if c.get("rule_changed_after_run") else "")
+    return f"<span class='badge {cls}'>{escape(text)}</span>{changed}"
 
 
 def _exposure_text(e: Any) -> str:

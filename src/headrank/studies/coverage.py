@@ -91,10 +91,15 @@ COVERAGE: tuple[tuple[str, str, str, str, str], ...] = (
      "a BERT; `headrank reproduce collapse --model PATH` runs the surgery on another checkpoint the surgery "
      "supports"),
     (SCALE, "Positive Scaling of ReLU Networks", "Scaling a weight matrix (and its bias) of a ReLU network without "
-     "LayerNorm scales the output by the same factor.", "scale.homogeneous", ""),
-    (SCALE, "TL;DR; How to Disappear Completely", "With LayerNorm and no residuals every weight can be shrunk "
-     "without changing the function, so weight decay does not change the optimal loss.", "scale.shrink_free_none",
-     ""),
+     "LayerNorm scales the output by the same factor.", "scale.homogeneous, scale.homogeneous_bias_free",
+     "judged on a network whose later layers have biases (as real networks do); the bias-free algebra is an identity"),
+    (SCALE, "TL;DR", "In ReLU networks with LayerNorm and no residual connections weight decay does not change the "
+     "optimal loss.", "scale.optimal_loss_unchanged",
+     "judged on what SGD reaches (the article speaks of the optimum): training loss at the largest λ against λ = 0"),
+    (SCALE, "How to Disappear Completely", "With LayerNorm and no residuals every weight can be shrunk without "
+     "changing the function.", "scale.shrink_free_none", "algebra: an identity"),
+    (SCALE, "How to Disappear Completely", "If the regularisation term goes to zero, the network is free to overfit.",
+     "scale.free_to_overfit", "the generalisation gap at the largest λ against λ = 0"),
     (SCALE, "residual connections", "Post-norm residuals keep the scale invariance.", "scale.shrink_free_post", ""),
     (SCALE, "residual connections", "Pre-norm residuals break the scale invariance.", "scale.shrink_costly_pre", ""),
     (SCALE, "closing", "Whether gradient descent finds these solutions is an open question.", "",
