@@ -129,6 +129,7 @@ def test_measured_values_are_those_of_the_data():
     assert by["collapse.mlp_does_not_prevent"].measured["pretrained/mlp"]["per-sentence last/first"] == pytest.approx(1e-12)
     fits = by["collapse.doubly_exponential"].measured
     assert fits["SAN init std 0.3"] == {"points": 6, "R2 exp": 0.8, "R2 dexp": 0.99, "kappa": 2.5, "R2 dexp kappa=3": 0.97}
+    assert fits["judged"] == ["MiniLM pretrained pure", "SAN init std 0.3"] and fits["not judged"] == {}
     assert fits["MiniLM random pure"] == {"points": 2, "fitted": False}
     assert by["collapse.path_products"].measured == {"k=0": 1.9, "k=1": 0.6, "k=2": 0.2, "k=3": 0.09}
     short = by["collapse.short_paths"].measured["norm=none, init std 0.02"]  # k <= 2 carry 0.9 in each row
@@ -166,6 +167,8 @@ def test_stated_bound_holds_with_gamma_one_and_fails_on_a_counterexample():
 
 
 def test_mlp_lipschitz_both_ways_and_with_too_few_points():
+    from scipy import stats
+
     d = _data()
     c = _by_name(d)["collapse.mlp_lipschitz"]  # slowing 0.30, 0.70, 1.0 at layers 1-3, Lipschitz rising
     assert c.verdict == "held" and c.measured["n"] == 6 and c.measured["spearman rho"] > 0.9
@@ -173,7 +176,15 @@ def test_mlp_lipschitz_both_ways_and_with_too_few_points():
     for i, shift in (("pretrained", 0.0), ("random", 0.5)):
         d["bound"]["minilm"][i] = _minilm_bound(lips=(6.0, 5.0, 4.0, 3.0, 2.0, 1.0), shift=shift)
     c = _by_name(d)["collapse.mlp_lipschitz"]
-    assert c.verdict == "not held" and c.measured["spearman rho"] < 0
+    assert c.measured["spearman rho"] < 0
+    p_less = stats.spearmanr([q["lipschitz bound"] for q in c.measured["points"]],
+                             [q["slowing (log10)"] for q in c.measured["points"]], alternative="less").pvalue
+    assert c.verdict == ("not held" if p_less < P.lipschitz_alpha else "inconclusive")
+    flat = _data()  # no relation: the slowing does not follow the bound either way: inconclusive, never not held
+    for i, lips in (("pretrained", (1.0, 3.0, 2.0, 4.0, 5.0, 6.0)), ("random", (3.5, 1.5, 2.5, 4.0, 5.0, 6.0))):
+        flat["bound"]["minilm"][i] = _minilm_bound(lips=lips)
+    c = _by_name(flat)["collapse.mlp_lipschitz"]
+    assert c.verdict == "inconclusive" and "neither" in c.reason
     del d["bound"]["minilm"]["random"]
     c = _by_name(d)["collapse.mlp_lipschitz"]
     assert c.verdict == "inconclusive" and "3 points" in c.reason
@@ -250,6 +261,19 @@ def test_doubly_exponential_fails_when_the_exponential_fits_better():
     d = _data()
     d["pure_fits"]["pretrained"]["fit"] = _fit(0.5, 0.90, 0.89)  # R2 below 0.95
     assert _by_name(d)["collapse.doubly_exponential"].verdict == "not held"
+
+
+def test_doubly_exponential_is_judged_only_where_the_stated_bound_is_not_vacuous():
+    d = _data()
+    d["depth_sweep"]["curves"]["0.3"]["fit"] = _fit(0.99, 0.99, 0.90)  # fails the 3^L rule ...
+    # ... but there the bound is vacuous: log10 gamma needed at depth L minus log10 gamma vacuous is
+    # 2 (r_L - r_0) / (3^L - 1) (log10 residuals), > 0 once a residual exceeds the input's (depth 1: 0.3 > 0)
+    d["depth_sweep"]["curves"]["0.3"]["bound"] = _sweep_bound(rows=((0.0, 0.3, -4.0, -13.0),) * 2)
+    c = _by_name(d)["collapse.doubly_exponential"]
+    assert c.measured["not judged"] == {"SAN init std 0.3": "bound vacuous"}
+    assert c.verdict == "held" and c.measured["judged"] == ["MiniLM pretrained pure"]
+    del d["depth_sweep"]["curves"]["0.3"]["bound"]  # an older run: no bound, the curve is not judged either
+    assert _by_name(d)["collapse.doubly_exponential"].measured["not judged"] == {"SAN init std 0.3": "no bound data"}
 
 
 def test_doubly_exponential_inconclusive_when_nothing_can_be_fitted():
