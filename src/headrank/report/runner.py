@@ -111,9 +111,9 @@ def _evaluate(name: str, out: Path, *, quick: bool, replot: bool,
         params = study.make_params("quick" if quick else "full")
         if overrides:
             params = study.with_overrides(params, overrides)
-        t0 = time.perf_counter()
+        t0, commit = time.perf_counter(), git_commit()  # the code that makes the data: taken before the run
         raw = study.run(params)
-        facts = {"quick": quick, "runtime_s": time.perf_counter() - t0}
+        facts = {"quick": quick, "runtime_s": time.perf_counter() - t0, "data_commit": commit}
         data = json.loads(json.dumps(jsonable(raw)))  # exactly what data.json holds, so a replot sees the same
     t1 = time.perf_counter()
     claims = study.claims(data, params)
@@ -176,7 +176,7 @@ def run(name: str, out: str | Path, *, quick: bool = False, replot: bool = False
         "tally": tally(claims),
         "citation_problems": citation_problems(claims),
         "experiment_hash": (old_meta or {}).get("experiment_hash", "") if replot else experiment_hash(name),
-        "data_commit": (old_meta or {}).get("data_commit", "") if replot else git_commit(),
+        "data_commit": (old_meta or {}).get("data_commit", "") if replot else facts["data_commit"],
         "judged_commit": git_commit(),
         "quote": QUOTES.get(name, ("", ""))[0],
         "quote_source": QUOTES.get(name, ("", ""))[1],
