@@ -88,7 +88,20 @@ def _data():
                              {"layers": 3, "heads": 1, "counts": [1, 3, 3, 1]}],
         "minilm_meta": {"n_seqs": seqs},
         "bound": {"minilm": {"pretrained": _minilm_bound(), "random": _minilm_bound(shift=0.5)}},
+        "mlp_dose": _dose(),
     }
+
+
+def _dose(slope=1.0, floor_at=None):
+    """log10 residual per init std and MLP scale at depths 0..6: rising with log2(scale) by
+    ``slope`` per doubling at every depth (depth d: -1.5 d + slope log2 s); ``floor_at``: scales at
+    or below it sit at -15 (below the float64 floor)."""
+    scales = P.dose_scales
+    cells = {f"{std:g}": {f"{sc:g}": [(-15.0 if floor_at is not None and sc <= floor_at else
+                                       -1.5 * d + slope * math.log2(sc) * (d > 0)) for d in range(7)]
+                          for sc in scales} for std in P.dose_init_stds}
+    return {"scales": list(scales), "init_stds": list(P.dose_init_stds), "seeds": [0, 1], "depths": list(range(7)),
+            "log10_res": cells}
 
 
 P1 = dataclasses.replace(P, bound_log10_gamma=0.0)  # gamma = 1, for the bound's logic only
@@ -166,28 +179,28 @@ def test_stated_bound_holds_with_gamma_one_and_fails_on_a_counterexample():
     assert "older run" in _by_name(d)["collapse.stated_bound"].reason
 
 
-def test_mlp_lipschitz_both_ways_and_with_too_few_points():
+def test_mlp_lipschitz_is_a_dose_response_judged_both_ways():
     from scipy import stats
 
+    c = _by_name(_data())["collapse.mlp_lipschitz"]
+    cell = c.measured["cells"]["init std 0.2, depth 3"]  # -4.5 + log2(s): strictly rising in s
+    assert cell["log10 residual"] == pytest.approx([-4.5 + math.log2(s) for s in P.dose_scales])
+    want = stats.spearmanr(P.dose_scales, cell["log10 residual"], alternative="greater").pvalue
+    assert cell["rho"] == pytest.approx(1.0) and cell["p_greater"] == pytest.approx(want)
+    assert c.verdict == "held" and len(c.measured["judged"]) == len(P.dose_init_stds) * len(P.dose_depths)
     d = _data()
-    c = _by_name(d)["collapse.mlp_lipschitz"]  # slowing 0.30, 0.70, 1.0 at layers 1-3, Lipschitz rising
-    assert c.verdict == "held" and c.measured["n"] == 6 and c.measured["spearman rho"] > 0.9
-    assert [q["slowing (log10)"] for q in c.measured["points"][:3]] == pytest.approx([math.log10(2), 2 - math.log10(20), 1])
-    for i, shift in (("pretrained", 0.0), ("random", 0.5)):
-        d["bound"]["minilm"][i] = _minilm_bound(lips=(6.0, 5.0, 4.0, 3.0, 2.0, 1.0), shift=shift)
+    d["mlp_dose"] = _dose(slope=-1.0)  # the residual falls as the MLPs grow: a significant reversal
+    assert _by_name(d)["collapse.mlp_lipschitz"].verdict == "not held"
+    d["mlp_dose"] = _dose(slope=0.0)  # no change at all: no verdict either way
     c = _by_name(d)["collapse.mlp_lipschitz"]
-    assert c.measured["spearman rho"] < 0
-    p_less = stats.spearmanr([q["lipschitz bound"] for q in c.measured["points"]],
-                             [q["slowing (log10)"] for q in c.measured["points"]], alternative="less").pvalue
-    assert c.verdict == ("not held" if p_less < P.lipschitz_alpha else "inconclusive")
-    flat = _data()  # no relation: the slowing does not follow the bound either way: inconclusive, never not held
-    for i, lips in (("pretrained", (1.0, 3.0, 2.0, 4.0, 5.0, 6.0)), ("random", (3.5, 1.5, 2.5, 4.0, 5.0, 6.0))):
-        flat["bound"]["minilm"][i] = _minilm_bound(lips=lips)
-    c = _by_name(flat)["collapse.mlp_lipschitz"]
-    assert c.verdict == "inconclusive" and "neither" in c.reason
-    del d["bound"]["minilm"]["random"]
+    assert c.verdict == "inconclusive" and "no (init, depth) cell" in c.reason
+    d["mlp_dose"] = _dose(floor_at=1.0)  # three scales left above the floor (need 5): nothing judged
     c = _by_name(d)["collapse.mlp_lipschitz"]
-    assert c.verdict == "inconclusive" and "3 points" in c.reason
+    assert c.verdict == "inconclusive" and c.measured["judged"] == {}
+    del d["mlp_dose"]
+    assert "older run" in _by_name(d)["collapse.mlp_lipschitz"].reason
+    pts = _by_name(_data())["collapse.mlp_lipschitz"].measured["minilm_layers"]["points"]  # reported, not judged
+    assert [q["slowing (log10)"] for q in pts[:3]] == pytest.approx([math.log10(2), 2 - math.log10(20), 1])
 
 
 def test_short_paths_both_ways_and_without_data():
