@@ -44,27 +44,49 @@ def _checks(t: dict) -> str:
 def summary_table(summary: dict, claims: list[dict]) -> str:
     """The report's first table: one row per reproduction (documents' findings counted once;
     supporting evidence and our checks apart)."""
-    lines = ["| reproduction | findings held | not held | inconclusive | supporting re-tests | our checks held | "
-             "identities verified | runtime |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| reproduction | findings held | not held | inconclusive | untested | supporting re-tests | "
+             "our checks held | identities verified | runtime |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in summary["reproductions"]:
         t = tally([c for c in claims if c["reproduction"] == r["name"]], {c["name"] for c in claims})
         f, i = t["findings"], t["identities"]
         ident = f"{i['verified']} of {i['verified'] + i['failed']}" if i["verified"] + i["failed"] else "—"
         err = f" (error: {r['error']})" if r.get("error") else ""
         lines.append(f"| {r['name']}{err} | {f['held']} | {f['not held']} | {f['inconclusive']} | "
-                     f"{t['supporting'] or '—'} | {_checks(t)} | {ident} | {r['runtime_s'] or 0:.0f} s |")
+                     f"{t.get('untested') or '—'} | {t['supporting'] or '—'} | {_checks(t)} | {ident} | "
+                     f"{r['runtime_s'] or 0:.0f} s |")
     t = tally(claims)
     f, i = t["findings"], t["identities"]
-    lines.append(f"| **all** | **{f['held']}** | **{f['not held']}** | **{f['inconclusive']}** | **{t['supporting']}** | "
+    lines.append(f"| **all** | **{f['held']}** | **{f['not held']}** | **{f['inconclusive']}** | "
+                 f"**{t.get('untested', 0)}** | **{t['supporting']}** | "
                  f"**{_checks(t)}** | **{i['verified']} of {i['verified'] + i['failed']}** | "
                  f"**{summary['total_runtime_s']:.0f} s** |")
     return "\n".join(lines)
 
 
+#: docs/preregistration.json's record (set by main): whether a claim's rule changed after the
+#: profile's stored run, for claims whose run recorded no rule hash
+PREREG: dict = {}
+
+
+def changed_after_run(c: dict) -> bool:
+    """Whether the rule that judged ``c`` was changed after its run was made: from the claim
+    (runs that recorded their rule's hash) or else from docs/preregistration.json."""
+    if c.get("rule_changed_after_run") is not None:
+        return bool(c["rule_changed_after_run"])
+    return bool(PREREG.get(c.get("name"), False))
+
+
 def _verdict(c: dict) -> str:
+    mark = " †" if changed_after_run(c) else ""
+    return _verdict_word(c) + mark
+
+
+def _verdict_word(c: dict) -> str:
     verdict = c.get("verdict") or ("held" if c["held"] else "not held")
     if c.get("kind") == "identity":
         return "verified" if c["held"] else "**FAILED**"
+    if c.get("untested"):
+        return f"**untested** (tested by `{c['untested']}`)"
     return verdict if verdict == "held" else f"**{verdict}**"
 
 
@@ -93,8 +115,9 @@ def quotes_and_rules(claims: list[dict]) -> str:
     lines = []
     for c in claim_groups(claims)["findings"]:
         why = f" — {c['reason']}" if c.get("reason") else ""
+        sha = f" (sha256 {c['rule_sha256'][:12]})" if c.get("rule_sha256") else ""
         lines.append(f"- **`{c['name']}`** ({c.get('source', '')}): “{c.get('quote', '')}”  \n"
-                     f"  rule: {c.get('rule', '')}  \n  verdict: {_verdict(c)}{clean(why)}")
+                     f"  rule{sha}: {c.get('rule', '')}  \n  verdict: {_verdict(c)}{clean(why)}")
     return "\n".join(lines)
 
 
@@ -127,10 +150,14 @@ def main(src: Path, docs: Path) -> None:
         for rel, name in FIGURES.items():
             if (src / rel).exists():
                 shutil.copyfile(src / rel, docs / name)
+    record = json.loads((docs / "preregistration.json").read_text()) if (docs / "preregistration.json").exists() else {}
+    PREREG.update({n: r["changed_after_stored_run"].get(profile, False) for n, r in record.get("claims", {}).items()})
     table = summary_table(summary, claims)
     problems = citation_problems(claims)
     text = (f"# Claims, {profile} profile\n\n{reading(claims)}\n\n{table}\n\n"
             + (f"Citation problems: {'; '.join(problems)}\n\n" if problems else "")
+            + "† the rule that judged this claim was changed after its run was made (a departure from "
+              "pre-registration: docs/METHODS.md §4, docs/preregistration.json).\n\n"
             + f"## The documents' findings: quote, rule, verdict\n\n{quotes_and_rules(claims)}\n\n"
             f"## Every claim\n\n{claims_table(claims)}\n")
     write_text(docs / f"claims_{profile}.md", text)

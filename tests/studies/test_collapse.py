@@ -88,7 +88,20 @@ def _data():
                              {"layers": 3, "heads": 1, "counts": [1, 3, 3, 1]}],
         "minilm_meta": {"n_seqs": seqs},
         "bound": {"minilm": {"pretrained": _minilm_bound(), "random": _minilm_bound(shift=0.5)}},
+        "mlp_dose": _dose(),
     }
+
+
+def _dose(slope=1.0, floor_at=None):
+    """log10 residual per init std and MLP scale at depths 0..6: rising with log2(scale) by
+    ``slope`` per doubling at every depth (depth d: -1.5 d + slope log2 s); ``floor_at``: scales at
+    or below it sit at -15 (below the float64 floor)."""
+    scales = P.dose_scales
+    cells = {f"{std:g}": {f"{sc:g}": [(-15.0 if floor_at is not None and sc <= floor_at else
+                                       -1.5 * d + slope * math.log2(sc) * (d > 0)) for d in range(7)]
+                          for sc in scales} for std in P.dose_init_stds}
+    return {"scales": list(scales), "init_stds": list(P.dose_init_stds), "seeds": [0, 1], "depths": list(range(7)),
+            "log10_res": cells}
 
 
 P1 = dataclasses.replace(P, bound_log10_gamma=0.0)  # gamma = 1, for the bound's logic only
@@ -129,6 +142,7 @@ def test_measured_values_are_those_of_the_data():
     assert by["collapse.mlp_does_not_prevent"].measured["pretrained/mlp"]["per-sentence last/first"] == pytest.approx(1e-12)
     fits = by["collapse.doubly_exponential"].measured
     assert fits["SAN init std 0.3"] == {"points": 6, "R2 exp": 0.8, "R2 dexp": 0.99, "kappa": 2.5, "R2 dexp kappa=3": 0.97}
+    assert fits["judged"] == ["MiniLM pretrained pure", "SAN init std 0.3"] and fits["not judged"] == {}
     assert fits["MiniLM random pure"] == {"points": 2, "fitted": False}
     assert by["collapse.path_products"].measured == {"k=0": 1.9, "k=1": 0.6, "k=2": 0.2, "k=3": 0.09}
     short = by["collapse.short_paths"].measured["norm=none, init std 0.02"]  # k <= 2 carry 0.9 in each row
@@ -165,18 +179,28 @@ def test_stated_bound_holds_with_gamma_one_and_fails_on_a_counterexample():
     assert "older run" in _by_name(d)["collapse.stated_bound"].reason
 
 
-def test_mlp_lipschitz_both_ways_and_with_too_few_points():
+def test_mlp_lipschitz_is_a_dose_response_judged_both_ways():
+    from scipy import stats
+
+    c = _by_name(_data())["collapse.mlp_lipschitz"]
+    cell = c.measured["cells"]["init std 0.2, depth 3"]  # -4.5 + log2(s): strictly rising in s
+    assert cell["log10 residual"] == pytest.approx([-4.5 + math.log2(s) for s in P.dose_scales])
+    want = stats.spearmanr(P.dose_scales, cell["log10 residual"], alternative="greater").pvalue
+    assert cell["rho"] == pytest.approx(1.0) and cell["p_greater"] == pytest.approx(want)
+    assert c.verdict == "held" and len(c.measured["judged"]) == len(P.dose_init_stds) * len(P.dose_depths)
     d = _data()
-    c = _by_name(d)["collapse.mlp_lipschitz"]  # slowing 0.30, 0.70, 1.0 at layers 1-3, Lipschitz rising
-    assert c.verdict == "held" and c.measured["n"] == 6 and c.measured["spearman rho"] > 0.9
-    assert [q["slowing (log10)"] for q in c.measured["points"][:3]] == pytest.approx([math.log10(2), 2 - math.log10(20), 1])
-    for i, shift in (("pretrained", 0.0), ("random", 0.5)):
-        d["bound"]["minilm"][i] = _minilm_bound(lips=(6.0, 5.0, 4.0, 3.0, 2.0, 1.0), shift=shift)
+    d["mlp_dose"] = _dose(slope=-1.0)  # the residual falls as the MLPs grow: a significant reversal
+    assert _by_name(d)["collapse.mlp_lipschitz"].verdict == "not held"
+    d["mlp_dose"] = _dose(slope=0.0)  # no change at all: no verdict either way
     c = _by_name(d)["collapse.mlp_lipschitz"]
-    assert c.verdict == "not held" and c.measured["spearman rho"] < 0
-    del d["bound"]["minilm"]["random"]
+    assert c.verdict == "inconclusive" and "no (init, depth) cell" in c.reason
+    d["mlp_dose"] = _dose(floor_at=1.0)  # three scales left above the floor (need 5): nothing judged
     c = _by_name(d)["collapse.mlp_lipschitz"]
-    assert c.verdict == "inconclusive" and "3 points" in c.reason
+    assert c.verdict == "inconclusive" and c.measured["judged"] == {}
+    del d["mlp_dose"]
+    assert "older run" in _by_name(d)["collapse.mlp_lipschitz"].reason
+    pts = _by_name(_data())["collapse.mlp_lipschitz"].measured["minilm_layers"]["points"]  # reported, not judged
+    assert [q["slowing (log10)"] for q in pts[:3]] == pytest.approx([math.log10(2), 2 - math.log10(20), 1])
 
 
 def test_short_paths_both_ways_and_without_data():
@@ -250,6 +274,19 @@ def test_doubly_exponential_fails_when_the_exponential_fits_better():
     d = _data()
     d["pure_fits"]["pretrained"]["fit"] = _fit(0.5, 0.90, 0.89)  # R2 below 0.95
     assert _by_name(d)["collapse.doubly_exponential"].verdict == "not held"
+
+
+def test_doubly_exponential_is_judged_only_where_the_stated_bound_is_not_vacuous():
+    d = _data()
+    d["depth_sweep"]["curves"]["0.3"]["fit"] = _fit(0.99, 0.99, 0.90)  # fails the 3^L rule ...
+    # ... but there the bound is vacuous: log10 gamma needed at depth L minus log10 gamma vacuous is
+    # 2 (r_L - r_0) / (3^L - 1) (log10 residuals), > 0 once a residual exceeds the input's (depth 1: 0.3 > 0)
+    d["depth_sweep"]["curves"]["0.3"]["bound"] = _sweep_bound(rows=((0.0, 0.3, -4.0, -13.0),) * 2)
+    c = _by_name(d)["collapse.doubly_exponential"]
+    assert c.measured["not judged"] == {"SAN init std 0.3": "bound vacuous"}
+    assert c.verdict == "held" and c.measured["judged"] == ["MiniLM pretrained pure"]
+    del d["depth_sweep"]["curves"]["0.3"]["bound"]  # an older run: no bound, the curve is not judged either
+    assert _by_name(d)["collapse.doubly_exponential"].measured["not judged"] == {"SAN init std 0.3": "no bound data"}
 
 
 def test_doubly_exponential_inconclusive_when_nothing_can_be_fitted():

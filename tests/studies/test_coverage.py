@@ -67,13 +67,55 @@ def test_every_row_says_what_tests_it_or_why_nothing_can():
     assert md.count("\n") == len(coverage.COVERAGE) + 1 and "`fig2.qk_identical`" in md
 
 
-def test_each_quoted_sentence_is_counted_once():
-    """No two counted findings quote the same sentence: a second test of one statement (another
-    model, threshold or regime) is supporting evidence of the first."""
-    from collections import Counter
+def test_each_statement_is_a_coverage_row_counted_once():
+    """A statement is a row of the coverage table: every counted finding is named by exactly one row,
+    the tally counts rows (not claims, not quote strings), and no row's counted findings come from two
+    reproductions (so the per-reproduction rows of a combined report still add up)."""
+    from headrank.studies.registry import statements, tally
 
-    counted = Counter(" ".join(c.quote.split()) for c in _all_claims() if c.kind == "finding" and not c.supports)
-    assert [q for q, n in counted.items() if n > 1] == []
+    claims = [c.to_json() for c in _all_claims()]
+    names = {c["name"] for c in claims}
+    counted = [c for c in claims if c["kind"] == "finding" and c.get("supports") not in names]
+    rows = {coverage.row_of(c["name"]) for c in counted}
+    assert None not in rows
+    t = tally(claims)
+    assert sum(t["findings"].values()) + t["untested"] == len(rows) < len(counted)  # two rows hold two claims each
+    for st in statements(claims):
+        studies = {n.split(".")[0] for n in st["claims"]}
+        assert len(studies) == 1, st
+    for i in range(len(coverage.COVERAGE)):  # no name in two rows
+        for n in coverage.row_names(i):
+            assert coverage.row_of(n) == i
+
+
+def test_claims_judging_one_statement_combine_under_the_several_parts_rule():
+    from headrank.studies.registry import statements, tally
+
+    row = next(i for i in range(len(coverage.COVERAGE)) if len(coverage.row_names(i)) == 2
+               and all(n.startswith("collapse.") for n in coverage.row_names(i)))
+    a, b = coverage.row_names(row)
+    held = [{"name": a, "kind": "finding", "verdict": "held"}, {"name": b, "kind": "finding", "verdict": "held"}]
+    assert tally(held)["findings"] == {"held": 1, "not held": 0, "inconclusive": 0}
+    mixed = [held[0], {**held[1], "verdict": "not held"}]
+    assert tally(mixed)["findings"] == {"held": 0, "not held": 1, "inconclusive": 0}
+    open_ = [held[0], {**held[1], "verdict": "inconclusive"}]
+    assert [st["verdict"] for st in statements(open_)] == ["inconclusive"]
+    alone = [{"name": "not.in.the.table", "kind": "finding", "verdict": "held"}, held[0]]
+    assert tally(alone)["findings"]["held"] == 2  # a finding in no row is its own statement
+
+
+def test_an_untested_statement_is_listed_apart_with_its_command():
+    from headrank.studies import fig4
+    from headrank.studies.registry import statements, tally
+
+    claims = [c.to_json() for c in _all_claims() if c.name.startswith("fig4.")]
+    untested = [st for st in statements(claims) if st["verdict"] == "untested"]
+    assert sorted(n for st in untested for n in st["claims"]) == ["fig4.bound_coincides", "fig4.rows_equal"]
+    assert untested[0]["untested"] == [fig4.UNTESTED_COMMAND]
+    t = tally(claims)
+    assert t["untested"] == 2 and sum(t["findings"].values()) == 0
+    given = [{**c, "untested": "", "verdict": "held"} for c in claims]  # --model given: judged and counted
+    assert tally(given)["untested"] == 0 and tally(given)["findings"]["held"] == 2
 
 
 def test_a_support_of_an_absent_reproduction_is_counted_itself():

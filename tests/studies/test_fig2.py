@@ -105,7 +105,8 @@ def test_without_a_lambda_0_control_there_is_no_floor_and_no_rank_verdict():
 
 def test_claims_in_order_and_profiles():
     assert [c.name for c in C.claims(GOOD, P)] == ["fig2.rank_falls", "fig2.balance_time_constant",
-                                                    "fig2.gap_vanishes", "fig2.qk_identical", "fig2.early_stages",
+                                                    "fig2.gap_vanishes", "fig2.balance_relative",
+                                                    "fig2.qk_identical", "fig2.early_stages",
                                                     "fig2.balance_lasts", "fig2.sgd_control", "fig2.task_learned"]
     assert C.task_learned(GOOD, P).kind == "check" and C.rank_falls(GOOD, P).quote
     for p in (Fig2Params.quick(), Fig2Params.full()):
@@ -140,18 +141,18 @@ def test_real_runs_are_paired_and_claims_follow_from_them():
 
 
 def test_time_constant_is_fitted_on_the_preregistered_window_and_compared_with_lambda_lr():
-    rates = C.decay_rates(GOOD, P)
+    rates = C.decay_rates(GOOD, P, metric="balance_rel")
     # balance_rel falls linearly from 0.2 to 0.01 over steps 0..100; the fit uses steps <= 50 only
     x = [0.2 + (0.01 - 0.2) * i / 4 for i in range(3)]
     import numpy as np
 
     slope = -np.polyfit([0, 25, 50], np.log(x), 1)[0]
     assert rates["1"][0] == pytest.approx(slope)
-    c = C.balance_time_constant(GOOD, P)
+    c = C.balance_time_constant(GOOD, P, metric="balance_rel")
     assert c.measured["rate_over_2_lambda_lr"]["1"] == pytest.approx(np.mean(rates["1"]) / (2 * 1.0 * P.lr))
     assert c.measured["parts"] == {"rate_rises_with_lambda": "held", "vanishes": "held"}
     slow = make_data(eff=[14, 8, 3], brel=[0.15, 0.05, 0.04], gap=[0.05, 0.005, 0.001], acc=[1, 1, 1])
-    assert C.balance_time_constant(slow, P).verdict == "not held"  # 0.04 / 0.2 does not vanish (> 0.1)
+    assert C.balance_time_constant(slow, P, metric="balance_rel").verdict == "not held"  # 0.04 / 0.2 > 0.1
 
 
 def test_qk_identical_compares_the_verdicts_of_both_products():
@@ -172,35 +173,61 @@ def test_late_spikes_reads_the_loss_after_it_first_fell_below_the_threshold():
     assert out["1"] == 0.0  # never fell below: nothing to report
 
 
-def _with_curves(data, rank, balance):
-    """``data`` with every judged run's layer-1 OV effective rank and relative imbalance replaced (steps 0..100)."""
+def _with_gaps(data, gaps, lr=0.1):
+    """``data`` with layer-1 OV gap/bound curves per lambda key (seed 1 a little above seed 0) and a
+    learning rate under which lambda = 1 reaches exposure 1 by step 25 (sum of lr over 100 steps ~ 9.5)."""
     d = json.loads(json.dumps(data))
-    for k in ("1", "3"):
-        for s in d["ov"][k].values():
-            s["0"] = {**s["0"], "effective_rank": list(rank), "balance_rel": list(balance)}
+    d["config"]["lr"] = lr
+    for k, curve in gaps.items():
+        for s, off in (("0", 1.0), ("1", 1.05)):
+            d["ov"][k][s]["0"] = {**d["ov"][k][s]["0"], "gap_rel": [v * off for v in curve]}
     return d
 
 
-def test_early_stages_both_ways():
-    c = C.early_stages(GOOD, P)  # linear series: the balance halves at step 75, lambda 1's rank never reaches 7.5
-    assert c.verdict == "not held" and "later than step 25" in c.reason
-    assert c.measured["1"][0]["balance_half_step"] == 75 and c.measured["1"][0]["rank_target_step"] is None
-    assert c.measured["3"][0]["rank_target"] == pytest.approx(14 - 0.5 * 13) and c.measured["3"][0]["rank_target_step"] == 75
-    fast = make_data(eff=[14, 2, 1.5], brel=[0.15, 0.01, 0.002], gap=[0.05, 0.005, 0.001], acc=[1, 1, 1])
-    early = C.early_stages(fast, Fig2Params(lambdas=(0.0, 1.0, 3.0), steps=100, seeds=(0, 1), early_fraction=0.8))
-    assert early.verdict == "held" and early.measured["3"][0]["rank_target_exposure"] > 0
+def _exposure_at(data, lam, step):
+    from headrank.training.config import lr_sums, recall_config
+
+    c = data["config"]
+    return lam * float(lr_sums(recall_config(steps=c["steps"], lr=c["lr"], warmup=c["warmup"], schedule="constant"))[step])
 
 
-def test_early_stages_target_is_fixed_before_the_run_not_by_its_end():
-    # a rank that barely moves and plateaus: half way to its own final value (13.75) is reached at step 25,
-    # so the old rule called it early; the fixed target (7.5, half way from 14 to 1) is never reached
-    plateau = _with_curves(GOOD, [14, 13.6, 13.5, 13.5, 13.5], [0.2, 0.05, 0.04, 0.03, 0.02])
-    c = C.early_stages(plateau, P)
-    assert c.verdict == "not held" and c.measured["3"][1]["rank_target_step"] is None and "never" in c.key
-    fast = _with_curves(GOOD, [14, 6, 3, 2.5, 2.5], [0.2, 0.05, 0.04, 0.03, 0.02])
-    c = C.early_stages(fast, P)
-    assert c.verdict == "held" and c.measured["1"][0]["rank_target_step"] == 25
-    assert "r0 - 0.5 (r0 - 1)" in c.rule and "not by the run's end" in c.rule
+def test_early_stages_is_judged_at_a_fixed_exposure_both_ways():
+    control = [0.06, 0.058, 0.056, 0.055, 0.054]
+    early = _with_gaps(GOOD, {"0": control, "1": [0.06, 0.02, 0.01, 0.008, 0.005], "3": [0.06, 0.01, 0.004, 0.002, 0.001]})
+    c = C.early_stages(early, P)
+    row = c.measured["per_lambda_seed"]["1"][0]
+    # the first tracked step (0, 25, 50, ...) at which lambda x sum(lr) >= 1, computed here from the schedule
+    want = next(t for t in (0, 25, 50, 75, 100) if _exposure_at(early, 1.0, t) >= 1.0)
+    assert row["step"] == want == 25 and row["exposure"] == pytest.approx(_exposure_at(early, 1.0, 25))
+    assert row["gap_over_initial"] == pytest.approx(0.02 / 0.06) and row["control_gap"] == pytest.approx(0.058)
+    assert c.verdict == "held", c.reason
+    late = _with_gaps(GOOD, {"0": control, "1": [0.06, 0.05, 0.01, 0.008, 0.005], "3": [0.06, 0.01, 0.004, 0.002, 0.001]})
+    c = C.early_stages(late, P)  # lambda 1 is still at 0.05/0.06 of its start at exposure 1: late
+    assert c.verdict == "not held" and "1: gap share" in c.reason
+    assert c.measured["parts"]["3: gap share"] == "held"
+
+
+def test_early_stages_needs_the_control_and_the_exposure():
+    slow = _with_gaps(GOOD, {"0": [0.06] * 5, "1": [0.06, 0.02, 0.01, 0.008, 0.005], "3": [0.06, 0.01, 0.004, 0.002, 0.001]},
+                      lr=3e-3)  # sum(lr) ~ 0.28: exposure 1 is never reached at lambda 1
+    c = C.early_stages(slow, P)
+    assert c.verdict == "inconclusive" and c.measured["per_lambda_seed"]["1"][0]["step"] is None
+    gaps = {"0": [0.06] * 5, "1": [0.06, 0.02, 0.01, 0.008, 0.005], "3": [0.06, 0.01, 0.004, 0.002, 0.001]}
+    c = C.early_stages(_without_control(_with_gaps(GOOD, gaps)), P)
+    assert c.verdict == "inconclusive"
+
+
+def test_balance_is_judged_on_the_absolute_imbalance_the_relative_one_supports_it():
+    claims = {c.name: c for c in C.claims(GOOD, P)}
+    assert claims["fig2.balance_time_constant"].measured["metric"] == "balance"
+    rel = claims["fig2.balance_relative"]
+    assert rel.supports == "fig2.balance_time_constant" and rel.measured["metric"] == "balance_rel"
+    # uniform shrinkage: the absolute imbalance falls to 1/20 and 1/25 of its start, the relative one to 1/4, 1/5
+    shrink = make_data(eff=[14, 8, 3], brel=[0.15, 0.05, 0.04], gap=[0.05, 0.005, 0.001], acc=[1, 1, 1])
+    a = C.balance_time_constant(shrink, P)
+    r = C.balance_time_constant(shrink, P, metric="balance_rel")
+    assert a.measured["final_over_initial_per_seed"]["3"][0] == pytest.approx(0.04 / 1.0)
+    assert a.measured["parts"]["vanishes"] == "held" and r.measured["parts"]["vanishes"] == "not held"
 
 
 def _horizon(ends, floors=None, exposure=(0.0, 30.0, 90.0)):

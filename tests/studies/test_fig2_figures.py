@@ -26,6 +26,7 @@ def _ov(j: int, s: int) -> dict:
     t = np.arange(len(STEPS))
     return {"step": STEPS, "rank": [16.0 - j - s] * len(STEPS), "effective_rank": list(14.0 - t * (j + 1) - s / 10),
             "balance_rel": list(0.3 * 10.0 ** (-t * (j + 1)) * (1 + s)),
+            "balance": list(2.5 * 10.0 ** (-t * (j + 2)) * (1 + s)),
             "gap_rel": list(0.06 * 10.0 ** (-t * j) * (1 + s))}
 
 
@@ -41,7 +42,7 @@ def _data(horizon: bool = True) -> dict:
                                  for s in SEEDS}
     # a missing measurement (JSON null) and an exact zero
     data["ov"]["2"]["3"][RANK_LAYER]["gap_rel"][2] = None
-    data["ov"]["2"]["3"][RANK_LAYER]["balance_rel"][3] = 0.0
+    data["ov"]["2"]["3"][RANK_LAYER]["balance"][3] = 0.0
     if horizon:
         data["horizon"] = {"lambdas": [0.0, 3.0], "steps": H_STEPS, "label_noise": 0.1,
                            "exposure_end": {"0": 0.0, "3": 3.0 * _lr_sums()[-1]},
@@ -63,7 +64,7 @@ def test_fig2_panels_draw_the_first_seed_of_layer_one_per_lambda():
         ov, tc = data["ov"][f"{lam:g}"][seed][RANK_LAYER], data["training"][f"{lam:g}"][seed]
         assert_line(data_lines(rank)[2 * j], STEPS, ov["effective_rank"])
         assert_line(data_lines(rank)[2 * j + 1], STEPS, ov["rank"])
-        want_bal = np.array(ov["balance_rel"], float)
+        want_bal = np.array(ov["balance"], float)  # the absolute imbalance, as the paper's centre panel
         want_gap = np.array([np.nan if v is None else v for v in ov["gap_rel"]], float)
         assert_line(data_lines(bal)[j], STEPS, np.maximum(want_bal, 1e-12))  # exact 0 at the 1e-12 floor
         assert_line(data_lines(gap)[j], STEPS, want_gap)  # null: a gap in the line, not 0

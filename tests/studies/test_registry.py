@@ -5,8 +5,8 @@ import pytest
 from headrank.studies.registry import Claim, tally
 
 
-def _c(**kw):
-    return Claim(name="x", source="s", statement="t", measured=1, expected=1, **kw)
+def _c(name="x", **kw):
+    return Claim(name=name, source="s", statement="t", measured=1, expected=1, **kw)
 
 
 def test_two_way_claims_still_work():
@@ -27,12 +27,14 @@ def test_bad_claims_are_refused(kw):
 
 
 def test_tally_separates_findings_and_identities():
-    claims = [_c(held=True).to_json(), _c(held=False).to_json(), _c(verdict="inconclusive").to_json(),
+    claims = [_c("a", held=True).to_json(), _c("b", held=False).to_json(), _c("c", verdict="inconclusive").to_json(),
               _c(held=True, kind="identity").to_json(), _c(held=False, kind="identity").to_json(),
               {"held": True}]  # an older claims.json entry: a two-way finding
     assert tally(claims) == {"findings": {"held": 2, "not held": 1, "inconclusive": 1},
                              "identities": {"verified": 1, "failed": 1},
-                             "checks": {"held": 0, "not held": 0, "inconclusive": 0}, "supporting": 0}
+                             "checks": {"held": 0, "not held": 0, "inconclusive": 0}, "supporting": 0,
+                             "untested": 0}
+    assert tally([_c(held=True).to_json(), _c(held=False).to_json()])["findings"]["not held"] == 1  # one name: one
 
 
 def test_checks_are_tallied_apart_and_supporting_claims_count_once():

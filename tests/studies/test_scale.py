@@ -211,10 +211,46 @@ def test_reproduction_quick_and_replot(tmp_path):
 def test_homogeneous_identity_both_ways_and_the_dynamics_are_our_checks():
     free = {f"layer {i}, a={a:g}": 1e-16 for i in range(3) for a in (0.5, 3.0)}
     biased = {**free, "layer 0, a=3": 0.4}
-    c = C.homogeneous({"homogeneity": {"no biases": free, "with biases": biased}}, P)
-    assert c.kind == "identity" and c.verdict == "held" and c.quote.startswith("But there")
+    data = {"homogeneity": {"no biases": free, "with biases": biased}}
+    c = C.homogeneous(data, P)  # the article's sentence on networks with biases: a finding, not held here
+    assert c.kind == "finding" and c.verdict == "not held" and c.quote.startswith("But there")
+    assert c.measured["with biases: max relative error"] == 0.4
+    exact = {"homogeneity": {"no biases": free, "with biases": free}}
+    assert C.homogeneous(exact, P).verdict == "held"
+    assert C.homogeneous({}, P).verdict == "inconclusive"  # an older run without the data
+    ident = C.homogeneous_bias_free(data, P)  # the pure algebra stays an identity
+    assert ident.kind == "identity" and ident.verdict == "held"
     broken = {"no biases": {**free, "layer 1, a=0.5": 1e-3}, "with biases": biased}
-    assert C.homogeneous({"homogeneity": broken}, P).verdict == "not held"
-    assert C.homogeneous({}, P).verdict == "not held"  # an older run without the data: not verified
+    assert C.homogeneous_bias_free({"homogeneity": broken}, P).verdict == "not held"
+    assert C.homogeneous_bias_free({}, P).verdict == "not held"  # no data: not verified
     summ = {v: [_row(v, 0.0), _row(v, 0.1, norm=0.5, eff_lr=0.2)] for v in ("none", "post", "pre")}
     assert C.norm_and_effective_lr(summ, "none").kind == "check"
+
+
+def _loss_rows(train0, train1, test0, test1, exposure=1.0):
+    """variant none: two seeds at lambda 0 and at the grid's largest lambda (the others ignored)."""
+    lam = max(P.lams)
+    rows = []
+    for seed, d in ((0, 0.0), (1, 0.002)):
+        rows.append(_row("none", 0.0, seed=seed, train_loss=train0 + d, test_loss=test0 + d))
+        rows.append(_row("none", lam, seed=seed, train_loss=train1 + d, test_loss=test1 + 1.5 * d, exposure=exposure))
+    return {"none": rows, "post": [], "pre": []}
+
+
+def test_optimal_loss_unchanged_both_ways():
+    same = C.optimal_loss_unchanged(_loss_rows(0.10, 0.101, 0.5, 0.5), P)
+    assert same.kind == "finding" and same.verdict == "held", same.reason
+    assert same.measured["margin"] == pytest.approx(P.no_change_margin * 0.501)
+    moved = C.optimal_loss_unchanged(_loss_rows(0.10, 0.40, 0.5, 0.8), P)  # 0.3 away: far outside 0.05
+    assert moved.verdict == "not held"
+    short = C.optimal_loss_unchanged(_loss_rows(0.10, 0.101, 0.5, 0.5, exposure=0.1), P)
+    assert short.verdict == "inconclusive" and "exposure" in short.reason
+    assert short.quote.startswith("TL;DR: in this article")
+
+
+def test_free_to_overfit_both_ways():
+    free = C.free_to_overfit(_loss_rows(0.10, 0.12, 0.50, 0.52), P)  # gap 0.40 at both
+    assert free.verdict == "held", free.reason
+    assert free.measured["diff"] == pytest.approx((0.0 + 0.001) / 2)  # per seed: 0.40 - 0.40, 0.401 - 0.400
+    regularised = C.free_to_overfit(_loss_rows(0.10, 0.30, 0.50, 0.35), P)  # gap 0.40 -> 0.05: decay helps
+    assert regularised.verdict == "not held"

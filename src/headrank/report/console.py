@@ -19,7 +19,8 @@ def headline(t: dict[str, Any]) -> str:
     c = t.get("checks") or {"held": 0, "not held": 0, "inconclusive": 0}
     checks = (f"; our checks: {c['held']} held, {c['not held']} not held, {c['inconclusive']} inconclusive"
               if sum(c.values()) else "")
-    return (f"findings: {f['held']} held, {f['not held']} not held, {f['inconclusive']} inconclusive; "
+    untested = f", {t['untested']} untested (not counted)" if t.get("untested") else ""
+    return (f"findings: {f['held']} held, {f['not held']} not held, {f['inconclusive']} inconclusive{untested}; "
             f"identities: {i['verified']} of {i['verified'] + i['failed']} verified{checks}")
 
 

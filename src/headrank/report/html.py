@@ -18,7 +18,7 @@ import math
 from html import escape
 from typing import Any
 
-from headrank.studies.registry import supporting, tally
+from headrank.studies.registry import statements, supporting, tally
 
 _CSS = """
 :root { --held: #155d15; --held-bg: #e3f2e3; --no: #8a1010; --no-bg: #fbe4e4; --inc: #7a5a00; --inc-bg: #fdf3d2; }
@@ -167,7 +167,11 @@ def _badge(c: dict[str, Any]) -> str:
         cls, text = ("held", "verified") if verdict == "held" else ("not-held", "identity failed")
     else:
         cls, text = _VERDICT_CLASS[verdict], verdict
-    return f"<span class='badge {cls}'>{escape(text)}</span>"
+    if c.get("untested"):
+        text = f"untested ({c['untested']})"
+    changed = (" <span class='sub' title='the rule that judged this claim was changed after its run was made'>"
+               "(rule changed after the run)</span>" if c.get("rule_changed_after_run") else "")
+    return f"<span class='badge {cls}'>{escape(text)}</span>{changed}"
 
 
 def _exposure_text(e: Any) -> str:
@@ -312,10 +316,16 @@ def reading(claims: list[dict[str, Any]]) -> str:
     groups = claim_groups(claims)
     text = [f"Of the {n} statements of the documents checked (each counted once), {f['held']} held, "
             f"{f['not held']} did not hold and {f['inconclusive']} were inconclusive."]
+    sts = statements(claims)
     for verdict, label in (("not held", "Did not hold"), ("inconclusive", "Inconclusive")):
-        names = [c["name"] for c in groups["findings"] if c.get("verdict") == verdict]
+        names = [" + ".join(st["claims"]) for st in sts if st["verdict"] == verdict]
         if names:
             text.append(f"{label}: {', '.join(names)} (each one's reason is in its details).")
+    untested = [st for st in sts if st["verdict"] == "untested"]
+    if untested:
+        text.append(f"{len(untested)} statements could not be tested here and are not counted among those checked: "
+                    + "; ".join(f"{' + '.join(st['claims'])} (tested by: {st['untested'][0]})" for st in untested)
+                    + ".")
     against = [c["name"] for c in groups["supporting"] if c.get("verdict") != "held"]
     if groups["supporting"]:
         text.append(f"{len(groups['supporting'])} re-tests are listed as supporting evidence, not counted again"

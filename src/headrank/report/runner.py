@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from headrank.errors import HeadRankError, one_line
+from headrank.studies.prereg import git_commit, stamp
 from headrank.studies.registry import QUOTES, Claim, Result, citation_problems, get, names, tally
 from headrank.util.env import versions
 from headrank.util.fileio import (
@@ -112,16 +113,30 @@ def _evaluate(name: str, out: Path, *, quick: bool, replot: bool, overrides: dic
         params = study.make_params(profile)
         if overrides:
             params = study.with_overrides(params, overrides)
-        t0 = time.perf_counter()
+        t0, commit = time.perf_counter(), git_commit()  # the code that makes the data: taken before the run
         raw = study.run(params)
-        facts = {"quick": profile == "quick", "profile": profile, "runtime_s": time.perf_counter() - t0}
+        facts = {"quick": profile == "quick", "profile": profile, "runtime_s": time.perf_counter() - t0,
+                 "data_commit": commit}
         data = json.loads(json.dumps(jsonable(raw)))  # exactly what data.json holds, so a replot sees the same
     t1 = time.perf_counter()
     claims = study.claims(data, params)
+    stamp(claims, params)
     figures = study.figures(data, params)
     notes = study.notes(data, params) if study.notes else []
     facts["judge_s"] = time.perf_counter() - t1
     return Result(claims=claims, figures=figures, data=data, params=asdict(params), notes=notes), facts
+
+
+def _mark_rule_changes(claims: list[dict[str, Any]], old: list[dict[str, Any]] | None) -> None:
+    """Record with each claim the hash of the rule that judged the stored run when it was made
+    (``rule_sha256_at_run``: this run's on a fresh run, carried over on every re-judging) and
+    ``rule_changed_after_run``: whether today's rule differs from it (None where that run
+    recorded no hash: made before hashes were recorded, see docs/preregistration.json)."""
+    before = {c.get("name"): c.get("rule_sha256_at_run") or c.get("rule_sha256") for c in old or []}
+    for c in claims:
+        at_run = c["rule_sha256"] if old is None else before.get(c["name"])
+        c["rule_sha256_at_run"] = at_run or None
+        c["rule_changed_after_run"] = None if not at_run else at_run != c["rule_sha256"]
 
 
 def run(name: str, out: str | Path, *, quick: bool = False, replot: bool = False,
@@ -153,6 +168,7 @@ def run(name: str, out: str | Path, *, quick: bool = False, replot: bool = False
                         "png_base64": base64.b64encode(png).decode("ascii")})
 
     claims = [c.to_json() for c in result.claims]
+    _mark_rule_changes(claims, _read_json(out / "claims.json", name) if replot else None)
     meta = {
         "name": name,
         "title": entry.title,
@@ -167,6 +183,8 @@ def run(name: str, out: str | Path, *, quick: bool = False, replot: bool = False
         "tally": tally(claims),
         "citation_problems": citation_problems(claims),
         "experiment_hash": (old_meta or {}).get("experiment_hash", "") if replot else experiment_hash(name),
+        "data_commit": (old_meta or {}).get("data_commit", "") if replot else facts["data_commit"],
+        "judged_commit": git_commit(),
         "quote": QUOTES.get(name, ("", ""))[0],
         "quote_source": QUOTES.get(name, ("", ""))[1],
         "notes": list(result.notes),

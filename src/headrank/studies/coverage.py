@@ -15,13 +15,23 @@ SCALE = "article 'Weight Decay is Useless Without Residual Connections'"
 COVERAGE: tuple[tuple[str, str, str, str, str], ...] = (
     (PAPER, "abstract; Prop. 3.1", "For balanced factors (AᵀA = BᵀB) the Frobenius bound equals the nuclear norm, so "
      "L2 on the factors and nuclear norm on the product share their minima.",
-     "prop31.balanced_equality, prop31.unbalanced_gap, fig1.soft_threshold", ""),
+     "prop31.balanced_equality, prop31.unbalanced_gap",
+     "identities (algebra, verified, not counted among the findings) on random, non-diagonal and rectangular factors "
+     "(5×5, 16×4, 64×8, rank-3 8×6); with them the factor form (the minimum of ½(‖A‖² + ‖B‖²) over ABᵀ = W is ‖W‖_*, "
+     "reached at balanced factors, with a positive gap otherwise); fig1.soft_threshold, counted under Figure 1 "
+     "center right, tests the shared minimum"),
+    (PAPER, "abstract", "Any local minimum of the L2-regularised factor loss coincides with a minimum of the "
+     "nuclear-norm-regularised one.", "",
+     "untested beyond Figure 1's diagonal 5×5 target (fig1.soft_threshold reaches the soft-thresholded optimum "
+     "there); no run here draws a random, non-diagonal or rectangular target D"),
     (PAPER, "abstract; Figure 1 left", "Under gradient descent the L2 and nuclear-norm losses become identical "
      "exponentially quickly for λ > 0.", "fig1.gap_decay", ""),
     (PAPER, "abstract", "This explains why the regularisation acts in the early stages of training.",
-     "fig2.early_stages", "judged on the recall task: when the balance and the rank move, in steps and exposure"),
+     "fig2.early_stages", "judged on the recall task in decay exposure, not steps: the relative gap between the "
+     "Frobenius bound (the L2 term) and the nuclear norm at exposure 1, against its start and the λ = 0 control"),
     (PAPER, "abstract; TL;DR", "Weight decay significantly reduces the rank of W_KᵀW_Q and P W_V, even in fully "
-     "online training.", "fig2.rank_falls, fig3.rank_falls", ""),
+     "online training.", "", "the abstract's summary of Figure 2 left and Figure 3: judged there (fig2.rank_falls, "
+     "fig3.rank_falls) and counted in those rows, not a third time"),
     (PAPER, "abstract (Table 1)", "Inducing low rank in the attention products can damage language-model "
      "performance.", "table1.attn_decay_hurts", "a 4-layer byte-level LM, not a Pile LM"),
     (PAPER, "abstract (Table 1)", "Decoupling the attention layers' weight decay from the rest of the parameters "
@@ -40,7 +50,9 @@ COVERAGE: tuple[tuple[str, str, str, str, str], ...] = (
      "attention decay grows.", "fig2.rank_falls", ""),
     (PAPER, "Figure 2 center", "The imbalance ‖PᵀP − W_V W_Vᵀ‖ vanishes under AdamW with a time constant that "
      "follows the decay strength.", "fig2.balance_time_constant",
-     "fig2.balance_lasts (supporting fig2.gap_vanishes) records at a long horizon whether the balance lasts"),
+     "judged on the absolute ‖PᵀP − W_V W_Vᵀ‖_F the panel plots; the relative imbalance (fig2.balance_relative) "
+     "supports it; fig2.balance_lasts (supporting fig2.gap_vanishes) records at a long horizon whether the balance "
+     "lasts"),
     (PAPER, "Figure 2 right", "The gap between the Frobenius bound and the nuclear norm of P W_V approaches 0.",
      "fig2.gap_vanishes", "judged at a horizon fixed in params"),
     (PAPER, "Figure 2 caption", "The L2 optimisation thus gradually switches to the nuclear-norm one, explaining "
@@ -62,7 +74,9 @@ COVERAGE: tuple[tuple[str, str, str, str, str], ...] = (
     (PAPER, "Figure 5 caption left", "AdamW converges to the optimum of the L2-regularised loss with λ_L2 = λ_wd·ε.",
      "fig5.direct_adamw_reaches_l2_optimum", "judged where λ_wd·ε moves the optimum visibly"),
     (PAPER, "Figure 5 caption right", "With w = a·b both optimisers reach the same, L1-regularised (sparse) point.",
-     "fig5.factorized_adamw_reaches_l1_optimum", ""),
+     "fig5.factorized_adamw_reaches_l1_optimum", "each optimiser's endpoint is judged against the L1 optimum "
+     "(Adam + L2 in support); that the two endpoints coincide is not a separate finding: their distances to the "
+     "optimum bound their distance to each other"),
     (COLLAPSE, "Research Paper Focus; §3.1", "Pure self-attention loses rank doubly exponentially with depth.",
      "collapse.doubly_exponential, collapse.stated_bound", "the fitted form a + b·3^L; the stated bound as an "
      "inequality with β from the real weights, inconclusive while γ is undefined (the γ where it turns is reported)"),
@@ -70,23 +84,30 @@ COVERAGE: tuple[tuple[str, str, str, str, str], ...] = (
      "collapse.pure_attention", ""),
     (COLLAPSE, "Research Paper Focus; §4.1", "Skip connections prevent rank collapse.", "collapse.skip_prevents", ""),
     (COLLAPSE, "Research Paper Focus; §4.2, §5.3", "MLPs slow the convergence by raising the Lipschitz constant.",
-     "collapse.mlp_slows, collapse.mlp_lipschitz", "the slowing is judged; the mechanism as measured MLP Lipschitz "
-     "bounds against the per-layer slowing"),
+     "collapse.mlp_slows, collapse.mlp_lipschitz", "the slowing is judged on MiniLM; the mechanism as a "
+     "dose-response: MLP output scale ×0.25…×8 at several init scales and depths, one-sided Spearman per cell"),
     (COLLAPSE, "Research Paper Focus", "Deep SANs with skips act like ensembles of weakly-dependent shallow "
      "networks.", "collapse.short_paths", "the share of the output norm carried by short paths"),
     (COLLAPSE, "§2.2", "The SAN output is a sum over paths through heads.", "collapse.path_sum_exact", ""),
-    (COLLAPSE, "§3.2", "In multi-head SANs the rate is modulated by the number of heads.", "collapse.stated_bound",
-     "the multi-head form (H in the base) from secondary restatements of the paper; inconclusive while γ is "
-     "undefined"),
+    (COLLAPSE, "§3.2", "In multi-head SANs the rate is modulated by the number of heads.", "",
+     "untested: the stated bound's multi-head form (H in its base) is inconclusive while γ is undefined "
+     "(collapse.stated_bound, counted under §3.1), and the depth sweep does not vary H"),
     (COLLAPSE, "§4.1", "With skips there are C(L,k)·H^k paths of length k.", "collapse.path_counts", ""),
     (COLLAPSE, "§5.2", "The expressivity of a path falls with its length.", "collapse.path_products", ""),
-    (COLLAPSE, "§5.4", "The predictions were validated on BERT, Albert and XLNet.", "collapse.pure_attention",
-     "on MiniLM-L6 (a BERT) only; Albert and XLNet are not on this machine"),
+    (COLLAPSE, "§5.4", "The predictions were validated on BERT, Albert and XLNet.", "",
+     "untested: Albert and XLNet are not on this machine; collapse.pure_attention (counted above) runs on MiniLM-L6, "
+     "a BERT; `headrank reproduce collapse --model PATH` runs the surgery on another checkpoint the surgery "
+     "supports"),
     (SCALE, "Positive Scaling of ReLU Networks", "Scaling a weight matrix (and its bias) of a ReLU network without "
-     "LayerNorm scales the output by the same factor.", "scale.homogeneous", ""),
-    (SCALE, "TL;DR; How to Disappear Completely", "With LayerNorm and no residuals every weight can be shrunk "
-     "without changing the function, so weight decay does not change the optimal loss.", "scale.shrink_free_none",
-     ""),
+     "LayerNorm scales the output by the same factor.", "scale.homogeneous, scale.homogeneous_bias_free",
+     "judged on a network whose later layers have biases (as real networks do); the bias-free algebra is an identity"),
+    (SCALE, "TL;DR", "In ReLU networks with LayerNorm and no residual connections weight decay does not change the "
+     "optimal loss.", "scale.optimal_loss_unchanged",
+     "judged on what SGD reaches (the article speaks of the optimum): training loss at the largest λ against λ = 0"),
+    (SCALE, "How to Disappear Completely", "With LayerNorm and no residuals every weight can be shrunk without "
+     "changing the function.", "scale.shrink_free_none", "algebra: an identity"),
+    (SCALE, "How to Disappear Completely", "If the regularisation term goes to zero, the network is free to overfit.",
+     "scale.free_to_overfit", "the generalisation gap at the largest λ against λ = 0"),
     (SCALE, "residual connections", "Post-norm residuals keep the scale invariance.", "scale.shrink_free_post", ""),
     (SCALE, "residual connections", "Pre-norm residuals break the scale invariance.", "scale.shrink_costly_pre", ""),
     (SCALE, "closing", "Whether gradient descent finds these solutions is an open question.", "",
@@ -101,6 +122,26 @@ COVERAGE: tuple[tuple[str, str, str, str, str], ...] = (
 def claims_named() -> set[str]:
     """Every claim name the coverage table refers to."""
     return {n.strip() for row in COVERAGE for n in row[3].split(",") if n.strip()}
+
+
+def row_names(i: int) -> list[str]:
+    """The claims row ``i`` names as testing its statement."""
+    return [n.strip() for n in COVERAGE[i][3].split(",") if n.strip()]
+
+
+def row_of(name: str) -> int | None:
+    """The index of the one coverage row (statement) that names claim ``name``; None when none
+    does. A claim tests one statement: a name in two rows is an error of the table (a test)."""
+    rows = [i for i in range(len(COVERAGE)) if name in row_names(i)]
+    if len(rows) > 1:
+        raise ValueError(f"claim {name} is named by coverage rows {rows}: a claim tests one statement")
+    return rows[0] if rows else None
+
+
+def statement_label(i: int) -> str:
+    """A coverage row as a short label: document place, then the claims that test it."""
+    doc, place, _, tested, _ = COVERAGE[i]
+    return f"{doc.split(' ')[0]} {place} ({tested})"
 
 
 def markdown() -> str:

@@ -201,6 +201,14 @@ def _described(data: dict[str, Any], params: Fig4Params) -> tuple[bool, dict[str
     return params.model is not None, {p: medians(d, p) for p in PRODUCTS}
 
 
+UNTESTED_COMMAND = "headrank reproduce fig4 --model PATH (a pretrained checkpoint such as LLaMA-2-7B)"
+
+
+def _untested(given: bool) -> str:
+    """The command that tests a LLaMA-2-7B sentence, when no pretrained checkpoint was given."""
+    return "" if given else UNTESTED_COMMAND
+
+
 def llama_coincide(data: dict[str, Any], params: Fig4Params) -> Claim:
     """``fig4.bound_coincides``: the caption's LLaMA-2-7B sentence. Not testable here unless
     ``--model`` names a real pretrained checkpoint; then, on it: median nuclear/bound ≥
@@ -213,7 +221,7 @@ def llama_coincide(data: dict[str, Any], params: Fig4Params) -> Claim:
         "inconclusive", "not testable here: the statement is about LLaMA-2-7B, which is not on this machine; "
                         f"{data['described']['source']} is described instead (pass --model PATH to judge a "
                         "real pretrained checkpoint)")
-    return Claim(name="fig4.bound_coincides", source=SRC_CAPTION, quote=QUOTE_COINCIDE,
+    return Claim(name="fig4.bound_coincides", source=SRC_CAPTION, quote=QUOTE_COINCIDE, untested=_untested(given),
                  statement="In a pretrained LLM the Frobenius bound and the nuclear norm of every head's products almost "
                            "coincide.",
                  rule=f"only on a user-given pretrained checkpoint (--model): median nuclear/bound >= "
@@ -235,7 +243,7 @@ def llama_rows(data: dict[str, Any], params: Fig4Params) -> Claim:
     verdict, reason = combine_reason(parts) if given else (
         "inconclusive", "not testable here: the statement is about LLaMA-2-7B; "
                         f"{data['described']['source']} is described instead (pass --model PATH)")
-    return Claim(name="fig4.rows_equal", source=SRC_CAPTION, quote=QUOTE_ROWS,
+    return Claim(name="fig4.rows_equal", source=SRC_CAPTION, quote=QUOTE_ROWS, untested=_untested(given),
                  statement="In a pretrained LLM the squared row norms of W_Q and W_K (W_V and the columns of P) are "
                            "mostly equal, row by row.",
                  rule=f"only on a user-given checkpoint (--model): median |log10(row ratio)| <= {params.rows_equal:g} "

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from headrank.errors import HeadRankError
+from headrank.studies.verdicts import combine
 from headrank.util.fileio import jsonable
 
 # name → (module that registers it, one-line title). Imported lazily by get().
@@ -98,7 +99,11 @@ class Claim:
     it was measured; ``exposure`` records the decay exposure λ·Σlr a training finding got (and
     needed); ``key`` is the decisive measured number(s) in one short line, as a reader compares
     them with ``expected`` (the report's and the README's "measured" cell; ``measured`` holds
-    everything, in the fold).
+    everything, in the fold). ``untested``: the command that tests the statement, set when it
+    could not be tested here (a model not on this machine); such a claim is inconclusive and its
+    statement is listed as untested, not counted among those checked. ``rule_sha256``: the hash
+    of the rule that judged it (:mod:`headrank.studies.prereg`), set by the runner;
+    ``judged_by``: the study functions that built it (recorded here, hashed there).
     """
 
     name: str
@@ -117,6 +122,9 @@ class Claim:
     quote: str = ""
     supports: str = ""
     rule: str = ""
+    untested: str = ""
+    rule_sha256: str = ""
+    judged_by: str = ""
 
     def __post_init__(self) -> None:
         if self.verdict is None:
@@ -131,7 +139,13 @@ class Claim:
             raise ValueError(f"claim {self.name}: held={self.held} contradicts verdict {self.verdict!r}")
         if self.kind == "identity" and self.verdict == "inconclusive":
             raise ValueError(f"claim {self.name}: an identity is verified or it is not")
+        if self.untested and self.verdict != "inconclusive":
+            raise ValueError(f"claim {self.name}: an untested statement has no verdict but inconclusive")
         self.held = self.verdict == "held"
+        if not self.judged_by:
+            from headrank.studies.prereg import caller
+
+            self.judged_by = caller()
 
     def to_json(self) -> dict[str, Any]:
         return jsonable(asdict(self))
@@ -167,16 +181,42 @@ def supporting(c: dict[str, Any], names: set[Any]) -> bool:
     return bool(c.get("supports")) and c["supports"] in names
 
 
+def statements(claims: list[dict[str, Any]], names: set[Any] | None = None) -> list[dict[str, Any]]:
+    """The documents' statements these claims judge, each once: the counted findings (not
+    supporting another listed claim) grouped by their row of the coverage table
+    (:mod:`headrank.studies.coverage`; a finding in no row is its own statement). A statement's
+    verdict combines its claims by the several-parts rule; one whose every claim is ``untested``
+    is ``untested`` (with the commands that would test it)."""
+    from headrank.studies.coverage import row_of
+
+    names = {c.get("name") for c in claims} if names is None else names
+    groups: dict[Any, list[dict[str, Any]]] = {}
+    for c in claims:
+        if c.get("kind", "finding") == "finding" and not supporting(c, names):
+            row = row_of(c.get("name", ""))
+            groups.setdefault(("row", row) if row is not None else ("claim", c.get("name") or id(c)), []).append(c)
+    out = []
+    for key, group in groups.items():
+        tested = [c for c in group if not c.get("untested")]
+        verdict = combine([c.get("verdict") or ("held" if c.get("held") else "not held") for c in tested]) if tested \
+            else "untested"
+        out.append({"row": key[1] if key[0] == "row" else None, "claims": [c.get("name", "") for c in group],
+                    "verdict": verdict, "untested": [c["untested"] for c in group if c.get("untested")]})
+    return out
+
+
 def tally(claims: list[dict[str, Any]], names: set[Any] | None = None) -> dict[str, Any]:
-    """Counts for a headline: the documents' findings held / not held / inconclusive (each
-    statement once: a claim that ``supports`` another listed claim is not counted again), our own checks
-    apart, identities verified / failed.
+    """Counts for a headline: the documents' statements held / not held / inconclusive, each
+    statement (a row of the coverage table) once (:func:`statements`: findings judging one
+    statement combine; a claim that ``supports`` another listed claim is not counted again),
+    statements that could not be tested here apart (``untested``), our own checks apart,
+    identities verified / failed.
 
     Takes claim dicts as written to claims.json (older files without ``kind``/``verdict`` count
     as two-way findings). ``names``: the claims reported beside these (default: these), so a
     reproduction's row of a combined report counts as the combined tally does."""
     out = {"findings": dict.fromkeys(VERDICTS, 0), "identities": {"verified": 0, "failed": 0},
-           "checks": dict.fromkeys(VERDICTS, 0), "supporting": 0}
+           "checks": dict.fromkeys(VERDICTS, 0), "supporting": 0, "untested": 0}
     names = {c.get("name") for c in claims} if names is None else names
     for c in claims:
         verdict = c.get("verdict") or ("held" if c.get("held") else "not held")
@@ -187,8 +227,11 @@ def tally(claims: list[dict[str, Any]], names: set[Any] | None = None) -> dict[s
             out["checks"][verdict] += 1
         elif supporting(c, names):
             out["supporting"] += 1
+    for st in statements(claims, names):
+        if st["verdict"] == "untested":
+            out["untested"] += 1
         else:
-            out["findings"][verdict] += 1
+            out["findings"][st["verdict"]] += 1
     return out
 
 

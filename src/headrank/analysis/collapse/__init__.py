@@ -32,6 +32,7 @@ from headrank.analysis.collapse.depth import (
     byte_batch,
     depth_sweep,
     fit_depth,
+    mlp_dose_response,
     pure_attention_config,
 )
 from headrank.analysis.collapse.measures import (
@@ -72,7 +73,7 @@ __all__ = [
     "CENTERS", "FLOOR", "INITS", "MEASURES", "NORMS", "PRIMARY", "SURGERY_VARIANTS", "VARIANT_LABELS",
     "VARIANT_SWITCHES", "WELL_KNOWN", "CollapseResult", "HFAdapter", "ProjectAdapter", "analyze", "best_row", "collapse",
     "byte_batch", "collapse_model_types", "cosine_similarity", "depth_sweep", "enumerate_paths", "fit_depth",
-    "linf_best_row", "make_adapter", "matrix_norm", "path_counts", "path_length_stats", "path_products",
+    "linf_best_row", "make_adapter", "matrix_norm", "mlp_dose_response", "path_counts", "path_length_stats", "path_products",
     "path_restricted", "path_table", "pure_attention_config", "residual", "run_variant", "save",
     "surgery_modules", "token_measures",
 ]

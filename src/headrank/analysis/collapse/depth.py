@@ -128,3 +128,38 @@ def _sweep_seed(ids: torch.Tensor, seed: int, n_layers: int, std: float, **cfg) 
     r = residual(Hs, "composite")  # (seqs, L+1)
     return {"log_rel": np.log(np.maximum(r, 1e-300)), "log10_abs": log10_abs_residual(Hs),
             "betas": [layer_beta(*attention_weights(b.attn)) for b in model.blocks]}
+
+
+def mlp_dose_response(scales: Sequence[float], init_stds: Sequence[float], n_layers: int, seeds: Sequence[int],
+                      n_seqs: int = 16, length: int = 32, d_model: int = 64, n_heads: int = 4) -> dict[str, Any]:
+    """Self-attention + MLP networks (no skip, no norm; the project's Transformer, float64,
+    random init N(0, std²)) with every MLP's output projection multiplied by ``scale`` (which
+    multiplies each MLP's Lipschitz constant by it): per init scale and MLP scale, the mean over
+    seeds × sequences of log10 ``res_composite`` (relative) at every depth 0..n_layers. A seed's
+    networks differ only in that factor (same initialisation, same sequences)."""
+    from headrank.models.transformer import Transformer
+
+    ids = byte_batch(n_seqs, length)
+    out: dict[str, Any] = {"scales": list(scales), "init_stds": list(init_stds), "seeds": list(seeds),
+                           "depths": list(range(n_layers + 1)), "log10_res": {}}
+    for std in init_stds:
+        cells = {}
+        for scale in scales:
+            logs = []
+            for seed in seeds:
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(seed)
+                    model = Transformer(pure_attention_config(n_layers, std, max_seq_len=max(64, ids.shape[1]),
+                                                              d_model=d_model, n_heads=n_heads, mlp=True))
+                model = model.double().eval()
+                with torch.no_grad():
+                    for b in model.blocks:
+                        b.mlp.proj.weight.mul_(scale)
+                        if b.mlp.proj.bias is not None:
+                            b.mlp.proj.bias.mul_(scale)
+                    _, hidden = model(ids, return_hidden=True)
+                r = residual(torch.stack(hidden, 1), "composite")  # (seqs, L+1)
+                logs.append(np.log10(np.maximum(r, 1e-300)))
+            cells[f"{scale:g}"] = np.concatenate(logs).mean(0).tolist()
+        out["log10_res"][f"{std:g}"] = cells
+    return out

@@ -16,6 +16,7 @@ from headrank.analysis.collapse import (
     depth_sweep,
     enumerate_paths,
     fit_depth,
+    mlp_dose_response,
     path_restricted,
     path_table,
     pure_attention_config,
@@ -98,6 +99,9 @@ def run(p: CollapseParams) -> dict[str, Any]:
         data["path_restricted"] = _restricted(p)
         data["bound"] = {"minilm": surgery_bound(p.model, n_seqs=p.n_seqs, max_tokens=p.max_tokens, seed=p.seed,
                                                  inits=INITS)}
+        data["mlp_dose"] = mlp_dose_response(p.dose_scales, p.dose_init_stds, max(p.dose_depths), p.sweep_seeds,
+                                             n_seqs=p.sweep_seqs, length=p.sweep_length, d_model=p.sweep_d_model,
+                                             n_heads=p.sweep_heads)
     data["path_enumeration"] = _enumeration()
     data["path_table"] = path_table().to_dict(orient="records")
     return data

@@ -24,6 +24,12 @@ class CollapseParams:
     float64 rounding noise. ``lipschitz_min_points`` / ``lipschitz_alpha``: the MLP-Lipschitz
     claim needs at least that many (layer, init) points above the floor (with fewer, a one-sided
     Spearman test at 0.05 needs a perfect ordering) and a one-sided p below alpha.
+    ``dose_*``: the MLP dose-response that judges ``collapse.mlp_lipschitz`` (fixed with that rule,
+    before its first run): attention + MLP networks (no skip, no norm) at init scales
+    ``dose_init_stds`` with every MLP output projection multiplied by each of ``dose_scales``
+    (the MLP's Lipschitz constant by the same factor), the residual read at ``dose_depths``; a
+    (init, depth) cell is judged with ``lipschitz_min_points`` scales above the floor, by the
+    one-sided Spearman test at ``lipschitz_alpha``.
     ``bound_log10_gamma``: log10 of the γ of the stated bound; None, because no text we could read
     defines it (the bound claim then reports the γ at which the inequality turns).
     """
@@ -51,6 +57,9 @@ class CollapseParams:
     lipschitz_min_points: int = 5
     lipschitz_alpha: float = 0.05
     bound_log10_gamma: float | None = None
+    dose_scales: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
+    dose_init_stds: tuple[float, ...] = (0.1, 0.2, 0.3)
+    dose_depths: tuple[int, ...] = (2, 3, 4, 6)
 
     @classmethod
     def quick(cls) -> CollapseParams:

@@ -31,15 +31,14 @@ def fig2_panels(data: dict[str, Any]) -> Any:
         label = f"λ = {lam:g} (exposure {data['exposure'][key]['attn']:.1f})"
         axes[0, 0].plot(ov["step"], ov["effective_rank"], color=c, label=label)
         axes[0, 0].plot(ov["step"], ov["rank"], color=c, ls=":", lw=1)
-        axes[0, 1].semilogy(ov["step"], np.maximum(np.asarray(ov["balance_rel"], float), 1e-12), color=c, label=label)
+        axes[0, 1].semilogy(ov["step"], np.maximum(np.asarray(ov["balance"], float), 1e-12), color=c, label=label)
         axes[1, 0].semilogy(ov["step"], np.maximum(np.asarray(ov["gap_rel"], float), 1e-12), color=c, label=label)
         tc = data["training"][key][seed]
         axes[1, 1].plot(tc["step"], tc["loss"], color=c, label=label)
     axes[0, 0].set_title(r"rank of $P W_V$, layer 1 (solid: effective, dotted: numerical $\tau=10^{-3}$)",
                          fontsize=10)
     axes[0, 0].set_ylabel("mean over heads")
-    axes[0, 1].set_title(r"$\|P^\top P - W_V W_V^\top\|_F\,/\,(\|P^\top P\|_F + \|W_V W_V^\top\|_F)$, layer 1",
-                         fontsize=10)
+    axes[0, 1].set_title(r"$\|P^\top P - W_V W_V^\top\|_F$, layer 1 (mean over heads)", fontsize=10)
     axes[1, 0].set_title(r"(bound $-$ nuclear) / bound of $P W_V$, layer 1", fontsize=10)
     axes[1, 0].axhline(GAP_TOL, color="0.5", ls="--", lw=1)
     axes[1, 1].set_title("training loss (fresh batches)", fontsize=10)

@@ -15,9 +15,15 @@ class Fig2Params:
     Adam steps, which spike once the loss reaches 0, shrink with it); decay
     ``other_weight_decay`` on every other matrix. A λ is judged only when its decay exposure
     λ·Σlr reaches ``min_exposure`` time constants (λ = 0 is the control). Fixed before the run
-    (pre-registered): the decay rate of the relative imbalance is fitted over the tracked steps
-    ≤ ``fit_until`` · steps, and "vanishes" means final/initial ≤ ``vanish_ratio`` (one order of
-    magnitude); "early stages" means within the first ``early_fraction`` of the steps.
+    (pre-registered): the decay rate of the imbalance ‖PᵀP − W_V W_Vᵀ‖_F (the quantity the paper's
+    centre panel plots; the relative imbalance is supporting evidence) is fitted over the tracked
+    steps ≤ ``fit_until`` · steps, and "vanishes" means final/initial ≤ ``vanish_ratio`` (one order
+    of magnitude). "Early stages" (``fig2.early_stages``) is counted in decay exposure, not in
+    steps: by the first tracked step whose exposure λ·Σlr reaches ``early_exposure`` time
+    constants, the relative gap between the two objectives, (bound − nuclear)/bound, is at most
+    ``early_gap_share`` of its step-0 value (set with this rule, see docs/METHODS.md §4).
+    ``early_fraction`` judged an earlier, step-based version of that claim; it is kept so that
+    stored runs read back, and no rule reads it.
 
     The horizon study (constant lr, recall with ``horizon_label_noise``, so the loss cannot reach
     0): ``horizon_lambdas`` × ``horizon_seeds`` for ``horizon_steps`` steps, fixed before any run
@@ -39,6 +45,8 @@ class Fig2Params:
     fit_until: float = 0.5
     vanish_ratio: float = 0.1
     early_fraction: float = 0.25
+    early_exposure: float = 1.0
+    early_gap_share: float = 0.5
     horizon_lambdas: tuple[float, ...] = (0.0, 0.1, 0.3, 1.0, 3.0)
     horizon_seeds: tuple[int, ...] = (0, 1, 2)
     horizon_steps: int = 10_100

@@ -34,6 +34,9 @@ class ScaleParams:
     evals: int = 80  # full evaluations per run (the tail's 20 average out SGD's fluctuations)
     tail: float = 0.25  # fraction of the run the tail means are taken over
     verdict_inputs: int = 64  # test images the per-tensor scale test runs on
+    # "not changed" (scale.optimal_loss_unchanged, scale.free_to_overfit): within this share of the
+    # lambda = 0 test loss, an equivalence margin fixed with those rules before their runs
+    no_change_margin: float = 0.1
 
     @classmethod
     def quick(cls) -> ScaleParams:

@@ -1,0 +1,155 @@
+"""Write docs/preregistration.json: for every claim, the hash of its rule per profile and the
+commit at which that rule was first fixed, and whether it changed after the stored run.
+
+    PYTHONPATH=src python docs/preregistration.py            # rewrite docs/preregistration.json
+    PYTHONPATH=src python docs/preregistration.py --check    # exit 1 if the file is not what the code gives
+
+The claims are enumerated by judging the test suite's synthetic data (tests/studies) and short
+real runs of fig1 and scale (their claims need a run; the data never enter a hash). A claim's
+``rule_sha256`` (headrank.studies.prereg) depends only on its code and its profile's params.
+
+"First fixed" is found in the git history: the oldest commit of the unbroken run of commits,
+ending at HEAD, in which the claim's judging functions (with the module functions they call and
+the module's upper-case constants) read the same as now, the package rename attnrank -> headrank
+undone. Params changes are not seen by that walk; the ones on the record are added by hand
+(PARAM_CHANGES). A rule whose first-fixed commit is not an ancestor of (or equal to) the commit
+that made a profile's stored run changed after that run: a departure (docs/METHODS.md §4).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "docs" / "preregistration.json"
+
+#: the commit whose code made each profile's stored run (docs/claims_{quick,full}.md), as the
+#: record shows it (README, commit messages). "at or before": the record gives only an upper bound.
+STORED_RUNS = {
+    "quick": {"collapse": ("2b98701", "ran with this code"), "decouple": ("2b98701", "ran with this code"),
+              "fig3": ("16ea643", "at or before: the quick record names no commit; the full runs' commit"),
+              "table1": ("16ea643", "at or before: as fig3"), "compress": ("16ea643", "at or before: as fig3"),
+              "fig1": ("c3962e7", "at or before: runs made by earlier versions, last measured there"),
+              "fig2": ("c3962e7", "at or before: as fig1"), "fig4": ("c3962e7", "at or before: as fig1"),
+              "fig5": ("c3962e7", "at or before: as fig1"), "scale": ("c3962e7", "at or before: as fig1")},
+    "full": {"collapse": ("2b98701", "ran with this code"), "decouple": ("2b98701", "ran with this code"),
+             "fig3": ("16ea643", "README: fig3, table1 and compress were run from commit 16ea643"),
+             "table1": ("16ea643", "as fig3"), "compress": ("16ea643", "as fig3"),
+             "fig1": ("c3962e7", "at or before: 'from earlier commits', last measured there"),
+             "fig2": ("c3962e7", "at or before: as fig1"), "fig4": ("c3962e7", "at or before: as fig1"),
+             "fig5": ("c3962e7", "at or before: as fig1"), "scale": ("c3962e7", "at or before: as fig1")},
+}
+
+#: rule changes made in params (thresholds, horizons, grids), which the code walk does not see
+PARAM_CHANGES = {
+    "fig2.gap_vanishes": ("1dca472", "horizon cut from 6,000 to 2,000 steps after the longer runs were seen"),
+    "fig2.sgd_control": ("41ced41", "eta 0.05 -> 0.01 after a trial at 0.05 missed the rule"),
+    "fig5.eps_sweep": ("823bce5", "the eps = 3 point"),
+}
+
+
+def git(*args: str) -> str:
+    return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=True).stdout
+
+
+def static_digest(source: str, funcs: list[str]) -> str | None:
+    """:func:`headrank.studies.prereg.static_digest` with the package rename undone."""
+    from headrank.studies.prereg import static_digest as digest
+
+    return digest(source.replace("attnrank", "headrank").replace("AttnRankError", "HeadRankError"), funcs)
+
+
+def first_fixed(judged_by: str) -> str:
+    """The oldest commit since which every judging module reads the same (see the docstring)."""
+    found = []
+    for spec in (s for s in judged_by.split(",") if s):
+        mod, func = spec.split(":")
+        path = "src/" + mod.replace(".", "/") + ".py"
+        if not (ROOT / path).exists():
+            path = path[:-3] + "/__init__.py"
+        now = static_digest(git("show", f"HEAD:{path}"), [func.split(".")[0]])
+        log = git("log", "--format=%h", "--follow", "--name-only", "--", path).split()
+        pairs = list(zip(log[::2], log[1::2], strict=True))
+        fixed = pairs[0][0]
+        for commit, p in pairs:
+            if static_digest(git("show", f"{commit}:{p}"), [func.split(".")[0]]) != now:
+                break
+            fixed = commit
+        found.append(fixed)
+    return latest(found)
+
+
+def is_ancestor(a: str, b: str) -> bool:
+    return subprocess.run(["git", "-C", str(ROOT), "merge-base", "--is-ancestor", a, b]).returncode == 0
+
+
+def latest(commits: list[str]) -> str:
+    out = commits[0]
+    for c in commits[1:]:
+        if is_ancestor(out, c):
+            out = c
+    return out
+
+
+def probe_claims() -> dict[str, list]:
+    """Every study's claims on synthetic data (fig1, scale: short real runs), by study."""
+    sys.path.insert(0, str(ROOT))
+    from dataclasses import replace
+
+    from tests.studies import test_compress, test_coverage
+
+    from headrank.studies.registry import get
+    from headrank.util.fileio import jsonable
+
+    by: dict[str, list] = {}
+    for c in test_coverage._all_claims():
+        by.setdefault(c.name.split(".")[0], []).append(c)
+    compress = get("compress").study
+    by["compress"] = compress.claims(test_compress._data([1.0, 1.2], [0.5, 0.6]), compress.params.quick())
+    for name, small in (("fig1", {}), ("scale", {"steps": 200, "evals": 8, "windows": 8})):
+        study = get(name).study
+        p = replace(study.params.quick(), **small)
+        data = json.loads(json.dumps(jsonable(study.run(p))))
+        by[name] = study.claims(data, p)
+    return by
+
+
+def build() -> dict:
+    from headrank.studies import prereg
+    from headrank.studies.registry import get
+
+    out: dict = {"about": __doc__.split("\n\n")[0].strip(), "stored_runs": STORED_RUNS, "claims": {}}
+    for study, claims in sorted(probe_claims().items()):
+        entry = get(study).study
+        profiles = {p: getattr(entry.params, p)() for p in ("quick", "full")}
+        for c in claims:
+            fixed = first_fixed(c.judged_by)
+            note = ""
+            if c.name in PARAM_CHANGES:
+                pc, note = PARAM_CHANGES[c.name]
+                fixed = latest([fixed, pc])
+            row = {"judged_by": c.judged_by, "first_fixed": fixed, "note": note,
+                   "rule_sha256": {k: prereg.rule_sha256(c.name, c.judged_by, p) for k, p in profiles.items()}}
+            row["changed_after_stored_run"] = {k: not is_ancestor(fixed, STORED_RUNS[k][study][0])
+                                               for k in profiles}
+            out["claims"][c.name] = row
+    return out
+
+
+def main(argv: list[str]) -> int:
+    data = build()
+    text = json.dumps(data, indent=1, sort_keys=True) + "\n"
+    if "--check" in argv:
+        same = OUT.exists() and OUT.read_text() == text
+        print("docs/preregistration.json matches the code" if same else "docs/preregistration.json is stale")
+        return 0 if same else 1
+    OUT.write_text(text)
+    print(f"wrote {OUT} ({len(data['claims'])} claims)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
