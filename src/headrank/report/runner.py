@@ -139,6 +139,17 @@ def _mark_rule_changes(claims: list[dict[str, Any]], old: list[dict[str, Any]] |
         c["rule_changed_after_run"] = None if not at_run else at_run != c["rule_sha256"]
 
 
+def _encoded_figures(figs: Any) -> tuple[list[dict[str, Any]], dict[str, bytes]]:
+    """Each figure as PNG bytes (for its file) and base64 (for the report)."""
+    figures, pngs = [], {}
+    for f in figs:
+        png = _png_bytes(f.figure)
+        pngs[f"{f.name}.png"] = png
+        figures.append({"name": f.name, "caption": f.caption,
+                        "png_base64": base64.b64encode(png).decode("ascii")})
+    return figures, pngs
+
+
 def run(name: str, out: str | Path, *, quick: bool = False, replot: bool = False,
         overrides: dict[str, Any] | None = None, profile: str | None = None) -> RunSummary:
     """Run reproduction ``name`` and write its report, claims, data and figures into ``out``.
@@ -160,12 +171,7 @@ def run(name: str, out: str | Path, *, quick: bool = False, replot: bool = False
     result, facts = _evaluate(name, out, quick=quick, replot=replot, overrides=overrides, profile=profile)
     runtime = facts["runtime_s"]
 
-    figures, pngs = [], {}
-    for f in result.figures:
-        png = _png_bytes(f.figure)
-        pngs[f"{f.name}.png"] = png
-        figures.append({"name": f.name, "caption": f.caption,
-                        "png_base64": base64.b64encode(png).decode("ascii")})
+    figures, pngs = _encoded_figures(result.figures)
 
     claims = [c.to_json() for c in result.claims]
     _mark_rule_changes(claims, _read_json(out / "claims.json", name) if replot else None)
