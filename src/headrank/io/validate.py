@@ -101,7 +101,14 @@ def regular_file(path: str | os.PathLike, what: str = "file") -> Path:
         raise HeadRankError(f"{p} is a directory, not a {what}")
     if not stat.S_ISREG(st.st_mode):
         raise HeadRankError(f"{p} is not a regular file ({_kind(st.st_mode)}): refusing to read it as a {what}")
+    real = os.path.realpath(p)
+    if any(real == top or real.startswith(top + os.sep) for top in PSEUDO_FS):
+        raise HeadRankError(f"{p} is a file of the kernel's {real.split(os.sep)[1]} file system ({real}), whose "
+                            f"size says nothing of what it yields: refusing to read it as a {what}")
     return p
+
+
+PSEUDO_FS = ("/proc", "/sys")  # "regular" files there (/proc/self/pagemap) never end or lie about their size
 
 
 def _kind(mode: int) -> str:
