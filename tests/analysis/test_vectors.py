@@ -64,7 +64,6 @@ def test_vectors_are_filled_in_place_and_empty_results_save(tmp_path, monkeypatc
     its tables and describes as an empty frame."""
     import dataclasses
 
-
     from headrank.analysis import scan
 
     calls = []
