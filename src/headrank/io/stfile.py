@@ -113,7 +113,7 @@ class SafetensorsFile(StampedFile):
                                 f"{JSON_CAPS['safetensors header'] >> 20} MiB a header may have")
         header = parse_json(self.pread(n, 8), "safetensors header", self.path)
         self._data = 8 + n
-        return safetensors_entries(header, size - self._data, self.path)
+        return safetensors_entries(header, size - self._data, f"cannot read {self.path}")
 
     def keys(self) -> list[str]:
         return list(self._entries)
