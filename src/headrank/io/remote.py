@@ -10,7 +10,9 @@ Sources (:func:`open_remote`):
 - an ``http(s)://`` URL of a checkpoint directory (``config.json`` + ``model.safetensors`` or a
   sharded ``model.safetensors.index.json``), of one ``.safetensors`` file (its sibling
   ``config.json``, or ``config=`` a local one), or of a ``.gguf`` file. The Hub token is sent
-  only to the Hub endpoint's own host.
+  only over https to the Hub endpoint's exact scheme, host and port
+  (:func:`headrank.io.httpio.sends_token`), and every URL shown or stored is redacted
+  (:mod:`headrank.util.redact`; docs/remote-security.md).
 
 What is fetched: ``config.json``, the shard index, each safetensors header (8 bytes, then the
 header's own length), then only the tensors the reader asks for (the attention projections of
@@ -18,7 +20,8 @@ one layer at a time, the next layer prefetched by :mod:`headrank.analysis.scan`,
 tensors fetched concurrently; the norm gains with ``fold_norm``), each as one ranged GET into
 memory. No weight is written to disk. A GGUF
 header has no length prefix: it is fetched in growing chunks (1 MiB, x4 each time, at most
-:data:`MAX_GGUF_HEADER`) into a sparse temporary file that only ``gguf.GGUFReader`` parses
+:data:`headrank.io.gguf.MAX_GGUF_HEADER`, the header's caps checked on each chunk) into a sparse
+temporary file that only ``gguf.GGUFReader`` parses
 (metadata, never tensor data; deleted at once) until the parsed header ends inside what was
 fetched.
 
@@ -29,7 +32,10 @@ the ``Content-Range`` asked for and exactly that many bytes. A dropped connectio
 short body or a 5xx answer is retried (:data:`RETRIES` more tries, waits from
 :data:`BACKOFF_S` doubling), then fails with one line; wrong numbers are never returned. A
 server that ignores ``Range`` (``200`` with the whole file) is refused unless ``allow_full``:
-then each such file is downloaded whole, once, into a temporary file deleted on close.
+then each such file is downloaded whole, once, into a temporary file deleted on close, if its
+``Content-Length`` is within ``--max-bytes``. Every request has a total deadline besides the read
+timeout (:func:`headrank.io.httpio.deadline_s`). JSON (config, index, headers) is bounded per kind
+and parsed within a memory budget (:func:`headrank.io.validate.parse_json`).
 
 ``Transfer.stats`` (``meta.json``'s ``remote``) counts every byte received: tensors, metadata,
 requests, retries, and the share of the checkpoint's weight files that was fetched.
