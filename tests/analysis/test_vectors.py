@@ -57,3 +57,23 @@ def test_spectra_vectors_writes_vectors_npz(tmp_path):
         assert z["layers"].tolist() == [0, 1]
     r = analyze(tmp_path / "m")
     assert r.vectors is None  # off by default: nothing extra computed
+
+
+def test_vectors_are_filled_in_place_and_empty_results_save(tmp_path, monkeypatch):
+    """No final stacking copy of the vectors (np.stack is not called on them); a 0-row result saves
+    its tables and describes as an empty frame."""
+    import dataclasses
+
+    from headrank.analysis import scan
+
+    calls = []
+    real = np.stack
+    monkeypatch.setattr(scan.np, "stack", lambda arrs, *a, **k: calls.append(len(arrs)) or real(arrs, *a, **k))
+    r = scan.analyze("minilm", layers="0,1", rotary=False, vectors=True)
+    assert len(calls) == 2 + 4  # singular values (qk, ov) and row norms (q, k, v, p): never the vectors
+    assert r.vectors["qk"]["u"].shape[:2] == (2, 12)
+    empty = dataclasses.replace(r, table=r.table.iloc[:0], sv={k: v[:0] for k, v in r.sv.items()},
+                                row_norms={k: v[:0] for k, v in r.row_norms.items()}, vectors=None)
+    names = sorted(p.name for p in empty.save(tmp_path / "o"))
+    assert names == ["heads.csv", "meta.json", "spectra.npz", "summary.csv"]
+    assert empty.describe().empty

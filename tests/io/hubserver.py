@@ -17,8 +17,13 @@ Serves checkpoints the caller wrote, laid out as the Hugging Face Hub lays them 
 Faults, for the tests of bad servers: ``fault(path, start, end)`` may return ``"drop"`` (send
 the headers and half the body, then close the connection), ``"norange"`` (ignore Range: 200
 and the whole file), ``"short"`` (a 206 whose Content-Range and body are shorter than asked),
-or None. ``loop`` makes every resolve URL redirect to itself. ``bandwidth`` (bytes/s) limits
-all bodies together. ``sent`` counts body bytes sent, ``log`` every request.
+``"drip"`` (send the body one byte per ``drip_s`` seconds, bounded by ``drip_bytes``), or None.
+``loop`` makes every resolve URL redirect to itself. ``bandwidth`` (bytes/s) limits all bodies
+together. ``sent`` counts body bytes sent, ``log`` every request, ``auth`` the Authorization
+header of every request (None when absent). ``move(repo, branch, directory)`` points a branch
+at a new commit (the old commit keeps serving its files, as on the Hub); ``before_read`` is
+called with (repo, revision, file) before a resolve answer (a test moves a branch there).
+``tls`` (a :func:`self_signed` pair): serve https.
 Use as a context manager; ``stop()`` shuts it down in bounded time (daemon threads, socket
 timeouts).
 """
@@ -40,10 +45,15 @@ CHUNK = 64 * 1024
 
 
 class HubServer:
-    def __init__(self, root: Path | None = None, bandwidth: float | None = None):
+    def __init__(self, root: Path | None = None, bandwidth: float | None = None,
+                 tls: tuple[Path, Path] | None = None):
         self.root = root
         self.repos: dict[str, dict[str, Path]] = {}  # repo id -> {revision: directory}
-        self.commits: dict[tuple[str, str], str] = {}
+        self.commits: dict[tuple[str, str], str] = {}  # (repo, branch) -> the commit it points at now
+        self.trees: dict[tuple[str, str], Path] = {}  # (repo, commit) -> directory, every commit ever made
+        self.auth: list[str | None] = []
+        self.before_read: Callable[[str, str, str], None] | None = None
+        self.drip_s, self.drip_bytes = 1.0, 1 << 20
         self.token: str | None = None
         self.gated: set[str] = set()
         self.loop = False
@@ -55,17 +65,36 @@ class HubServer:
         self._next = time.perf_counter()
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.httpd.daemon_threads = True
+        self.httpd.handle_error = lambda request, client_address: None  # a client that hangs up: quiet
+        self.scheme = "http"
+        if tls is not None:
+            import ssl
+
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(str(tls[0]), str(tls[1]))
+            self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True)
+            self.scheme = "https"
         self._thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        return f"{self.scheme}://127.0.0.1:{self.httpd.server_address[1]}"
 
     def add(self, repo_id: str, revision: str, directory: Path) -> str:
         """Serve ``directory`` as ``repo_id`` at ``revision``; its made-up commit id."""
         self.repos.setdefault(repo_id, {})[revision] = Path(directory)
         sha = hashlib.sha1(f"{repo_id}@{revision}".encode()).hexdigest()
         self.commits[(repo_id, revision)] = sha
+        self.trees[(repo_id, sha)] = Path(directory)
+        return sha
+
+    def move(self, repo_id: str, revision: str, directory: Path) -> str:
+        """Point branch ``revision`` at a new commit holding ``directory``; the new commit id."""
+        with self._lock:
+            sha = hashlib.sha1(f"{repo_id}@{revision}:{len(self.trees)}:{directory}".encode()).hexdigest()
+            self.repos[repo_id][revision] = Path(directory)
+            self.commits[(repo_id, revision)] = sha
+            self.trees[(repo_id, sha)] = Path(directory)
         return sha
 
     def reset(self) -> None:
@@ -110,10 +139,7 @@ class HubServer:
         revs = self.repos.get(repo_id, {})
         if rev in revs:
             return revs[rev]
-        for (r, name), sha in self.commits.items():
-            if r == repo_id and sha == rev:
-                return revs[name]
-        return None
+        return self.trees.get((repo_id, rev))
 
 
 _RESOLVE = re.compile(r"^/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<file>.+)$")
@@ -139,6 +165,7 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
         def _serve(self, body: bool) -> None:
             path = unquote(urlsplit(self.path).path)
             server.log.append((self.command, path, self.headers.get("Range")))
+            server.auth.append(self.headers.get("Authorization"))
             if m := _REFS.match(path):
                 return self._refs(m["repo"])
             if path.startswith("/files/") and server.root is not None:
@@ -152,6 +179,8 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
             repo, rev, name = m["repo"], m["rev"], m["file"]
             if not self._authorised(repo):
                 return None
+            if server.before_read is not None:
+                server.before_read(repo, rev, name)
             if server.loop:
                 return self._redirect(self.path)
             d = server.revision_dir(repo, rev)
@@ -160,17 +189,12 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
             f = (d / name).resolve()
             if not f.is_relative_to(d.resolve()) or not f.is_file():
                 return self._error(404, "EntryNotFound")
-            extra = {"X-Repo-Commit": server.commits[(repo, self._branch(repo, rev))], "ETag": f'"{_etag(f)}"'}
+            sha = server.commits.get((repo, rev), rev)  # a branch: its commit now; a commit: itself
+            extra = {"X-Repo-Commit": sha, "ETag": f'"{_etag(f)}"'}
             if path.startswith("/cdn/") or not name.endswith((".safetensors", ".gguf")):
                 return self._file(f, body, path, extra)
             sha = extra["X-Repo-Commit"]
             return self._redirect(f"/cdn/{repo}/{sha}/{name}", {**extra, "X-Linked-Size": str(f.stat().st_size)})
-
-        def _branch(self, repo: str, rev: str) -> str:
-            for (r, name), sha in server.commits.items():
-                if r == repo and rev in (name, sha):
-                    return name
-            return rev
 
         def _authorised(self, repo: str) -> bool:
             if repo not in server.repos:
@@ -220,7 +244,10 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
             size = f.stat().st_size
             headers = {"Accept-Ranges": "bytes", "Content-Type": "application/octet-stream", **(extra or {})}
             rng = _parse_range(self.headers.get("Range"), size)
-            fault = server.fault(path, *rng) if server.fault and rng else None
+            if server.fault is None or rng == "unsatisfiable":
+                fault = None
+            else:
+                fault = server.fault(path, *(rng if rng is not None else (-1, -1)))
             if rng is None or fault == "norange":
                 start, end, code = 0, size, 200
             elif rng == "unsatisfiable":
@@ -231,6 +258,8 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
                     end = start + max((end - start) // 2, 1)
                 headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
             headers["Content-Length"] = str(end - start)
+            if fault == "drip":
+                return self._drip(code, headers, f, start, end)
             self.send_response(code)
             for k, v in headers.items():
                 self.send_header(k, v)
@@ -252,7 +281,27 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
                 self.close_connection = True
                 self.connection.shutdown(2)
 
+        def _drip(self, code: int, headers: dict[str, str], f: Path, start: int, end: int) -> None:
+            self.send_response(code)
+            for k, v in headers.items():
+                self.send_header(k, v)
+            self.end_headers()
+            try:
+                _drip_body(self, server, f, start, end)
+            except OSError:  # the client gave up
+                self.close_connection = True
+
     return Handler
+
+
+def _drip_body(handler: Any, server: HubServer, f: Path, start: int, end: int) -> None:
+    with open(f, "rb") as fh:
+        fh.seek(start)
+        for _ in range(min(end - start, server.drip_bytes)):
+            handler.wfile.write(fh.read(1))
+            handler.wfile.flush()
+            server.count(1)
+            time.sleep(server.drip_s)
 
 
 def _parse_range(value: str | None, size: int) -> tuple[int, int] | str | None:
@@ -274,3 +323,30 @@ def _parse_range(value: str | None, size: int) -> tuple[int, int] | str | None:
 def _etag(f: Path) -> str:
     st = f.stat()
     return hashlib.sha1(f"{f}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()
+
+
+def self_signed(directory: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and its key (PEM files in ``directory``), for ``HubServer(tls=...)``;
+    a client trusts it with ``SSL_CERT_FILE`` set to the certificate."""
+    import datetime as dt
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = dt.datetime.now(dt.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+            .sign(key, hashes.SHA256()))
+    crt, pem = directory / "server.crt", directory / "server.key"
+    crt.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    pem.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL,
+                                      serialization.NoEncryption()))
+    return crt, pem

@@ -215,3 +215,17 @@ def test_bpe_vocab_is_bounded():
     with pytest.raises(HeadRankError, match=f"bpe_vocab must be at most {MAX_BPE_VOCAB}, got 1000000000"):
         LMTaskConfig(tokenizer="bpe", bpe_vocab=1_000_000_000)
     assert LMTaskConfig(tokenizer="bpe", bpe_vocab=MAX_BPE_VOCAB).vocab_size == MAX_BPE_VOCAB
+
+
+def test_a_corpus_link_to_a_kernel_file_is_refused_before_reading(tmp_path):
+    """/proc/self/pagemap says it is a regular file of 0 bytes and yields gigabytes: refused at once."""
+    import os
+
+    from headrank.models import data
+
+    if not os.path.exists("/proc/self/pagemap"):
+        pytest.skip("no /proc on this system")
+    (tmp_path / "real.txt").write_text("\n\n".join(f"document {i} with words" for i in range(60)))
+    (tmp_path / "pagemap.txt").symlink_to("/proc/self/pagemap")
+    with pytest.raises(HeadRankError, match="pagemap.txt is a file of the kernel's proc file system"):
+        data.read_corpus(tmp_path)

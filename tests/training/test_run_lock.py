@@ -82,10 +82,21 @@ def test_a_killed_sweep_takes_its_workers_and_a_rerun_never_shares_a_run(tmp_pat
             "--set", "steps=500", "--set", "checkpoint_every=25", "--set", "track_every=25"]
     main = subprocess.Popen(_cmd(*args), env=_env(), stderr=subprocess.PIPE, text=True)
     runs = out / "runs"
+    stopped: dict[str, int] = {}
+
+    def pause_each_run_at_its_first_checkpoint() -> bool:
+        # a worker is stopped (SIGSTOP) as soon as its run has a checkpoint, so that under load one
+        # run cannot finish before the other has started: the kill below always finds both running
+        for r in runs.iterdir() if runs.is_dir() else ():
+            if r.name not in stopped and latest_checkpoint(r) is not None:
+                pid = int((r / LOCK).read_text())
+                os.kill(pid, signal.SIGSTOP)
+                stopped[r.name] = pid
+        return len(stopped) == 2
+
     try:
-        _wait(lambda: runs.is_dir() and len([r for r in runs.iterdir() if latest_checkpoint(r)]) == 2,
-              "a checkpoint in both runs", limit=180)
-        workers = [int((r / LOCK).read_text()) for r in sorted(runs.iterdir())]
+        _wait(pause_each_run_at_its_first_checkpoint, "a checkpoint in both runs", limit=300)
+        workers = [stopped[r.name] for r in sorted(runs.iterdir())]
         assert all(_alive(w) for w in workers) and main.pid not in workers
         second = subprocess.run(_cmd(*args), env=_env(), capture_output=True, text=True, timeout=120)
         _one_line(second, f"run directory {out} is being written by another process (pid {main.pid})")

@@ -20,6 +20,8 @@ def describe(table: pd.DataFrame, meta: dict[str, Any]) -> pd.DataFrame:
     ``head_dim``, then ``qk_METRIC`` and ``ov_METRIC`` for every numeric metric of the table
     (mean over the layer's heads; what moves first: effective rank, k90, k99, stable rank,
     gap/bound, balance, numerical rank, then the norms)."""
+    if table.empty or not {"layer", "product", "head", "head_dim"} <= set(table.columns):  # no rows: no layers
+        return pd.DataFrame(columns=["layer", "source", "model_type", "heads", "head_dim"])
     skip = {"layer", "head", "kv_head", "product", "head_dim", "finite"}
     metrics = [c for c in table.columns if c not in skip and pd.api.types.is_numeric_dtype(table[c])]
     metrics = [m for m in LEAD if m in metrics] + [m for m in metrics if m not in LEAD]

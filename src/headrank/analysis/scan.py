@@ -405,7 +405,10 @@ class _Vectors:
         if need > memory_bytes() / 4:
             raise HeadRankError(f"singular vectors of {n_layers} layers need {need / 2**30:.1f} GiB, more than a "
                                 "quarter of this machine's memory: select fewer `layers`")
-        self.parts: dict[str, dict[str, list[np.ndarray]]] = {p: {"u": [], "s": [], "v": []} for p in PRODUCTS}
+        # each array allocated once, at the first layer, and filled layer by layer: no final stacking
+        # copy beyond the guard above
+        self.n_layers, self.done = n_layers, 0
+        self.parts: dict[str, dict[str, np.ndarray]] = {p: {} for p in PRODUCTS}
 
     def add(self, hw: HeadWeights) -> None:
         from headrank.core.linalg import product_svd
@@ -413,10 +416,15 @@ class _Vectors:
         for product, (a, b) in (("qk", hw.qk_factors()), ("ov", hw.ov_factors())):
             u, s, v = product_svd(a, b)
             for key, x in (("u", u), ("s", s), ("v", v)):
-                self.parts[product][key].append(x.to(torch.float32).numpy())
+                arr = x.to(torch.float32).numpy()
+                into = self.parts[product].get(key)
+                if into is None:
+                    into = self.parts[product][key] = np.empty((self.n_layers, *arr.shape), dtype=np.float32)
+                into[self.done] = arr
+        self.done += 1
 
     def arrays(self) -> dict[str, dict[str, np.ndarray]]:
-        return {p: {k: np.stack(v) for k, v in d.items()} for p, d in self.parts.items()}
+        return {p: {k: v[:self.done] for k, v in d.items()} for p, d in self.parts.items()}
 
 
 def _table(frames: list[pd.DataFrame]) -> pd.DataFrame:
@@ -521,7 +529,7 @@ def save(result: SpectraResult, out: str | os.PathLike, *, plots: bool = True,
     for it. Without one (or if it fails) the figures are drawn here.
     """
     out = prepare_out_dir(out)
-    data = figure_data(result) if plots else None
+    data = figure_data(result) if plots and len(result.table) else None  # no rows: tables only, no figures
     sent = figures is not None and data is not None and figures.submit(data, out)
     try:
         written = [

@@ -51,7 +51,7 @@ import json
 import os
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +85,7 @@ class SeriesItem:
     source: str
     revision: str | None = None
     remote: bool = False  # a Hub revision read over HTTP ranges (headrank.io.remote)
+    commit: str | None = None  # remote: the commit the architecture check read, and the analysis reads
 
 
 def _trailing_int(text: str) -> int | None:
@@ -198,7 +199,7 @@ def resolve_series(series: str | os.PathLike | Sequence[str | os.PathLike],
             items = [SeriesItem(_safe(p.name), _dir_step(p, i), str(p)) for i, p in enumerate(paths)]
     labels = [it.label for it in items]
     if len(set(labels)) != len(labels):  # same directory names (e.g. .../run_a/final, .../run_b/final)
-        items = [SeriesItem(f"{i:04d}-{it.label}", it.step, it.source, it.revision) for i, it in enumerate(items)]
+        items = [replace(it, label=f"{i:04d}-{it.label}") for i, it in enumerate(items)]
     return sorted(items, key=lambda it: (it.step, it.label))
 
 
@@ -236,29 +237,76 @@ def _identity(origin: dict[str, Any]) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
 
 
-def _architecture(item: SeriesItem, identities: dict[str, str] | None = None) -> dict[str, Any]:
+def vanished(item: SeriesItem | dict[str, Any]) -> bool:
+    """A local checkpoint that no longer exists (a training run rotated it away meanwhile)."""
+    it = item if isinstance(item, dict) else asdict(item)
+    return not it.get("remote") and it.get("revision") is None and not os.path.lexists(it["source"])
+
+
+def _architecture(item: SeriesItem) -> tuple[dict[str, Any], str, str | None] | None:
+    """The architecture of one checkpoint, its identity and (remote) the commit read; None for a
+    local checkpoint that vanished meanwhile."""
     from headrank.io.sources import open_reader
 
-    r = open_reader(item.source, revision=item.revision, remote=item.remote)
-    d = r.dims
-    if identities is not None:
-        identities[item.label] = _identity(getattr(r, "origin", None) or {})
-    return {"model_type": r.ckpt.config.get("model_type") or r.layout.model_types[0], "n_layers": d.n_layers,
-            "n_heads": d.n_heads, "n_kv_heads": d.n_kv_heads, "head_dim": d.head_dim, "d_model": d.d}
+    try:
+        r = open_reader(item.source, revision=item.commit or item.revision, remote=item.remote)
+    except HeadRankError:
+        if vanished(item):
+            return None
+        raise
+    try:
+        d = r.dims
+        origin = getattr(r, "origin", None) or {}
+        commit = (origin.get("hub") or {}).get("commit") if item.remote else None
+        arch = {"model_type": r.ckpt.config.get("model_type") or r.layout.model_types[0], "n_layers": d.n_layers,
+                "n_heads": d.n_heads, "n_kv_heads": d.n_kv_heads, "head_dim": d.head_dim, "d_model": d.d}
+        return arch, _identity(origin), commit
+    finally:
+        r.ckpt.close()
 
 
-def check_architectures(items: list[SeriesItem], identities: dict[str, str] | None = None) -> dict[str, Any]:
-    """Open every checkpoint (config only) and require one architecture; return it. ``identities``
-    (a dict) receives each checkpoint's identity (resolved path, file sizes and times) by label."""
+ARCH_THREADS = 8  # architecture checks at once (each a few small requests for a remote revision)
+
+
+def check_architectures(items: list[SeriesItem], identities: dict[str, str] | None = None,
+                        progress: Callable[[int, int], None] | None = None,
+                        commits: dict[str, str] | None = None) -> dict[str, Any]:
+    """Open every checkpoint (config and headers only, :data:`ARCH_THREADS` at a time) and require
+    one architecture; return it. ``identities`` (a dict) receives each checkpoint's identity
+    (resolved path, file sizes and times, a remote revision's commit) by label, ``commits`` the
+    commit each remote revision was checked at (the analysis reads that very commit);
+    ``progress(done, total)`` follows the checks."""
     if not items:
         raise HeadRankError("the series holds no checkpoints")
-    first = _architecture(items[0], identities)
-    for it in items[1:]:
-        a = _architecture(it, identities)
+    from concurrent.futures import ThreadPoolExecutor
+
+    found: dict[str, tuple[dict[str, Any], str, str | None] | None] = {}
+    with ThreadPoolExecutor(min(ARCH_THREADS, len(items)), thread_name_prefix="headrank-arch") as pool:
+        futures = [pool.submit(_architecture, it) for it in items]
+        try:
+            for it, fut in zip(items, futures, strict=True):  # in order: the first failure is the one named
+                found[it.label] = fut.result()
+                if progress:
+                    progress(len(found), len(items))
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise
+    there = [it for it in items if found[it.label] is not None]  # a rotated-away checkpoint is skipped
+    if not there:
+        raise HeadRankError(f"every checkpoint of the series vanished while it was read ({items[0].source}, ...)")
+    first = found[there[0].label][0]
+    for it in there[1:]:
+        a = found[it.label][0]
         if a != first:
             diff = ", ".join(f"{k} {first[k]} vs {a[k]}" for k in first if a[k] != first[k])
-            raise HeadRankError(f"mixed architectures in the series: {items[0].label} and {it.label} differ "
+            raise HeadRankError(f"mixed architectures in the series: {there[0].label} and {it.label} differ "
                                 f"({diff})")
+    for label, (_, ident, commit) in ((k, v) for k, v in found.items() if v is not None):
+        if identities is not None:
+            identities[label] = ident
+        if commits is not None and commit:
+            commits[label] = commit
     return first
 
 
@@ -267,9 +315,16 @@ def analyse_checkpoint(item: dict[str, Any], tol: float) -> pd.DataFrame:
     from headrank.analysis.scan import analyze
     from headrank.util.threads import torch_threads
 
+    pinned = item.get("commit")
     with torch_threads(1):
-        table = analyze(item["source"], revision=item["revision"], tol=tol, threads=1,
-                        remote=item.get("remote", False), rotary=False).table  # only the head table is kept
+        res = analyze(item["source"], revision=pinned or item["revision"], tol=tol, threads=1,
+                      remote=item.get("remote", False), rotary=False)
+    if pinned and (res.meta.get("hub") or {}).get("commit") not in (None, pinned):
+        raise HeadRankError(f"{item['source']}@{item['revision']}: the server answered commit "
+                            f"{res.meta['hub']['commit']} for commit {pinned}")
+    table = res.table  # only the head table is kept
+    if pinned:
+        table.insert(0, "commit", pinned)
     table.insert(0, "step", item["step"])
     table.insert(0, "checkpoint", item["label"])
     return table
@@ -290,13 +345,16 @@ class SeriesResult(ResultBase):
     computed: list[str]
     skipped: list[str]
     files: list[Path]
-    failed: dict[str, str] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)  # label -> the error, after CHECKPOINT_TRIES tries
+    vanished: list[str] = field(default_factory=list)  # local checkpoints deleted while the series was read
 
     @property
     def meta(self) -> dict[str, Any]:
-        """The series' facts: ``out``, ``architecture``, ``computed``, ``skipped``, ``failed``, ``files``."""
+        """The series' facts: ``out``, ``architecture``, ``computed``, ``skipped``, ``failed``,
+        ``vanished``, ``files``."""
         return {"out": str(self.out), "architecture": self.architecture, "computed": self.computed,
-                "skipped": self.skipped, "failed": self.failed, "files": [str(f) for f in self.files]}
+                "skipped": self.skipped, "failed": self.failed, "vanished": self.vanished,
+                "files": [str(f) for f in self.files]}
 
     def headline(self) -> str:
         return f"SeriesResult in {self.out}: {self.table['checkpoint'].nunique()} checkpoints"
@@ -329,7 +387,7 @@ class SeriesResult(ResultBase):
                  if (out / n).is_file()]
         return cls(out=out, table=table, layer_means=layer_means, architecture=spec.get("architecture", {}),
                    computed=list(spec.get("computed", [])), skipped=list(spec.get("skipped", [])), files=files,
-                   failed=dict(spec.get("failed", {})))
+                   failed=dict(spec.get("failed", {})), vanished=list(spec.get("vanished", [])))
 
     def plot(self):
         """Effective rank (and k90), gap/bound, balance and numerical rank against step."""
@@ -344,7 +402,8 @@ class SeriesResult(ResultBase):
 def track(series: str | os.PathLike | Sequence[str | os.PathLike], out: str | os.PathLike, *,
           revisions: str | Sequence[str] | None = None, tol: float = DEFAULT_TOL, workers: int | None = None,
           ray: str | None = None, plots: bool = True, force: bool = False, metrics: bool = True,
-          remote: bool = False, progress: Callable[[int, int], None] | None = None) -> SeriesResult:
+          remote: bool = False, progress: Callable[[int, int], None] | None = None,
+          checking: Callable[[int, int], None] | None = None) -> SeriesResult:
     """``headrank track SERIES --out OUT``: measure every checkpoint of ``series`` into ``out``
     (see the module docstring and ``docs/verbs/track.md``).
 
@@ -377,7 +436,11 @@ def track(series: str | os.PathLike | Sequence[str | os.PathLike], out: str | os
         For a run directory, also use the tracker rows of ``metrics.jsonl`` at steps without a
         checkpoint.
     remote
-        Hub revisions read over HTTP ranges.
+        Hub revisions read over HTTP ranges, each at the commit its architecture check read (the
+        ``commit`` column of the table and ``series.json``): a branch that moves meanwhile cannot
+        mix two models.
+    progress, checking
+        ``f(done, total)`` callbacks: the checkpoints measured; the architecture checks before them.
 
     Returns
     -------
@@ -386,27 +449,24 @@ def track(series: str | os.PathLike | Sequence[str | os.PathLike], out: str | os
     out = _check_args(tol, workers, out)
     items = resolve_series(series, revisions, remote=remote)
     ids: dict[str, str] = {}
-    arch = check_architectures(items, ids)
+    commits: dict[str, str] = {}
+    arch = check_architectures(items, ids, checking, commits)
+    gone = [it.label for it in items if it.label not in ids]  # local checkpoints rotated away meanwhile
+    items = [replace(it, commit=commits.get(it.label)) for it in items if it.label in ids]  # read at the commit checked
     spec = {"kind": "headrank-series", "tol": tol, "architecture": arch,
             "items": [{**asdict(i), "identity": ids[i.label]} for i in items]}
     _check_out(out, spec, force)
     extra = _tracker_rows(series, revisions, items, arch, tol) if metrics else None
-    done, todo, failed = _measure(items, ids, out / "checkpoints", tol, workers, ray, progress)
-    ok = [it for it in items if it.label not in failed]
-    if not ok:
-        label, err = next(iter(failed.items()))
-        raise HeadRankError(f"every checkpoint failed ({len(failed)}); {label}: {err}")
-    measured = [t["label"] for t in todo if t["label"] not in failed]
-    res = _combine(out, ok, arch, measured, sorted(done), plots, {**spec, "failed": failed} if failed else spec, extra)
-    res.failed = failed
-    return res
+    done, todo, failed = _measure(items, ids, out / "checkpoints", tol, workers, ray, progress, gone)
+    return _finish(out, items, arch, [t["label"] for t in todo], sorted(done), failed, gone, plots, spec, extra)
 
 
 def _measure(items: Sequence[SeriesItem], ids: dict[str, str], ckdir: Path, tol: float, workers: int | None,
-             ray: str | None, progress: Callable[[int, int], None] | None
+             ray: str | None, progress: Callable[[int, int], None] | None, gone: list[str]
              ) -> tuple[set[str], list[dict[str, Any]], dict[str, str]]:
     """Measure the checkpoints of ``items`` not already measured in ``ckdir``, writing each one's
-    table as it finishes: (labels reused, items measured now, labels that failed -> error)."""
+    table as it finishes: (labels reused, items measured now, labels that failed -> error); the
+    labels of checkpoints that vanished meanwhile are appended to ``gone``."""
     ckdir.mkdir(parents=True, exist_ok=True)
     done = {it.label for it in items if _reusable(ckdir, it.label, ids[it.label], tol)}
     todo = [asdict(it) for it in items if it.label not in done]
@@ -417,6 +477,9 @@ def _measure(items: Sequence[SeriesItem], ids: dict[str, str], ckdir: Path, tol:
 
     def collect(label: str, table: pd.DataFrame | str) -> None:
         nonlocal count
+        if isinstance(table, str) and table == VANISHED:  # rotated away while the series was read: skipped
+            gone.append(label)
+            return
         if isinstance(table, str):  # failed after its tries: recorded, the others go on
             failed[label] = table
             return
@@ -431,6 +494,26 @@ def _measure(items: Sequence[SeriesItem], ids: dict[str, str], ckdir: Path, tol:
     elif todo:
         _on_pool(todo, tol, workers, collect)
     return done, todo, failed
+
+
+def _finish(out: Path, items: list[SeriesItem], arch: dict[str, Any], todo: list[str], done: list[str],
+            failed: dict[str, str], gone: list[str], plots: bool, spec: dict[str, Any],
+            extra: pd.DataFrame | None) -> SeriesResult:
+    """The combined table, summary, series.json and figure of the checkpoints that neither failed
+    nor vanished; the failed ones are recorded in series.json."""
+    ok = [it for it in items if it.label not in failed and it.label not in gone]
+    if not ok:
+        if not failed:
+            raise HeadRankError(f"every checkpoint of the series vanished while it was read ({', '.join(gone[:4])})")
+        label, err = next(iter(failed.items()))
+        raise HeadRankError(f"every checkpoint failed ({len(failed)}); {label}: {err}")
+    if failed:
+        spec = {**spec, "failed": failed}
+    if gone:
+        spec = {**spec, "vanished": gone, "items": [i for i in spec["items"] if i["label"] not in gone]}
+    res = _combine(out, ok, arch, [t for t in todo if t not in failed and t not in gone], done, plots, spec, extra)
+    res.failed, res.vanished = failed, gone
+    return res
 
 
 def _check_args(tol: float, workers: int | None, out: str | os.PathLike) -> Path:
@@ -448,6 +531,7 @@ def _check_args(tol: float, workers: int | None, out: str | os.PathLike) -> Path
 
 
 CHECKPOINT_TRIES = 2  # a checkpoint's analysis is tried this often before it is recorded as failed
+VANISHED = "\0vanished"  # what analyse_or_fail returns for a local checkpoint deleted meanwhile
 
 
 def analyse_or_fail(item: dict[str, Any], tol: float) -> pd.DataFrame | str:
@@ -457,7 +541,11 @@ def analyse_or_fail(item: dict[str, Any], tol: float) -> pd.DataFrame | str:
         try:
             return analyse_checkpoint(item, tol)
         except Exception as e:  # noqa: BLE001 - recorded with its type, never silent
-            err = one_line(e, 400, typed=not isinstance(e, HeadRankError))
+            if vanished(item):
+                return VANISHED
+            from headrank.util.redact import redact_text
+
+            err = redact_text(one_line(e, 400, typed=not isinstance(e, HeadRankError)))
     return err
 
 
@@ -563,11 +651,34 @@ def _on_pool(todo: list[dict[str, Any]], tol: float, workers: int | None,
         return
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures.process import BrokenProcessPool
 
-    with ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context("spawn")) as pool:
-        futures = {pool.submit(analyse_or_fail, it, tol): it for it in todo}
-        for fut in as_completed(futures):
-            collect(futures[fut]["label"], fut.result())
+    left = {it["label"]: it for it in todo}
+    try:
+        with ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context("spawn")) as pool:
+            futures = {pool.submit(analyse_or_fail, it, tol): it for it in todo}
+            for fut in as_completed(futures):
+                label = futures[fut]["label"]
+                collect(label, fut.result())
+                del left[label]
+    except BrokenProcessPool:
+        # a worker died (killed, out of memory, a crash in native code): the pool is gone, and
+        # every checkpoint it had not finished is run again alone, so only the culprit fails
+        for label, it in list(left.items()):
+            collect(label, _alone(it, tol))
+
+
+def _alone(item: dict[str, Any], tol: float) -> pd.DataFrame | str:
+    """:func:`analyse_or_fail` in a fresh process of its own; a process that dies is one line."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    try:
+        with ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn")) as pool:
+            return pool.submit(analyse_or_fail, item, tol).result()
+    except BrokenProcessPool:
+        return "its worker process died while reading it (killed, out of memory, or a crash in native code)"
 
 
 def _on_ray(todo: list[dict[str, Any]], tol: float, address: str,

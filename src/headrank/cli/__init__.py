@@ -6,7 +6,12 @@ One module per verb group: :mod:`~headrank.cli.spectra` (spectra, compress),
 holds the app, the consoles and the one-line error wrapper.
 """
 
-from __future__ import annotations  # noqa: I001  (the verb groups below keep their order)
+# ruff: noqa: E402, I001  (the start-up Ctrl-C handler comes first; the verb groups keep their order)
+from __future__ import annotations
+
+from headrank.cli.errorpath import startup_interrupts
+
+_restore = startup_interrupts()  # a Ctrl-C while typer, rich and the verbs are imported: one line, exit 130
 
 from headrank.cli.common import _state, app, print_error
 
@@ -16,6 +21,7 @@ from headrank.cli import reproduce  # noqa: F401
 from headrank.cli import train  # noqa: F401
 from headrank.cli import experiments  # noqa: F401
 
+_restore()
 __all__ = ["app", "main"]
 
 

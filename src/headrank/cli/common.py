@@ -55,8 +55,14 @@ _state = {"debug": False}  # --debug / HEADRANK_DEBUG, read by main()
 
 
 def print_error(message: str) -> None:
-    """``error: MESSAGE`` as one line on stderr (newlines in the message folded into spaces)."""
-    err_console.print(styled("bold red", "error: ", one_line(message, None)), highlight=False,
+    """``error: MESSAGE`` as one line on stderr (newlines in the message folded into spaces, the
+    secrets of any URL in it redacted)."""
+    from headrank.cli.errorpath import interrupted
+    from headrank.util.redact import redact_text
+
+    if interrupted() and message != "interrupted":  # a consequence of the Ctrl-C: only "interrupted" is said
+        return
+    err_console.print(styled("bold red", "error: ", redact_text(one_line(message, None))), highlight=False,
                       soft_wrap=True)
 
 

@@ -5,7 +5,12 @@ The ``headrank`` entry point (:func:`headrank.cli.main`) turns
 - a user's error (:class:`~headrank.errors.HeadRankError`) into one line and exit status 2;
 - anything else (a bug) into one line naming the exception's type and message and how to see
   the traceback (``--debug`` or ``HEADRANK_DEBUG=1``), exit status 1 (:func:`unexpected`);
-- Ctrl-C into ``interrupted``, exit status 130 (:data:`INTERRUPTED`);
+- Ctrl-C into ``interrupted``, exit status 130 (:data:`INTERRUPTED`), at any point of a
+  command's life: while the command-line modules are imported (:func:`startup_interrupts`), and
+  while the command runs, when the ``KeyboardInterrupt`` would be swallowed (raised inside a
+  ``__del__`` or a callback, which Python only prints) or the clean-up takes long: a watchdog ends
+  the process :data:`GRACE_S` seconds after the first Ctrl-C, a second Ctrl-C at once
+  (:class:`Interrupts`);
 - a reader that closed stdout (``headrank spectra M --format csv | head``) into silence, exit
   status 141 (128 + SIGPIPE, what a shell reports for a program killed by SIGPIPE):
   :func:`stdout_broken`, :func:`silence_stdout`.
@@ -24,6 +29,102 @@ from headrank.errors import one_line
 DEBUG_ENV = "HEADRANK_DEBUG"
 INTERRUPTED = 130
 BROKEN_PIPE = 141
+GRACE_S = 3.0  # after the first Ctrl-C, the command's own clean-up gets this long
+_SIGNALLED = False  # a Ctrl-C came while a command ran (its other error lines are not printed)
+
+
+def interrupted() -> bool:
+    """Whether a Ctrl-C came while the command ran (errors that follow are its consequence)."""
+    return _SIGNALLED
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def startup_interrupts() -> Callable[[], None]:
+    """While the command-line modules are imported: Ctrl-C is ``error: interrupted`` and exit 130
+    at once (no traceback from the middle of an import). Returns the function that puts the
+    previous handler back (a no-op outside the main thread or where a handler was set already)."""
+    import signal
+
+    if not _main_thread() or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return lambda: None
+
+    def now(signum: int, frame: Any) -> None:
+        os.write(2, b"error: interrupted\n")
+        os._exit(INTERRUPTED)
+
+    signal.signal(signal.SIGINT, now)
+    return lambda: signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+class Interrupts:
+    """Ctrl-C while a command runs: the first raises ``KeyboardInterrupt`` (the command cleans up
+    and :func:`run_app` reports it) and starts a watchdog that reports and ends the process
+    (exit 130) :data:`GRACE_S` seconds later if it has not ended by then; a second Ctrl-C ends
+    it at once. :meth:`report` prints the one line once, whoever comes first."""
+
+    def __init__(self, print_error: Callable[[str], None], grace_s: float = GRACE_S):
+        import threading
+
+        self.print_error, self.grace_s = print_error, grace_s
+        self.lock = threading.Lock()
+        self.reported = False
+        self.first: float | None = None
+        self.previous: Any = None
+
+    def __enter__(self) -> Interrupts:
+        import signal
+
+        if _main_thread():
+            self.previous = signal.signal(signal.SIGINT, self.handler)
+        return self
+
+    def __exit__(self, *exc: Any) -> bool:
+        import signal
+
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+        return False
+
+    def handler(self, signum: int, frame: Any) -> None:
+        import threading
+
+        global _SIGNALLED
+        if self.first is not None:  # a second Ctrl-C: now
+            self.end()
+        self.first = 0.0
+        _SIGNALLED = True
+        threading.Thread(target=self._watch, name="headrank-interrupt", daemon=True).start()
+        raise KeyboardInterrupt
+
+    def _watch(self) -> None:
+        import time
+
+        time.sleep(self.grace_s)
+        self.end()
+
+    def report(self) -> None:
+        with self.lock:
+            if self.reported:
+                return
+            self.reported = True
+        try:
+            self.print_error("interrupted")
+        except Exception:  # noqa: BLE001 - a console in a bad state: the plain line
+            os.write(2, b"error: interrupted\n")
+
+    def end(self) -> NoReturn:
+        self.report()
+        for stream in (sys.stderr, sys.stdout):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001, S110 - ending anyway
+                pass
+        os._exit(INTERRUPTED)
 
 
 def debug_from_env() -> bool:
@@ -98,9 +199,11 @@ def run_app(app: Any, print_error: Callable[[str], None], state: dict[str, bool]
     import typer
 
     state["debug"] = debug_from_env()
+    interrupts = Interrupts(print_error)
     try:
-        code = app(args=expand_tilde(sys.argv[1:]), standalone_mode=False)  # typer turns Ctrl-C inside a command into exit code 130
-        sys.stdout.flush()
+        with interrupts:
+            code = app(args=expand_tilde(sys.argv[1:]), standalone_mode=False)  # Ctrl-C inside a command: 130
+            sys.stdout.flush()
     except typer.TyperException as e:
         if type(e).__name__ != "NoArgsIsHelpError":  # that one has printed the help already
             ctx = getattr(e, "ctx", None)
@@ -121,10 +224,30 @@ def run_app(app: Any, print_error: Callable[[str], None], state: dict[str, bool]
         print_error(unexpected(e))
         sys.exit(1)
     except Exception as e:
-        if state.get("debug"):
+        if state.get("debug") and interrupts.first is None:
             raise
-        print_error(unexpected(e))
-        sys.exit(1)
+        if interrupts.first is None:
+            print_error(unexpected(e))
+            sys.exit(1)
+        code = INTERRUPTED  # what failed after a Ctrl-C failed because of it (an import cut short)
+    if interrupts.first is not None:
+        code = INTERRUPTED
     if code == INTERRUPTED:
-        print_error("interrupted")
+        interrupts.report()
+        _exit_interrupted(interrupts)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _exit_interrupted(interrupts: Interrupts) -> NoReturn:
+    """Exit 130 after a Ctrl-C, for certain: the exit functions run (atexit), then the process
+    ends. (``sys.exit(130)`` is not enough: CPython exits by SIGINT instead, status -2, once a
+    ``KeyboardInterrupt`` went through any code run by ``PyRun_*``, as some extensions run theirs.)"""
+    import atexit
+    import signal
+
+    if _main_thread():
+        signal.signal(signal.SIGINT, lambda *_: interrupts.end())  # a Ctrl-C while exiting: exit 130 still
+    if not _main_thread() or interrupts.first is None:  # no signal came (a KeyboardInterrupt raised by code)
+        sys.exit(INTERRUPTED)
+    atexit._run_exitfuncs()
+    interrupts.end()

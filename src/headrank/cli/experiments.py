@@ -169,7 +169,10 @@ def track(
         task = bar.add_task("checkpoints", total=None)
         res = run_track(series if len(series) > 1 else series[0], out, revisions=revisions, tol=tol,
                         workers=workers, ray=ray, plots=plots, force=force, remote=remote,
-                        progress=lambda done, total: bar.update(task, completed=done, total=total))
+                        progress=lambda done, total: bar.update(task, completed=done, total=total,
+                                                                description="checkpoints"),
+                        checking=lambda done, total: bar.update(task, completed=done, total=total,
+                                                                description="architecture checks"))
     for label, err in res.failed.items():
         err_console.print(styled("yellow", "failed: ", f"{label}: {err} (a re-run tries it again)"), highlight=False)
     from headrank.core.metrics import CONSOLE_CAPTION, CONSOLE_METRICS

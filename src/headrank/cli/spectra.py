@@ -33,6 +33,7 @@ def spectra(
     download: Annotated[bool, typer.Option("--download", help="Hub id: fetch config and weights into the Hugging Face cache first (needs the network; not with HF_HUB_OFFLINE)")] = False,
     remote: Annotated[bool, typer.Option("--remote", help="Hub id: read over HTTP range requests, only config, headers and the attention tensors (HF_ENDPOINT, HF_TOKEN); an http(s):// URL always is")] = False,
     allow_full: Annotated[bool, typer.Option("--allow-full", help="remote: accept a server that ignores range requests by downloading whole files (refused otherwise)")] = False,
+    max_bytes: Annotated[int | None, typer.Option("--max-bytes", min=1, help="--allow-full: the most bytes one whole file may hold, checked against its Content-Length before anything is written (default 4 GiB)")] = None,
     base: Annotated[str | None, typer.Option("--base", help="LoRA adapter: base model path or Hub id (default: the adapter's base_model_name_or_path)")] = None,
     delta: Annotated[bool, typer.Option("--delta", help="LoRA adapter: spectra of the change of the products (adapted minus base)")] = False,
     fold_norm: Annotated[bool, typer.Option("--fold-norm", help="fold the norm before attention into W_Q, W_K, W_V (TransformerLens' fold_ln)")] = False,
@@ -55,6 +56,8 @@ def spectra(
     if fmt not in ("table", "csv", "json"):
         raise HeadRankError(f"--format must be table, csv or json; got {fmt!r}")
     as_json = as_json or fmt == "json"
+    if max_bytes is not None and not allow_full:
+        raise HeadRankError("--max-bytes applies with --allow-full (the most one whole file may hold)")
     if out is not None:
         check_writable(out)  # before the analysis, not after it
     figures = FigureProcess() if out is not None and plots else None  # imports matplotlib beside torch
@@ -64,7 +67,7 @@ def spectra(
         task = bar.add_task("layers", total=None)
         result = analyze(path, config=config, tol=tol, layers=layers, layout=layout, threads=threads, revision=revision,
                          base=base, delta=delta, fold_norm=fold_norm, download=download, remote=remote,
-                         allow_full=allow_full, rotary=rotary, vectors=vectors,
+                         allow_full=(max_bytes or True) if allow_full else False, rotary=rotary, vectors=vectors,
                          progress=lambda done, total: bar.update(task, completed=done, total=total))
     for rec in result.meta["nonfinite_heads"]:
         err_console.print(styled("yellow", "warning: ", f"NaN/Inf weights in layer {rec['layer']} head {rec['head']} "

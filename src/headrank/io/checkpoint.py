@@ -15,7 +15,8 @@ Accepted sources:
   (:mod:`headrank.io.hub`);
 - a single ``.safetensors`` / ``.bin`` / ``.pt`` file, with ``config=`` naming its config.json.
 
-Safety: safetensors files are memory-mapped and never execute anything. PyTorch pickles are
+Safety: safetensors files are read with ``pread`` (:mod:`headrank.io.stfile`: a file truncated
+while it is read is one line, never SIGBUS) and never execute anything. PyTorch pickles are
 read only through ``torch.load(weights_only=True, mmap=True)``, which refuses arbitrary
 objects. Nothing here downloads or runs remote code.
 
@@ -180,12 +181,9 @@ class Checkpoint(BaseCheckpoint):
             return self._handles[p]
         check_readable(p, "weights file")  # a FIFO or device would block; permissions named
         if p.suffix == ".safetensors":
-            from safetensors import safe_open
+            from headrank.io.stfile import SafetensorsFile
 
-            try:
-                h = safe_open(str(p), framework="pt")
-            except Exception as e:  # SafetensorError and OS errors: corrupt, truncated, unreadable
-                raise HeadRankError(f"cannot read {p}: {one_line(e)}") from None
+            h = SafetensorsFile(p)  # pread, never a memory map: a file truncated meanwhile is one line
         elif p.suffix in _TORCH_SUFFIXES:
             h = _TorchFile(p)
         else:
@@ -214,20 +212,18 @@ class Checkpoint(BaseCheckpoint):
         return TensorMeta(dtype_name(dt) if dt is not None else code, shape, n, p.name)
 
     def release(self) -> None:
-        """Unmap the safetensors files opened so far (they reopen on the next read).
+        """Nothing to unmap: safetensors files are read with ``pread`` (:mod:`headrank.io.stfile`),
+        whose pages never count as this process's resident memory; PyTorch files stay mapped."""
 
-        Memory-mapped pages count as resident memory while mapped; a streaming reader calls
-        this between layers so a large checkpoint never stays mapped whole.
-        """
-        for p in [p for p, h in self._handles.items() if not isinstance(h, _TorchFile)]:
-            del self._handles[p]
+    def close(self) -> None:
+        for h in self._handles.values():
+            if hasattr(h, "close"):
+                h.close()
+        self._handles.clear()
 
     @property
     def files(self) -> list[Path]:
         return list(self._files)
-
-    def close(self) -> None:
-        self._handles.clear()
 
 
 def _weight_files(path: Path) -> dict[str, Any]:

@@ -113,10 +113,16 @@ class GGUFCheckpoint(BaseCheckpoint):
             from gguf import GGUFReader
         except ImportError:
             raise HeadRankError("reading GGUF files needs the package gguf (pip install gguf)") from None
+        from headrank.io.stfile import StampedFile
+
         p = check_readable(source, "GGUF file")
-        check_structure(p)  # counts and lengths bounded by the file before gguf allocates anything
+        self._file = StampedFile(p)  # tensor data read with pread: a file truncated meanwhile is one line
+        check_structure(p)  # counts, lengths and header size bounded before gguf allocates anything
         try:
             self._reader = GGUFReader(p)
+        except MemoryError:
+            raise HeadRankError(f"cannot read GGUF file {p}: its header needs more memory than this machine "
+                                "has") from None
         except Exception as e:  # bad magic, version, truncated header, bad alignment
             raise HeadRankError(f"cannot read GGUF file {p}: {one_line(e, 200)}"
                                 ) from None
@@ -234,8 +240,17 @@ class GGUFCheckpoint(BaseCheckpoint):
         return w
 
     def _tensor_data(self, t: Any) -> Any:
-        """A tensor's stored bytes as the gguf reader's array (a remote reader fetches them)."""
-        return t.data
+        """A tensor's stored bytes, read with ``pread`` (never through the reader's memory map,
+        which a truncated file turns into SIGBUS), in the shape of the gguf reader's array (a
+        remote reader fetches them)."""
+        import numpy as np
+
+        if self._file.size != self._file._now()[2] or t.data_offset + t.n_bytes > self._file.size:
+            from headrank.io.stfile import changed
+
+            raise changed(self._where)
+        buf = self._file.pread(int(t.n_bytes), int(t.data_offset))
+        return np.frombuffer(buf, dtype=t.data.dtype).reshape(t.data.shape)
 
     def _meta(self, name: str, t: Any) -> TensorMeta:
         # the gguf reader lists dimensions innermost first (ggml's ne); torch's order is the reverse
@@ -248,6 +263,7 @@ class GGUFCheckpoint(BaseCheckpoint):
 
     def close(self) -> None:
         self._tensors.clear()  # the reader's memory maps go with its tensors
+        self._file.close()
 
 
 def permute_rotary(w: torch.Tensor, heads: int) -> torch.Tensor:
@@ -269,7 +285,20 @@ def unpermute_rotary(w: torch.Tensor, heads: int, name: str = "a Q/K tensor") ->
 _SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # GGUFValueType
 _STRING, _ARRAY = 8, 9
 GGML_MAX_DIMS = 4
+# caps on a header, far above released models (llama 3: 29 metadata keys, 128k tokens + 280k merges,
+# about 10 MB of header; the largest MoE files: a few thousand tensors); the gguf package's reader
+# allocates a few hundred bytes of Python objects per entry and per array element
+MAX_GGUF_KEYS = 1 << 14  # metadata entries
+MAX_GGUF_TENSORS = 1 << 17
+MAX_GGUF_ITEMS = 1 << 20  # array elements over all metadata arrays (Gemma 3: 786k)
+ITEM_COST = 1600  # bytes gguf.GGUFReader allocates per metadata entry or array element (measured: 1.5 KB
+# per string, 0.7 KB per number)
+MAX_GGUF_HEADER = 64 << 20  # bytes of magic, metadata and tensor infos
 _UTF8_KEYS = ("general.architecture", "general.name")
+
+
+class TooLarge(HeadRankError):
+    """A GGUF header beyond the caps (:data:`MAX_GGUF_KEYS` …): refused whatever follows."""
 
 
 class _Walk:
@@ -279,6 +308,12 @@ class _Walk:
 
     def __init__(self, buf: Any, path: Path):
         self.buf, self.path, self.pos, self.fmt = buf, path, 0, "<"
+        self.items = self.keys = self.tensors = 0
+
+    def cap(self, count: int, most: int, what: str) -> None:
+        if count > most:
+            raise TooLarge(f"cannot read GGUF file {self.path}: {what} ({count:,}) exceed the {most:,} a "
+                           "GGUF header may hold here")
 
     def fail(self, what: str) -> HeadRankError:
         return HeadRankError(f"cannot read GGUF file {self.path}: {what} (truncated or corrupt)")
@@ -307,6 +342,10 @@ class _Walk:
             return self.string(what)
         elif vtype == _ARRAY and depth < 2:
             etype, count = self.num("I", f"the type of {what}"), self.num("Q", f"the count of {what}")
+            self.items += count
+            if self.items > MAX_GGUF_ITEMS:
+                raise TooLarge(f"cannot read GGUF file {self.path}: {what} declares {count} values; a GGUF header may "
+                               f"hold at most {MAX_GGUF_ITEMS:,} array elements here")
             least = _SCALAR_SIZES.get(etype, 8 if etype == _STRING else 12 if etype == _ARRAY else None)
             if least is None:
                 raise self.fail(f"{what} is an array of unknown value type {etype}")
@@ -333,10 +372,16 @@ class _Walk:
         if version not in (2, 3):
             return  # the gguf package names the versions it reads
         n_tensors, n_kv = self.num("Q", "the tensor count"), self.num("Q", "the metadata count")
+        if n_kv > MAX_GGUF_KEYS or n_tensors > MAX_GGUF_TENSORS:
+            raise TooLarge(f"cannot read GGUF file {self.path}: {n_kv} metadata entries and {n_tensors} tensors cannot "
+                           f"fit in a GGUF header here (a GGUF header may hold at most {MAX_GGUF_KEYS:,} entries and "
+                           f"{MAX_GGUF_TENSORS:,} tensors)")
+        self.keys, self.tensors = n_kv, n_tensors
         left = len(self.buf) - self.pos
         if n_kv * 13 > left or n_tensors * 24 > left:
             raise self.fail(f"{n_kv} metadata entries and {n_tensors} tensors cannot fit in {left} bytes")
         for k in range(n_kv):
+            self.past(f"metadata entry {k}")
             key = self.string(f"metadata key {k}")
             name = key.decode("utf-8", "replace")[:80]
             v = self.value(self.num("I", f"the type of {name}"), f"metadata {name}")
@@ -344,6 +389,7 @@ class _Walk:
             if name in _UTF8_KEYS and v is not None:
                 _utf8(v, name, self)
         for k in range(n_tensors):
+            self.past(f"tensor info {k}")
             name = self.string(f"the name of tensor {k}").decode("utf-8", "replace")[:80]
             ndim = self.num("I", f"the dimension count of tensor {name}")
             if not 1 <= ndim <= GGML_MAX_DIMS:
@@ -353,6 +399,11 @@ class _Walk:
                 raise self.fail(f"tensor {name} has shape {dims}")
             self.num("I", f"the type of tensor {name}")
             self.num("Q", f"the offset of tensor {name}")
+        self.cap(self.pos, MAX_GGUF_HEADER, "its header bytes")
+
+    def past(self, what: str) -> None:
+        """Stop a walk whose header already runs past :data:`MAX_GGUF_HEADER`."""
+        self.cap(self.pos, MAX_GGUF_HEADER, f"its header bytes (at {what})")
 
 
 def _utf8(text: bytes, key: str, walk: _Walk) -> None:
@@ -374,9 +425,17 @@ def check_structure(path: Path) -> None:
                 raise HeadRankError(f"cannot read GGUF file {path}: {os.fstat(fh.fileno()).st_size} bytes is "
                                     "too short for a GGUF header")
             with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-                _Walk(buf, path).run()
+                walk = _Walk(buf, path)
+                walk.run()
     except OSError as e:
         raise HeadRankError(f"cannot read GGUF file {path}: {e.strerror or e}") from None
+    from headrank.io.validate import memory_available
+
+    cost, have = ITEM_COST * (walk.items + walk.keys + walk.tensors), memory_available() // 2
+    if cost > have:
+        raise TooLarge(f"cannot read GGUF file {path}: reading its header ({walk.keys:,} entries, {walk.items:,} "
+                       f"array elements, {walk.tensors:,} tensors) would take about {cost / (1 << 30):.3g} GiB of "
+                       f"memory; {have / (1 << 30):.3g} GiB may be used")
 
 
 def gguf_origin(ckpt: GGUFCheckpoint) -> dict[str, Any]:

@@ -10,7 +10,9 @@ Sources (:func:`open_remote`):
 - an ``http(s)://`` URL of a checkpoint directory (``config.json`` + ``model.safetensors`` or a
   sharded ``model.safetensors.index.json``), of one ``.safetensors`` file (its sibling
   ``config.json``, or ``config=`` a local one), or of a ``.gguf`` file. The Hub token is sent
-  only to the Hub endpoint's own host.
+  only over https to the Hub endpoint's exact scheme, host and port
+  (:func:`headrank.io.httpio.sends_token`), and every URL shown or stored is redacted
+  (:mod:`headrank.util.redact`; docs/remote-security.md).
 
 What is fetched: ``config.json``, the shard index, each safetensors header (8 bytes, then the
 header's own length), then only the tensors the reader asks for (the attention projections of
@@ -18,7 +20,8 @@ one layer at a time, the next layer prefetched by :mod:`headrank.analysis.scan`,
 tensors fetched concurrently; the norm gains with ``fold_norm``), each as one ranged GET into
 memory. No weight is written to disk. A GGUF
 header has no length prefix: it is fetched in growing chunks (1 MiB, x4 each time, at most
-:data:`MAX_GGUF_HEADER`) into a sparse temporary file that only ``gguf.GGUFReader`` parses
+:data:`headrank.io.gguf.MAX_GGUF_HEADER`, the header's caps checked on each chunk) into a sparse
+temporary file that only ``gguf.GGUFReader`` parses
 (metadata, never tensor data; deleted at once) until the parsed header ends inside what was
 fetched.
 
@@ -29,7 +32,10 @@ the ``Content-Range`` asked for and exactly that many bytes. A dropped connectio
 short body or a 5xx answer is retried (:data:`RETRIES` more tries, waits from
 :data:`BACKOFF_S` doubling), then fails with one line; wrong numbers are never returned. A
 server that ignores ``Range`` (``200`` with the whole file) is refused unless ``allow_full``:
-then each such file is downloaded whole, once, into a temporary file deleted on close.
+then each such file is downloaded whole, once, into a temporary file deleted on close, if its
+``Content-Length`` is within ``--max-bytes``. Every request has a total deadline besides the read
+timeout (:func:`headrank.io.httpio.deadline_s`). JSON (config, index, headers) is bounded per kind
+and parsed within a memory budget (:func:`headrank.io.validate.parse_json`).
 
 ``Transfer.stats`` (``meta.json``'s ``remote``) counts every byte received: tensors, metadata,
 requests, retries, and the share of the checkpoint's weight files that was fetched.
@@ -37,7 +43,6 @@ requests, retries, and the share of the checkpoint's weight files that was fetch
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 import threading
@@ -54,79 +59,39 @@ import torch
 
 from headrank.errors import HeadRankError, one_line
 from headrank.io.checkpoint import HF_WEIGHTS
+from headrank.io.httpio import (
+    TMP_PREFIX,
+    Transfer,
+    _Clock,
+    _mb,
+    endpoint,
+    sends_token,
+    sweep_temp,
+    timeout_s,
+    transfer_line,  # noqa: F401 - the CLI's import
+)
 from headrank.io.tensor_source import ST_DTYPES, BaseCheckpoint, TensorMeta, dtype_name
-from headrank.io.validate import MAX_JSON_BYTES
+from headrank.io.validate import (
+    JSON_CAPS,
+    MAX_JSON_BYTES,
+    MAX_ST_HEADER,
+    parse_json,
+    safetensors_entries,
+)
 from headrank.util.legacy import upgrade
+from headrank.util.redact import redact_text, redact_url
 
 RETRIES = 3  # more tries of one request after a dropped connection, a timeout, a short body or a 5xx
 BACKOFF_S = 0.5  # first wait between tries; doubles
-MAX_HEADER = 100 << 20  # safetensors' own limit on a header's length
-MAX_GGUF_HEADER = 256 << 20
+MAX_HEADER = min(MAX_ST_HEADER, JSON_CAPS["safetensors header"])  # bytes of one safetensors header
 GGUF_FIRST_CHUNK = 1 << 20
 HEADER_THREADS = 8  # shard headers fetched concurrently
-
+MAX_FULL_BYTES = 4 << 30  # --allow-full: the most one file downloaded whole may hold (--max-bytes)
 
 
 def is_url(source: Any) -> bool:
     """An ``http://`` or ``https://`` address."""
     return isinstance(source, str) and source[:8].lower().startswith(("http://", "https://"))
-
-
-def endpoint() -> str:
-    """The Hub endpoint as the environment names it now (``HF_ENDPOINT``)."""
-    return (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
-
-
-def timeout_s() -> float:
-    """Seconds to wait for a server to send data (``HF_HUB_DOWNLOAD_TIMEOUT``, default 10)."""
-    try:
-        return max(float(os.environ.get("HF_HUB_DOWNLOAD_TIMEOUT") or 10), 0.1)
-    except ValueError:
-        return 10.0
-
-
-def _mb(n: int | None) -> str:
-    return "?" if n is None else f"{n / 1e6:,.1f} MB" if n >= 1e5 else f"{n:,} bytes"
-
-
-class Transfer:
-    """What travelled: ``stats`` is the dict that ends in meta.json (updated as bytes arrive)."""
-
-    def __init__(self, where: str):
-        self._lock = threading.Lock()
-        self.sizes: dict[str, int] = {}  # weight file -> size
-        self.started = time.perf_counter()
-        self.stats: dict[str, Any] = {
-            "url": where, "protocol": "HTTP range requests, one per tensor; no weights written to disk",
-            "bytes_fetched": 0, "tensor_bytes": 0, "metadata_bytes": 0, "requests": 0, "retries": 0,
-            "checkpoint_bytes": None, "share": None, "full_downloads": [], "seconds": 0.0}
-
-    def add(self, n: int, kind: str) -> None:
-        with self._lock:
-            s = self.stats
-            s["bytes_fetched"] += n
-            s[f"{kind}_bytes"] += n
-            s["seconds"] = round(time.perf_counter() - self.started, 3)
-            if s["checkpoint_bytes"]:
-                s["share"] = s["bytes_fetched"] / s["checkpoint_bytes"]
-
-    def count(self, what: str) -> None:
-        with self._lock:
-            self.stats[what] += 1
-
-    def weight_file(self, name: str, size: int) -> None:
-        with self._lock:
-            self.sizes[name] = size
-            self.stats["checkpoint_bytes"] = sum(self.sizes.values())
-            self.stats["share"] = self.stats["bytes_fetched"] / max(self.stats["checkpoint_bytes"], 1)
-
-
-def transfer_line(s: dict[str, Any]) -> str:
-    """One line of :attr:`Transfer.stats` for the terminal."""
-    share = f" ({100 * s['share']:.2f} %)" if s.get("share") is not None else ""
-    full = f"; downloaded whole: {', '.join(s['full_downloads'])}" if s.get("full_downloads") else ""
-    return (f"fetched {_mb(s['bytes_fetched'])} of a {_mb(s['checkpoint_bytes'])} checkpoint{share} in "
-            f"{s['requests']} HTTP requests ({s['retries']} retried), {s['seconds']:.1f} s{full}")
 
 
 @dataclass
@@ -152,19 +117,31 @@ class Location:
 
     @property
     def where(self) -> str:
+        """Where the files are, as shown and stored (secrets redacted)."""
         if self.repo_id is not None:
-            return f"{self.endpoint}/{self.repo_id}@{self.revision}"
-        return self.base or self.label
+            return redact_url(f"{self.endpoint}/{self.repo_id}@{self.revision}")
+        return redact_url(self.base or self.label)
 
-    def headers(self) -> dict[str, str]:
-        """huggingface_hub's headers; its token only for the Hub endpoint's own host."""
+    def headers(self, url: str) -> dict[str, str]:
+        """huggingface_hub's headers for a request to ``url``; its token only over https to the Hub
+        endpoint's exact scheme, host and port (:func:`sends_token`)."""
         from huggingface_hub.utils import build_hf_headers
 
-        hub_host = urlsplit(self.endpoint or endpoint()).netloc
-        mine = self.repo_id is not None or urlsplit(self.base or "").netloc == hub_host
-        h = build_hf_headers(token=None if mine else False)
+        h = build_hf_headers(token=None if sends_token(url, self.endpoint or endpoint()) else False)
         h["Accept-Encoding"] = "identity"  # byte counts and ranges of the stored file, never of a re-encoding
         return h
+
+
+@contextmanager
+def redacted():
+    """Every HeadRankError raised inside, with the URLs in its message redacted."""
+    try:
+        yield
+    except HeadRankError as e:
+        text = redact_text(str(e))
+        if text == str(e):
+            raise
+        raise type(e)(text) from None
 
 
 class _Retry(Exception):
@@ -249,6 +226,7 @@ class RemoteFile:
         self.loc, self.name, self.transfer, self.allow_full = loc, name, transfer, allow_full
         self.what = what or name  # how errors name it
         self.size: int | None = None
+        self.max_full = MAX_FULL_BYTES  # allow_full: the most a whole file may hold (--max-bytes)
         self._full: Any = None  # the temporary file of a server that ignores Range (allow_full)
         self._full_lock = threading.Lock()
 
@@ -273,7 +251,8 @@ class RemoteFile:
         from huggingface_hub import get_session
 
         url = self.url
-        headers = {**self.loc.headers(), "Range": f"bytes={start}-{end - 1}"}
+        headers = {**self.loc.headers(url), "Range": f"bytes={start}-{end - 1}"}
+        clock = _Clock(url, end - start)
         with _http_errors(self.loc, url, self.what):
             self.transfer.count("requests")
             with get_session().stream("GET", url, headers=headers, timeout=timeout_s()) as r:
@@ -281,7 +260,7 @@ class RemoteFile:
                     raise HeadRankError(f"{url}: bytes {start}-{end - 1} lie outside the file (HTTP 416)")
                 _check_status(r)
                 if r.status_code == 200:
-                    return self._whole(r, start, end, kind)
+                    return self._whole(r, start, end, kind, clock)
                 if r.status_code != 206:
                     raise HeadRankError(f"{url}: HTTP {r.status_code} to a range request (expected 206)")
                 got = _content_range(r.headers.get("Content-Range"))
@@ -289,9 +268,9 @@ class RemoteFile:
                     raise HeadRankError(f"{url}: asked for bytes {start}-{end - 1}, the server answered "
                                         f"{r.headers.get('Content-Range')!r}")
                 self._learn_size(got[2])
-                return self._body(r, got[1] + 1 - start, kind)
+                return self._body(r, got[1] + 1 - start, kind, clock)
 
-    def _body(self, r, n: int, kind: str) -> bytearray:
+    def _body(self, r, n: int, kind: str, clock: _Clock) -> bytearray:
         buf, got = bytearray(n), 0
         try:
             for chunk in r.iter_bytes():
@@ -299,6 +278,7 @@ class RemoteFile:
                     raise HeadRankError(f"{self.url}: the server sent more than the {n:,} bytes asked for")
                 buf[got:got + len(chunk)] = chunk
                 got += len(chunk)
+                clock.check(got)
         finally:
             self.transfer.add(got, kind)
         if got != n:
@@ -309,64 +289,87 @@ class RemoteFile:
         if total is not None and self.size is None:
             self.size = total
 
-    def _whole(self, r, start: int, end: int, kind: str) -> bytearray:
-        """A 200 to a range request: the server sends the whole file. Refused unless allow_full."""
+    def _whole(self, r, start: int, end: int, kind: str, clock: _Clock) -> bytearray:
+        """A 200 to a range request: the server sends the whole file. Refused unless allow_full;
+        then refused before any byte is written when its Content-Length exceeds ``max_full``
+        (and stopped when a body without one runs past it)."""
         total = r.headers.get("Content-Length")
+        size = int(total) if total and total.isdigit() else None
         if not self.allow_full:
             raise HeadRankError(
-                f"{urlsplit(self.url).netloc} ignores HTTP range requests (answered 200 with the whole "
-                f"{self.name}, {_mb(int(total)) if total and total.isdigit() else 'size unknown'}): reading only "
+                f"{urlsplit(self.url).hostname} ignores HTTP range requests (answered 200 with the whole "
+                f"{self.name}, {_mb(size) if size is not None else 'size unknown'}): reading only "
                 "the attention tensors is impossible there; pass `allow_full` to download whole files instead")
+        most = self.max_full
+        if size is not None and size > most:
+            raise HeadRankError(f"{redact_url(self.url)} ignores HTTP range requests and its whole {self.name} is "
+                                f"{_mb(size)}, more than `max_bytes` ({_mb(most)}): refusing to download it")
         with self._full_lock:
             if self._full is not None:  # another thread downloaded it meanwhile
                 return self.read(start, end, kind)
-            tmp = tempfile.TemporaryFile(prefix="headrank-full-")
+            clock = _Clock(self.url, size)
+            tmp = tempfile.TemporaryFile(prefix=f"{TMP_PREFIX}{os.getpid()}-full-")  # unlinked at once
             n = 0
             try:
                 for chunk in r.iter_bytes():
-                    tmp.write(chunk)
                     n += len(chunk)
+                    if n > (size if size is not None else most):
+                        raise HeadRankError(f"{redact_url(self.url)}: the server sent more than "
+                                            f"{_mb(size if size is not None else most)} for {self.name}")
+                    tmp.write(chunk)
+                    clock.check(n)
+            except BaseException:
+                tmp.close()
+                raise
             finally:
                 self.transfer.add(n, kind)
-            if total and total.isdigit() and n != int(total):
+            if size is not None and n != size:
                 tmp.close()
-                raise _Retry(f"response truncated: {n:,} of {int(total):,} bytes")
+                raise _Retry(f"response truncated: {n:,} of {size:,} bytes")
             tmp.flush()
             self._full, self.size = tmp, n
             self.transfer.stats["full_downloads"].append(self.name)
         return self.read(start, end, kind)
 
-    def read_all(self, kind: str = "metadata", *, missing_ok: bool = False) -> bytes | None:
-        """The whole (small) file; ``missing_ok``: None for a 404."""
+    def read_all(self, kind: str = "metadata", *, missing_ok: bool = False, what: str = "config") -> bytes | None:
+        """The whole (small) file, at most :data:`headrank.io.validate.JSON_CAPS` of ``what``;
+        ``missing_ok``: None for a 404."""
+        cap = JSON_CAPS.get(what, MAX_JSON_BYTES)
 
         def once() -> bytes | None:
             from huggingface_hub import get_session
 
             url = self.url
+            clock = _Clock(url)
             with _http_errors(self.loc, url, self.what):
                 self.transfer.count("requests")
-                with get_session().stream("GET", url, headers=self.loc.headers(), timeout=timeout_s()) as r:
+                with get_session().stream("GET", url, headers=self.loc.headers(url), timeout=timeout_s()) as r:
                     if r.status_code == 404 and missing_ok:
                         return None
                     _check_status(r)
                     if r.headers.get("X-Repo-Commit") and self.loc.repo_id and not self.loc.commit:
                         self.loc.commit = r.headers["X-Repo-Commit"]
                     declared = r.headers.get("Content-Length")
-                    if declared and declared.isdigit() and int(declared) > MAX_JSON_BYTES:
-                        raise HeadRankError(f"{url}: {self.name} is {_mb(int(declared))}, too large to be one")
-                    return bytes(self._body(r, int(declared), kind)) if declared and declared.isdigit() else \
-                        self._unsized(r, kind)
+                    if declared and declared.isdigit() and int(declared) > cap:
+                        raise HeadRankError(f"{redact_url(url)}: {self.name} is {_mb(int(declared))}, more than a "
+                                            f"{what} may be ({_mb(cap)})")
+                    if declared and declared.isdigit():
+                        clock.nbytes = int(declared)
+                        return bytes(self._body(r, int(declared), kind, clock))
+                    return self._unsized(r, kind, cap, clock, what)
 
         return _retrying(once, self.transfer, self.name, self.url)
 
-    def _unsized(self, r, kind: str) -> bytes:
+    def _unsized(self, r, kind: str, cap: int, clock: _Clock, what: str) -> bytes:
         parts, n = [], 0
         try:
             for chunk in r.iter_bytes():
                 parts.append(chunk)
                 n += len(chunk)
-                if n > MAX_JSON_BYTES:
-                    raise HeadRankError(f"{self.url}: {self.name} is larger than {_mb(MAX_JSON_BYTES)}")
+                if n > cap:
+                    raise HeadRankError(f"{redact_url(self.url)}: {self.name} is larger than a {what} may be "
+                                        f"({_mb(cap)})")
+                clock.check(n)
         finally:
             self.transfer.add(n, kind)
         return b"".join(parts)
@@ -378,10 +381,8 @@ class RemoteFile:
 
 
 def _json(data: bytes, what: str, url: str) -> Any:
-    try:
-        return upgrade(json.loads(data))
-    except (ValueError, RecursionError) as e:
-        raise HeadRankError(f"{url}: {what} is not valid JSON ({one_line(e, 120)})") from None
+    """``data`` parsed as a ``what`` (its byte cap and memory budget checked first)."""
+    return upgrade(parse_json(data, what, redact_url(url)))
 
 
 @dataclass(frozen=True)
@@ -396,45 +397,24 @@ class _At:
 
 
 def read_safetensors_header(f: RemoteFile) -> dict[str, _At]:
-    """Two ranged GETs: the 8-byte length, then the JSON header; every entry checked against
-    its dtype, shape and the file's size."""
+    """Two ranged GETs: the 8-byte length, then the JSON header; every entry checked as a local
+    file's is (:func:`headrank.io.validate.safetensors_entries`: dtype, shape, span, inside the
+    file, no overlaps)."""
     head = f.read(0, 8, "metadata", clip=True)
+    shown = redact_url(f.url)
     if len(head) < 8:
-        raise HeadRankError(f"{f.url}: not a safetensors file ({len(head)} bytes)")
+        raise HeadRankError(f"{shown}: not a safetensors file ({len(head)} bytes)")
     n = int.from_bytes(head, "little")
     size = f.size or 0
     if n > size - 8:
-        raise HeadRankError(f"{f.url}: corrupt safetensors header: it claims {n:,} bytes but the file holds "
+        raise HeadRankError(f"{shown}: corrupt safetensors header: it claims {n:,} bytes but the file holds "
                             f"{size:,}")
     if n > MAX_HEADER:
-        raise HeadRankError(f"{f.url}: safetensors header of {n:,} bytes exceeds the format's limit")
-    header = _json(bytes(f.read(8, 8 + n, "metadata")), "the safetensors header", f.url)
-    if not isinstance(header, dict):
-        raise HeadRankError(f"{f.url}: corrupt safetensors header (not a JSON object)")
-    out = {}
-    for name, e in header.items():
-        if name == "__metadata__":
-            continue
-        out[name] = _entry(f, name, e, 8 + n, size)
-    return out
-
-
-def _entry(f: RemoteFile, name: str, e: Any, data_start: int, size: int) -> _At:
-    try:
-        dtype, shape, (b, end) = e["dtype"], [int(s) for s in e["shape"]], e["data_offsets"]
-        if not (isinstance(b, int) and isinstance(end, int) and 0 <= b <= end) or any(s < 0 for s in shape):
-            raise ValueError
-    except (TypeError, KeyError, ValueError):
-        raise HeadRankError(f"{f.url}: corrupt safetensors header entry for {name!r}") from None
-    if dtype not in ST_DTYPES:
-        raise HeadRankError(f"{f.url}: tensor {name} has unsupported dtype {dtype!r}")
-    want = int(np.prod(shape, dtype=np.float64)) * ST_DTYPES[dtype].itemsize
-    if end - b != want:
-        raise HeadRankError(f"{f.url}: tensor {name} spans {end - b:,} bytes but its shape and dtype need {want:,}")
-    if data_start + end > size:
-        raise HeadRankError(f"{f.url}: tensor {name} lies at bytes {data_start + b:,}-{data_start + end - 1:,}, "
-                            f"outside the file ({size:,} bytes)")
-    return _At(f, dtype, tuple(shape), data_start + b, data_start + end)
+        raise HeadRankError(f"{shown}: a safetensors header of {n:,} bytes exceeds the {MAX_HEADER >> 20} MiB a "
+                            "header may have")
+    header = parse_json(f.read(8, 8 + n, "metadata"), "safetensors header", shown)
+    entries = safetensors_entries(header, size - 8 - n, shown)
+    return {name: _At(f, dtype, shape, 8 + n + b, 8 + n + end) for name, (dtype, shape, b, end) in entries.items()}
 
 
 class RemoteCheckpoint(BaseCheckpoint):
@@ -442,12 +422,12 @@ class RemoteCheckpoint(BaseCheckpoint):
     ``get`` fetches one tensor with one ranged GET."""
 
     def __init__(self, loc: Location, transfer: Transfer, *, weights: str | None = None,
-                 config: dict[str, Any] | None = None, allow_full: bool = False):
+                 config: dict[str, Any] | None = None, allow_full: bool = False, max_full: int = MAX_FULL_BYTES):
         self.loc, self.transfer, self.allow_full = loc, transfer, allow_full
         cfg_file = RemoteFile(loc, "config.json", transfer, what="config.json (for a GGUF file, pass its URL: "
                               ".../resolve/REVISION/FILE.gguf on the Hub)" if loc.repo_id else None)
         if config is None:
-            config = _json(cfg_file.read_all() or b"", "config.json", cfg_file.url)
+            config = _json(cfg_file.read_all(what="config") or b"", "config", cfg_file.url)
             if not isinstance(config, dict):
                 raise HeadRankError(f"{cfg_file.url} is not a JSON object")
         weight_map = None if weights else self._weight_map()
@@ -457,6 +437,8 @@ class RemoteCheckpoint(BaseCheckpoint):
             "model.safetensors (reading remotely needs safetensors weights, model.safetensors or "
             "model.safetensors.index.json, or the URL of a .gguf file)")
         self._files = {n: RemoteFile(loc, n, transfer, allow_full=allow_full, what=hint) for n in self.weight_names}
+        for f in self._files.values():
+            f.max_full = max_full
         with ThreadPoolExecutor(min(HEADER_THREADS, len(self._files))) as pool:
             headers = dict(zip(self._files, pool.map(read_safetensors_header, self._files.values()),
                                strict=True))
@@ -469,13 +451,14 @@ class RemoteCheckpoint(BaseCheckpoint):
             if t not in headers[shard]:
                 raise HeadRankError(f"shard {shard} lacks tensors its index names, e.g. {t}")
             tensors[t] = headers[shard][t]
-        super().__init__(tensors, source=loc.label, path=loc.where, config=config, config_path=cfg_file.url)
+        super().__init__(tensors, source=loc.label, path=loc.where, config=config,
+                         config_path=redact_url(cfg_file.url))
 
     def _weight_map(self) -> dict[str, str] | None:
         """The shard index's ``weight_map`` (tensor -> shard file), None without an index."""
         index_name = HF_WEIGHTS[0]  # model.safetensors.index.json
         idx_file = RemoteFile(self.loc, index_name, self.transfer)
-        raw = idx_file.read_all(missing_ok=True)
+        raw = idx_file.read_all(missing_ok=True, what="shard index")
         if raw is None:
             return None
         data = _json(raw, "shard index", idx_file.url)
@@ -490,14 +473,18 @@ class RemoteCheckpoint(BaseCheckpoint):
 
     def _read(self, name: str, at: _At) -> torch.Tensor:
         """Fetch one tensor (one ranged GET) in its stored dtype."""
-        buf = at.file.read(at.start, at.end, "tensor")
+        if at.dtype not in ST_DTYPES:
+            raise HeadRankError(f"{redact_url(at.file.url)}: tensor {name} has unsupported dtype {at.dtype!r}")
+        with redacted():
+            buf = at.file.read(at.start, at.end, "tensor")
         dtype = ST_DTYPES[at.dtype]
         if not buf:
             return torch.empty(at.shape, dtype=dtype)
         return torch.frombuffer(buf, dtype=dtype).reshape(at.shape)
 
     def _meta(self, name: str, at: _At) -> TensorMeta:
-        return TensorMeta(dtype_name(ST_DTYPES[at.dtype]), at.shape, at.end - at.start, at.file.name)
+        dtype = dtype_name(ST_DTYPES[at.dtype]) if at.dtype in ST_DTYPES else at.dtype
+        return TensorMeta(dtype, at.shape, at.end - at.start, at.file.name)
 
     def get_many(self, names: dict[str, str]) -> dict[str, torch.Tensor]:
         """Several tensors (``{role: name}``, one layer's) fetched concurrently: one round trip of
@@ -529,15 +516,17 @@ def _gguf_class():
             self.remote = f
             tmp = _gguf_header_file(f)
             try:
-                super().__init__(tmp, label=f.loc.label, where=f.url)
+                super().__init__(tmp, label=f.loc.label, where=redact_url(f.url))
+                self._file.close()  # tensor data travels by range requests, never from the header copy
             except HeadRankError as e:
-                raise HeadRankError(str(e).replace(str(tmp), f.url)) from None
+                raise type(e)(str(e).replace(str(tmp), redact_url(f.url))) from None
             finally:
                 os.unlink(tmp)
             f.transfer.weight_file(f.name, f.size or 0)
 
         def _tensor_data(self, t: Any) -> np.ndarray:
-            buf = self.remote.read(t.data_offset, t.data_offset + t.n_bytes, "tensor")
+            with redacted():
+                buf = self.remote.read(t.data_offset, t.data_offset + t.n_bytes, "tensor")
             return np.frombuffer(buf, dtype=t.data.dtype).reshape(t.data.shape)
 
         @property
@@ -557,16 +546,17 @@ def _gguf_header_file(f: RemoteFile) -> str:
     bounded by what was fetched) ends inside them."""
     from headrank.io import gguf as ag
 
+    sweep_temp()
     magic = f.read(0, 4, "metadata", clip=True)
     if bytes(magic) != b"GGUF":
-        raise HeadRankError(f"{f.url}: not a GGUF file (it does not start with the GGUF magic)")
-    size = f.size or 4
-    fd, tmp = tempfile.mkstemp(prefix="headrank-gguf-header-", suffix=".gguf")
+        raise HeadRankError(f"{redact_url(f.url)}: not a GGUF file (it does not start with the GGUF magic)")
+    size, most = f.size or 4, ag.MAX_GGUF_HEADER
+    fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{os.getpid()}-gguf-", suffix=".gguf")
     fetched, chunk = 4, GGUF_FIRST_CHUNK
     try:
         os.pwrite(fd, bytes(magic), 0)
         while True:
-            want = min(size, max(chunk, fetched), MAX_GGUF_HEADER)
+            want = min(size, max(chunk, fetched), most)
             if want > fetched:
                 os.pwrite(fd, bytes(f.read(fetched, want, "metadata")), fetched)
                 fetched = want
@@ -574,9 +564,11 @@ def _gguf_header_file(f: RemoteFile) -> str:
                 _header_complete(ag, tmp, fetched)
                 os.ftruncate(fd, size)  # tensor data: a hole, never read
                 return tmp
+            except ag.TooLarge as e:  # beyond the caps: no more bytes would help
+                raise ag.TooLarge(str(e).replace(tmp, redact_url(f.url))) from None
             except HeadRankError as e:
-                if fetched >= min(size, MAX_GGUF_HEADER):
-                    raise HeadRankError(str(e).replace(tmp, f.url)) from None
+                if fetched >= min(size, most):
+                    raise HeadRankError(str(e).replace(tmp, redact_url(f.url))) from None
             chunk *= 4
     except BaseException:
         os.unlink(tmp)
@@ -608,70 +600,90 @@ def _location(source: str, revision: str | None) -> tuple[Location, str | None]:
     if is_url(source):
         if revision is not None:
             raise HeadRankError("`revision` applies to a Hugging Face Hub id, not to a URL")
-        parts = urlsplit(source)
-        if not parts.netloc:
-            raise HeadRankError(f"not a URL that can be read: {source}")
+        try:
+            parts = urlsplit(source)
+            parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+        except ValueError as e:
+            raise HeadRankError(f"not a URL that can be read: {redact_url(source)} ({one_line(e, 80)})") from None
+        if not parts.netloc or not parts.hostname:
+            raise HeadRankError(f"not a URL that can be read: {redact_url(source)}")
         name = unquote(parts.path.rsplit("/", 1)[-1])
+        label = redact_url(source)
         if name.endswith((".gguf", ".safetensors")):
-            return Location(source, base=urljoin(source, "."), file=(name, source)), name
-        return Location(source, base=source if source.endswith("/") else source + "/"), None
+            return Location(label, base=urljoin(source, "."), file=(name, source)), name
+        return Location(label, base=source if source.endswith("/") else source + "/"), None
     if not hub.looks_like_repo_id(source):
         raise HeadRankError(f"`remote` reads a Hugging Face Hub id (org/name) or an http(s) URL; got {source!r}")
     return Location(source, repo_id=source, revision=revision or "main", endpoint=endpoint()), None
 
 
-def open_remote(source: str, *, revision: str | None = None, allow_full: bool = False,
+def open_remote(source: str, *, revision: str | None = None, allow_full: bool | int = False,
                 config: str | os.PathLike | dict[str, Any] | None = None) -> tuple[BaseCheckpoint, dict[str, Any], Any]:
     """``(checkpoint, origin, layout)`` of a Hub id or URL read over HTTP (module docstring);
     ``layout`` is the GGUF file's own, else None. ``origin['remote']`` is the live
-    :attr:`Transfer.stats`, complete once the analysis has read its layers."""
+    :attr:`Transfer.stats`, complete once the analysis has read its layers. ``allow_full``: True,
+    or the most bytes one whole file may hold (``--max-bytes``; True: :data:`MAX_FULL_BYTES`).
+    Every URL in ``origin`` and in the messages is redacted (:mod:`headrank.util.redact`)."""
     from headrank.io import hub
 
     if hub.offline():
         raise HeadRankError("reading remotely needs the network, but HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) is "
                             "set: unset it")
+    with redacted():
+        return _open_remote(source, revision, allow_full, config)
+
+
+def _open_remote(source: str, revision: str | None, allow_full: bool | int, config: Any) -> tuple[Any, Any, Any]:
     loc, name = _location(source, revision)
     transfer = Transfer(loc.where)
     if isinstance(config, (str, os.PathLike)):
         from headrank.io.checkpoint import read_config
 
         config = read_config(Path(config))
-    origin: dict[str, Any] = {"input": "remote", "source": source, "path": loc.where}
+    most = MAX_FULL_BYTES if allow_full is True or not allow_full else int(allow_full)
+    if allow_full is not False and most < 1:
+        raise HeadRankError(f"`max_bytes` must be a positive number of bytes; got {most}")
+    origin: dict[str, Any] = {"input": "remote", "source": redact_url(source), "path": loc.where}
     if name is not None and name.endswith(".gguf"):
         from headrank.io.gguf import gguf_origin
 
-        ckpt = _gguf_class()(RemoteFile(loc, name, transfer, allow_full=allow_full))
+        f = RemoteFile(loc, name, transfer, allow_full=bool(allow_full))
+        f.max_full = most
+        ckpt = _gguf_class()(f)
         origin.update(gguf_origin(ckpt), input="remote")
         layout = ckpt.layout
     else:
-        ckpt = RemoteCheckpoint(loc, transfer, weights=name, config=config, allow_full=allow_full)
+        ckpt = RemoteCheckpoint(loc, transfer, weights=name, config=config, allow_full=bool(allow_full),
+                                max_full=most)
         layout = None
-    origin["path"] = loc.url(name) if name else loc.url("")  # the Hub's: .../resolve/COMMIT/
+    origin["path"] = redact_url(loc.url(name) if name else loc.url(""))  # the Hub's: .../resolve/COMMIT/
     origin["files"] = list(ckpt.files)
     if loc.repo_id is not None:
         origin["hub"] = {"repo_id": loc.repo_id, "revision": loc.revision, "commit": loc.commit,
-                         "endpoint": loc.endpoint}
+                         "endpoint": redact_url(loc.endpoint)}
     origin["remote"] = transfer.stats
     return ckpt, origin, layout
 
 
 def list_revisions(repo_id: str) -> list[str]:
-    """Every branch and tag of a Hub repo (``HfApi.list_repo_refs``), one line on failure."""
+    """Every branch and tag of a Hub repo (the refs API that ``HfApi.list_repo_refs`` calls, read
+    here within the byte cap and memory budget of a ``list of refs``), one line on failure."""
     from headrank.io import hub
 
     if hub.offline():
         raise HeadRankError("`revisions` all lists the Hub's refs, but HF_HUB_OFFLINE is set (unset it)")
     if not hub.looks_like_repo_id(repo_id):
         raise HeadRankError(f"`revisions` all needs a Hugging Face Hub id (org/name); got {repo_id!r}")
-    from huggingface_hub import HfApi
-
-    loc = Location(repo_id, repo_id=repo_id, revision="main", endpoint=endpoint())
-    url = f"{loc.endpoint}/api/models/{repo_id}/refs"
-    transfer = Transfer(url)
-
-    def once() -> list[str]:
-        with _http_errors(loc, url, "the list of refs"):
-            refs = HfApi(endpoint=loc.endpoint).list_repo_refs(repo_id)
-        return [r.name for r in (*refs.branches, *refs.tags)]
-
-    return _retrying(once, transfer, "the list of refs", url)
+    ep = endpoint()
+    url = f"{ep}/api/models/{repo_id}/refs"
+    loc = Location(repo_id, repo_id=repo_id, revision="main", endpoint=ep, file=("refs", url))
+    with redacted():
+        raw = RemoteFile(loc, "refs", Transfer(redact_url(url)), what="the list of refs").read_all(what="list of refs")
+        data = _json(raw or b"", "list of refs", url)
+    names = []
+    for kind in ("branches", "tags"):
+        refs = data.get(kind) if isinstance(data, dict) else None
+        if not isinstance(refs, list) or not all(isinstance(r, dict) and isinstance(r.get("name"), str) for r in refs):
+            raise HeadRankError(f"{redact_url(url)}: the list of refs has no list of {kind} with names")
+        names += [r["name"] for r in refs]
+    return names

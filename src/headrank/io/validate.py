@@ -34,7 +34,12 @@ MAX_LAYERS = 100_000
 MAX_WIDTH = 1 << 22  # d_model
 MAX_HEADS = 1 << 16
 MAX_HEAD_DIM = 1 << 16
-MAX_JSON_BYTES = 256 << 20  # a config, shard index or adapter config larger than this is not one
+MAX_JSON_BYTES = 256 << 20  # a JSON file of a kind without its own cap (JSON_CAPS) larger than this is not one
+# byte caps per kind of JSON, far above the largest seen on the Hub (configs: tens of KB, a few MB with
+# 20k labels; shard indexes: under 10 MB for 90k tensors; safetensors headers: a few MB; refs: KB)
+JSON_CAPS = {"config": 16 << 20, "shard index": 64 << 20, "safetensors header": 64 << 20,
+             "list of refs": 16 << 20, "adapter config": 16 << 20}
+JSON_BUDGET = 1 << 30  # at most this much memory for one parse (also at most half of what is free)
 
 
 def as_int(value: Any, name: str, where: str, *, lo: int = 1, hi: int | None = None) -> int:
@@ -96,7 +101,14 @@ def regular_file(path: str | os.PathLike, what: str = "file") -> Path:
         raise HeadRankError(f"{p} is a directory, not a {what}")
     if not stat.S_ISREG(st.st_mode):
         raise HeadRankError(f"{p} is not a regular file ({_kind(st.st_mode)}): refusing to read it as a {what}")
+    real = os.path.realpath(p)
+    if any(real == top or real.startswith(top + os.sep) for top in PSEUDO_FS):
+        raise HeadRankError(f"{p} is a file of the kernel's {real.split(os.sep)[1]} file system ({real}), whose "
+                            f"size says nothing of what it yields: refusing to read it as a {what}")
     return p
+
+
+PSEUDO_FS = ("/proc", "/sys")  # "regular" files there (/proc/self/pagemap) never end or lie about their size
 
 
 def _kind(mode: int) -> str:
@@ -131,7 +143,7 @@ def read_bytes(path: str | os.PathLike, what: str = "file", max_bytes: int = MAX
     p = regular_file(path, what)
     try:
         if os.path.getsize(p) > max_bytes:
-            raise HeadRankError(f"{p} is larger than {max_bytes >> 20} MiB: not a {what}")
+            raise HeadRankError(f"{p} is larger than {max_bytes:,} bytes, more than a {what} may be: not a {what}")
         with open(p, "rb") as fh:
             return fh.read(max_bytes + 1)
     except OSError as e:
@@ -148,15 +160,101 @@ def read_text(path: str | os.PathLike, what: str = "file", max_bytes: int = MAX_
 
 
 def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
-    """A JSON file parsed; one line for a missing, special, unreadable, malformed, non-UTF-8
-    or too deeply nested file."""
-    text = read_text(path, what)
+    """A JSON file parsed; one line for a missing, special, unreadable, malformed, non-UTF-8,
+    too large (:data:`JSON_CAPS`) or too deeply nested file, or one whose parse would need more
+    memory than :func:`json_budget`."""
+    data = read_bytes(path, what, JSON_CAPS.get(what, MAX_JSON_BYTES))
+    return parse_json(data, what, path)
+
+
+def json_cost(data: bytes) -> int:
+    """An upper estimate of the bytes ``json.loads(data)`` allocates (measured: about 75 bytes per
+    ``{}``, 67 per ``[]``, 210 per ``"key": {}`` pair, 4 to 25 times the text overall), counted
+    in C speed before anything is parsed."""
+    return (3 * len(data) + 100 * (data.count(b"{") + data.count(b"[")) + 160 * data.count(b":")
+            + 40 * data.count(b","))
+
+
+def memory_available() -> int:
+    """Memory available now (``MemAvailable``), else this machine's memory."""
+    try:
+        with open("/proc/meminfo") as fh:
+            return next(int(line.split()[1]) << 10 for line in fh if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return memory_bytes()
+
+
+def json_budget() -> int:
+    """The memory one JSON parse may take: :data:`JSON_BUDGET`, and at most half the memory
+    available now."""
+    return min(JSON_BUDGET, memory_available() // 2)
+
+
+def parse_json(data: bytes | bytearray, what: str, where: Any) -> Any:
+    """``data`` (the text of a ``what`` at ``where``) parsed, after its byte cap
+    (:data:`JSON_CAPS`) and memory budget (:func:`json_cost` within :func:`json_budget`)
+    are checked; one line for a malformed, non-UTF-8 or too deeply nested text."""
+    cap = JSON_CAPS.get(what, MAX_JSON_BYTES)
+    if len(data) > cap:
+        raise HeadRankError(f"{where}: the {what} is {len(data):,} bytes, more than a {what} may be "
+                            f"({cap >> 20} MiB)")
+    cost, budget = json_cost(bytes(data) if isinstance(data, bytearray) else data), json_budget()
+    if cost > budget:
+        raise HeadRankError(f"{where}: parsing the {what} ({len(data):,} bytes) would take about {_gib(cost)} of "
+                            f"memory, more than the {_gib(budget)} allowed for it")
+    try:
+        text = bytes(data).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise HeadRankError(f"cannot read the {what} {where}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     try:
         return json.loads(text)
     except RecursionError:
-        raise HeadRankError(f"cannot parse {path}: nested too deeply") from None
+        raise HeadRankError(f"cannot parse {where}: nested too deeply") from None
     except ValueError as e:
-        raise HeadRankError(f"cannot parse {path}: {one_line(e, 200)}") from None
+        raise HeadRankError(f"cannot parse {where}: {one_line(e, 200)}") from None
+
+
+# safetensors' dtypes and their sizes in bytes (the checks below; what can be *read* is tensor_source.ST_DTYPES)
+ST_SIZES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1, "I16": 2, "U16": 2, "F16": 2,
+            "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8, "C64": 8}
+MAX_ST_HEADER = 100 << 20  # safetensors' own limit on a header's length
+
+
+def safetensors_entries(header: Any, data_len: int, where: Any) -> dict[str, tuple[str, tuple[int, ...], int, int]]:
+    """The tensors of a parsed safetensors header as ``name -> (dtype, shape, start, end)`` (byte
+    offsets within the data section of ``data_len`` bytes), refused as safetensors refuses a
+    file: an entry that is malformed, whose span does not match its shape and dtype, that lies
+    outside the data, or that overlaps another or leaves a gap ("invalid offset"). The one check
+    of local (:mod:`headrank.io.stfile`) and remote (:mod:`headrank.io.remote`) headers."""
+    if not isinstance(header, dict):
+        raise HeadRankError(f"{where}: corrupt safetensors header (not a JSON object)")
+    out = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape, (b, end) = e["dtype"], tuple(e["shape"]), e["data_offsets"]
+            if not all(isinstance(x, int) and not isinstance(x, bool) for x in (b, end, *shape)) or \
+                    not 0 <= b <= end or any(s < 0 for s in shape) or not isinstance(dtype, str):
+                raise ValueError
+        except (TypeError, KeyError, ValueError):
+            raise HeadRankError(f"{where}: corrupt safetensors header entry for {name!r}") from None
+        if dtype in ST_SIZES:
+            want = math.prod(shape) * ST_SIZES[dtype]
+            if end - b != want:
+                raise HeadRankError(f"{where}: tensor {name} spans {end - b:,} bytes but its shape and dtype need "
+                                    f"{want:,}")
+        if end > data_len:
+            raise HeadRankError(f"{where}: tensor {name} lies at data bytes {b:,}-{end - 1:,}, outside the file "
+                                f"({data_len:,} bytes of data)")
+        out[name] = (dtype, shape, b, end)
+    at = 0
+    for name, (_, _, b, end) in sorted(out.items(), key=lambda kv: (kv[1][2], kv[1][3])):
+        if b != at:
+            how = "overlaps the tensor before it" if b < at else f"leaves bytes {at:,}-{b - 1:,} unaccounted for"
+            raise HeadRankError(f"{where}: invalid offset: tensor {name} (data bytes {b:,}-{end - 1:,}) {how}")
+        at = end
+    return out
 
 
 def inside(root: Path, name: Any, where: str) -> Path:

@@ -115,7 +115,11 @@ def _file_bytes(p: Path, suffix: str) -> bytes:
     mem = f"{p}: more than {limit >> 20} MiB of text, more than this machine can tokenise (memory / 16)"
     with open(p, "rb") as raw:
         if suffix != ".jsonl.zst":
-            return _read_bounded(raw, limit, mem)
+            size = os.fstat(raw.fileno()).st_size
+            if size > limit:
+                raise HeadRankError(mem)
+            return _read_bounded(raw, size, f"{p} changed while it was read (it grew past the {size} bytes its "
+                                            "size said)")
         try:
             import zstandard
         except ImportError:  # pragma: no cover - a declared dependency

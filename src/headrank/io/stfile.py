@@ -1,0 +1,132 @@
+"""A local safetensors file read with ``pread`` instead of a memory map.
+
+A memory-mapped file that another process truncates kills the reader with SIGBUS (exit 135, no
+message) at the first page past the new end. Here every tensor is read with ``os.pread`` into
+its own buffer, and the file's identity (device, inode, size, modification time) is compared
+before and after each read: a file that shrank, grew or was rewritten underneath gives one line,
+``FILE changed while it was read``, never a crash and never numbers from two versions of the
+file. The header is checked by :func:`headrank.io.validate.safetensors_entries`, the same check
+a remote header gets (overlapping tensors refused on both paths). The cost against safetensors'
+own memory-mapped reader is measured in ``benchmarks/bench_stfile.py``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from headrank.errors import HeadRankError
+from headrank.io.tensor_source import ST_DTYPES
+from headrank.io.validate import JSON_CAPS, MAX_ST_HEADER, os_error, parse_json, safetensors_entries
+
+
+def changed(path: Any) -> HeadRankError:
+    """The one line for a file that changed while it was read."""
+    return HeadRankError(f"{path} changed while it was read (another process truncated or rewrote it); "
+                         "read it again once it is complete")
+
+
+class _Slice:
+    """What ``get_slice`` gives for metadata: dtype code and shape (safetensors' API)."""
+
+    def __init__(self, dtype: str, shape: tuple[int, ...]):
+        self._dtype, self._shape = dtype, shape
+
+    def get_dtype(self) -> str:
+        return self._dtype
+
+    def get_shape(self) -> list[int]:
+        return list(self._shape)
+
+
+class StampedFile:
+    """A file read with ``pread`` whose identity (device, inode, size, modification time) is
+    checked after every read against the one it had when opened (module docstring)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        try:
+            self._fd = os.open(self.path, os.O_RDONLY)
+        except OSError as e:
+            raise os_error(e, self.path, "read the weights file") from None
+        self._stamp = self._now()
+
+    @property
+    def size(self) -> int:
+        return self._stamp[2]
+
+    def _now(self) -> tuple[int, int, int, int]:
+        st = os.fstat(self._fd)
+        return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+    def pread(self, n: int, at: int) -> bytearray:
+        """``n`` bytes at offset ``at``, read straight into a fresh buffer (one copy, from the page
+        cache); the file must be as it was when opened."""
+        buf = bytearray(n)
+        view, got = memoryview(buf), 0
+        try:
+            while got < n:
+                k = os.preadv(self._fd, [view[got:]], at + got)
+                if k <= 0:
+                    break
+                got += k
+        except OSError as e:
+            raise os_error(e, self.path, "read") from None
+        if got != n or self._now() != self._stamp:
+            raise changed(self.path)
+        return buf
+
+    def close(self) -> None:
+        fd, self._fd = getattr(self, "_fd", -1), -1
+        if fd >= 0:
+            os.close(fd)
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class SafetensorsFile(StampedFile):
+    """``keys()``, ``get_tensor(name)`` and ``get_slice(name)`` of a safetensors file, each
+    tensor read with one ``pread`` (module docstring). Opens one descriptor; :meth:`close`."""
+
+    def __init__(self, path: str | os.PathLike):
+        super().__init__(path)
+        try:
+            self._entries = self._header()
+        except BaseException:
+            self.close()
+            raise
+
+    def _header(self) -> dict[str, tuple[str, tuple[int, ...], int, int]]:
+        size = self.size
+        if size < 8:
+            raise HeadRankError(f"cannot read {self.path}: {size} bytes is too short for a safetensors file")
+        n = int.from_bytes(self.pread(8, 0), "little")
+        if n > size - 8:
+            raise HeadRankError(f"cannot read {self.path}: corrupt safetensors header: it claims {n:,} bytes but "
+                                f"the file holds {size:,}")
+        if n > min(MAX_ST_HEADER, JSON_CAPS["safetensors header"]):
+            raise HeadRankError(f"cannot read {self.path}: a safetensors header of {n:,} bytes exceeds the "
+                                f"{JSON_CAPS['safetensors header'] >> 20} MiB a header may have")
+        header = parse_json(self.pread(n, 8), "safetensors header", self.path)
+        self._data = 8 + n
+        return safetensors_entries(header, size - self._data, f"cannot read {self.path}")
+
+    def keys(self) -> list[str]:
+        return list(self._entries)
+
+    def get_slice(self, name: str) -> _Slice:
+        dtype, shape, _, _ = self._entries[name]
+        return _Slice(dtype, shape)
+
+    def get_tensor(self, name: str) -> torch.Tensor:
+        dtype, shape, b, end = self._entries[name]
+        if dtype not in ST_DTYPES:
+            raise HeadRankError(f"tensor {name} in {self.path} has unsupported dtype {dtype!r}")
+        if end == b:
+            return torch.empty(shape, dtype=ST_DTYPES[dtype])
+        buf = self.pread(end - b, self._data + b)
+        return torch.frombuffer(buf, dtype=ST_DTYPES[dtype]).reshape(shape)
