@@ -351,7 +351,7 @@ def test_interrupts_watchdog_ends_a_command_that_swallows_ctrl_c():
     watchdog reports and exits 130 after the grace period; the line is printed once."""
     code = (
         "import sys, time\n"
-        "from headrank.util.errorpath import Interrupts\n"
+        "from headrank.cli.errorpath import Interrupts\n"
         "it = Interrupts(lambda m: sys.stderr.write('error: ' + m + '\\n'), grace_s=0.5)\n"
         "try:\n"
         "    it.handler(2, None)  # what a SIGINT runs\n"

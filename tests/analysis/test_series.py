@@ -216,7 +216,8 @@ def test_revisions_without_a_step_are_refused_or_read(run, tmp_path, monkeypatch
 
 
 def test_figure_drops_flat_panels_and_names_the_model(run, tmp_path):
-    from headrank.analysis.series import _title, moving_panels
+    from headrank.analysis.series import _title
+    from headrank.analysis.series_plots import moving_panels
 
     res = track(run, tmp_path / "f", workers=1, plots=False)
     s = res.summary()

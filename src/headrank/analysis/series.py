@@ -57,6 +57,7 @@ from typing import Any
 
 import pandas as pd
 
+from headrank.analysis.series_plots import plot_series, series_figure
 from headrank.core.linalg import DEFAULT_TOL
 from headrank.core.metrics import SUMMARY_METRICS
 from headrank.errors import HeadRankError, one_line
@@ -743,78 +744,3 @@ def _title(items: list[SeriesItem], arch: dict[str, Any], tracker_steps: int = 0
     more = f" + {tracker_steps} steps from metrics.jsonl" if tracker_steps else ""
     return (f"{name}: {len(items)} checkpoints{more}, {arch['model_type']} {arch['n_layers']} layers x "
             f"{arch['n_heads']} heads (dh {arch['head_dim']})")
-
-
-#: over_training.png's columns, what moves first: effective rank, k90 (where the table has it),
-#: gap/bound, balance, and the numerical rank (which often sits at its maximum)
-PANELS = (("effective_rank", "effective rank"), ("k90", "k90 (90% of the energy)"), ("gap_rel", "gap / bound"),
-          ("balance_rel", "balance (relative)"), ("rank", "numerical rank"))
-
-
-def moving_panels(summary: pd.DataFrame) -> list[tuple[str, str]]:
-    """The :data:`PANELS` the summary has and that move: a metric whose every per-layer series is
-    constant over the steps (in both products) would be a flat panel, and is left out."""
-    keep = []
-    for col, name in PANELS:
-        if col not in summary:
-            continue
-        spread = summary.groupby(["layer", "product"])[col].agg(lambda v: v.max() - v.min() if v.notna().any() else 0)
-        scale = max(float(summary[col].abs().max()), 1e-300)
-        if (spread > 1e-9 * scale).any():
-            keep.append((col, name))
-    return keep or [PANELS[0]]
-
-
-def plot_series(summary: pd.DataFrame, path: Path, title: str = "") -> Path:
-    """:func:`series_figure` written as a PNG to ``path``."""
-    import matplotlib.pyplot as plt
-
-    fig = series_figure(summary, title)
-    write_atomic(path, lambda p: fig.savefig(p, dpi=110, format="png"))
-    plt.close(fig)
-    return path
-
-
-def series_figure(summary: pd.DataFrame, title: str = ""):
-    """Rows QK and OV, columns :func:`moving_panels`; one thin line per layer (mean over its
-    heads, coloured by layer with a key) and the mean over layers in black, against step."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    panels = moving_panels(summary)
-    layers = sorted(summary["layer"].unique())
-    cmap = plt.get_cmap("viridis")
-    fig, axes = plt.subplots(2, len(panels), figsize=(4 * len(panels) + 1, 6.4), squeeze=False, sharex=True)
-    steps = summary["step"].to_numpy()
-    wide = steps.max() > 100 * max(steps[steps > 0].min(), 1) if (steps > 0).any() else False
-    for r, product in enumerate(("qk", "ov")):
-        s = summary[summary["product"] == product]
-        for c, (col, name) in enumerate(panels):
-            ax = axes[r][c]
-            for j, layer in enumerate(layers):
-                d = s[s["layer"] == layer].sort_values("step")
-                ax.plot(d["step"], d[col], color=cmap(j / max(len(layers) - 1, 1)), lw=1, alpha=0.8,
-                        label=f"layer {layer}" if r == 0 and c == 0 and len(layers) <= 8 else None)
-            m = s.groupby("step")[col].mean()
-            ax.plot(m.index, m.to_numpy(), color="black", lw=2, marker="o", ms=3,
-                    label="mean" if r == 0 and c == 0 else None)
-            ax.set_title(f"{product.upper()} {name}", fontsize=10)
-            if wide:
-                ax.set_xscale("symlog", linthresh=max(steps[steps > 0].min(), 1))
-            if r == 1:
-                ax.set_xlabel("step")
-            ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=7, ncol=2 if len(layers) > 4 else 1)
-    if len(layers) > 8:  # a colour key instead of a legend line per layer
-        from matplotlib.cm import ScalarMappable
-        from matplotlib.colors import Normalize
-
-        sm = ScalarMappable(norm=Normalize(min(layers), max(layers)), cmap=cmap)
-        fig.colorbar(sm, ax=axes, label="layer", fraction=0.02, pad=0.01)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    if len(layers) <= 8:
-        fig.tight_layout()
-    return fig
