@@ -34,8 +34,6 @@ from headrank.core.metrics import METRIC_COLUMNS as METRIC_COLUMNS
 from headrank.core.metrics import energy_rank as energy_rank
 from headrank.core.metrics import from_singular_values
 from headrank.core.metrics import rank_measures as rank_measures
-from headrank.util.bf16 import BF16Bits, as_float
-from headrank.util.bf16 import to_float32 as bf16_to_float32
 
 if TYPE_CHECKING:  # torch is imported where used: ``headrank --help`` reads DEFAULT_TOL without it
     import torch
@@ -133,7 +131,9 @@ def factor_roots(*Xs, workers: int = 1, device=None) -> list:
         if device is not None and not _is_torch(X):
             import torch
 
-            X = torch.from_numpy(bf16_to_float32(X) if isinstance(X, BF16Bits) else X)
+            from headrank.util.bf16 import BF16Bits, to_float32
+
+            X = torch.from_numpy(to_float32(X) if isinstance(X, BF16Bits) else X)
         d, dh = X.shape[-2:]
         parts = _chunks(X, max(1, chunk // max(1, 8 * d * dh))) or [X.reshape(-1, d, dh)]
         spans.append((len(jobs), len(jobs) + len(parts), X.shape[:-2]))
@@ -149,6 +149,8 @@ def factor_roots(*Xs, workers: int = 1, device=None) -> list:
             import torch
 
             R = torch.from_numpy(R)
+        elif not torch_out and _is_torch(R):  # the device route, numpy in: numpy out
+            R = R.numpy()
         out.append(R.reshape((*batch, *R.shape[-2:])))
     return out
 
@@ -234,6 +236,8 @@ def _float64_rows(X):
     """
     import numpy as np
 
+    from headrank.util.bf16 import BF16Bits, to_float32
+
     n, d, dh = X.shape
     if _is_torch(X):
         unit = (X.stride(-2), X.stride(-1))
@@ -252,7 +256,7 @@ def _float64_rows(X):
 
         torch.from_numpy(buf).copy_(X.mT if rows else X)
     elif isinstance(X, BF16Bits):  # raw bfloat16 bits: shifted into float32 (exact), then upcast
-        np.copyto(buf, bf16_to_float32(X.transpose(0, 2, 1) if rows else X, out=pool[1][: n * d * dh].reshape(shape)))
+        np.copyto(buf, to_float32(X.transpose(0, 2, 1) if rows else X, out=pool[1][: n * d * dh].reshape(shape)))
     else:
         np.copyto(buf, X.transpose(0, 2, 1) if rows else X)
     return pool, buf, rows
@@ -292,6 +296,8 @@ def _factor_root(X):
 
     n, d, dh = X.shape
     if d < dh:
+        from headrank.util.bf16 import as_float
+
         Xd = np.asarray(X.to(dtype=__import__("torch").float64).cpu()) if _is_torch(X) else as_float(X)
         finite = np.isfinite(Xd).all((-2, -1))
         R = _qr_r_np(Xd)
