@@ -12,17 +12,20 @@ BUSY = "import time\nx = 0\nwhile True:\n    x = (x * 1103515245 + 12345) % 2147
 
 
 @contextlib.contextmanager
-def cpu_load(on: bool = True) -> Iterator[subprocess.Popen | None]:
-    """Run one CPU-bound process (a pure-Python loop, one core) for the duration; ends it after."""
-    if not on:
+def cpu_load(on: bool | int = True) -> Iterator[subprocess.Popen | None]:
+    """Run ``on`` CPU-bound processes (True: one; each a pure-Python loop, one core) for the
+    duration; ends them after. Yields the first (None when there are none)."""
+    n = int(on)
+    if n <= 0:
         yield None
         return
-    p = subprocess.Popen([sys.executable, "-c", BUSY])
+    ps = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(n)]
     try:
-        yield p
+        yield ps[0]
     finally:
-        p.kill()
-        p.wait()
+        for p in ps:
+            p.kill()
+            p.wait()
 
 
 def load_avg() -> str:

@@ -4,20 +4,25 @@ SVD, on LLaMA-shaped bf16 checkpoints.
 
     python benchmarks/bench_spectra.py [--dir DIR] [--models llama2-7b-8l,llama2-7b,llama-70b-attn]
                                        [--big-layers N] [--no-load] [--tl-layers 1] [--dense-heads 2]
+                                       [--baseline-src OLD/src]
 
 It writes (once, then reuses) attention-only bf16 checkpoints sharded like a release (2 GiB
 shards, random weights): LLaMA-2-7B width with 8 and with 32 layers (d = 4096, 32 heads,
 dh = 128), and the 70B shape (80 layers, d = 8192, 64 heads, 8 kv heads; ~23 GiB: free disk is
 checked first; --big-layers N writes and analyses only the first N layers).
 
-Every contender runs in its own process, once on the machine as it is ("idle") and once beside
-one CPU-bound process the benchmark starts ("load"; --no-load skips it):
+Every contender runs in its own process, on the machine as it is ("idle"), beside one CPU-bound
+process the benchmark starts ("load") and, for the 8-layer shape, beside two ("load2"; --no-load
+skips both):
 - floor: read exactly the attention tensors with safetensors, convert them to float32 (in-process
   time, no start-up): what any analysis must at least do;
 - headrank: the whole `python -m headrank spectra DIR --out OUT -q` process, start-up, figures and
   output files included (wall clock from fork to exit; CPU seconds and peak RSS of that process);
-  also with --threads 2 (70B: idle only) and --no-plots (8 layers, idle), and meta.json's `timing_s`:
-  the share of the stream the compute waited on reads and the reads on compute;
+  also with --threads 2 (70B: idle only), --threads 1 and --no-plots (8 layers, idle), and meta.json's
+  `timing_s` (the share of the stream the compute waited on reads and the reads on compute) and
+  `compute` (device, threads per layer);
+- base: the same command from another source tree (--baseline-src, e.g. `git archive` of the
+  commit before a change, its own PYTHONPATH), in the same run;
 - start-up: `headrank spectra --help`, and a 1-layer run minus its compute (the fixed cost);
 - tl / tl1: transformer_lens.FactoredMatrix(A, Bᵀ).S for every head of --tl-layers layers, both
   products, at torch's default threads and at 1 thread, extrapolated to all layers
@@ -212,16 +217,19 @@ def measure_child(name: str, path: Path, args: argparse.Namespace, load: bool) -
     return {**json.loads(line[0][7:]), "load_avg": before}
 
 
-def measure_cli(path: Path, args: argparse.Namespace, load: bool, extra: tuple[str, ...] = ()) -> dict:
+def measure_cli(path: Path, args: argparse.Namespace, load: bool | int, extra: tuple[str, ...] = (),
+                src: Path | None = None) -> dict:
     """The whole `python -m headrank spectra PATH --out OUT -q` process: wall clock from fork
-    to exit, its peak RSS (wait4's ru_maxrss), and the stream timing meta.json records."""
+    to exit, its peak RSS (wait4's ru_maxrss), and the stream timing meta.json records.
+    ``src``: run that source tree instead (PYTHONPATH=src), e.g. the baseline."""
     out = Path(tempfile.mkdtemp(prefix="out-", dir=args.dir))
     cmd = [sys.executable, "-m", "headrank", "spectra", str(path), "--out", str(out), "-q", *extra]
+    env = {**os.environ, "PYTHONPATH": str(src)} if src is not None else None
     before = load_avg()
     try:
         with cpu_load(load), tempfile.TemporaryFile() as err:
             t0 = time.perf_counter()
-            p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+            p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
             _, status, usage = os.wait4(p.pid, 0)
             wall = time.perf_counter() - t0
             p.returncode = os.waitstatus_to_exitcode(status)
@@ -233,7 +241,9 @@ def measure_cli(path: Path, args: argparse.Namespace, load: bool, extra: tuple[s
                "load_avg": before,
                "files": sorted(f.name for f in out.iterdir())}
         if (out / "meta.json").exists():
-            res["timing_s"] = json.loads((out / "meta.json").read_text()).get("timing_s", {})
+            meta = json.loads((out / "meta.json").read_text())
+            res["timing_s"] = meta.get("timing_s", {})
+            res["compute"] = meta.get("compute", {"device": "cpu (torch)"})
         return res
     finally:
         shutil.rmtree(out, ignore_errors=True)
@@ -247,19 +257,27 @@ def measure_startup(path: Path, args: argparse.Namespace) -> dict:
         t0 = time.perf_counter()
         subprocess.run([sys.executable, "-m", "headrank", "spectra", "--help"], capture_output=True)
         helps.append(time.perf_counter() - t0)
-    ones = [measure_cli(path, args, False, ("--layers", "0"))]
+    ones = [measure_cli(path, args, False, ("--layers", "0")) for _ in range(2)]
     one = min((r for r in ones if "error" not in r), key=lambda r: r["seconds"], default=ones[0])
     fixed = one["seconds"] - one.get("timing_s", {}).get("compute", 0.0) if "error" not in one else None
-    return {"help_s": min(helps), "one_layer_s": one.get("seconds"), "one_layer_fixed_s": fixed,
-            "load_avg": load_avg()}
+    res = {"help_s": min(helps), "one_layer_s": one.get("seconds"), "one_layer_fixed_s": fixed,
+           "one_layer_cpu_s": one.get("cpu_s"), "load_avg": one.get("load_avg", load_avg())}
+    if args.baseline_src is not None:
+        old = [measure_cli(path, args, False, ("--layers", "0"), src=args.baseline_src) for _ in range(2)]
+        best = min((r for r in old if "error" not in r), key=lambda r: r["seconds"], default=old[0])
+        res.update(base_one_layer_s=best.get("seconds"), base_one_layer_cpu_s=best.get("cpu_s"),
+                   base_load_avg=best.get("load_avg"))
+    return res
 
 
 def _say(label: str, r: dict, key: str = "seconds", scale: float = 1.0) -> None:
     if "error" in r:
         print(f"    {label:28s} error: {r['error'][:100]}", flush=True)
     else:
+        c = r.get("compute") or {}
+        how = f"   device {c.get('device', 'cpu')}, threads {c.get('threads', '?')}" if "compute" in r else ""
         print(f"    {label:28s} {r[key] * scale:9.2f} s   peak RSS {r.get('peak_rss_mib', 0):6.0f} MiB   "
-              f"load average {r['load_avg']}", flush=True)
+              f"load average {r['load_avg']}{how}", flush=True)
 
 
 def run_model(label: str, args: argparse.Namespace) -> dict | None:
@@ -283,16 +301,23 @@ def run_model(label: str, args: argparse.Namespace) -> dict | None:
           f"(ready in {time.perf_counter() - t0:.0f} s)", flush=True)
     measure_child("floor", path, args, False)  # warm the page cache (as far as it holds the checkpoint)
     res: dict = {"model": label, "layers": n_layers}
-    for mode in ("idle",) if args.no_load else ("idle", "load"):
-        load = mode == "load"
+    modes = ("idle", "load", "load2") if label == "llama2-7b-8l" else ("idle", "load")
+    for mode in ("idle",) if args.no_load else modes:
+        load = {"idle": 0, "load": 1, "load2": 2}[mode]
         print(f"  [{mode}]", flush=True)
         r = res[mode] = {"floor": measure_child("floor", path, args, load)}
         _say("I/O floor", r["floor"])
         r["ours"] = measure_cli(path, args, load)
         _say("headrank whole process", r["ours"])
-        if not (load and label.startswith("llama-70b")):
+        if args.baseline_src is not None and mode != "load2":
+            r["base"] = measure_cli(path, args, load, src=args.baseline_src)
+            _say("baseline tree, whole process", r["base"])
+        if not (load and label.startswith("llama-70b")) and mode != "load2":
             r["ours2"] = measure_cli(path, args, load, ("--threads", "2"))
             _say("headrank --threads 2", r["ours2"])
+        if label == "llama2-7b-8l":
+            r["ours1"] = measure_cli(path, args, load, ("--threads", "1"))
+            _say("headrank --threads 1", r["ours1"])
         if not load and label == "llama2-7b-8l":  # what the figures cost
             r["noplots"] = measure_cli(path, args, load, ("--no-plots",))
             _say("headrank --no-plots", r["noplots"])
@@ -307,8 +332,12 @@ def run_model(label: str, args: argparse.Namespace) -> dict | None:
     if label == "llama2-7b-8l":
         res["startup"] = measure_startup(path, args)
         s = res["startup"]
-        print(f"    start-up: --help {s['help_s']:.2f} s; 1-layer run {s['one_layer_s']:.2f} s, of which fixed "
-              f"{s['one_layer_fixed_s']:.2f} s (load average {s['load_avg']})", flush=True)
+        print(f"    start-up: --help {s['help_s']:.2f} s; 1-layer run {s['one_layer_s']:.2f} s "
+              f"({s['one_layer_cpu_s']:.2f} s CPU), of which fixed {s['one_layer_fixed_s']:.2f} s (load average "
+              f"{s['load_avg']})", flush=True)
+        if "base_one_layer_s" in s:
+            print(f"    baseline 1-layer run {s['base_one_layer_s']:.2f} s ({s['base_one_layer_cpu_s']:.2f} s CPU; "
+                  f"load average {s['base_load_avg']})", flush=True)
     print("  RESULT_JSON " + json.dumps(res), flush=True)
     return res
 
@@ -339,6 +368,21 @@ def verdicts(results: dict[str, dict]) -> list[str]:
             out.append(f"{what}: {value:.2f} ({'<=' if at_most else '>='} {limit:g}) {'met' if ok else 'MISSED'}")
 
     r8, r32, r70 = (results.get(k) for k in ("llama2-7b-8l", "llama2-7b", "llama-70b-attn"))
+    if r8:
+        i = r8["idle"]
+        check("1-layer run, whole process, seconds", (r8.get("startup") or {}).get("one_layer_s"), 1.0)
+        check("8-layer 7B, defaults / --threads 2, idle (within 10 %)", _ratio(i.get("ours"), i.get("ours2")), 1.10)
+        for mode, what in (("load", "one"), ("load2", "two")):
+            if mode in r8:
+                if mode == "load":
+                    check("8-layer 7B, defaults / floor, beside one CPU-bound process",
+                          _ratio(r8[mode].get("ours"), r8[mode]["floor"]), 4)
+                check(f"8-layer 7B, defaults / --threads 1, beside {what} CPU-bound process(es)",
+                      _ratio(r8[mode].get("ours"), r8[mode].get("ours1")), 1.3)
+        for r, name in ((r8, "8-layer"), (r32, "32-layer")):
+            if r and "base" in r["idle"]:
+                check(f"{name} 7B, baseline tree / headrank (defaults), idle: speed-up",
+                      _ratio(r["idle"].get("base"), r["idle"].get("ours")), 1.0, at_most=False)
     for ours, how in (("ours", "defaults"), ("ours2", "--threads 2")):
         if r8:
             i = r8["idle"]
@@ -385,6 +429,8 @@ def table(results: dict[str, dict]) -> None:
     row("I/O floor: read the attention tensors, to float32", secs("floor"))
     row("headrank spectra --out, whole process (× floor)", secs("ours", vs="floor"))
     row("headrank --threads 2 (× floor)", secs("ours2", vs="floor"))
+    row("headrank --threads 1 (× floor)", secs("ours1", vs="floor"))
+    row("baseline tree, defaults (× floor)", secs("base", vs="floor"))
     row("headrank --no-plots (× floor)", secs("noplots", vs="floor"))
     row("TransformerLens `FactoredMatrix.S`, default threads, extrapolated (× headrank)",
         secs("tl", "per_layer_s", True, vs="ours"))
@@ -397,6 +443,8 @@ def table(results: dict[str, dict]) -> None:
     row("stream: compute waited on reads / reads on compute", lambda m, r: _shares(r["ours"]).replace(
         "compute waited on reads ", "").replace("reads waited on compute ", "").replace(", ", " / "))
     row("load average before headrank (1, 5, 15 min)", lambda m, r: r["ours"].get("load_avg", "—"))
+    row("headrank device, threads per layer", lambda m, r: "—" if "error" in r["ours"] else
+        f"{r['ours'].get('compute', {}).get('device')}, {r['ours'].get('compute', {}).get('threads')}")
 
 
 def main() -> None:
@@ -408,13 +456,16 @@ def main() -> None:
     ap.add_argument("--no-load", action="store_true", help="skip the runs beside a CPU-bound process")
     ap.add_argument("--big-layers", type=int, default=None, help="write and analyse only this many 70B layers")
     ap.add_argument("--child", nargs=2, metavar=("NAME", "PATH"))
+    ap.add_argument("--baseline-src", type=Path, default=None,
+                    help="a source tree (its src/ directory) to run side by side, e.g. the commit before a change")
     args = ap.parse_args()
     if args.child:
         return child(args.child[0], args.child[1], args)
 
     args.dir.mkdir(parents=True, exist_ok=True)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, cores {os.cpu_count()}, "
-          f"load average {load_avg()}", flush=True)
+          f"load average {load_avg()}; GPU: {torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none'} "
+          "(every number below is the CPU's unless a line says otherwise)", flush=True)
     results = {m: r for m in args.models.split(",") if m and (r := run_model(m, args))}
     table(results)
     print("\ntargets (ratios measured in this run):")

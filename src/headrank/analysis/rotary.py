@@ -36,11 +36,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
-import torch
 
 from headrank.core.linalg import (
     DEFAULT_TOL,
@@ -49,7 +47,11 @@ from headrank.core.linalg import (
     factor_roots,
     metrics_from_roots,
 )
-from headrank.core.metrics import energy_rank
+from headrank.core.metrics import _energy_rank, _sv
+
+if TYPE_CHECKING:  # torch and pandas are imported where used: spectra's numpy route needs neither per layer
+    import pandas as pd
+    import torch
 
 #: partial-rotary defaults of transformers' config classes when config.json leaves them out
 #: (tests/analysis/test_rotary.py checks them against AutoConfig.for_model)
@@ -157,15 +159,24 @@ def _frequencies(config: dict[str, Any], model_type: str, r: int, base: float, r
 
 def energies_from_norms(nq: torch.Tensor, nk: torch.Tensor, spec: RotarySpec) -> torch.Tensor:
     """Each band's energy ``e_j`` ``(..., n_bands)`` from the squared row norms ``(..., dh)`` of a
-    head's W_Q and W_K (``headrank spectra`` has them already: ``row_norms`` q and k)."""
-    a, b = (torch.from_numpy(i) for i in spec.pairs())
-    nq, nk = nq.to(torch.float64), nk.to(torch.float64)
+    head's W_Q and W_K (``headrank spectra`` has them already: ``row_norms`` q and k); torch
+    tensors or numpy arrays (numpy in, numpy out)."""
+    a, b = spec.pairs()
+    if type(nq).__module__.startswith("torch"):
+        import torch
+
+        a, b = torch.from_numpy(a), torch.from_numpy(b)
+        nq, nk = nq.to(torch.float64), torch.as_tensor(nk).to(torch.float64)
+    else:
+        nq, nk = np.asarray(nq, dtype=np.float64), np.asarray(nk, dtype=np.float64)
     return 0.5 * (nq[..., a] + nq[..., b]) * (nk[..., a] + nk[..., b])
 
 
 def band_energies(wq: torch.Tensor, wk: torch.Tensor, spec: RotarySpec) -> tuple[torch.Tensor, torch.Tensor]:
     """Per head: each band's energy ``e_j`` ``(..., n_bands)`` and the non-rotary part's ``‖P‖²_F``
     ``(...)``, for ``wq, wk`` of shape ``(..., dh, d)`` (a kv head repeated for its query heads)."""
+    import torch
+
     wq, wk = wq.to(torch.float64), wk.to(torch.float64)
     bands = energies_from_norms((wq**2).sum(-1), (wk**2).sum(-1), spec)
     p = torch.from_numpy(spec.pass_dims())
@@ -182,7 +193,11 @@ def pass_metrics(hw: Any, spec: RotarySpec, tol: float = DEFAULT_TOL, workers: i
     :func:`headrank.analysis.scan.layer_metrics` leaves them: ``W[p]ᵀ = Q R[:, p]``, so a QR of
     the small ``R[:, p]`` is a root of the pass factor and the weights are not read again.
     """
-    p = torch.from_numpy(spec.pass_dims())
+    p = spec.pass_dims()
+    if type(hw.wq).__module__.startswith("torch"):
+        import torch
+
+        p = torch.from_numpy(p)
     if roots is None:
         rq, rk = factor_roots(hw.wq[:, p, :].mT, hw.wk[:, p, :].mT, workers=workers)
     else:
@@ -192,6 +207,14 @@ def pass_metrics(hw: Any, spec: RotarySpec, tol: float = DEFAULT_TOL, workers: i
 
 def _sub_root(R: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     """A root of the columns ``p`` of ``X`` from a root ``R`` of ``X`` (NaN heads stay NaN)."""
+    if not type(R).__module__.startswith("torch"):
+        from headrank.core.linalg import _qr_r_np
+
+        sub = R[..., np.asarray(p)]
+        finite = np.isfinite(sub).all((-2, -1))
+        return np.where(finite[..., None, None], _qr_r_np(sub), np.nan)
+    import torch
+
     sub = R[..., p]
     finite = torch.isfinite(sub).all(-1).all(-1)
     out = torch.linalg.qr(torch.nan_to_num(sub, nan=0.0, posinf=0.0, neginf=0.0), mode="r").R
@@ -203,6 +226,8 @@ def band_scores(wq: torch.Tensor, wk: torch.Tensor, spec: RotarySpec, x: torch.T
     """The score's parts for one head (``wq, wk``: ``(dh, d)``): query inputs ``x`` and key inputs
     ``y`` ``(..., d)`` at relative position ``delta = m − n`` (broadcast). Returns ``(..., n_bands + 1)``:
     band j's ``Re(e^{iθ_jΔ} (u_j·x) conj(v_j·y))``, then the non-rotary part; they sum to the score."""
+    import torch
+
     a, b = (torch.from_numpy(i) for i in spec.pairs())
     qx, ky = x.to(torch.float64) @ wq.to(torch.float64).T, y.to(torch.float64) @ wk.to(torch.float64).T
     zq, zk = torch.complex(qx[..., a], qx[..., b]), torch.complex(ky[..., a], ky[..., b])
@@ -219,7 +244,7 @@ class RotaryScan:
 
     def __init__(self, spec: RotarySpec, notes: list[str], tol: float = DEFAULT_TOL):
         self.spec, self.notes, self.tol = spec, notes, tol
-        self.frames: list[pd.DataFrame] = []
+        self.frames: list[dict[str, Any]] = []  # columns per layer; DataFrames only in table()
 
     def add(self, layer: int, hw: Any, row_norms: dict[str, torch.Tensor],
             roots: dict[str, torch.Tensor] | None = None, workers: int = 1) -> None:
@@ -230,25 +255,28 @@ class RotaryScan:
         H, nb = bands.shape
         partial = self.spec.rotary_dim < self.spec.head_dim
         m = pass_metrics(hw, self.spec, self.tol, workers, roots or None) if partial else None
-        rest = m.frob.to(torch.float64) ** 2 if m is not None else torch.zeros(H, dtype=torch.float64)
-        total = (bands.sum(-1) + rest).numpy()
+        bands = np.asarray(bands, dtype=np.float64)
+        rest = np.asarray(m.frob, dtype=np.float64) ** 2 if m is not None else np.zeros(H, dtype=np.float64)
+        total = bands.sum(-1) + rest
         total = np.where(total > 0, total, 1.0)
         a, b = self.spec.pairs()
         theta = np.asarray(self.spec.theta)
-        self.frames.append(pd.DataFrame({
+        self.frames.append({
             "layer": layer, "head": np.repeat(np.arange(H), nb), "kv_head": np.repeat(np.arange(H) // hw.group, nb),
             "part": "band", "band": np.tile(np.arange(nb), H), "dim_a": np.tile(a, H), "dim_b": np.tile(b, H),
             "theta": np.tile(theta, H), "wavelength": np.tile(2 * np.pi / theta, H),
-            "energy": bands.reshape(-1).numpy(), "share": (bands.numpy() / total[:, None]).reshape(-1)}))
+            "energy": bands.reshape(-1), "share": (bands / total[:, None]).reshape(-1)})
         if m is not None:
-            self.frames.append(pd.DataFrame({
+            self.frames.append({
                 "layer": layer, "head": np.arange(H), "kv_head": np.arange(H) // hw.group, "part": "pass",
                 "band": -1, "dim_a": -1, "dim_b": -1, "theta": 0.0, "wavelength": np.inf,
-                "energy": rest.numpy(), "share": rest.numpy() / total, **{k: v.numpy() for k, v in m.columns().items()}}))
+                "energy": rest, "share": rest / total, **{k: np.asarray(v) for k, v in m.columns().items()}})
 
     def table(self) -> pd.DataFrame:
         """One row per (layer, head, band) and, for partial rotary, one ``pass`` row per head."""
-        t = pd.concat(self.frames, ignore_index=True)
+        import pandas as pd
+
+        t = pd.concat([pd.DataFrame(f) for f in self.frames], ignore_index=True)
         return t.reindex(columns=[*t.columns[:11], *[c for c in METRIC_COLUMNS if c in t]])
 
     def meta(self, table: pd.DataFrame) -> dict[str, Any]:
@@ -256,7 +284,7 @@ class RotaryScan:
         s = self.spec
         bands = table[table["part"] == "band"]
         per_head = bands.groupby(["layer", "head"])["energy"].apply(lambda e: np.sort(e.to_numpy())[::-1])
-        k90 = energy_rank(np.sqrt(np.stack(per_head.to_list())), 0.9).double().mean().item()
+        k90 = float(_energy_rank(_sv(np.sqrt(np.stack(per_head.to_list()))), 0.9).astype(np.float64).mean())
         return {
             "head_dim": s.head_dim, "rotary_dim": s.rotary_dim, "bands": s.n_bands, "style": STYLES[s.style],
             "base": s.base, "rope_type": s.rope_type, "frequencies": s.frequencies,

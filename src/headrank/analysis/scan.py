@@ -10,11 +10,9 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
-import torch
 
 from headrank.analysis.figproc import FigureProcess, figure_data
 from headrank.analysis.rotary import rotary_scan
@@ -30,10 +28,14 @@ from headrank.errors import HeadRankError
 from headrank.io.layouts import AttentionReader, HeadWeights, Layout
 from headrank.io.sources import open_reader
 from headrank.io.tensor_source import BaseCheckpoint
+from headrank.util.bf16 import as_float
 from headrank.util.env import versions
 from headrank.util.fileio import prepare_out_dir, write_atomic, write_json
 from headrank.util.result import ResultBase, plain, read_csv, read_json, records
-from headrank.util.threads import check_threads, torch_threads
+from headrank.util.threads import IdleCores, check_threads, resolve_device, torch_threads
+
+if TYPE_CHECKING:  # imported where used: a safetensors checkpoint is read and reduced without torch,
+    import pandas as pd  # and pandas (imported meanwhile, in a thread) is needed only for the tables
 
 TABLE_COLUMNS = ("layer", "head", "kv_head", "product", *METRIC_COLUMNS, "head_dim", "finite")
 
@@ -153,7 +155,8 @@ class SpectraResult(ResultBase):
         return plot(self.table, self.sv, self.meta, path)
 
 
-def _rows(layer: int, product: str, m: ProductMetrics, group: int, head_dim: int) -> pd.DataFrame:
+def _rows(layer: int, product: str, m: ProductMetrics, group: int, head_dim: int) -> dict[str, Any]:
+    """One layer's rows of one product as columns (numpy); :func:`_table` makes the DataFrame."""
     n = m.sv.shape[0]
     cols: dict[str, Any] = {
         "layer": layer,
@@ -161,14 +164,15 @@ def _rows(layer: int, product: str, m: ProductMetrics, group: int, head_dim: int
         "kv_head": np.arange(n) // group,
         "product": product,
     }
-    cols.update({k: v.numpy() for k, v in m.columns().items()})
+    cols.update({k: np.asarray(v) for k, v in m.columns().items()})
     cols["head_dim"] = head_dim
-    cols["finite"] = m.finite.numpy()
-    return pd.DataFrame(cols, columns=list(TABLE_COLUMNS))
+    cols["finite"] = np.asarray(m.finite)
+    return cols
 
 
 def layer_metrics(hw: HeadWeights, tol: float = DEFAULT_TOL, *, workers: int = 1,
-                  roots: dict[str, torch.Tensor] | None = None) -> tuple[dict[str, ProductMetrics], dict[str, torch.Tensor]]:
+                  roots: dict[str, Any] | None = None, device: Any = None,
+                  ) -> tuple[dict[str, ProductMetrics], dict[str, Any]]:
     """QK and OV metrics of every query head of one layer, plus the Figure 4 row norms.
 
     Each distinct factor is reduced once (a kv head shared by a group of query heads too).
@@ -177,13 +181,15 @@ def layer_metrics(hw: HeadWeights, tol: float = DEFAULT_TOL, *, workers: int = 1
     ``workers`` > 1 shares the heads among that many threads (run under ``torch_threads(1)``;
     the result is the same for any number). ``roots``, if given, receives the roots of W_Qᵀ
     (``q``, per query head) and W_Kᵀ (``k``, per kv head) for the rotary scan to reuse.
+    ``device``: None for numpy's LAPACK on the CPU, or a torch device (``"cpu"``, ``"cuda"``)
+    for the Grams and small factorisations in torch float64 there (:func:`headrank.core.linalg.factor_roots`).
     """
-    rq, rk, rv, rp = factor_roots(hw.wq.mT, hw.wk.mT, hw.wv.mT, hw.p, workers=workers)
+    rq, rk, rv, rp = factor_roots(hw.wq.mT, hw.wk.mT, hw.wv.mT, hw.p, workers=workers, device=device)
     if roots is not None:
         roots.update(q=rq, k=rk)
     rk, rv = hw.kv_for_query_heads(rk), hw.kv_for_query_heads(rv)
-    metrics = {"qk": metrics_from_roots(rk, rq, tol, workers=workers),
-               "ov": metrics_from_roots(rp, rv, tol, workers=workers)}
+    metrics = {"qk": metrics_from_roots(rk, rq, tol, workers=workers, device=device),
+               "ov": metrics_from_roots(rp, rv, tol, workers=workers, device=device)}
     gram_diag = lambda r: (r * r).sum(-2)  # noqa: E731
     norms = {"q": gram_diag(rq), "k": gram_diag(rk), "v": gram_diag(rv), "p": gram_diag(rp)}
     return metrics, norms
@@ -198,6 +204,16 @@ def _fault_in(hw: HeadWeights) -> None:
     """
     seen = set()
     for w in (hw.wq, hw.wk, hw.wv, hw.p):
+        if not type(w).__module__.startswith("torch"):
+            root = w
+            while isinstance(root.base, np.ndarray):  # the view of the file's map (io.checkpoint._NumpyFile)
+                root = root.base
+            if id(root) not in seen and root.flags.c_contiguous and root.base is not None:  # mapped, not computed
+                seen.add(id(root))
+                root.reshape(-1).view(np.uint8)[::4096].sum()
+            continue
+        import torch
+
         storage = w.untyped_storage()
         if storage.data_ptr() in seen or w.device.type != "cpu":
             continue
@@ -206,7 +222,8 @@ def _fault_in(hw: HeadWeights) -> None:
 
 
 def _stream(reader: AttentionReader, sel: list[int], tol: float, threads: int | None,
-            timing: dict[str, float] | None = None, roots: dict[str, torch.Tensor] | None = None):
+            timing: dict[str, float] | None = None, roots: dict[str, Any] | None = None,
+            device: Any = None, used: list[int] | None = None):
     """Yield ``(i, hw, metrics, row_norms)`` per selected layer; layer i+1 is read meanwhile.
 
     The checkpoint is touched by one thread at a time (the reader thread; ``release`` only
@@ -214,6 +231,8 @@ def _stream(reader: AttentionReader, sel: list[int], tol: float, threads: int | 
     given, is filled with seconds: ``wall`` (first read to last layer's metrics), ``read``
     (inside the reader), ``compute`` (the metrics), ``compute_waited_on_read`` (the metrics
     idle until a layer was read) and ``read_waited_on_compute`` (the reader idle).
+    ``threads`` None: the idle cores (:class:`~headrank.util.threads.IdleCores`), re-checked
+    before each layer; ``used``, if given, receives each layer's count.
     """
     import time
     from concurrent.futures import ThreadPoolExecutor
@@ -231,7 +250,7 @@ def _stream(reader: AttentionReader, sel: list[int], tol: float, threads: int | 
         finally:
             t["read"] += time.perf_counter() - t0
 
-    workers = max(1, threads if threads is not None else torch.get_num_threads())
+    cores = IdleCores(threads)
     start = time.perf_counter()
     with ThreadPoolExecutor(1, thread_name_prefix="headrank-read") as io, torch_threads(1):
         nxt = io.submit(read, sel[0]) if sel else None
@@ -242,8 +261,11 @@ def _stream(reader: AttentionReader, sel: list[int], tol: float, threads: int | 
             reader.ckpt.release()  # unmap what the read touched (tensors read are copies)
             trim_heap()  # the previous layer's temporaries, back to the OS (resident set stays flat)
             nxt = io.submit(read, sel[k + 1]) if k + 1 < len(sel) else None
+            workers = cores.threads()  # the idle cores now (others' load since the last layer), unless pinned
+            if used is not None:
+                used.append(workers)
             t0 = time.perf_counter()
-            metrics, row_norms = layer_metrics(hw, tol, workers=workers, roots=roots)  # roots: this layer's
+            metrics, row_norms = layer_metrics(hw, tol, workers=workers, roots=roots, device=device)
             t["compute"] += time.perf_counter() - t0
             if timing is not None:
                 wall = time.perf_counter() - start
@@ -308,6 +330,37 @@ def _check_args(tol: Any, layers: Any, threads: Any, progress: Any) -> list[int]
     return [int(i) for i in sel]
 
 
+def _import_meanwhile(name: str):
+    """Import module ``name`` in a background thread (started now; ``.join()`` it before use):
+    its import overlaps the reading and the reductions, which release the GIL in LAPACK."""
+    import importlib
+    import threading
+
+    def run() -> None:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - the import in the caller's thread reports it
+            pass
+
+    t = threading.Thread(target=run, name=f"headrank-import-{name}", daemon=True)
+    t.start()
+    return t
+
+
+def _compute_meta(device: str | None, threads: int | None, used: list[int]) -> dict[str, Any]:
+    """meta.json's ``compute``: where the arithmetic ran and with how many worker threads."""
+    return {
+        "device": device or "cpu",
+        "linalg": (f"torch float64 on {device} (Grams, Cholesky, QR, core SVDs)" if device else
+                   "numpy float64 LAPACK on the CPU (Grams by BLAS dsyrk, Cholesky, QR, core SVDs)"),
+        "threads": used,
+        "threads_rule": ("pinned (--threads)" if threads is not None else
+                         "idle cores: CPU affinity and cgroup quota minus the load average at the start, "
+                         "then minus other processes' CPU use between layers"),
+        "note": "results are bit-identical for any thread count on one device and route",
+    }
+
+
 def analyze(
     source: str | os.PathLike | BaseCheckpoint | Any,
     *,
@@ -326,6 +379,7 @@ def analyze(
     allow_full: bool = False,
     rotary: bool = True,
     vectors: bool = False,
+    device: str | None = "auto",
 ) -> SpectraResult:
     """Exact per-head QK and OV spectra of every (or the selected) attention layer.
 
@@ -334,18 +388,21 @@ def analyze(
 
     ``layout``: a TOML layout file (or a :class:`Layout`) for a model_type not in the table;
     the config then may be absent. ``progress(done, total)`` is called after each layer.
-    ``threads``: CPU threads of the computation (default: torch's current thread count; the one
-    bound of every thread count, :func:`headrank.util.threads.check_threads`: 1 to 4 per CPU).
-    Each runs single-threaded torch over its own heads while a background thread reads the next
-    layer, so a core taken by another process slows the scan in proportion, and results are
-    bit-identical whatever the load. ``rotary``: for rotary models, also the per-band energies and the spectra
+    ``threads``: worker threads, each single-threaded over its own heads (default: the idle
+    cores, re-checked between layers; the one bound of every thread count,
+    :func:`headrank.util.threads.check_threads`; results are bit-identical for any count). ``device``:
+    ``"auto"``, ``"cpu"`` (numpy LAPACK, no torch for safetensors) or ``"cuda[:N]"`` (torch
+    float64 on that GPU); see docs/spectra-speed.md. ``rotary``: for rotary models, also the per-band energies and the spectra
     of the non-rotary part (``result.rotary``, :mod:`headrank.analysis.rotary`). ``vectors``:
     also each head's singular vectors (``result.vectors``; refused when they would not fit in a
     quarter of this machine's memory: select layers).
     """
     layers = _check_args(tol, layers, threads, progress)
+    dev = resolve_device(device)
+    pandas = _import_meanwhile("pandas")  # needed for the tables only: imported while the layers stream
     reader = open_reader(source, config=config, layout=layout, revision=revision, base=base, delta=delta,
-                         fold_norm=fold_norm, download=download, remote=remote, allow_full=allow_full)
+                         fold_norm=fold_norm, download=download, remote=remote, allow_full=allow_full,
+                         arrays="numpy")
     dims = reader.dims
     spec = layers if layers is None or isinstance(layers, str) else ",".join(str(i) for i in layers)
     sel = parse_layers(spec, dims.n_layers)
@@ -353,38 +410,37 @@ def analyze(
 
     vecs = _Vectors(dims, len(sel)) if vectors else None
     rot, rot_why = rotary_scan(reader.ckpt.config, reader.position, dims.head_dim, reader.qk_norm, tol, rotary)
-    frames, sv, norms, timing = _scan_layers(reader, sel, tol, threads, rot, vecs, progress)
+    used: list[int] = []
+    frames, sv, norms, timing = _scan_layers(reader, sel, tol, threads, rot, vecs, progress, dev, used)
+    pandas.join()
     table = _table(frames)
-    meta = _meta(reader, sel, tol, table)
-    meta["timing_s"] = {k: round(v, 4) for k, v in timing.items()}  # where the stream's time went
+    meta = {**_meta(reader, sel, tol, table), "compute": _compute_meta(dev, threads, used),
+            "timing_s": {k: round(v, 4) for k, v in timing.items()}}  # where the stream's time went
     rotary = rot.table() if rot is not None else None
     meta["conventions"]["rotary_bands"] = rot.meta(rotary) if rot is not None else rot_why
-    return SpectraResult(
-        table=table,
-        sv={p: np.stack(v) for p, v in sv.items()},
-        row_norms={k: np.stack(v) for k, v in norms.items()},
-        meta=meta,
-        rotary=rotary,
-        vectors=vecs.arrays() if vecs is not None else None,
-    )
+    return SpectraResult(table=table, sv={p: np.stack(v) for p, v in sv.items()},
+                         row_norms={k: np.stack(v) for k, v in norms.items()}, meta=meta, rotary=rotary,
+                         vectors=vecs.arrays() if vecs is not None else None)
 
 
 def _scan_layers(reader: AttentionReader, sel: list[int], tol: float, threads: int | None, rot: Any,
-                 vecs: _Vectors | None, progress: Callable[[int, int], None] | None):
+                 vecs: _Vectors | None, progress: Callable[[int, int], None] | None, device: Any = None,
+                 used: list[int] | None = None):
     """Stream the selected layers: each one's table rows, singular values and row norms (and its
     rotary bands and singular vectors where asked), then the stream's timing."""
-    frames: list[pd.DataFrame] = []
+    frames: list[dict[str, Any]] = []
     sv: dict[str, list[np.ndarray]] = {p: [] for p in PRODUCTS}
     norms: dict[str, list[np.ndarray]] = {k: [] for k in ("q", "k", "v", "p")}
     timing: dict[str, float] = {}
-    roots: dict[str, torch.Tensor] = {}  # each layer's W_Q, W_K roots, for the rotary scan
+    roots: dict[str, Any] = {}  # each layer's W_Q, W_K roots, for the rotary scan
     head_dim = reader.dims.head_dim
-    for done, (i, hw, metrics, row_norms) in enumerate(_stream(reader, sel, tol, threads, timing, roots), 1):
+    stream = _stream(reader, sel, tol, threads, timing, roots, device, used)
+    for done, (i, hw, metrics, row_norms) in enumerate(stream, 1):
         for product, m in metrics.items():
             frames.append(_rows(i, product, m, hw.group, head_dim))
-            sv[product].append(m.sv.numpy())
+            sv[product].append(np.asarray(m.sv))
         for k, v in row_norms.items():
-            norms[k].append(v.numpy())
+            norms[k].append(np.asarray(v))
         if rot is not None:
             rot.add(i, hw, row_norms, roots)
         if vecs is not None:
@@ -411,9 +467,13 @@ class _Vectors:
         self.parts: dict[str, dict[str, np.ndarray]] = {p: {} for p in PRODUCTS}
 
     def add(self, hw: HeadWeights) -> None:
+        import torch
+
         from headrank.core.linalg import product_svd
 
         for product, (a, b) in (("qk", hw.qk_factors()), ("ov", hw.ov_factors())):
+            a, b = (x if isinstance(x, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(as_float(x, np.float32)))
+                    for x in (a, b))
             u, s, v = product_svd(a, b)
             for key, x in (("u", u), ("s", s), ("v", v)):
                 arr = x.to(torch.float32).numpy()
@@ -427,10 +487,12 @@ class _Vectors:
         return {p: {k: v[:self.done] for k, v in d.items()} for p, d in self.parts.items()}
 
 
-def _table(frames: list[pd.DataFrame]) -> pd.DataFrame:
+def _table(frames: list[dict[str, Any]]) -> pd.DataFrame:
     """The layers' rows in one table; the metric table's counts (rank, k90, k99) as int64 unless a
     non-finite head made them NaN."""
-    table = pd.concat(frames, ignore_index=True)
+    import pandas as pd
+
+    table = pd.concat([pd.DataFrame(f, columns=list(TABLE_COLUMNS)) for f in frames], ignore_index=True)
     for m in METRICS:
         if m.integer:
             table[m.name] = table[m.name].astype("float64" if table[m.name].isna().any() else "int64")

@@ -50,7 +50,7 @@ class ProductMetrics:
     ``finite = False`` and NaN metrics.
     """
 
-    sv: torch.Tensor
+    sv: torch.Tensor  # or a numpy array: numpy roots give numpy metrics (metrics_from_roots)
     values: dict[str, torch.Tensor]
     finite: torch.Tensor
     tol: float
@@ -81,44 +81,81 @@ GRAM_MIN_RATIO = 1e-8  # heads with λ_min(XᵀX) below this times λ_max take t
 
 
 CHUNK_BYTES = 16 * 2**20  # heads are upcast to float64 this many bytes at a time, into reused buffers
+DEVICE_CHUNK_BYTES = 512 * 2**20  # the torch route (a GPU): fewer, larger batches (each head still alone)
 _BUFFERS: list = []  # free float64 upcast buffers (numpy), one per worker in use
 _BUF_LOCK = threading.Lock()
 METRIC_CHUNK = 8  # heads per task in metrics_from_roots (fixed: results never depend on workers)
 
 
-def _chunks(X: torch.Tensor, per: int) -> list[torch.Tensor]:
+def _is_torch(x: object) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
+def _chunks(X, per: int) -> list:
     flat = X.reshape(-1, *X.shape[-2:])
     return [flat[s:s + per] for s in range(0, flat.shape[0], per)]
 
 
-def factor_roots(*Xs: torch.Tensor, workers: int = 1) -> list[torch.Tensor]:
+def _cat(parts: list):
+    if len(parts) == 1:
+        return parts[0]
+    if _is_torch(parts[0]):
+        import torch
+
+        return torch.cat(parts)
+    import numpy as np
+
+    return np.concatenate(parts)
+
+
+def factor_roots(*Xs, workers: int = 1, device=None) -> list:
     """:func:`factor_root` of each factor, the chunks of all of them shared by ``workers`` threads.
+
+    Factors are numpy arrays or torch tensors (any float dtype). ``device=None``: the numpy
+    route (LAPACK through numpy, float64): numpy in, numpy out; torch in, torch (CPU) out.
+    ``device`` a torch device (``"cpu"``, ``"cuda"``): the torch route, the Grams and the small
+    factorisations in float64 on that device, roots back as CPU torch tensors.
 
     Each chunk is reduced by one thread, so run it under ``torch_threads(1)`` (as
     :func:`headrank.analysis.scan.analyze` does): a core taken by another process then slows
     one worker, not a barrier every small factorisation waits at. Chunks are fixed by
     CHUNK_BYTES alone, so the result is bit-identical whatever ``workers`` and the load.
     """
-    import torch
-
     from headrank.util.threads import parallel_map
 
-    jobs, spans = [], []
+    jobs, spans, torch_out = [], [], False
+    chunk = CHUNK_BYTES if device is None else DEVICE_CHUNK_BYTES
     for X in Xs:
-        X = X.detach()
+        torch_out |= _is_torch(X)
+        X = X.detach() if _is_torch(X) else X
+        if device is not None and not _is_torch(X):
+            import torch
+
+            from headrank.util.bf16 import BF16Bits, to_float32
+
+            X = torch.from_numpy(to_float32(X) if isinstance(X, BF16Bits) else X)
         d, dh = X.shape[-2:]
-        parts = _chunks(X, max(1, CHUNK_BYTES // max(1, 8 * d * dh))) or [X.reshape(-1, d, dh)]
+        parts = _chunks(X, max(1, chunk // max(1, 8 * d * dh))) or [X.reshape(-1, d, dh)]
         spans.append((len(jobs), len(jobs) + len(parts), X.shape[:-2]))
         jobs += parts
-    done = parallel_map(_factor_root, jobs, workers)
+    if device is None:
+        done = parallel_map(_factor_root, jobs, workers)
+    else:
+        done = parallel_map(lambda x: _factor_root_torch(x, device), jobs, workers)
     out = []
     for a, b, batch in spans:
-        R = done[a] if b - a == 1 else torch.cat(done[a:b])
+        R = _cat(done[a:b])
+        if torch_out and not _is_torch(R):
+            import torch
+
+            R = torch.from_numpy(R)
+        elif not torch_out and _is_torch(R):  # the device route, numpy in: numpy out
+            R = R.numpy()
         out.append(R.reshape((*batch, *R.shape[-2:])))
     return out
 
 
-def factor_root(X: torch.Tensor) -> torch.Tensor:
+def factor_root(X, device=None):
     """A float64 ``R`` with ``XᵀX = RᵀR`` for factors ``X`` of shape ``(..., d, dh)``.
 
     Shape ``(..., min(d, dh), dh)``. Any input dtype; upcast to float64 before arithmetic.
@@ -132,29 +169,60 @@ def factor_root(X: torch.Tensor) -> torch.Tensor:
     Heads are upcast and reduced a few at a time, into reused float64 buffers of CHUNK_BYTES:
     one fresh 128 MiB float64 copy of a 4096-wide layer costs more in page faults than its
     Gram products cost in arithmetic. Each head's Gram is computed alone, so the result does
-    not depend on how heads are chunked or shared among workers.
+    not depend on how heads are chunked or shared among workers. ``device``: see
+    :func:`factor_roots`.
     """
-    return factor_roots(X)[0]
+    return factor_roots(X, device=device)[0]
 
 
-def _gram_certified(G: torch.Tensor, R: torch.Tensor) -> torch.Tensor:
+def _certified(G, Ri, xp):
+    """``GRAM_MIN_RATIO · λ_max(G) · ‖R⁻¹‖₂² ≤ 1`` from upper bounds (see :func:`_gram_certified`);
+    ``Ri`` = ``|R⁻¹|``; ``xp`` is numpy or torch."""
+    inv_sq = xp.minimum((Ri * Ri).sum((-2, -1)), Ri.sum(-2).amax(-1) * Ri.sum(-1).amax(-1)) \
+        if xp.__name__ == "torch" else \
+        xp.minimum((Ri * Ri).sum((-2, -1)), Ri.sum(-2).max(-1) * Ri.sum(-1).max(-1))
+    trace = xp.diagonal(G, dim1=-2, dim2=-1).sum(-1) if xp.__name__ == "torch" else \
+        xp.diagonal(G, axis1=-2, axis2=-1).sum(-1)
+    col = G.abs().sum(-2).amax(-1) if xp.__name__ == "torch" else xp.abs(G).sum(-2).max(-1)
+    return GRAM_MIN_RATIO * xp.minimum(trace, col) * inv_sq <= 1.0  # NaN/Inf (a singular R): not certified
+
+
+def _gram_certified(G, R):
     """True where ``λ_min(G) ≥ GRAM_MIN_RATIO · λ_max(G)`` is proven, for ``RᵀR = G`` (Cholesky).
 
     Upper bounds only: ``λ_max ≤ min(trace G, ‖G‖₁)`` and ``1/λ_min = ‖R⁻¹‖₂² ≤
     min(‖R⁻¹‖²_F, ‖R⁻¹‖₁‖R⁻¹‖_∞)``; ``R⁻¹`` is one triangular solve (dh³/3 multiply-adds,
     about 1/(3d) of the Gram's), where an eigendecomposition of G cost more than the Cholesky
     it guarded. Conservative: a head just inside the ratio may take the (exact) QR path too.
+    Torch tensors or numpy arrays (numpy: ``R⁻¹`` by LAPACK's LU inverse, whose pivots on an
+    upper-triangular ``R`` are its diagonal: the same back substitution).
     """
-    import torch
+    if _is_torch(G):
+        import torch
 
-    eye = torch.eye(R.shape[-1], dtype=R.dtype).expand_as(R)
-    Ri = torch.linalg.solve_triangular(R, eye, upper=True).abs_()
-    inv_sq = torch.minimum((Ri * Ri).sum((-2, -1)), Ri.sum(-2).amax(-1) * Ri.sum(-1).amax(-1))
-    lam_max = torch.minimum(torch.diagonal(G, dim1=-2, dim2=-1).sum(-1), G.abs().sum(-2).amax(-1))
-    return GRAM_MIN_RATIO * lam_max * inv_sq <= 1.0  # NaN/Inf (a singular R) is not certified
+        eye = torch.eye(R.shape[-1], dtype=R.dtype, device=R.device).expand_as(R)
+        Ri = torch.linalg.solve_triangular(R, eye, upper=True).abs_()
+        return _certified(G, Ri, torch)
+    import numpy as np
+
+    with np.errstate(all="ignore"):
+        try:
+            Ri = np.abs(np.linalg.inv(R))
+        except np.linalg.LinAlgError:  # an exactly singular R (a batch): head by head
+            Ri = np.stack([_inv_or_nan(r) for r in R.reshape(-1, *R.shape[-2:])]).reshape(R.shape)
+        return _certified(G, Ri, np)
 
 
-def _float64_rows(X: torch.Tensor):
+def _inv_or_nan(r):
+    import numpy as np
+
+    try:
+        return np.abs(np.linalg.inv(r))
+    except np.linalg.LinAlgError:
+        return np.full_like(r, np.nan)
+
+
+def _float64_rows(X):
     """``X`` ``(n, d, dh)`` upcast into a reused float64 buffer, laid out for BLAS ``syrk``.
 
     Returns ``(pool, buf, rows)``: the buffer to hand back (:func:`_release`), and in it a
@@ -164,18 +232,33 @@ def _float64_rows(X: torch.Tensor):
     contiguous block and its Gram is ``B Bᵀ`` or ``Bᵀ B`` of a single operand, which numpy
     hands to BLAS ``dsyrk`` (half the multiply-adds of a GEMM). The copy is the upcast: a
     fresh float64 array per chunk cost more in page faults than the Gram's arithmetic.
+    ``X``: a numpy array, or a torch tensor (copied by torch: bfloat16, any device).
     """
     import numpy as np
-    import torch
+
+    from headrank.util.bf16 import BF16Bits, to_float32
 
     n, d, dh = X.shape
-    rows = X.stride(-2) == 1 and X.stride(-1) != 1  # X_hᵀ is the contiguous one
+    if _is_torch(X):
+        unit = (X.stride(-2), X.stride(-1))
+    else:
+        unit = (X.strides[-2] // X.itemsize, X.strides[-1] // X.itemsize)
+    rows = unit[0] == 1 and unit[1] != 1  # X_hᵀ is the contiguous one
     with _BUF_LOCK:
-        pool = _BUFFERS.pop() if _BUFFERS else np.empty(0)
-    if pool.size < n * d * dh:
-        pool = np.empty(max(n * d * dh, CHUNK_BYTES // 8))
-    buf = pool[: n * d * dh].reshape((n, dh, d) if rows else (n, d, dh))
-    torch.from_numpy(buf).copy_(X.mT if rows else X)
+        pool = _BUFFERS.pop() if _BUFFERS else (np.empty(0), np.empty(0, dtype=np.uint32))
+    if pool[0].size < n * d * dh:
+        size = max(n * d * dh, CHUNK_BYTES // 8)
+        pool = (np.empty(size), np.empty(size, dtype=np.uint32))
+    shape = (n, dh, d) if rows else (n, d, dh)
+    buf = pool[0][: n * d * dh].reshape(shape)
+    if _is_torch(X):
+        import torch
+
+        torch.from_numpy(buf).copy_(X.mT if rows else X)
+    elif isinstance(X, BF16Bits):  # raw bfloat16 bits: shifted into float32 (exact), then upcast
+        np.copyto(buf, to_float32(X.transpose(0, 2, 1) if rows else X, out=pool[1][: n * d * dh].reshape(shape)))
+    else:
+        np.copyto(buf, X.transpose(0, 2, 1) if rows else X)
     return pool, buf, rows
 
 
@@ -184,109 +267,177 @@ def _release(pool) -> None:
         _BUFFERS.append(pool)
 
 
-def _factor_root(X: torch.Tensor) -> torch.Tensor:
+def _cholesky_np(G):
+    """Upper Cholesky factors ``R`` (``RᵀR = G``) of a batch and which succeeded (NaN where not)."""
     import numpy as np
-    import torch
 
-    X = X.to(device="cpu")
+    try:
+        return np.linalg.cholesky(G, upper=True), np.ones(G.shape[0], dtype=bool)
+    except np.linalg.LinAlgError:  # some head is not numerically positive definite: one at a time
+        R, ok = np.full_like(G, np.nan), np.zeros(G.shape[0], dtype=bool)
+        for i in range(G.shape[0]):
+            try:
+                R[i], ok[i] = np.linalg.cholesky(G[i], upper=True), True
+            except np.linalg.LinAlgError:
+                pass
+        return R, ok
+
+
+def _qr_r_np(X):
+    """The R of a float64 QR of each ``(d, dh)`` in ``X`` (non-finite entries zeroed first)."""
+    import numpy as np
+
+    return np.linalg.qr(np.nan_to_num(X, nan=0.0, posinf=0.0, neginf=0.0), mode="r")
+
+
+def _factor_root(X):
+    """:func:`factor_root` of one chunk ``(n, d, dh)``, in numpy (float64 LAPACK through numpy)."""
+    import numpy as np
+
     n, d, dh = X.shape
     if d < dh:
-        X = X.to(dtype=torch.float64)
-        R = torch.linalg.qr(torch.nan_to_num(X, nan=0.0, posinf=0.0, neginf=0.0), mode="r").R
-        finite = torch.isfinite(X).all(-1).all(-1)
-        if not bool(finite.all()):
-            R = torch.where(finite[..., None, None], R, torch.full_like(R, float("nan")))
-        return R
+        from headrank.util.bf16 import as_float
+
+        Xd = np.asarray(X.to(dtype=__import__("torch").float64).cpu()) if _is_torch(X) else as_float(X)
+        finite = np.isfinite(Xd).all((-2, -1))
+        R = _qr_r_np(Xd)
+        return np.where(finite[:, None, None], R, np.nan) if not finite.all() else R
     pool, buf, rows = _float64_rows(X)
     try:
         # X_hᵀX_h as one operand times its own transpose: numpy's matmul calls dsyrk for that
-        G = torch.from_numpy(np.matmul(buf, buf.transpose(0, 2, 1)) if rows
-                             else np.matmul(buf.transpose(0, 2, 1), buf))
-        Xd = torch.from_numpy(buf)
-        Xd = Xd.mT if rows else Xd  # (n, d, dh) float64 views, for the QR fallback
-        finite = torch.isfinite(torch.diagonal(G, dim1=-2, dim2=-1)).all(-1)  # G_jj = Σ_i X_ij²: NaN/Inf land here
-        if not bool(finite.all()):
-            G = torch.where(finite[..., None, None], G, torch.eye(dh, dtype=G.dtype))
-        L, info = torch.linalg.cholesky_ex(G)
-        R = L.mT
-        bad = ~_gram_certified(G, R) | (info != 0)
+        G = np.matmul(buf, buf.transpose(0, 2, 1)) if rows else np.matmul(buf.transpose(0, 2, 1), buf)
+        Xd = buf.transpose(0, 2, 1) if rows else buf  # (n, d, dh) float64 views, for the QR fallback
+        finite = np.isfinite(np.diagonal(G, axis1=-2, axis2=-1)).all(-1)  # G_jj = Σ_i X_ij²: NaN/Inf land here
+        if not finite.all():
+            G = np.where(finite[:, None, None], G, np.eye(dh))
+        R, ok = _cholesky_np(G)
+        if ok.all():
+            bad = ~_gram_certified(G, R)
+        else:
+            bad = ~ok
+            bad[ok] = ~_gram_certified(G[ok], R[ok])
         bad &= finite
-        if bool(bad.any()):
-            R[bad] = torch.linalg.qr(Xd[bad], mode="r").R
+        if bad.any():
+            R[bad] = _qr_r_np(Xd[bad])
     finally:
         _release(pool)
-    if not bool(finite.all()):
-        R = torch.where(finite[..., None, None], R, torch.full_like(R, float("nan")))
+    if not finite.all():
+        R = np.where(finite[:, None, None], R, np.nan)
     return R
 
 
-def singular_values(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+def _factor_root_torch(X, device):
+    """:func:`factor_root` of one chunk ``(n, d, dh)`` in torch, float64 on ``device``; a CPU tensor back."""
+    import torch
+
+    X = X.to(device=device, dtype=torch.float64)
+    n, d, dh = X.shape
+    if d < dh:
+        R = torch.linalg.qr(torch.nan_to_num(X, nan=0.0, posinf=0.0, neginf=0.0), mode="r").R
+        finite = torch.isfinite(X).all(-1).all(-1)
+    else:
+        G = X.mT @ X
+        finite = torch.isfinite(torch.diagonal(G, dim1=-2, dim2=-1)).all(-1)
+        G = torch.where(finite[:, None, None], G, torch.eye(dh, dtype=G.dtype, device=G.device))
+        L, info = torch.linalg.cholesky_ex(G)
+        R = L.mT.contiguous()
+        bad = (~_gram_certified(G, R) | (info != 0)) & finite
+        if bool(bad.any()):
+            R[bad] = torch.linalg.qr(torch.nan_to_num(X[bad], nan=0.0, posinf=0.0, neginf=0.0), mode="r").R
+    R = torch.where(finite[:, None, None], R, torch.full_like(R, float("nan")))
+    return R.cpu()
+
+
+def singular_values(A, B):
     """Singular values of ``A Bᵀ`` (descending, float64), shape ``(..., min(d, dh))``."""
     _check_factors(A, B)
     return product_metrics(A, B).sv
 
 
-def product_metrics(A: torch.Tensor, B: torch.Tensor, tol: float = DEFAULT_TOL, *, workers: int = 1) -> ProductMetrics:
+def product_metrics(A, B, tol: float = DEFAULT_TOL, *, workers: int = 1, device=None) -> ProductMetrics:
     """All metrics of ``A Bᵀ`` for factors ``A, B`` of shape ``(..., d, dh)`` (any float dtype).
 
     Inputs are upcast to float64 before any arithmetic, so float16/bfloat16 weights are
     analysed exactly as stored. ``workers`` > 1 shares the heads among that many threads
-    (see :func:`factor_roots`; same result).
+    (see :func:`factor_roots`; same result). ``device``: see :func:`factor_roots`.
     """
     _check_factors(A, B)
-    Ra, Rb = factor_roots(A, B, workers=workers)
-    return metrics_from_roots(Ra, Rb, tol, workers=workers)
+    Ra, Rb = factor_roots(A, B, workers=workers, device=device)
+    return metrics_from_roots(Ra, Rb, tol, workers=workers, device=device)
 
 
-def metrics_from_roots(Ra: torch.Tensor, Rb: torch.Tensor, tol: float = DEFAULT_TOL, *,
-                       workers: int = 1) -> ProductMetrics:
+def metrics_from_roots(Ra, Rb, tol: float = DEFAULT_TOL, *, workers: int = 1, device=None) -> ProductMetrics:
     """All metrics of ``A Bᵀ`` from roots ``Ra = factor_root(A)``, ``Rb = factor_root(B)``.
 
     Heads are taken METRIC_CHUNK at a time, on ``workers`` threads (same result for any number).
+    numpy roots give numpy metrics, torch roots torch (CPU) metrics. ``device``: the core SVDs
+    in torch on that device (:func:`factor_roots`).
     """
-    import torch
-
-    from headrank.util.threads import parallel_map
-
     if not tol > 0:
         raise ValueError(f"tolerance must be > 0, got {tol}")
+    from headrank.util.threads import parallel_map
+
+    torch_out = _is_torch(Ra) or _is_torch(Rb)
     batch = Ra.shape[:-2]
-    pairs = list(zip(_chunks(Ra, METRIC_CHUNK), _chunks(Rb, METRIC_CHUNK), strict=True))
+    per = METRIC_CHUNK if device is None else 4096  # a device takes the whole layer at once
+    pairs = list(zip(_chunks(Ra, per), _chunks(Rb, per), strict=True))
     if not pairs:
         pairs = [(Ra.reshape(-1, *Ra.shape[-2:]), Rb.reshape(-1, *Rb.shape[-2:]))]
-    parts = parallel_map(lambda ab: _metrics(ab[0], ab[1], tol), pairs, workers)
+    parts = parallel_map(lambda ab: _metrics(ab[0], ab[1], tol, device), pairs, workers)
     out = {}
     for key in parts[0]:
-        v = parts[0][key] if len(parts) == 1 else torch.cat([q[key] for q in parts])
+        v = _cat([q[key] for q in parts])
         out[key] = v.reshape((*batch, *v.shape[1:]))
+    if torch_out:
+        import torch
+
+        out = {k: torch.from_numpy(v) for k, v in out.items()}
     sv, finite = out.pop("sv"), out.pop("finite")
     return ProductMetrics(sv=sv, values=out, finite=finite, tol=tol)
 
 
-def _metrics(Ra: torch.Tensor, Rb: torch.Tensor, tol: float) -> dict[str, torch.Tensor]:
-    """The metrics of a flat batch of heads ``(n, k, dh)`` (see :func:`metrics_from_roots`)."""
+def _metrics(Ra, Rb, tol: float, device=None) -> dict:
+    """The metrics of a flat batch of heads ``(n, k, dh)`` (see :func:`metrics_from_roots`), numpy arrays."""
+    import numpy as np
+
+    if device is not None:
+        sv, bound, balance, scale, finite = _core_torch(Ra, Rb, device)
+    else:
+        Ra = Ra.detach().to("cpu").numpy() if _is_torch(Ra) else Ra
+        Rb = Rb.detach().to("cpu").numpy() if _is_torch(Rb) else Rb
+        Ra, Rb = np.asarray(Ra, dtype=np.float64), np.asarray(Rb, dtype=np.float64)
+        finite = np.isfinite(Ra).all((-2, -1)) & np.isfinite(Rb).all((-2, -1))
+        if not finite.all():
+            Ra = np.where(finite[:, None, None], Ra, 0.0)
+            Rb = np.where(finite[:, None, None], Rb, 0.0)
+        sv = np.linalg.svd(Ra @ Rb.mT, compute_uv=False)
+        ga, gb = Ra.mT @ Ra, Rb.mT @ Rb  # AᵀA, BᵀB (dh × dh)
+        bound = 0.5 * ((Ra * Ra).sum((-2, -1)) + (Rb * Rb).sum((-2, -1)))
+        fro = lambda g: np.sqrt((g * g).sum((-2, -1)))  # noqa: E731
+        balance, scale = fro(ga - gb), fro(ga) + fro(gb)
+    out = {"sv": sv, **from_singular_values(sv, bound, balance, scale, tol)}
+    if not finite.all():
+        for key, val in out.items():
+            mask = ~finite[:, None] if key == "sv" else ~finite
+            out[key] = np.where(mask, np.nan, val.astype(np.float64))
+    return {**out, "finite": finite}
+
+
+def _core_torch(Ra, Rb, device):
+    """The core SVD and the factor norms of a batch in torch float64 on ``device``, as numpy."""
     import torch
 
+    to = lambda R: (torch.from_numpy(R) if not _is_torch(R) else R).to(device=device, dtype=torch.float64)  # noqa: E731
+    Ra, Rb = to(Ra), to(Rb)
     finite = torch.isfinite(Ra).all(-1).all(-1) & torch.isfinite(Rb).all(-1).all(-1)
-    if not bool(finite.all()):
-        keep = finite[..., None, None]
-        Ra = torch.where(keep, Ra, torch.zeros_like(Ra))
-        Rb = torch.where(keep, Rb, torch.zeros_like(Rb))
-
+    keep = finite[:, None, None]
+    Ra, Rb = torch.where(keep, Ra, torch.zeros_like(Ra)), torch.where(keep, Rb, torch.zeros_like(Rb))
     sv = torch.linalg.svdvals(Ra @ Rb.mT)
-    ga, gb = Ra.mT @ Ra, Rb.mT @ Rb  # AᵀA, BᵀB (dh × dh)
-    bound = 0.5 * ((Ra**2).sum((-2, -1)) + (Rb**2).sum((-2, -1)))
-    balance = torch.linalg.matrix_norm(ga - gb)
-    scale = torch.linalg.matrix_norm(ga) + torch.linalg.matrix_norm(gb)
-    out = {"sv": sv, **from_singular_values(sv, bound, balance, scale, tol)}
-    if not bool(finite.all()):
-        nan = torch.tensor(float("nan"), dtype=torch.float64)
-        for key, val in out.items():
-            mask = ~finite
-            if key == "sv":
-                mask = mask[..., None]
-            out[key] = torch.where(mask, nan, val.to(torch.float64))
-    return {**out, "finite": finite}
+    ga, gb = Ra.mT @ Ra, Rb.mT @ Rb
+    bound = 0.5 * ((Ra * Ra).sum((-2, -1)) + (Rb * Rb).sum((-2, -1)))
+    fro = lambda g: torch.sqrt((g * g).sum((-2, -1)))  # noqa: E731
+    res = (sv, bound, fro(ga - gb), fro(ga) + fro(gb), finite)
+    return tuple(x.cpu().numpy() for x in res)
 
 
 def product_svd(A: torch.Tensor, B: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

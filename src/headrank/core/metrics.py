@@ -29,97 +29,138 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # torch is imported where used (``headrank --help`` reads DEFAULT_TOL without it)
+    import numpy as np
     import torch
 
 DEFAULT_TOL = 1e-3
 PRODUCTS = ("qk", "ov")
 
 
-def _sv(sv: Any) -> torch.Tensor:
-    """``sv`` as a float64 tensor of shape ``(..., k ≥ 1)`` (``k = 0``: one zero value)."""
-    import torch
+def _sv(sv: Any) -> np.ndarray:
+    """``sv`` as a float64 numpy array of shape ``(..., k ≥ 1)`` (``k = 0``: one zero value)."""
+    import numpy as np
 
-    if not isinstance(sv, torch.Tensor):  # numpy (any strides), lists
-        import numpy as np
+    if type(sv).__module__.startswith("torch"):  # a torch tensor (any device, dtype)
+        import torch
 
-        sv = torch.from_numpy(np.ascontiguousarray(sv, dtype=np.float64))
-    sv = sv.to(torch.float64)
+        sv = sv.detach().to(device="cpu", dtype=torch.float64).numpy()
+    sv = np.asarray(sv, dtype=np.float64)
     if sv.ndim == 0:
         raise ValueError("singular values need a last axis (..., k); got a scalar")
+    sv = np.ascontiguousarray(sv)
     if sv.shape[-1] == 0:
-        sv = torch.zeros((*sv.shape[:-1], 1), dtype=torch.float64)
+        sv = np.zeros((*sv.shape[:-1], 1), dtype=np.float64)
     return sv
 
 
-def _finite(sv: torch.Tensor) -> torch.Tensor:
-    import torch
+def _f64(x: Any) -> np.ndarray:
+    """Any number, array or tensor as a float64 numpy array (same shape)."""
+    import numpy as np
 
-    return torch.isfinite(sv).all(-1)
+    if type(x).__module__.startswith("torch"):
+        import torch
 
-
-def _nan_where_not(finite: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-    import torch
-
-    return torch.where(finite, value, torch.full_like(value, float("nan")))
-
-
-def _vector_norm(sv: torch.Tensor) -> torch.Tensor:
-    import torch
-
-    return torch.linalg.vector_norm(sv, dim=-1)
+        return x.detach().to(device="cpu", dtype=torch.float64).numpy()
+    return np.asarray(x, dtype=np.float64)
 
 
-def ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
-    """``num / den`` with 0 where ``den == 0`` (a zero product); NaN stays NaN."""
-    import torch
-
-    zero = den == 0
-    return torch.where(zero, torch.zeros_like(num), num / torch.where(zero, torch.ones_like(den), den))
-
-
-def numerical_rank(sv: Any, tol: float = DEFAULT_TOL) -> torch.Tensor:
-    """``#{σᵢ > tol·σ₁}`` (int64); 0 for a zero item, −1 for a non-finite one."""
-    import torch
-
-    if not tol > 0:
-        raise ValueError(f"tolerance must be > 0, got {tol}")
-    sv = _sv(sv)
-    s1 = sv[..., 0]
-    rank = (sv > tol * s1.unsqueeze(-1)).sum(-1)
-    rank = torch.where(s1 > 0, rank, torch.zeros_like(rank))
-    return torch.where(_finite(sv), rank, torch.full_like(rank, -1))
-
-
-def _np(sv: torch.Tensor):
-    """A contiguous float64 numpy view: effective and stable rank are summed by numpy (its
-    pairwise sums), so they agree to the last bit with the numpy code they replaced."""
-    return sv.contiguous().numpy()
-
-
-def effective_rank(sv: Any) -> torch.Tensor:
-    """``exp(H(p))``, ``p = σ/Σσ`` (Roy & Vetterli); 0 for a zero item, NaN for a non-finite one."""
+def _torch(x: Any) -> torch.Tensor:
+    """A numpy result as the torch tensor the public functions below return (as they always did)."""
     import numpy as np
     import torch
 
-    s = _np(_sv(sv))
+    return torch.from_numpy(np.asarray(x))
+
+
+# -- the measures, in numpy (the metric table and linalg's numpy route use these directly) -----
+def _finite(sv: np.ndarray) -> np.ndarray:
+    import numpy as np
+
+    return np.isfinite(sv).all(-1)
+
+
+def _nan_where_not(finite: np.ndarray, value: np.ndarray) -> np.ndarray:
+    import numpy as np
+
+    return np.where(finite, value, np.nan)
+
+
+def _vector_norm(sv: np.ndarray) -> np.ndarray:
+    import numpy as np
+
+    return np.sqrt((sv * sv).sum(-1))
+
+
+def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    import numpy as np
+
+    zero = den == 0
+    return np.where(zero, np.zeros_like(num), num / np.where(zero, np.ones_like(den), den))
+
+
+def _numerical_rank(sv: np.ndarray, tol: float) -> np.ndarray:
+    import numpy as np
+
+    s1 = sv[..., 0]
+    rank = (sv > tol * s1[..., None]).sum(-1, dtype=np.int64)
+    rank = np.where(s1 > 0, rank, 0)
+    return np.where(_finite(sv), rank, -1).astype(np.int64)
+
+
+def _effective_rank(s: np.ndarray) -> np.ndarray:
+    import numpy as np
+
     total = s.sum(-1, keepdims=True)
     with np.errstate(divide="ignore", invalid="ignore"):
         p = s / total
         h = -np.where(p > 0, p * np.log(p), 0.0).sum(-1)
     eff = np.where(total[..., 0] > 0, np.exp(h), 0.0)
-    return _nan_where_not(_finite(torch.from_numpy(s)), torch.from_numpy(np.asarray(eff, dtype=np.float64)))
+    return _nan_where_not(_finite(s), np.asarray(eff, dtype=np.float64))
+
+
+def _stable_rank(s: np.ndarray) -> np.ndarray:
+    import numpy as np
+
+    s1 = s[..., 0]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        stable = np.where(s1 > 0, (s * s).sum(-1) / s1**2, 0.0)
+    return _nan_where_not(_finite(s), np.asarray(stable, dtype=np.float64))
+
+
+def _energy_rank(sv: np.ndarray, fraction: float) -> np.ndarray:
+    import numpy as np
+
+    with np.errstate(invalid="ignore", over="ignore"):
+        energy = np.cumsum(sv**2, axis=-1)
+        total = energy[..., -1:]
+        # k = 1 + #{j : cum_j < fraction * total}; relative slack of 1e-12 keeps fraction = 1 exact
+        below = energy < fraction * total * (1 - 1e-12)
+    k = 1 + below.sum(-1, dtype=np.int64)
+    k = np.where(total[..., 0] > 0, k, 0)
+    return np.where(_finite(sv), k, -1).astype(np.int64)
+
+
+# -- the public functions: any input, torch tensors out ---------------------------------------
+def ratio(num: Any, den: Any) -> torch.Tensor:
+    """``num / den`` with 0 where ``den == 0`` (a zero product); NaN stays NaN."""
+    return _torch(_ratio(_f64(num), _f64(den)))
+
+
+def numerical_rank(sv: Any, tol: float = DEFAULT_TOL) -> torch.Tensor:
+    """``#{σᵢ > tol·σ₁}`` (int64); 0 for a zero item, −1 for a non-finite one."""
+    if not tol > 0:
+        raise ValueError(f"tolerance must be > 0, got {tol}")
+    return _torch(_numerical_rank(_sv(sv), tol))
+
+
+def effective_rank(sv: Any) -> torch.Tensor:
+    """``exp(H(p))``, ``p = σ/Σσ`` (Roy & Vetterli); 0 for a zero item, NaN for a non-finite one."""
+    return _torch(_effective_rank(_sv(sv)))
 
 
 def stable_rank(sv: Any) -> torch.Tensor:
     """``Σσ² / σ₁²``; 0 for a zero item, NaN for a non-finite one."""
-    import numpy as np
-    import torch
-
-    s = _np(_sv(sv))
-    s1 = s[..., 0]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        stable = np.where(s1 > 0, (s * s).sum(-1) / s1**2, 0.0)
-    return _nan_where_not(_finite(torch.from_numpy(s)), torch.from_numpy(np.asarray(stable, dtype=np.float64)))
+    return _torch(_stable_rank(_sv(sv)))
 
 
 def energy_rank(sv: Any, fraction: float) -> torch.Tensor:
@@ -128,18 +169,9 @@ def energy_rank(sv: Any, fraction: float) -> torch.Tensor:
     ``sv`` is descending, shape ``(..., k)``; ``0 < fraction ≤ 1``. An all-zero item has energy
     rank 0; an item holding NaN has no energy rank: -1 (the caller reports it as missing).
     """
-    import torch
-
     if not (0 < fraction <= 1):
         raise ValueError(f"energy fraction must be in (0, 1], got {fraction}")
-    sv = _sv(sv)
-    energy = torch.cumsum(sv**2, dim=-1)
-    total = energy[..., -1:]
-    # k = 1 + #{j : cum_j < fraction * total}; relative slack of 1e-12 keeps fraction = 1 exact
-    below = energy < fraction * total * (1 - 1e-12)
-    k = 1 + below.sum(-1)
-    k = torch.where(total[..., 0] > 0, k, torch.zeros_like(k))
-    return torch.where(_finite(sv), k, torch.full_like(k, -1))
+    return _torch(_energy_rank(_sv(sv), fraction))
 
 
 def rank_measures(sv: Any, tol: float = DEFAULT_TOL) -> dict[str, torch.Tensor]:
@@ -187,19 +219,19 @@ METRICS: tuple[Metric, ...] = (
            lambda q: q["frob_bound"] - q["nuclear"]),
     Metric("balance", "||A^T A - B^T B||_F", "product", "larger = further from balanced", lambda q: q["balance"]),
     Metric("balance_rel", "balance / (||A^T A||_F + ||B^T B||_F); 0 for a zero product", "ratio",
-           "larger = further from balanced (0 = balanced)", lambda q: ratio(q["balance"], q["gram_scale"]),
+           "larger = further from balanced (0 = balanced)", lambda q: _ratio(q["balance"], q["gram_scale"]),
            summary=True, console=(4, "bal")),
     Metric("rank", "numerical rank #{sigma_i > tol * sigma_1} (tol relative)", "dims", _DIMS,
-           lambda q: numerical_rank(q["sv"], q["tol"]), integer=True, summary=True),
+           lambda q: _numerical_rank(q["sv"], q["tol"]), integer=True, summary=True),
     Metric("effective_rank", "exp(entropy of sigma / sum sigma) (Roy & Vetterli)", "dims", _DIMS,
-           lambda q: effective_rank(q["sv"]), summary=True, console=(1, "eff")),
-    Metric("stable_rank", "sum sigma^2 / sigma_1^2", "dims", _DIMS, lambda q: stable_rank(q["sv"]), summary=True),
+           lambda q: _effective_rank(q["sv"]), summary=True, console=(1, "eff")),
+    Metric("stable_rank", "sum sigma^2 / sigma_1^2", "dims", _DIMS, lambda q: _stable_rank(q["sv"]), summary=True),
     Metric("k90", "energy rank: fewest sigma_i holding 90% of sum sigma^2", "dims", _DIMS,
-           lambda q: energy_rank(q["sv"], 0.90), integer=True, summary=True, console=(2, "k90")),
+           lambda q: _energy_rank(q["sv"], 0.90), integer=True, summary=True, console=(2, "k90")),
     Metric("k99", "energy rank: fewest sigma_i holding 99% of sum sigma^2", "dims", _DIMS,
-           lambda q: energy_rank(q["sv"], 0.99), integer=True, summary=True),
+           lambda q: _energy_rank(q["sv"], 0.99), integer=True, summary=True),
     Metric("gap_rel", "gap / frob_bound, in [0, 1]; 0 for a zero product", "ratio",
-           "larger = further from balanced (0 = balanced)", lambda q: ratio(q["gap"], q["frob_bound"]),
+           "larger = further from balanced (0 = balanced)", lambda q: _ratio(q["gap"], q["frob_bound"]),
            summary=True, console=(3, "gap")),
 )
 
@@ -216,8 +248,9 @@ CONSOLE_METRICS: tuple[tuple[str, str, str], ...] = tuple(
 CONSOLE_CAPTION = "; ".join(f"{h} = {n}" for n, h, _ in CONSOLE_METRICS) + " (mean over heads; definitions in meta.json)"
 
 
-def evaluate(inputs: Inputs) -> dict[str, torch.Tensor]:
-    """Every row of :data:`METRICS`, in order, from :data:`Inputs` (each row sees those above it)."""
+def evaluate(inputs: Inputs) -> dict[str, np.ndarray]:
+    """Every row of :data:`METRICS`, in order, from :data:`Inputs` (float64 numpy arrays; each row
+    sees those above it)."""
     q = dict(inputs)
     for m in METRICS:
         q[m.name] = m.compute(q)
@@ -225,13 +258,11 @@ def evaluate(inputs: Inputs) -> dict[str, torch.Tensor]:
 
 
 def from_singular_values(sv: Any, frob_bound: Any, balance: Any, gram_scale: Any,
-                         tol: float = DEFAULT_TOL) -> dict[str, torch.Tensor]:
-    """Every metric from singular values and the factor norms (float64 tensors, batch shape)."""
-    import torch
-
-    f64 = lambda x: torch.as_tensor(x).to(torch.float64)  # noqa: E731
-    return evaluate({"sv": _sv(sv), "frob_bound": f64(frob_bound), "balance": f64(balance),
-                     "gram_scale": f64(gram_scale), "tol": tol})
+                         tol: float = DEFAULT_TOL) -> dict[str, np.ndarray]:
+    """Every metric from singular values and the factor norms (batch shape), as numpy arrays
+    (float64; the counts int64): computed in numpy, so no torch is needed."""
+    return evaluate({"sv": _sv(sv), "frob_bound": _f64(frob_bound), "balance": _f64(balance),
+                     "gram_scale": _f64(gram_scale), "tol": tol})
 
 
 def conventions(tol: float) -> dict[str, str]:

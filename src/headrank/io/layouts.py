@@ -45,9 +45,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from headrank.errors import HeadRankError, one_line
 from headrank.io.tensor_source import BaseCheckpoint
@@ -63,6 +61,9 @@ from headrank.io.validate import (
     read_text,
     tensor_pattern,
 )
+
+if TYPE_CHECKING:  # the weights are torch tensors or numpy arrays (Checkpoint(arrays="numpy")): both work here
+    import torch
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,8 @@ class Dims:
 
 @dataclass(frozen=True)
 class HeadWeights:
-    """One layer's attention weights split per head (in the stored dtype)."""
+    """One layer's attention weights split per head (in the stored dtype), torch tensors or numpy
+    arrays (a checkpoint read with ``arrays="numpy"``; bfloat16 then as its exact float32)."""
 
     wq: torch.Tensor  # (H, dh, d)
     wk: torch.Tensor  # (Hkv, dh, d)
@@ -96,7 +98,13 @@ class HeadWeights:
 
     def kv_for_query_heads(self, w: torch.Tensor) -> torch.Tensor:
         """Repeat kv-head tensors so index h is the kv head used by query head h."""
-        return w.repeat_interleave(self.group, dim=0) if self.group > 1 else w
+        if self.group == 1:
+            return w
+        if hasattr(w, "repeat_interleave"):
+            return w.repeat_interleave(self.group, dim=0)
+        import numpy as np
+
+        return np.repeat(w, self.group, axis=0)
 
     def qk_factors(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(A, B), each (H, d, dh), with ``A Bᵀ = W_K,hᵀ W_Q,h``."""
@@ -105,6 +113,23 @@ class HeadWeights:
     def ov_factors(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(A, B), each (H, d, dh), with ``A Bᵀ = P_h W_V,h``."""
         return self.p, self.kv_for_query_heads(self.wv).mT
+
+
+def _float64(x: Any) -> Any:
+    """``x`` upcast to float64, a torch tensor or a numpy array alike."""
+    if hasattr(x, "to"):
+        import torch
+
+        return x.to(torch.float64)
+    from headrank.util.bf16 import as_float
+
+    return as_float(x)  # bfloat16 bits (a numpy read) converted exactly
+
+
+def _as_numpy(x: Any) -> Any:
+    import numpy as np
+
+    return x.numpy() if hasattr(x, "numpy") else np.asarray(x)
 
 
 class _Shape(Exception):
@@ -121,7 +146,8 @@ def _expect(raw: dict[str, torch.Tensor], role: str, *shape: int) -> torch.Tenso
 
 def _heads_out(o: torch.Tensor, dims: Dims) -> torch.Tensor:
     """W_O (d, H·dh) → P (H, d, dh)."""
-    return o.reshape(dims.d, dims.n_heads, dims.head_dim).permute(1, 0, 2)
+    w = o.reshape(dims.d, dims.n_heads, dims.head_dim)
+    return w.permute(1, 0, 2) if hasattr(w, "permute") else w.transpose(1, 0, 2)
 
 
 def _split_separate(raw, dims: Dims) -> HeadWeights:
@@ -136,7 +162,7 @@ def _split_separate(raw, dims: Dims) -> HeadWeights:
 
 def _fused_rows(qkv: torch.Tensor, o: torch.Tensor, dims: Dims) -> HeadWeights:
     H, Hkv, dh, d = dims.n_heads, dims.n_kv_heads, dims.head_dim, dims.d
-    q, k, v = qkv.split([H * dh, Hkv * dh, Hkv * dh], dim=0)
+    q, k, v = qkv[:H * dh], qkv[H * dh:(H + Hkv) * dh], qkv[(H + Hkv) * dh:]
     return HeadWeights(q.reshape(H, dh, d), k.reshape(Hkv, dh, d), v.reshape(Hkv, dh, d), _heads_out(o, dims))
 
 
@@ -679,13 +705,20 @@ class AttentionReader:
     def _fold(self, hw: HeadWeights, i: int) -> HeadWeights:
         assert self.norm is not None
         name = self.norm_name(i)
-        g = self.ckpt.get(name).to(torch.float64) + self.norm.offset
+        g = _float64(self.ckpt.get(name)) + self.norm.offset
         if tuple(g.shape) != (self.dims.d,):
             raise HeadRankError(f"norm gain {name} has shape {tuple(g.shape)}, expected ({self.dims.d},)")
 
         def fold(w: torch.Tensor) -> torch.Tensor:  # (heads, dh, d): scale (and centre) the input columns
-            w = w.to(torch.float64) * g
-            return w - w.mean(-1, keepdim=True) if self.norm.kind == "layernorm" else w
+            w = _float64(w)
+            if type(w) is not type(g):  # a torch gain with numpy weights or the reverse: both as numpy
+                w, gg = _as_numpy(w), _as_numpy(g)
+            else:
+                gg = g
+            w = w * gg
+            if self.norm.kind != "layernorm":
+                return w
+            return w - (w.mean(-1, keepdim=True) if hasattr(w, "permute") else w.mean(-1, keepdims=True))
 
         return HeadWeights(fold(hw.wq), fold(hw.wk), fold(hw.wv), hw.p)
 

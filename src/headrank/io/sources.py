@@ -38,11 +38,14 @@ from headrank.io.tensor_source import BaseCheckpoint
 def open_reader(source: Any, *, config: str | os.PathLike | dict[str, Any] | None = None,
                 layout: str | os.PathLike | Layout | None = None, revision: str | None = None,
                 base: str | os.PathLike | None = None, delta: bool = False, fold_norm: bool = False,
-                download: bool = False, remote: bool = False, allow_full: bool = False) -> AttentionReader:
+                download: bool = False, remote: bool = False, allow_full: bool = False,
+                arrays: str = "torch") -> AttentionReader:
     """An :class:`AttentionReader` over ``source`` (see the module docstring); its ``origin``
     dict holds ``input`` (the kind of source), ``source``, ``path``, ``files`` and details.
     ``remote``: read a Hub id over HTTP ranges (:mod:`headrank.io.remote`; an ``http(s)://``
-    source always is); ``allow_full``: accept a server that ignores ranges (whole files)."""
+    source always is); ``allow_full``: accept a server that ignores ranges (whole files).
+    ``arrays="numpy"``: a local checkpoint's safetensors tensors as numpy arrays, read without
+    torch (:class:`~headrank.io.checkpoint.Checkpoint`); other sources give torch tensors."""
     _check_options(config=config, layout=layout, revision=revision, base=base)
     if layout is not None and not isinstance(layout, Layout):
         layout = layout_from_toml(layout)
@@ -51,7 +54,7 @@ def open_reader(source: Any, *, config: str | os.PathLike | dict[str, Any] | Non
                             fold_norm=fold_norm, download=download, allow_full=allow_full)
     if isinstance(source, (str, os.PathLike)):
         return _open_path(source, config=config, layout=layout, revision=revision, base=base, delta=delta,
-                          fold_norm=fold_norm, download=download)
+                          fold_norm=fold_norm, download=download, arrays=arrays)
     if base is not None or delta:
         raise HeadRankError(_NOT_ADAPTER)
     if isinstance(source, BaseCheckpoint):
@@ -71,9 +74,8 @@ _NOT_ADAPTER = "`base` and `delta` apply to a LoRA adapter directory (adapter_co
 
 
 def _is_url(source: Any) -> bool:
-    from headrank.io.remote import is_url
-
-    return is_url(source)
+    """headrank.io.remote.is_url, without importing that module (it imports torch)."""
+    return isinstance(source, str) and source[:8].lower().startswith(("http://", "https://"))
 
 
 def _open_remote(source: Any, *, config: Any, layout: Layout | None, revision: str | None, base: Any,
@@ -124,12 +126,12 @@ def _open_live(obj: Any, config: Any, layout: Layout | None) -> tuple[BaseCheckp
 
 
 def _open_path(source: str | os.PathLike, *, config: Any, layout: Layout | None, revision: str | None,
-               base: Any, delta: bool, fold_norm: bool, download: bool) -> AttentionReader:
+               base: Any, delta: bool, fold_norm: bool, download: bool, arrays: str = "torch") -> AttentionReader:
     from headrank.io import hub
-    from headrank.io.adapters import is_adapter_dir
 
     loc = locate(source, revision, download=download)  # resolved once; the readers take what it found
-    adapter = is_adapter_dir(loc.given)
+    # io.adapters.is_adapter_dir, without importing io.adapters (torch) for a plain checkpoint
+    adapter = loc.given.is_dir() and (loc.given / "adapter_config.json").is_file()
     if (base is not None or delta) and not adapter:
         raise HeadRankError(_NOT_ADAPTER)
     extra: dict[str, Any] = {}
@@ -147,7 +149,7 @@ def _open_path(source: str | os.PathLike, *, config: Any, layout: Layout | None,
         return AttentionReader(g, layout or g.layout, fold_norm=fold_norm, origin=origin)
     if loc.resolved_from is not None:
         extra["resolved_from"] = str(loc.resolved_from.resolve())
-    ckpt = Checkpoint(loc, config=config, require_config=layout is None)
+    ckpt = Checkpoint(loc, config=config, require_config=layout is None, arrays=arrays)
     origin = {**_origin(loc.kind, ckpt), **extra}
     if loc.kind == "trainer":
         origin["ignored_files"] = sorted(p.name for p in loc.path.iterdir() if p.is_file() and p not in ckpt.files
@@ -177,9 +179,9 @@ def _open_adapter(loc: Located, base: Any, *, delta: bool, layout: Layout | None
 
 def _gguf_in(path: Path) -> Path | None:
     """``path`` itself if it is a GGUF file; the one ``*.gguf`` of a directory without config.json."""
-    from headrank.io.gguf import is_gguf
+    if path.is_file() and path.suffix != ".safetensors":  # (io.gguf imports torch: not for safetensors)
+        from headrank.io.gguf import is_gguf
 
-    if path.is_file():
         return path if is_gguf(path) else None
     if path.is_dir() and not (path / "config.json").exists():
         found = sorted(path.glob("*.gguf"))

@@ -12,14 +12,18 @@ own memory-mapped reader is measured in ``benchmarks/bench_stfile.py``.
 
 from __future__ import annotations
 
+import math
 import os
+import sys
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from headrank.errors import HeadRankError
-from headrank.io.tensor_source import ST_DTYPES
+from headrank.io.tensor_source import ST_ITEMSIZE
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
 from headrank.io.validate import JSON_CAPS, MAX_ST_HEADER, os_error, parse_json, safetensors_entries
 
 
@@ -123,6 +127,10 @@ class SafetensorsFile(StampedFile):
         return _Slice(dtype, shape)
 
     def get_tensor(self, name: str) -> torch.Tensor:
+        import torch
+
+        from headrank.io.tensor_source import ST_DTYPES
+
         dtype, shape, b, end = self._entries[name]
         if dtype not in ST_DTYPES:
             raise HeadRankError(f"tensor {name} in {self.path} has unsupported dtype {dtype!r}")
@@ -130,3 +138,25 @@ class SafetensorsFile(StampedFile):
             return torch.empty(shape, dtype=ST_DTYPES[dtype])
         buf = self.pread(end - b, self._data + b)
         return torch.frombuffer(buf, dtype=ST_DTYPES[dtype]).reshape(shape)
+
+    def get_array(self, name: str) -> np.ndarray | None:
+        """Tensor ``name`` as a numpy array, without torch: float64/32/16 as they are, bfloat16
+        as its raw bits marked as such (:mod:`headrank.util.bf16`); None for a dtype numpy lacks
+        (the caller reads it with :meth:`get_tensor`)."""
+        import numpy as np
+
+        dtype, shape, b, end = self._entries[name]
+        if dtype not in _NP_DTYPES or sys.byteorder != "little":
+            return None
+        if end - b != math.prod(shape) * ST_ITEMSIZE[dtype]:
+            raise HeadRankError(f"cannot read tensor {name!r} from {self.path}: its bytes {b}..{end} do not match "
+                                f"its shape {list(shape)}")
+        arr = np.frombuffer(self.pread(end - b, self._data + b), dtype=_NP_DTYPES[dtype]).reshape(shape)
+        if dtype == "BF16":
+            from headrank.util.bf16 import mark
+
+            return mark(arr)
+        return arr
+
+
+_NP_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2"}  # BF16: its raw 16 bits

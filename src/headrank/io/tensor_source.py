@@ -15,17 +15,32 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
-
-import torch
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from headrank.errors import HeadRankError
 
-# safetensors' dtype names (local and remote headers) -> torch dtypes
-ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-             "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-             "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
-             "C64": torch.complex64}
+if TYPE_CHECKING:  # torch is imported only where a torch object is made (spectra reads through numpy)
+    import torch
+
+# safetensors' dtype names (local and remote headers) -> the dtype's name (torch's spelling) and
+# its bytes per element: what a header says without importing torch
+ST_NAMES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
+            "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
+            "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "C64": "complex64"}
+ST_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+               "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "C64": 8}
+
+
+def __getattr__(name: str) -> Any:
+    """``ST_DTYPES`` (safetensors' dtype names -> torch dtypes), built on first use: importing this
+    module does not import torch."""
+    if name == "ST_DTYPES":
+        import torch
+
+        table = {code: getattr(torch, n) for code, n in ST_NAMES.items()}
+        globals()["ST_DTYPES"] = table
+        return table
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def dtype_name(dtype: torch.dtype) -> str:

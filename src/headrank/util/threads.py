@@ -1,11 +1,13 @@
-"""The one way to pin threads: torch intra-op threads and numpy's BLAS threads."""
+"""The one way to pin threads (torch intra-op threads and numpy's BLAS threads), and the one
+default: the cores idle now (:func:`default_threads`, :class:`IdleCores`)."""
 
 from __future__ import annotations
 
+import os
+import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
-
-import torch
 
 from headrank.errors import HeadRankError
 
@@ -45,9 +47,99 @@ def check_threads(n: object, name: str = "threads") -> int:
     return int(n)
 
 
+def cgroup_cpus(root: str = "/sys/fs/cgroup") -> float | None:
+    """The CPU quota of this process's cgroup in cores (``cpu.max``, cgroup v2; ``cpu.cfs_quota_us``
+    / ``cpu.cfs_period_us``, v1), or None when there is none (or it cannot be read)."""
+    try:
+        with open(os.path.join(root, "cpu.max")) as fh:
+            quota, period = fh.read().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        with open(os.path.join(root, "cpu", "cpu.cfs_quota_us")) as fh:
+            quota = int(fh.read())
+        with open(os.path.join(root, "cpu", "cpu.cfs_period_us")) as fh:
+            period = int(fh.read())
+        return None if quota <= 0 or period <= 0 else quota / period
+    except (OSError, ValueError):
+        return None
+
+
+def core_budget() -> int:
+    """The cores this process may use: its CPU affinity, capped by its cgroup's CPU quota."""
+    n = cpus()
+    quota = cgroup_cpus()
+    return max(1, min(n, int(quota))) if quota is not None else n
+
+
+def _load_average() -> float:
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):  # pragma: no cover - no load average on this platform
+        return 0.0
+
+
+def default_threads(budget: int | None = None, load: float | None = None) -> int:
+    """Worker threads when the user names none: the cores idle now, i.e. :func:`core_budget`
+    minus the 1-minute load average (rounded), at least 1. The one default of ``spectra`` (CLI
+    and Python API alike); ``--threads N`` pins it instead."""
+    budget = core_budget() if budget is None else budget
+    load = _load_average() if load is None else load
+    return max(1, min(budget, int(budget - load + 0.5)))
+
+
+def _host_busy_s() -> float | None:
+    """Seconds of CPU time the whole machine has spent busy (``/proc/stat``: all but idle and
+    iowait), or None where there is no ``/proc/stat``."""
+    try:
+        with open("/proc/stat") as fh:
+            fields = [int(x) for x in fh.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    busy = sum(fields[:8]) - fields[3] - (fields[4] if len(fields) > 4 else 0)  # less idle, iowait; no guest
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+class IdleCores:
+    """Follows the idle cores during a run: :func:`default_threads` at the start, then, at each
+    :meth:`threads` call (between layers), the budget minus what *other* processes used since the
+    last call (the machine's busy CPU time from ``/proc/stat`` less this process's own, over the
+    wall time), so that this run's own threads never count as load against it. ``pinned``: a
+    fixed count (``--threads N``), returned unchanged. Never fewer than 1 or more than the budget.
+    """
+
+    MIN_INTERVAL_S = 0.05  # shorter intervals are noise at the kernel's 10 ms accounting
+
+    def __init__(self, pinned: int | None = None):
+        self.pinned = pinned
+        self.budget = core_budget()
+        self.current = pinned if pinned is not None else default_threads(self.budget)
+        self.history: list[int] = [self.current]
+        self._mark = self._sample()
+
+    @staticmethod
+    def _sample() -> tuple[float, float | None, float]:
+        t = os.times()
+        return time.monotonic(), _host_busy_s(), t.user + t.system
+
+    def threads(self) -> int:
+        """The count for the next layer (re-measured unless pinned)."""
+        if self.pinned is not None:
+            return self.pinned
+        now = self._sample()
+        wall = now[0] - self._mark[0]
+        if wall >= self.MIN_INTERVAL_S and now[1] is not None and self._mark[1] is not None:
+            others = max(0.0, (now[1] - self._mark[1]) - (now[2] - self._mark[2])) / wall
+            self.current = max(1, min(self.budget, int(self.budget - others + 0.5)))
+            self._mark = now
+            self.history.append(self.current)
+        return self.current
+
+
 class torch_threads:
-    """Context manager: torch intra-op threads and numpy's BLAS threads (via threadpoolctl,
-    when installed) set to ``n`` (None: unchanged), then restored."""
+    """Context manager: torch intra-op threads (when torch is imported) and numpy's BLAS threads
+    (via threadpoolctl, when installed) set to ``n`` (None: unchanged), then restored."""
 
     def __init__(self, n: int | None):
         self.n, self.prev, self.blas = n, None, None
@@ -55,8 +147,10 @@ class torch_threads:
     def __enter__(self):
         if self.n is not None:
             check_threads(self.n)
-            self.prev = torch.get_num_threads()
-            torch.set_num_threads(self.n)
+            torch = sys.modules.get("torch")  # not imported: nothing of torch's to pin
+            if torch is not None:
+                self.prev = torch.get_num_threads()
+                torch.set_num_threads(self.n)
             try:
                 from threadpoolctl import threadpool_limits
             except ImportError:  # pragma: no cover - optional
@@ -72,7 +166,7 @@ class torch_threads:
         if self.blas is not None:
             self.blas.restore_original_limits()
         if self.prev is not None:
-            torch.set_num_threads(self.prev)
+            sys.modules["torch"].set_num_threads(self.prev)
         return False
 
 
@@ -88,3 +182,34 @@ def parallel_map(fn: Callable[[T], R], items: Sequence[T], workers: int = 1) -> 
 
     with ThreadPoolExecutor(min(workers, len(items)), thread_name_prefix="headrank") as ex:
         return list(ex.map(fn, items))
+
+
+def _gpu_present() -> bool:
+    """A GPU driver is loaded (NVIDIA or ROCm device nodes): only then is torch imported to ask."""
+    return any(os.path.exists(p) for p in ("/dev/nvidiactl", "/proc/driver/nvidia/version", "/dev/kfd"))
+
+
+def resolve_device(device: object) -> str | None:
+    """``--device``: ``"auto"`` (or None), ``"cpu"``, ``"cuda"``, ``"cuda:N"`` → None for the CPU
+    (numpy's LAPACK, no torch) or the torch device to compute on. ``auto`` takes a CUDA GPU when
+    torch sees one and imports torch only where a GPU driver is present; ``cuda`` without one is
+    one line."""
+    import re
+
+    if device is None:
+        device = "auto"
+    if not isinstance(device, str) or not re.fullmatch(r"auto|cpu|cuda(:\d{1,4})?", device):
+        raise HeadRankError(f"device must be auto, cpu, cuda or cuda:N; got {str(device)[:40]!r}")
+    if device == "cpu" or (device == "auto" and not _gpu_present()):
+        return None
+    import torch
+
+    if not torch.cuda.is_available():
+        if device == "auto":
+            return None
+        raise HeadRankError(f"--device {device}: torch sees no CUDA GPU here (torch.cuda.is_available() is "
+                            "False); use --device cpu or auto")
+    if ":" in device and int(device.split(":")[1]) >= torch.cuda.device_count():
+        raise HeadRankError(f"--device {device}: torch sees {torch.cuda.device_count()} CUDA GPU(s), "
+                            f"numbered from 0")
+    return "cuda" if device == "auto" else device
