@@ -161,7 +161,7 @@ def test_default_threads_are_the_idle_cores(tmp_path):
 def test_device_choices():
     assert resolve_device("cpu") is None
     for bad in ("gpu", "cuda:x", 3, "CPU"):
-        with pytest.raises(HeadRankError, match="device must be"):
+        with pytest.raises(HeadRankError, match="`device` must be"):
             resolve_device(bad)
     if not torch.cuda.is_available():
         assert resolve_device("auto") is None

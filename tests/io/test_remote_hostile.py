@@ -311,7 +311,7 @@ def test_allow_full_checks_content_length_before_writing(srv, ckpts, monkeypatch
     made = []
     real = remote.tempfile.TemporaryFile
     monkeypatch.setattr(remote.tempfile, "TemporaryFile", lambda *a, **k: made.append(1) or real(*a, **k))
-    with pytest.raises(HeadRankError, match=r"more than --max-bytes"):
+    with pytest.raises(HeadRankError, match=r"more than `max_bytes`"):
         analyze("org/llama", remote=True, allow_full=1000)
     assert not made
     res = CliRunner().invoke(app, ["spectra", "org/llama", "--remote", "--allow-full", "--max-bytes", "1000", "-q"])

@@ -199,7 +199,7 @@ def resolve_device(device: object) -> str | None:
     if device is None:
         device = "auto"
     if not isinstance(device, str) or not re.fullmatch(r"auto|cpu|cuda(:\d{1,4})?", device):
-        raise HeadRankError(f"device must be auto, cpu, cuda or cuda:N; got {str(device)[:40]!r}")
+        raise HeadRankError(f"`device` must be auto, cpu, cuda or cuda:N; got {str(device)[:40]!r}")
     if device == "cpu" or (device == "auto" and not _gpu_present()):
         return None
     import torch
@@ -207,9 +207,9 @@ def resolve_device(device: object) -> str | None:
     if not torch.cuda.is_available():
         if device == "auto":
             return None
-        raise HeadRankError(f"--device {device}: torch sees no CUDA GPU here (torch.cuda.is_available() is "
-                            "False); use --device cpu or auto")
+        raise HeadRankError(f"`device` {device}: torch sees no CUDA GPU here (torch.cuda.is_available() is "
+                            "False); use `device` cpu or auto")
     if ":" in device and int(device.split(":")[1]) >= torch.cuda.device_count():
-        raise HeadRankError(f"--device {device}: torch sees {torch.cuda.device_count()} CUDA GPU(s), "
+        raise HeadRankError(f"`device` {device}: torch sees {torch.cuda.device_count()} CUDA GPU(s), "
                             f"numbered from 0")
     return "cuda" if device == "auto" else device
