@@ -28,6 +28,7 @@ def reproduce(
     strict: Annotated[bool, typer.Option("--strict", help="exit 1 if any claim did not hold")] = False,
     quick: Annotated[bool, typer.Option("--quick", help="smaller, faster variant (fewer sweep points)")] = False,
     full: Annotated[bool, typer.Option("--full", help="the full variant (the default; explicit for 'all')")] = False,
+    profile: Annotated[str | None, typer.Option("--profile", help="a profile the reproduction offers: quick, full, or its own (paper: fig3, table1, decouple in the paper's regime, docs/paper_regime.md)")] = None,
     force: Annotated[bool, typer.Option("--force", help="with 'all': recompute parts already finished in --out")] = False,
     model: Annotated[str | None, typer.Option("--model", help="run the reproduction's analysis on this checkpoint instead of its default (where it has one, e.g. fig4)")] = None,
     replot: Annotated[bool, typer.Option("--replot", help="run nothing: re-judge the claims and redraw the figures from the data.json a finished run left in --out")] = False,
@@ -49,9 +50,8 @@ def reproduce(
         return
     if name is None:
         raise HeadRankError("give a reproduction NAME, 'all', or --list")
-    if quick and full:
-        raise HeadRankError("--quick and --full exclude each other")
-    if replot and (quick or full or force):
+    _check_profile(quick, full, profile, replot)
+    if replot and force:
         raise HeadRankError("--replot keeps the stored run's profile: drop --quick/--full/--force")
     if name == "all" and model is not None:
         raise HeadRankError("--model applies to one reproduction (e.g. fig4), not to 'all'")
@@ -61,16 +61,18 @@ def reproduce(
         check_writable(out or Path("out") / name)  # before any training, not after it
     if name == "all":
         _reproduce_all(out or Path("out") / "all", quick=quick, force=force, strict=strict, as_json=as_json,
-                       quiet=quiet, replot=replot)
+                       quiet=quiet, replot=replot, profile=profile)
         return
-    registry.get(name)  # unknown names fail here, before any work
+    entry = registry.get(name)  # unknown names fail here, before any work
+    if profile is not None:
+        entry.study.make_params(profile)  # a profile the study does not offer: one line, before any work
     out = out if out is not None else Path("out") / name
     from headrank.util.progress import Heartbeat  # where stderr is no terminal: a line every 30 s
 
     show, label = not (quiet or as_json), f"{'replotting' if replot else 'reproducing'} {name}"
     with (err_console.status(f"{label} ...") if show and err_console.is_terminal
           else Heartbeat(err_console, label) if show else nullcontext()):
-        summary = rep.run(name, out, quick=quick, replot=replot,
+        summary = rep.run(name, out, quick=quick, replot=replot, profile=profile,
                           overrides={"model": model} if model is not None else None)
     if as_json:
         sys.stdout.write(json.dumps({"name": name, "out": str(out), "runtime_s": summary.runtime_s,
@@ -79,6 +81,16 @@ def reproduce(
         _print_claims(name, out, summary)
     if strict and not summary.all_held:
         raise typer.Exit(1)
+
+
+def _check_profile(quick: bool, full: bool, profile: str | None, replot: bool) -> None:
+    """--quick, --full, --profile and --replot: at most one profile, none with --replot."""
+    if quick and full:
+        raise HeadRankError("--quick and --full exclude each other")
+    if profile is not None and (quick or full) and profile != ("quick" if quick else "full"):
+        raise HeadRankError(f"--profile {profile} and --{'quick' if quick else 'full'} exclude each other")
+    if replot and (quick or full or profile is not None):
+        raise HeadRankError("--replot keeps the stored run's profile: drop --quick/--full/--profile/--force")
 
 
 def _print_listing(rows: list[tuple[str, str]], as_json: bool) -> None:
@@ -99,14 +111,14 @@ def _print_claims(name: str, out: Path, summary) -> None:
 
 
 def _reproduce_all(out: Path, *, quick: bool, force: bool, strict: bool, as_json: bool, quiet: bool,
-                   replot: bool = False) -> None:
+                   replot: bool = False, profile: str | None = None) -> None:
     from headrank.report import runner as rep
 
     def progress(name: str, state: str) -> None:
         if not (quiet or as_json):
             err_console.print(f"{name}: {state}", highlight=False)
 
-    entries = rep.run_all(out, quick=quick, force=force, progress=progress, replot=replot)
+    entries = rep.run_all(out, quick=quick, force=force, progress=progress, replot=replot, profile=profile)
     summary = json.loads((out / "summary.json").read_text())
     if as_json:
         sys.stdout.write(json.dumps(summary, indent=2) + "\n")

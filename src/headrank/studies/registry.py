@@ -267,9 +267,14 @@ class Study:
     figures: Callable[[dict[str, Any], Any], list[FigureOut]]
     notes: Callable[[dict[str, Any], Any], list[str]] | None = None
 
+    def profiles(self) -> tuple[str, ...]:
+        """The profiles this study offers: quick and full, and any its params class adds in
+        ``PROFILES`` (e.g. ``paper``), each a classmethod of that name."""
+        return tuple(getattr(self.params, "PROFILES", ("quick", "full")))
+
     def make_params(self, profile: str) -> Any:
-        if profile not in ("quick", "full"):
-            raise HeadRankError(f"unknown profile {profile!r}; use quick or full")
+        if profile not in self.profiles():
+            raise HeadRankError(f"unknown profile {profile!r} for {self.name}; use {' or '.join(self.profiles())}")
         return getattr(self.params, profile)()
 
     def with_overrides(self, params: Any, overrides: dict[str, Any]) -> Any:
