@@ -173,3 +173,12 @@ def test_data_use_is_read_from_the_runs(tmp_path):
     assert u["seen"] == b["steps"] * b["batch_size"] * b["seq_len"] and u["passes"] == pytest.approx(u["seen"] / 1e6)
     (run / "summary.json").write_text(json.dumps({"data": {"n_per_split": {"train": 1000}}}))
     assert paper.data_use("vit", res)["passes"] == pytest.approx(b["steps"] * paper.REGIME.vit_batch / 1000)
+
+
+def test_training_refuses_bf16_on_the_cpu_before_writing(tmp_path):
+    from headrank.training.loop import train
+
+    cfg = make_config("recall", steps=2, n_layers=1, d_model=16, n_heads=2, batch_size=4)
+    with pytest.raises(HeadRankError, match="bf16"):
+        train(tmp_path / "run", cfg, device="cpu", amp="bf16")
+    assert not (tmp_path / "run").exists()
