@@ -84,6 +84,8 @@ def test_run_records_the_profile_and_all_runs_only_the_studies_offering_it(tmp_p
     rep.run_all(tmp_path / "all", profile="paper")
     summary = json.loads((tmp_path / "all" / "summary.json").read_text())
     assert summary["profile"] == "paper" and [r["name"] for r in summary["reproductions"]] == ["withpaper"]
+    assert "paper profile" in (tmp_path / "all" / "report.html").read_text()
+    assert "paper profile" in (tmp_path / "one" / "report.html").read_text()
     assert [p.profile for p in RUNS] == ["paper", "paper"]
     entries = rep.run_all(tmp_path / "all", profile="paper")  # reused: same profile and params
     assert entries[0].cached and len(RUNS) == 2
