@@ -1,5 +1,6 @@
 """Regenerate the gallery from a `reproduce all` output folder (`make gallery` for the quick
-profile, `make gallery-full` for the full one).
+profile, `make gallery-full` for the full one; a `reproduce all --profile paper` folder writes
+docs/claims_paper.md only).
 
 Copies a few figures into docs/ (quick profile only), writes docs/claims_{quick,full}.md (the
 summary table of the report, then every claim grouped as the tally counts them: the documents'
@@ -142,10 +143,19 @@ def update_between(path: Path, begin: str, end: str, body: str) -> None:
     write_text(path, f"{head}{begin}\n{body}\n{end}{rest.split(end, 1)[1]}")
 
 
+def notes(src: Path, summary: dict) -> str:
+    """Every reproduction's notes (its run.json), as a list per reproduction."""
+    out = []
+    for r in summary["reproductions"]:
+        meta = json.loads((src / r["name"] / "run.json").read_text()) if (src / r["name"] / "run.json").exists() else {}
+        out.append(f"### {r['name']}\n\n" + "\n".join(f"- {clean(n)}" for n in meta.get("notes", [])))
+    return "\n\n".join(out)
+
+
 def main(src: Path, docs: Path) -> None:
     summary = json.loads((src / "summary.json").read_text())
     claims = json.loads((src / "claims.json").read_text())
-    profile = "quick" if summary["quick"] else "full"
+    profile = summary.get("profile") or ("quick" if summary["quick"] else "full")
     if profile == "quick":
         for rel, name in FIGURES.items():
             if (src / rel).exists():
@@ -160,6 +170,11 @@ def main(src: Path, docs: Path) -> None:
               "pre-registration: docs/METHODS.md §4, docs/preregistration.json).\n\n"
             + f"## The documents' findings: quote, rule, verdict\n\n{quotes_and_rules(claims)}\n\n"
             f"## Every claim\n\n{claims_table(claims)}\n")
+    if profile not in ("quick", "full"):  # a study's own profile (paper): its claims page only, with its notes
+        text += f"\n## How it ran: each reproduction's notes\n\n{notes(src, summary)}\n"
+        write_text(docs / f"claims_{profile}.md", text)
+        print(text)
+        return
     write_text(docs / f"claims_{profile}.md", text)
     update_readme(docs / "report.md", profile, table)  # the claims tables live on the report page
     update_between(docs / "METHODS.md", "<!-- coverage:begin (docs/gallery.py) -->", "<!-- coverage:end -->",

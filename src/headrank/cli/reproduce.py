@@ -28,7 +28,7 @@ def reproduce(
     strict: Annotated[bool, typer.Option("--strict", help="exit 1 if any claim did not hold")] = False,
     quick: Annotated[bool, typer.Option("--quick", help="smaller, faster variant (fewer sweep points)")] = False,
     full: Annotated[bool, typer.Option("--full", help="the full variant (the default; explicit for 'all')")] = False,
-    profile: Annotated[str | None, typer.Option("--profile", help="a profile the reproduction offers: quick, full (the default) or paper (where it has one: the document's own settings)")] = None,
+    profile: Annotated[str | None, typer.Option("--profile", help="a profile the reproduction offers: quick, full, or its own (paper: fig3, table1, decouple in the paper's regime, docs/paper_regime.md)")] = None,
     force: Annotated[bool, typer.Option("--force", help="with 'all': recompute parts already finished in --out")] = False,
     model: Annotated[str | None, typer.Option("--model", help="run the reproduction's analysis on this checkpoint instead of its default (where it has one, e.g. fig4)")] = None,
     replot: Annotated[bool, typer.Option("--replot", help="run nothing: re-judge the claims and redraw the figures from the data.json a finished run left in --out")] = False,
@@ -61,7 +61,9 @@ def reproduce(
         _reproduce_all(out or Path("out") / "all", profile=profile, force=force, strict=strict, as_json=as_json,
                        quiet=quiet, replot=replot)
         return
-    registry.get(name)  # unknown names fail here, before any work
+    entry = registry.get(name)  # unknown names fail here, before any work
+    if profile is not None:
+        entry.study.make_params(profile)  # a profile the study does not offer: one line, before any work
     out = out if out is not None else Path("out") / name
     from headrank.util.progress import Heartbeat  # where stderr is no terminal: a line every 30 s
 
@@ -116,7 +118,8 @@ def _reproduce_all(out: Path, *, profile: str, force: bool, strict: bool, as_jso
         if not (quiet or as_json):
             err_console.print(f"{name}: {state}", highlight=False)
 
-    entries = rep.run_all(out, quick=profile == "quick", force=force, progress=progress, replot=replot)
+    entries = rep.run_all(out, quick=profile == "quick", force=force, progress=progress, replot=replot,
+                          profile=profile)
     summary = ReproduceResult.load(out).to_json()
     if as_json:
         sys.stdout.write(json.dumps(summary, indent=2) + "\n")

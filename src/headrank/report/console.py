@@ -46,7 +46,7 @@ def claims_table(name: str, claims: list[dict[str, Any]], runtime_s: float) -> T
 
 def all_table(summary: dict[str, Any]) -> Table:
     """``reproduce all``'s summary.json: one row per reproduction under the combined tally."""
-    table = Table(title=f"reproduce all ({'quick' if summary['quick'] else 'full'}): {headline(summary['tally'])}")
+    table = Table(title=f"reproduce all ({summary.get('profile') or ('quick' if summary['quick'] else 'full')}): {headline(summary['tally'])}")
     for col in ("reproduction", "findings held / not held / inconclusive", "our checks held", "identities verified",
                 "runtime", "note"):
         table.add_column(col)

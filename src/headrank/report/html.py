@@ -246,7 +246,7 @@ def _section(name: str, meta: dict[str, Any], claims: list[dict[str, Any]], figu
     notes = "".join(f"<li>{escape(n)}</li>" for n in meta.get("notes", []))
     prof = meta.get("profile") or ("quick" if meta.get("quick") else "full")
     parts = [f"<h2 id='{escape(name)}'>{escape(name)}: {escape(meta.get('title', ''))}</h2>",
-             f"<p class='sub'>{prof} profile; runtime {fmt_value(meta.get('runtime_s'), 3)} s</p>"]
+             f"<p class='sub'>{escape(prof)} profile; runtime {fmt_value(meta.get('runtime_s'), 3)} s</p>"]
     if quote:
         parts.append(f"<blockquote>{escape(quote)}<cite>{escape(cite)}</cite></blockquote>")
     if error:
@@ -380,7 +380,7 @@ def render_report(*, meta: dict[str, Any], claims: list[dict[str, Any]], figures
     """
     name = meta["name"]
     body = (f"<h1>headrank reproduce {escape(name)}</h1>"
-            f"<p class='sub'>{meta.get('profile') or ('quick' if meta.get('quick') else 'full')} profile, "
+            f"<p class='sub'>{escape(meta.get('profile') or ('quick' if meta.get('quick') else 'full'))} profile, "
             f"{fmt_value(meta.get('runtime_s'), 3)} s; {escape(_versions_line(meta.get('versions', {})))}</p>"
             + _summary_table([(name, meta, claims, None)])
             + f"<p class='reading'>{escape(reading(claims))}</p>"
@@ -394,11 +394,11 @@ def render_combined(*, entries: list[Any], figures: dict[str, list[dict[str, Any
                     summary: dict[str, Any]) -> str:
     """One page for every reproduction: what ran and the summary table first, a plain-language
     reading, then one section per reproduction. ``entries`` are runner.AllEntry."""
-    profile = "quick" if summary.get("quick") else "full"
+    profile = summary.get("profile") or ("quick" if summary.get("quick") else "full")
     all_claims = [c for e in entries for c in e.claims]
     rows = [(e.name, e.meta, e.claims, e.error) for e in entries]
     body = (f"<h1>headrank: which of the documents' statements hold here</h1>"
-            f"<p class='sub'>reproduce all, {profile} profile; total runtime "
+            f"<p class='sub'>reproduce all, {escape(profile)} profile; total runtime "
             f"{fmt_value(summary.get('total_runtime_s'), 4)} s; "
             f"{escape(_versions_line(summary.get('versions', {})))}</p>"
             + _summary_table(rows)

@@ -92,6 +92,11 @@ def _read_json(path: Path, what: str) -> Any:
         raise HeadRankError(f"cannot read {path}: {e}") from None
 
 
+def profile_of(meta: dict[str, Any]) -> str:
+    """The profile a stored run.json / summary.json was made with (older ones record only ``quick``)."""
+    return str(meta.get("profile") or ("quick" if meta.get("quick") else "full"))
+
+
 def _evaluate(name: str, out: Path, *, quick: bool, replot: bool, overrides: dict[str, Any] | None = None,
               profile: str | None = None) -> tuple[Result, dict[str, Any]]:
     """Run (or, with ``replot``, reload) reproduction ``name``: its Result and run facts."""
@@ -160,6 +165,8 @@ def run(name: str, out: str | Path, *, quick: bool = False, replot: bool = False
     ``replot``: run nothing; re-judge the claims and redraw the figures from the ``data.json``
     and ``run.json`` a finished run left in ``out`` (data.json is not rewritten).
     ``overrides``: parameter fields to set on the profile's parameters (e.g. ``{"model": path}``).
+    ``profile``: one the study offers (``quick``, ``full``, or its own, e.g. ``paper``); None:
+    ``quick`` when ``quick`` else ``full``.
     """
     from headrank.report.html import render_report
 
@@ -292,7 +299,7 @@ def experiment_hash(name: str) -> str:
     return h.hexdigest()
 
 
-def staleness(name: str, sub: Path, quick: bool) -> tuple[dict[str, Any] | None, str]:
+def staleness(name: str, sub: Path, quick: bool, profile: str | None = None) -> tuple[dict[str, Any] | None, str]:
     """``(run.json, "")`` when the finished run in ``sub`` can be reused: same profile, the same
     params as this version's profile, the same package version and experiment source hash.
     Otherwise ``(None, why)``."""
@@ -305,10 +312,11 @@ def staleness(name: str, sub: Path, quick: bool) -> tuple[dict[str, Any] | None,
         return None, "no finished run"
     if not (sub / "data.json").exists():
         return None, "no data.json"
-    if meta.get("quick") is not quick:
+    profile = profile or ("quick" if quick else "full")
+    if profile_of(meta) != profile:
         return None, "another profile"
     study = get(name).study
-    if meta.get("params") != jsonable(asdict(study.make_params("quick" if quick else "full"))):
+    if meta.get("params") != jsonable(asdict(study.make_params(profile))):
         return None, "params changed"
     stored = meta.get("versions", {})  # written by attnrank, before the rename: its version counts
     if stored.get("headrank", stored.get(OLD_NAME)) != versions().get("headrank"):
@@ -318,7 +326,7 @@ def staleness(name: str, sub: Path, quick: bool) -> tuple[dict[str, Any] | None,
     return meta, ""
 
 
-def _cached(sub: Path, quick: bool) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+def _cached(sub: Path, profile: str) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
     """What :func:`run` wrote in ``sub`` (run.json written last), if it is of this profile."""
     import json
 
@@ -328,13 +336,14 @@ def _cached(sub: Path, quick: bool) -> tuple[dict[str, Any], list[dict[str, Any]
     except (OSError, ValueError):
         return None
     figs_ok = all((sub / f"{f['name']}.png").exists() for f in meta.get("figures", []))
-    if meta.get("quick") is not quick or "figures" not in meta or not figs_ok:
+    if profile_of(meta) != profile or "figures" not in meta or not figs_ok:
         return None
     return meta, claims
 
 
 def run_all(out: str | Path, *, quick: bool = False, force: bool = False, only: list[str] | None = None,
-            progress: Callable[[str, str], None] | None = None, replot: bool = False) -> list[AllEntry]:
+            progress: Callable[[str, str], None] | None = None, replot: bool = False,
+            profile: str | None = None) -> list[AllEntry]:
     """Run every reproduction into ``out/NAME/`` and write one combined report in ``out``.
 
     A reproduction already finished in ``out/NAME`` is reused (re-running resumes rather than
@@ -347,21 +356,29 @@ def run_all(out: str | Path, *, quick: bool = False, force: bool = False, only: 
 
     ``replot``: run nothing; re-judge and redraw every reproduction that has a stored run in
     ``out/NAME`` (see :func:`run`), keeping each one's recorded profile.
+
+    ``profile``: as in :func:`run`; a profile other than quick and full runs only the
+    reproductions that offer it (e.g. ``paper``: fig3, table1, decouple).
     """
     if replot and not Path(out).is_dir():
         raise HeadRankError(f"`replot` needs a finished `reproduce all` in {out}; there is no such directory")
     out = prepare_out_dir(out)
+    profile = profile or ("quick" if quick else "full")
     todo = only or names()
     for n in todo:
         get(n)  # unknown names fail before any work
+    if profile not in ("quick", "full") and not replot:
+        todo = [n for n in todo if profile in get(n).study.profiles()]
+        if not todo:
+            raise HeadRankError(f"no reproduction offers the profile {profile!r}")
     entries: list[AllEntry] = []
     for n in todo:
-        entry = _replot_part(n, out / n, progress) if replot else _run_part(n, out / n, quick, force, progress)
+        entry = _replot_part(n, out / n, progress) if replot else _run_part(n, out / n, profile, force, progress)
         if entry is not None:
             entries.append(entry)
             if replot:
-                quick = bool(entry.meta.get("quick"))
-    _write_combined(out, entries, quick)
+                profile = profile_of(entry.meta)
+    _write_combined(out, entries, profile)
     return entries
 
 
@@ -378,35 +395,36 @@ def _replot_part(n: str, sub: Path, progress: Callable[[str, str], None] | None)
     return AllEntry(n, meta, _read_json(sub / "claims.json", n), cached=True)
 
 
-def _run_part(n: str, sub: Path, quick: bool, force: bool,
+def _run_part(n: str, sub: Path, profile: str, force: bool,
               progress: Callable[[str, str], None] | None) -> AllEntry:
     """One part of ``run_all``: reused while not stale (claims re-judged), else run; an
     unexpected failure is recorded on the entry, not raised."""
-    hit, why = (None, "forced") if force else staleness(n, sub, quick)
+    hit, why = (None, "forced") if force else staleness(n, sub, profile == "quick", profile)
     if hit is not None:  # reuse the data, re-judge the claims and redraw with this code
         run(n, sub, replot=True)
-        meta, claims = _cached(sub, quick) or ({}, [])
+        meta, claims = _cached(sub, profile) or ({}, [])
         if progress:
             progress(n, "cached (claims re-judged)")
         return AllEntry(n, meta, claims, cached=True)
     if progress:
         progress(n, "running" + (f" ({why})" if why not in ("no finished run", "forced") else ""))
     try:
-        run(n, sub, quick=quick)
-        meta, claims = _cached(sub, quick) or ({}, [])  # read back exactly what was written
+        run(n, sub, profile=profile)
+        meta, claims = _cached(sub, profile) or ({}, [])  # read back exactly what was written
     except HeadRankError:
         raise
     except Exception as e:  # noqa: BLE001 - one failing reproduction must not stop the others
         if progress:
             progress(n, "failed")
-        return AllEntry(n, {"name": n, "title": get(n).title, "source": get(n).source, "quick": quick}, [],
+        return AllEntry(n, {"name": n, "title": get(n).title, "source": get(n).source, "quick": profile == "quick",
+                                   "profile": profile}, [],
                         cached=False, error=one_line(e, 500, typed=True))
     if progress:
         progress(n, "done")
     return AllEntry(n, meta, claims, cached=False)
 
 
-def _write_combined(out: Path, entries: list[AllEntry], quick: bool) -> None:
+def _write_combined(out: Path, entries: list[AllEntry], profile: str) -> None:
     """out/claims.json, out/summary.json and the self-contained out/report.html."""
     from headrank.report.html import render_combined
 
@@ -419,7 +437,8 @@ def _write_combined(out: Path, entries: list[AllEntry], quick: bool) -> None:
     all_claims = [{"reproduction": e.name, **c} for e in entries for c in e.claims]
     reported = {c["name"] for c in all_claims}  # a row counts as the combined tally does
     summary = {
-        "quick": quick,
+        "quick": profile == "quick",
+        "profile": profile,
         "reproductions": [{"name": e.name, "runtime_s": e.meta.get("runtime_s"), "cached": e.cached,
                            "claims_held": sum(bool(c["held"]) for c in e.claims),
                            "claims_total": len(e.claims), "tally": tally(e.claims, reported), "error": e.error}

@@ -22,11 +22,12 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
 
+from headrank.studies import paper
 from headrank.studies.lm_common import SPREAD, exposure, lambdas_for, lm_base, lr_sum, sweep
 from headrank.studies.registry import CATALOGUE, Claim, FigureOut, Study, g3, register_study
 from headrank.studies.verdicts import paired, sign_verdict
@@ -38,12 +39,27 @@ SOURCE = "Kobayashi et al. 2024, abstract (Table 1); tested in a regime where de
 class DecoupleParams:
     """What shapes the study: corpus size (characters per split), decay exposures, seeds, steps."""
 
-    max_chars: int = 20_000
+    max_chars: int | None = 20_000
     exposures: tuple[float, ...] = (0.0, 1.0, 3.0)
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     steps: int = 600
     workers: int = 2
     profile: str = "full"
+
+    PROFILES: ClassVar[tuple[str, ...]] = ("quick", "full", paper.PROFILE)
+
+    @classmethod
+    def paper(cls) -> DecoupleParams:
+        """The paper's regime (:mod:`headrank.studies.paper`, docs/paper_regime.md) instead of a
+        small corpus: the whole stdlib corpus (``max_chars`` None, about one pass), the 2 × 2 of
+        attention λ {0, 0.1} × MLP λ {0, 0.1} shared with table1 (coupled 0, coupled 0.1 and the
+        decoupled twin attention 0 + MLP 0.1 are its cells), five paired seeds, λ = 0.1 at
+        exposure ≥ 8. Rules fixed before the run, unchanged: the regime (coupled 0.1 beats coupled
+        0 on mean validation perplexity) chosen on validation, the decoupling judged on test:
+        ppl(coupled 0.1) − ppl(attn 0, MLP 0.1) > spread, paired by seed; no regime: untested."""
+        r = paper.REGIME
+        return cls(max_chars=None, exposures=(0.0, r.target_exposure), seeds=r.seeds,
+                   steps=paper.steps_for_exposure(r), workers=r.workers, profile=paper.PROFILE)
 
     @classmethod
     def quick(cls) -> DecoupleParams:
@@ -61,6 +77,11 @@ def run(params: DecoupleParams) -> dict[str, Any]:
     from headrank.studies.table1 import ppl_table
 
     t0 = time.perf_counter()
+    if params.profile == paper.PROFILE:
+        from headrank.studies.table1 import run_paper
+
+        data = run_paper(paper.REGIME.lam, params.seeds, t0)
+        return {**data, "lambdas": data["attn_lambdas"], "exposures": list(params.exposures)}
     base = lm_base(params.steps, max_chars=params.max_chars)
     lams = lambdas_for(params.exposures, lr_sum("lm", base))
     cols = ["attn_weight_decay", "weight_decay", "seed", "test_ppl", "val_ppl", "loss"]
@@ -125,13 +146,19 @@ def figures(data: dict[str, Any], params: DecoupleParams) -> list[FigureOut]:
     """table1's perplexity grid for the five cells run (the others blank)."""
     from headrank.studies.lm_plots import table1_panels
 
+    corpus = (f"on {params.max_chars:,} characters per split (it overfits)" if params.max_chars
+              else "on the whole corpus (paper profile)")
     return [FigureOut("decouple", table1_panels(data),
-                      f"Test perplexity of the LM on {params.max_chars:,} characters per split (it overfits), "
-                      "coupled and decoupled decay (mean ± std over seeds; blank: not run).")]
+                      f"Test perplexity of the LM {corpus}, coupled and decoupled decay (mean ± std over seeds; "
+                      "blank: not run).")]
 
 
 def notes(data: dict[str, Any], params: DecoupleParams) -> list[str]:
     """The corpus, the λs, runtime."""
+    if params.profile == paper.PROFILE:
+        from headrank.studies.table1 import paper_notes
+
+        return paper_notes(data)
     return [f"table1's LM and optimiser on the first {params.max_chars:,} characters of each stdlib-corpus split, "
             f"{params.steps} steps, seeds {list(params.seeds)}; lambdas {data['lambdas']} for exposures "
             f"{data['exposures']}.",

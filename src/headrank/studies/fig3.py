@@ -20,10 +20,11 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
+from headrank.studies import paper
 from headrank.studies.lm_common import (
     LOW_TOL,
     MIN_EXPOSURE,
@@ -38,6 +39,7 @@ from headrank.studies.lm_common import (
     lr_sum,
     noise_floors,
     per_run,
+    spectra,
     sweep,
     vit_base,
 )
@@ -75,6 +77,22 @@ class Fig3Params:
     workers: int = 2
     profile: str = "full"
 
+    PROFILES: ClassVar[tuple[str, ...]] = ("quick", "full", paper.PROFILE)
+
+    @classmethod
+    def paper(cls) -> Fig3Params:
+        """The paper's regime (:mod:`headrank.studies.paper`, docs/paper_regime.md): attention
+        λ ∈ {0, 0.1} at other decay 0.1, five paired seeds, lr 3e-2 constant after a 200-step
+        warmup for 2,767 steps, so the literal λ = 0.1 reaches exposure ≥ 8 (the top of the
+        exposure grid is that same λ). Rules fixed before the run: those of every fig3 claim
+        (paired by seed, spread = t_{0.975, n−1} standard errors; trend: exposure ≥ 3 at the top;
+        matched: exposure ≥ 8), unchanged."""
+        r = paper.REGIME
+        n = paper.steps_for_exposure(r)
+        return cls(exposures=(0.0, r.target_exposure), seeds=r.seeds, lm_steps=n, vit_steps=n,
+                   other_weight_decay=max(r.vit_other_decays), literal_lambda=r.lam, workers=r.workers,
+                   profile=paper.PROFILE)
+
     @classmethod
     def quick(cls) -> Fig3Params:
         """Exposures 0, 1, 3, 8; two seeds; 300 steps each."""
@@ -88,15 +106,6 @@ class Fig3Params:
 
 
 # -- experiment ------------------------------------------------------------------------------------
-
-def _spectra(run_dir: Path, layers: list[int] | None) -> dict[str, list]:
-    """Exact singular values (layers, heads, dh) of both products from a run's final checkpoint."""
-    from headrank.analysis.scan import analyze
-    from headrank.io.rundir import latest_checkpoint
-
-    res = analyze(latest_checkpoint(run_dir), layers=layers)
-    return {p: res.sv[p].tolist() for p in PRODUCTS}
-
 
 def run_model(model: str, params: Fig3Params, root: Path) -> dict[str, Any]:
     """One model's sweep over the exposure grid: per run λ, seed, exposure, spectra; noise floors."""
@@ -114,7 +123,7 @@ def run_model(model: str, params: Fig3Params, root: Path) -> dict[str, Any]:
     for _, r in res.runs.iterrows():
         lam = float(r["attn_weight_decay"])
         runs.append({"lam": lam, "seed": int(r["seed"]), "exposure": exposure(model, {**base, "attn_weight_decay": lam}),
-                     "sv": _spectra(res.out / "runs" / r["name"], layers),
+                     "sv": spectra(res.out / "runs" / r["name"], layers),
                      **{k: float(r[k]) for k in ("test_ppl", "test_acc", "loss") if k in r and r[k] == r[k]}})
     floors = dict(zip([f"{lam:g}" for lam in lams], noise_floors(model, base, lams), strict=True))
     cfg = make_config(model, **base)
@@ -122,10 +131,31 @@ def run_model(model: str, params: Fig3Params, root: Path) -> dict[str, Any]:
             "n_layers": n_layers, "overrides": base}
 
 
+def run_paper_model(model: str, params: Fig3Params) -> dict[str, Any]:
+    """One model in the paper profile: the shared runs of :func:`headrank.studies.paper.runs`
+    (trained once for fig3, table1 and decouple), the ones at other decay
+    ``params.other_weight_decay`` in fig3's layout; the LM's other-decay-0 runs kept apart."""
+    d = paper.runs(model)
+    other = float(params.other_weight_decay)
+    lams = sorted({r["lam"] for r in d["runs"]})
+    keep = [r for r in d["runs"] if r["other"] == other]
+    floors = dict(zip([f"{lam:g}" for lam in lams], noise_floors(model, d["overrides"], lams), strict=True))
+    return {"lambdas": lams, "literal_lambda": float(params.literal_lambda), "lr_peak": d["lr_peak"],
+            "lr_sum": d["lr_sum"], "runs": keep, "noise_floor_sigma1": floors, "layers": d["layers"],
+            "n_layers": d["n_layers"], "overrides": d["overrides"], "data_use": d["data_use"],
+            "placement": d["placement"], "runs_dir": d["runs_dir"],
+            "other_decay_0": [{k: v for k, v in r.items() if k != "sv"} for r in d["runs"] if r["other"] != other]}
+
+
 def run(params: Fig3Params) -> dict[str, Any]:
     """Train the LM and ViT sweeps; everything the claims and figures need."""
     t0 = time.perf_counter()
     data: dict[str, Any] = {"exposures": list(params.exposures), "seeds": list(params.seeds)}
+    if params.profile == paper.PROFILE:
+        for model in MODELS:
+            data[model] = run_paper_model(model, params)
+        data["runtime_s"] = time.perf_counter() - t0
+        return data
     with tempfile.TemporaryDirectory() as tmp:
         for model in MODELS:
             data[model] = run_model(model, params, Path(tmp))
@@ -318,6 +348,13 @@ def _rounded(d: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
 def notes(data: dict[str, Any], params: Fig3Params) -> list[str]:
     """Sizes, choices, the λ grid, floors, runtime."""
     lm, vit = data["lm"], data["vit"]
+    if params.profile == paper.PROFILE:
+        return [paper.describe(), paper.use_line("lm", lm), paper.use_line("vit", vit),
+                f"Attention lambdas {lm['lambdas']} at other decay {params.other_weight_decay:g}: exposure of the "
+                f"literal lambda LM {max(r['exposure']['attn'] for r in lm['runs']):.4g}, ViT "
+                f"{max(r['exposure']['attn'] for r in vit['runs']):.4g}.",
+                f"Measured runtime (training once for fig3, table1 and decouple, or reading finished runs): "
+                f"{data.get('runtime_s', float('nan')):.0f} s."]
     return [
         "Sizes are our choice (the paper's Pile LM and ImageNet ViT are far larger): LM = 4 pre-norm causal layers, "
         "width 64, 4 heads of 16, MLP 256, byte tokens, context 64, batch 32, lr 3e-3, first 200,000 characters of "

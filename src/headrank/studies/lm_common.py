@@ -48,12 +48,14 @@ def vit_base(steps: int) -> dict[str, Any]:
 
 
 def sweep(kind: str, base: dict[str, Any], grid: dict[str, list[Any]], seeds: list[int], root: Path,
-          workers: int) -> Any:
-    """Run a sweep (1 torch thread per run); raise if any run failed. Returns the SweepResult."""
+          workers: int, **where: Any) -> Any:
+    """Run a sweep (1 torch thread per run); raise if any run failed. Returns the SweepResult.
+    ``where``: :func:`headrank.training.sweep.run_sweep`'s ``device``, ``ray``, ``amp``."""
     from headrank.errors import HeadRankError
     from headrank.training.sweep import SweepSpec, run_sweep
 
-    res = run_sweep(SweepSpec(kind=kind, base=base, grid=grid, seeds=list(seeds)), root, workers=workers, threads=1)
+    res = run_sweep(SweepSpec(kind=kind, base=base, grid=grid, seeds=list(seeds)), root, workers=workers, threads=1,
+                    **where)
     failed = res.runs[res.runs["status"] != "ok"]
     if len(failed):
         raise HeadRankError(f"{len(failed)} {kind} run(s) failed: {failed['error'].iloc[0]}")
@@ -84,6 +86,15 @@ def lambdas_for(exposures: tuple[float, ...] | list[float], lrsum: float) -> lis
                 lam = float(f"{lam + unit:.4g}")
         out.append(float(lam))
     return out
+
+
+def spectra(run_dir: Path, layers: list[int] | None) -> dict[str, list]:
+    """Exact singular values (layers, heads, dh) of both products from a run's final checkpoint."""
+    from headrank.analysis.scan import analyze
+    from headrank.io.rundir import latest_checkpoint
+
+    res = analyze(latest_checkpoint(run_dir), layers=layers)
+    return {p: res.sv[p].tolist() for p in PRODUCTS}
 
 
 # -- ranks from exact spectra (headrank.core.metrics, the one definition of each) --------------------

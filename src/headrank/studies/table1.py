@@ -20,11 +20,12 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
 
+from headrank.studies import paper
 from headrank.studies.lm_common import (
     MIN_EXPOSURE,
     SPREAD,
@@ -65,6 +66,22 @@ class Table1Params:
     workers: int = 2
     profile: str = "full"
 
+    PROFILES: ClassVar[tuple[str, ...]] = ("quick", "full", paper.PROFILE)
+
+    @classmethod
+    def paper(cls) -> Table1Params:
+        """The paper's regime (:mod:`headrank.studies.paper`, docs/paper_regime.md): the 2 × 2 of
+        attention λ {0, 0.1} × MLP λ {0, 0.1} at the literal λ, five paired seeds, lr 3e-2 constant
+        after a 200-step warmup for 2,767 steps (λ = 0.1 reaches exposure ≥ 8). Rules fixed before
+        the run, unchanged: ``attn_decay_hurts`` = main effect over MLP λ {0, 0.1} of ppl(attn
+        0.1) − ppl(attn 0) > spread (t_{0.975, n−1} standard errors of the paired differences),
+        exposure ≥ 3 at attn 0.1; the literal cell pair at MLP 0.1 in support; decoupling judged
+        as in every profile (:func:`decoupling_helps`)."""
+        r = paper.REGIME
+        top = (0.0, r.target_exposure)
+        return cls(attn_exposures=top, mlp_exposures=top, seeds=r.seeds, steps=paper.steps_for_exposure(r),
+                   literal_lambda=r.lam, workers=r.workers, profile=paper.PROFILE)
+
     @classmethod
     def quick(cls) -> Table1Params:
         """Same grid and seeds, 250 steps."""
@@ -82,6 +99,8 @@ def run(params: Table1Params) -> dict[str, Any]:
     from headrank.training.config import make_config
 
     t0 = time.perf_counter()
+    if params.profile == paper.PROFILE:
+        return run_paper(params.literal_lambda, params.seeds, t0)
     base = lm_base(params.steps)
     lrs = lr_sum("lm", base)
     attn, mlp = lambdas_for(params.attn_exposures, lrs), lambdas_for(params.mlp_exposures, lrs)
@@ -101,6 +120,31 @@ def run(params: Table1Params) -> dict[str, Any]:
             "lr_peak": make_config("lm", **base).lr, "lr_sum": lrs, "seeds": list(params.seeds),
             "runs": runs.to_dict("list"), "table": ppl_table(runs).to_dict("list"), "overrides": base,
             "runtime_s": time.perf_counter() - t0}
+
+
+def run_paper(literal_lambda: float, seeds: tuple[int, ...], t0: float) -> dict[str, Any]:
+    """The paper profile: the 2 × 2 LM runs shared with fig3 and decouple
+    (:func:`headrank.studies.paper.runs`), as table1's runs table."""
+    d = paper.runs("lm")
+    runs = paper.lm_table(d)
+    return {"attn_lambdas": sorted(set(runs["attn_weight_decay"])), "mlp_lambdas": sorted(set(runs["weight_decay"])),
+            "literal_lambda": literal_lambda, "lr_peak": d["lr_peak"], "lr_sum": d["lr_sum"],
+            "seeds": list(seeds), "runs": runs.to_dict("list"), "table": ppl_table(runs).to_dict("list"),
+            "overrides": d["overrides"], "data_use": d["data_use"], "placement": d["placement"],
+            "runs_dir": d["runs_dir"], "runtime_s": time.perf_counter() - t0}
+
+
+def paper_notes(data: dict[str, Any]) -> list[str]:
+    """The paper profile's notes (table1 and decouple): the regime, data use, per-cell means."""
+    runs = pd.DataFrame(data["runs"])
+    g = runs.groupby(["attn_weight_decay", "weight_decay"])
+    cellmeans = "; ".join(f"attn {a:g}, other {m:g}: test ppl {x['test_ppl'].mean():.4g}, effective rank QK "
+                          f"{x['eff_rank_qk'].mean():.3g} / OV {x['eff_rank_ov'].mean():.3g}" for (a, m), x in g)
+    return [paper.describe(), paper.use_line("lm", data),
+            f"Per cell (mean over {runs['seed'].nunique()} seeds; rank in layer index "
+            f"{paper.REGIME.n_layers // 2}): {cellmeans}.",
+            f"Measured runtime (training once for fig3, table1 and decouple, or reading finished runs): "
+            f"{data.get('runtime_s', float('nan')):.0f} s."]
 
 
 # -- claims ----------------------------------------------------------------------------------------
@@ -259,6 +303,8 @@ def figures(data: dict[str, Any], params: Table1Params) -> list[FigureOut]:
 
 def notes(data: dict[str, Any], params: Table1Params) -> list[str]:
     """Sizes, what 'MLP λ' means here, the λ grid, runtime."""
+    if params.profile == paper.PROFILE:
+        return paper_notes(data)
     return [
         "Sizes are our choice (the paper's Pile LMs are far larger; it used 5 seeds): LM = 4 pre-norm causal layers, "
         "width 64, 4 heads of 16, MLP 256, byte tokens, context 64, batch 32, lr 3e-3, first 200,000 characters of "

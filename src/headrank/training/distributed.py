@@ -31,6 +31,28 @@ def resolve_device(device: str) -> torch.device:
     return dev
 
 
+#: ``amp`` choices of :func:`autocast_dtype` (``train(amp=...)``, sweeps, the paper profile)
+AMP_CHOICES = ("off", "auto", "bf16")
+
+
+def autocast_dtype(dev: torch.device, amp: str) -> torch.dtype | None:
+    """The dtype the training forward pass autocasts to on ``dev``, or None (full float32).
+
+    ``off``: never. ``auto``: bfloat16 on a CUDA device that supports it, else None (the CPU and
+    older GPUs train in float32). ``bf16``: bfloat16, and an error where CUDA bf16 is missing.
+    Only the forward pass and the loss run under autocast (torch keeps softmax, norms and the
+    cross-entropy in float32 there); the weights, the optimiser state, the evaluation and every
+    spectrum stay float32, which is what makes it safe for the rank measurements."""
+    if amp not in AMP_CHOICES:
+        raise HeadRankError(f"amp must be one of {', '.join(AMP_CHOICES)}, got {amp!r}")
+    usable = dev.type == "cuda" and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    if amp == "off" or (amp == "auto" and not usable):
+        return None
+    if not usable:
+        raise HeadRankError(f"amp 'bf16' needs a CUDA device with bfloat16 support; this run is on {dev}")
+    return torch.bfloat16
+
+
 @dataclass
 class Dist:
     """This process's place in a torch.distributed job (world 1 = plain single process)."""

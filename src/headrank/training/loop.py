@@ -72,7 +72,7 @@ from headrank.training.config import (
     lr_at,
     run_config,
 )
-from headrank.training.distributed import Dist, join, resolve_device
+from headrank.training.distributed import Dist, autocast_dtype, join, resolve_device
 from headrank.training.integrations import open_loggers, parse_log, require
 from headrank.training.optim import param_groups
 from headrank.training.state import load_checkpoint, save_checkpoint
@@ -302,6 +302,7 @@ def train(
     tensorboard: bool | None = None,
     threads: int | None = None,
     log: str | Sequence[str] | None = None,
+    amp: str = "off",
 ) -> RunResult:
     """Train the run ``cfg`` describes and log to ``run_dir`` (see the module docstring): any task,
     recall, LM or ViT (:class:`~headrank.training.config.RecallTrainConfig`,
@@ -311,7 +312,9 @@ def train(
     ``progress(step, total, row)`` is called after every step (``row`` is the logged row or
     None). ``log``: backends that receive every row besides metrics.jsonl (``tensorboard``,
     ``wandb``, ``mlflow``, a comma-separated string or a sequence; ``"none"``: none; see
-    :mod:`headrank.training.integrations`). When ``log`` is None, ``tensorboard`` decides:
+    :mod:`headrank.training.integrations`). ``amp``: ``off`` (float32, the default), ``auto``
+    (bfloat16 autocast of the forward pass where CUDA supports it) or ``bf16``
+    (:func:`headrank.training.distributed.autocast_dtype`). When ``log`` is None, ``tensorboard`` decides:
     None = TensorBoard when installed, True = required, False = off.
     ``threads``: torch intra-op threads for this run (default: torch's; recorded in config.json);
     small models on a busy machine are often faster with 1 (benchmarks/THREADS.md). Resume with
@@ -335,7 +338,7 @@ def train(
         torch.set_num_threads(threads)
     try:
         return _train(Path(run_dir), cfg, resume=resume, device=device, progress=progress,
-                      loggers=(backends, tensorboard))
+                      loggers=(backends, tensorboard), amp=amp)
     finally:
         torch.set_num_threads(before)
 
@@ -373,11 +376,13 @@ class _Session:
     start: int = 0
     resumed_from: int | None = None
     stepped: bool = False
+    cast: torch.dtype | None = None  # the forward pass's autocast dtype (None: float32)
 
 
 def _train(run: Path, cfg: TrainConfig, *, resume: bool, device: str, progress: Progress | None,
-           loggers: tuple[tuple[str, ...] | None, bool | None]) -> RunResult:
+           loggers: tuple[tuple[str, ...] | None, bool | None], amp: str = "off") -> RunResult:
     dev = resolve_device(device)
+    cast = autocast_dtype(dev, amp)
     dist = join(dev)
     try:
         if cfg.batch_size % dist.world:
@@ -393,6 +398,7 @@ def _train(run: Path, cfg: TrainConfig, *, resume: bool, device: str, progress: 
             with locked_run(run) if dist.main else nullcontext():
                 held = dist.main
                 s = _open_session(run, cfg, resume=resume, dev=dev, dist=dist)
+                s.cast = cast
                 _run_steps(s, progress, loggers)
                 return _finish(s)
         except BaseException:
@@ -481,7 +487,8 @@ def _step(s: _Session, step: int) -> float:
     lr = lr_at(s.cfg, step)
     for g in s.opt.param_groups:
         g["lr"] = lr
-    loss, acc = s.job.loss_and_accuracy(s.net(x), y)
+    with torch.autocast(dev.type, dtype=s.cast) if s.cast is not None else nullcontext():
+        loss, acc = s.job.loss_and_accuracy(s.net(x), y)
     s.opt.zero_grad(set_to_none=True)
     loss.backward()  # DDP averages the gradients over ranks: the global-batch mean
     if s.cfg.grad_clip > 0:
@@ -566,6 +573,7 @@ def _finish(s: _Session) -> RunResult:
     write_json(run / "summary.json", {"steps": cfg.steps, "resumed_from": s.resumed_from, "final": final,
                                       "exposure": decay_exposure(cfg),
                                       "device": str(s.dev), "threads": torch.get_num_threads(),
+                                      "autocast": str(s.cast).removeprefix("torch.") if s.cast else "off",
                                       "world_size": s.dist.world, "data": s.job.info,
                                       "versions": versions()})
     return RunResult(run_dir=run, steps=cfg.steps, resumed_from=s.resumed_from, final=final,

@@ -70,6 +70,10 @@ FINAL_METRICS = ("loss", "acc", "val_loss", "val_ppl", "val_acc", "test_loss", "
                  *(f"{p}_{k}" for p in ("qk", "ov") for k in SUMMARY_METRICS))
 
 
+#: the share of one GPU a Ray task of a CUDA sweep asks for (runs this small share a GPU 4 to 1)
+RAY_GPU_SHARE = 0.25
+
+
 @dataclass
 class SweepSpec:
     kind: str
@@ -255,7 +259,7 @@ def run_one(job: dict[str, Any]) -> dict[str, Any]:
     try:
         cfg = make_config(job["kind"], **job["overrides"])
         res = train(run, cfg, resume=(run / "config.json").exists(), device=job.get("device", "cpu"),
-                    tensorboard=False, threads=job.get("threads"))
+                    tensorboard=False, threads=job.get("threads"), amp=job.get("amp", "off"))
         rec.update(status="ok", final=_flat_final(res.final), resumed_from=res.resumed_from)
     except Exception as e:  # noqa: BLE001 - a failed run is recorded; the sweep goes on
         rec.update(error=one_line(e, 1000, typed=True),
@@ -464,7 +468,7 @@ def sweep_verb(spec: str | os.PathLike | SweepSpec, out: str | os.PathLike, *,
 
 
 def run_sweep(spec: SweepSpec, out: str | os.PathLike, *, workers: int | None = None, ray: str | None = None,
-              threads: int = 1, device: str = "cpu", extend: bool = False,
+              threads: int = 1, device: str = "cpu", extend: bool = False, amp: str = "off",
               progress: Callable[[dict[str, Any], int, int], None] | None = None) -> SweepResult:
     """Run (or finish) every run of ``spec`` under ``out`` and aggregate (see the module docstring).
     Into an ``out`` that holds a sweep, see :func:`merge_rerun` (``extend``: a larger ``steps``
@@ -488,7 +492,7 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike, *, workers: int | None = 
             if extend:
                 _check_extendable(spec)
             return _run_sweep(spec, out, spec.runs(), workers=workers, ray=ray, threads=threads, device=device,
-                              progress=progress)
+                              progress=progress, amp=amp)
     except BaseException:
         runs_dir = out / "runs"
         if created and (not runs_dir.is_dir() or not any(runs_dir.iterdir())):
@@ -498,7 +502,7 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike, *, workers: int | None = 
 
 def _run_sweep(spec: SweepSpec, out: Path, runs: list[tuple[str, dict[str, Any]]], *, workers: int | None,
                ray: str | None, threads: int, device: str,
-               progress: Callable[[dict[str, Any], int, int], None] | None) -> SweepResult:
+               progress: Callable[[dict[str, Any], int, int], None] | None, amp: str = "off") -> SweepResult:
     (out / "runs").mkdir(parents=True, exist_ok=True)
     (out / "results").mkdir(exist_ok=True)
     write_json(out / "sweep.json", asdict(spec))
@@ -516,7 +520,8 @@ def _run_sweep(spec: SweepSpec, out: Path, runs: list[tuple[str, dict[str, Any]]
                              "skipped": True, "error": None, "final": done}
         else:
             jobs.append({"name": name, "kind": spec.kind, "overrides": ov, "run_dir": str(run_dir),
-                         "results_dir": str(out / "results"), "threads": threads, "device": device})
+                         "results_dir": str(out / "results"), "threads": threads, "device": device,
+                         "amp": amp})
     total, finished = len(runs), len(records)
     if progress:
         for r in records.values():
@@ -592,7 +597,11 @@ def _crashed(job: dict[str, Any], e: BaseException) -> dict[str, Any]:
 def _run_on_ray(jobs: list[dict[str, Any]], address: str, threads: int,
                 collect: Callable[[dict[str, Any]], None]) -> None:
     with ray_session(address) as ray:
-        task = ray.remote(num_cpus=threads, max_retries=0)(run_one)
+        # a run that may use CUDA asks Ray for a share of a GPU (Ray hides the GPUs from tasks that ask
+        # for none); several small runs share one GPU
+        gpu = RAY_GPU_SHARE if any(j.get("device", "cpu") != "cpu" for j in jobs) and \
+            ray.cluster_resources().get("GPU", 0) > 0 else 0
+        task = ray.remote(num_cpus=threads, num_gpus=gpu, max_retries=0)(run_one)
         pending = {task.remote(j): j for j in jobs}
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1)
