@@ -44,7 +44,7 @@ def test_whitened_cut_is_the_dense_best_rank_k_of_the_whitened_product():
 @pytest.mark.slow
 def test_minilm_drift_is_the_one_sentence_transformers_measures(minilm_dir, tmp_path):
     st = pytest.importorskip("sentence_transformers")
-    res = compress("minilm", tmp_path / "o", rank=16, evaluate=True, n_eval=16)
+    res = compress("minilm", tmp_path / "o", rank=16, evaluate=True, n_eval=16, format="dense")
     e = res["eval"]
     assert e["metric"] == "cosine_drift" and e["before"] == pytest.approx(0, abs=1e-12)
     texts = corpus.sentences("test", 16, min_words=6)
