@@ -32,7 +32,13 @@ from headrank.analysis.compress.api import (
     source_dir,
 )
 from headrank.analysis.compress.evaluate import Scorer, TextSpec, calibration, load
-from headrank.analysis.compress.factored import FORMAT, MANIFEST, STEM, factor_layer, load_compressed
+from headrank.analysis.compress.factored import (
+    FORMAT,
+    MANIFEST,
+    STEM,
+    factor_layer,
+    load_compressed,
+)
 from headrank.analysis.compress.options import (
     baseline_key,
     cached_baseline,
