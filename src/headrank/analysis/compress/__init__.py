@@ -222,7 +222,7 @@ def _write(reader, live, plan: Plan, stage: Path, opts: dict[str, Any], notes: l
             tensors, entries = factor_layer(tensors, reader.tensor_names(i), plan.products)
             manifest.update(entries)
         for name, t in tensors.items():
-            writer.add(name, t, dense_numel=_dense_numel(reader, name, t))
+            writer.add(name, t, dense_numel=_dense_numel(reader, name, t), owned=True)
         rows += r
     skip = _tied(live) if live is not None else set()
     names = [n for n in (live.state_dict() if live is not None else reader.ckpt.keys()) if n not in skip]

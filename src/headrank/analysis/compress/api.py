@@ -128,6 +128,7 @@ class Plan:
     whiten: dict[int, torch.Tensor] | None = None
     rotary: Any = None  # RotarySpec: QK cut by whole bands (+ the non-rotary part)
     layers: tuple[int, ...] | None = None  # the layers cut (ranks[p][j] is layers[j]'s); None: all
+    roots: dict[str, list[Any]] | None = None  # pass 1's factor roots per product and cut layer
 
     def cut_layers(self, n_layers: int) -> tuple[int, ...]:
         return tuple(range(n_layers)) if self.layers is None else self.layers
@@ -143,25 +144,35 @@ def make_plan(reader: AttentionReader, rule: Rule, products: tuple[str, ...],
     g = d.n_heads // d.n_kv_heads
     spec = qk_rotary(reader)[0] if "qk" in products else None
     sv: dict[str, list[torch.Tensor]] = {p: [] for p in products}
+    roots: dict[str, list[Any]] = {p: [] for p in products}
     todo = tuple(range(d.n_layers)) if layers is None else tuple(layers)
     with torch_threads(threads):
         for j, i in enumerate(todo):
             hw = reader.read_layer(i)
-            bad = [n for n in ("wq", "wk", "wv", "p") if not bool(torch.isfinite(getattr(hw, n)).all())]
+            bad = [n for n in ("wq", "wk", "wv", "p") if not _finite(getattr(hw, n))]
             if bad:
                 raise HeadRankError(f"layer {i} holds NaN/Inf attention weights ({', '.join(bad)}): nothing to cut")
             for p in products:
                 if p == "qk" and spec is not None:
                     sv[p].append(rotary_cut.items(hw, spec)[0])
+                    roots[p].append(None)
                     continue
-                sv[p].append(unit_spectra(hw, p, None if whiten is None else whiten[i]))
+                s, r = unit_spectra(hw, p, None if whiten is None else whiten[i], with_roots=True)
+                sv[p].append(s)
+                roots[p].append(r)
             reader.ckpt.release()
             if progress:
                 progress(j + 1, 2 * len(todo))
     spectra = {p: torch.stack(v) for p, v in sv.items()}
     cost = {p: (g + 1) * d.d for p in products}
     return Plan(rule, products, choose(rule, spectra, cost, d.head_dim), spectra, cost, whiten, spec,
-                None if layers is None else todo)
+                None if layers is None else todo, roots)
+
+
+def _finite(t: torch.Tensor) -> bool:
+    """No NaN or Inf in ``t``: one sum (NaN and ±Inf survive it; a tenth of the per-element
+    check's time), the per-element check only where the sum is not finite (it overflowed)."""
+    return bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
 
 
 def cut_layer(reader: AttentionReader, i: int, plan: Plan, j: int | None = None
@@ -181,17 +192,23 @@ def cut_layer(reader: AttentionReader, i: int, plan: Plan, j: int | None = None
             continue
         X, S = unit_factors(hw, p)
         L = None if plan.whiten is None else plan.whiten[i]
-        cuts[p] = cut_unit(X, S, plan.ranks[p][j], p, L)
+        roots = plan.roots[p][j] if plan.roots is not None else None
+        cuts[p] = cut_unit(X, S, plan.ranks[p][j], p, L, roots)
     new = _replace(hw, cuts)
-    tensors = {names[r]: t.to(raw[r].dtype) for r, t in join(reader.split, shapes, reader.dims, new).items()}
+    tensors = {names[r]: t.to(raw[r].dtype) for r, t in join(reader.split, shapes, reader.dims, new).items()
+               if not _same(t, raw[r])}  # a product not cut: its stored tensors are copied as they are
     tensors.update(_biases(reader, i, hw, shapes, cuts, rot))
     return tensors, _rows(i, plan, cuts, reader)
+
+
+def _same(t: torch.Tensor, raw: torch.Tensor) -> bool:
+    return t.dtype == raw.dtype and t.shape == raw.shape and t.data_ptr() == raw.data_ptr() and t.stride() == raw.stride()
 
 
 def _replace(hw: HeadWeights, cuts: dict[str, Any]) -> HeadWeights:
     H = hw.wq.shape[0]
     dh, d = hw.wq.shape[1:]
-    f = {k: getattr(hw, k).to(torch.float64) for k in ("wq", "wk", "wv", "p")}
+    f = {k: getattr(hw, k) for k in ("wq", "wk", "wv", "p")}  # the products not cut: as stored
     if "ov" in cuts:
         f["p"] = cuts["ov"].X.reshape(H, d, dh)
         f["wv"] = cuts["ov"].S.mT

@@ -34,16 +34,18 @@ class ShardWriter:
         self.names: set[str] = set()
         self.dtypes: set[str] = set()
 
-    def add(self, name: str, t: torch.Tensor, dense_numel: int | None = None) -> None:
-        """Queue ``name``; floating tensors are cast to ``dtype`` when one was given."""
+    def add(self, name: str, t: torch.Tensor, dense_numel: int | None = None, owned: bool = False) -> None:
+        """Queue ``name``; floating tensors are cast to ``dtype`` when one was given. ``owned``:
+        ``t`` is a fresh tensor nothing else holds (not copied again)."""
         if name in self.names:
             return
-        if self.dtype is not None and t.is_floating_point():
-            t = t.to(self.dtype)
+        if self.dtype is not None and t.is_floating_point() and t.dtype != self.dtype:
+            t, owned = t.to(self.dtype), True
         n = t.numel() * t.element_size()
         if self.cur and self.size + n > self.shard_bytes:
             self.flush()
-        self.cur[name] = t.detach().contiguous().clone()
+        t = t.detach()
+        self.cur[name] = t.contiguous() if owned and t.is_contiguous() else t.contiguous().clone()
         self.size += n
         self.total += n
         self.dense += (t.numel() if dense_numel is None else dense_numel) * t.element_size()
