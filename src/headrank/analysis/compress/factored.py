@@ -192,6 +192,10 @@ def load_compressed(path: str | Path, *, dtype: torch.dtype | None = None, attn_
     for k, m in latent.items():
         m.index = index[k]
     _load(model, sd, prefix)
+    del sd
+    from headrank.util.memory import trim_heap
+
+    trim_heap()  # the random initialisation's buffers go back to the system
     return model.eval()
 
 
@@ -203,7 +207,9 @@ def _load(model: torch.nn.Module, sd: dict[str, torch.Tensor], prefix: str) -> N
             if cand in keys:
                 own[cand] = t
                 break
-    missing, _ = model.load_state_dict(own, strict=False)
+    dtypes = {k: v.dtype for k, v in model.state_dict().items()}
+    own = {k: (t if t.dtype == dtypes[k] else t.to(dtypes[k])) for k, t in own.items()}
+    missing, _ = model.load_state_dict(own, strict=False, assign=True)  # the file's tensors, not a copy
     tied = _tied_names(model)
     left = [k for k in missing if k not in tied]
     if left:
