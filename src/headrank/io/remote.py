@@ -98,8 +98,20 @@ class Transfer:
         self.started = time.perf_counter()
         self.stats: dict[str, Any] = {
             "url": where, "protocol": "HTTP range requests, one per tensor; no weights written to disk",
-            "bytes_fetched": 0, "tensor_bytes": 0, "metadata_bytes": 0, "requests": 0, "retries": 0,
-            "checkpoint_bytes": None, "share": None, "full_downloads": [], "seconds": 0.0}
+            "bytes_fetched": 0, "tensor_bytes": 0, "metadata_bytes": 0, "full_bytes": 0, "requests": 0,
+            "retries": 0, "checkpoint_bytes": None, "share": None, "full_downloads": [], "seconds": 0.0}
+
+    def local(self, n: int, kind: str) -> None:
+        """Bytes read from a whole file downloaded before (--allow-full): counted as read, not fetched."""
+        with self._lock:
+            self.stats[f"{kind}_bytes"] += n
+
+    def whole_file(self, name: str) -> None:
+        """A server ignored range requests and sent ``name`` whole (--allow-full): say so."""
+        with self._lock:
+            self.stats["full_downloads"].append(name)
+            self.stats["protocol"] = ("whole files downloaded (the server ignores HTTP range requests; --allow-full) "
+                                      "into temporary files, deleted after reading; full_bytes: their size")
 
     def add(self, n: int, kind: str) -> None:
         with self._lock:
@@ -265,6 +277,7 @@ class RemoteFile:
         if end <= start:
             return bytearray()
         if self._full is not None:
+            self.transfer.local(end - start, kind)
             return bytearray(os.pread(self._full.fileno(), end - start, start))
         what = f"bytes {start}-{end - 1} of {self.name}"
         return _retrying(lambda: self._try_range(start, end, kind, clip), self.transfer, what, self.url)
@@ -327,13 +340,13 @@ class RemoteFile:
                     tmp.write(chunk)
                     n += len(chunk)
             finally:
-                self.transfer.add(n, kind)
+                self.transfer.add(n, "full")
             if total and total.isdigit() and n != int(total):
                 tmp.close()
                 raise _Retry(f"response truncated: {n:,} of {int(total):,} bytes")
             tmp.flush()
             self._full, self.size = tmp, n
-            self.transfer.stats["full_downloads"].append(self.name)
+            self.transfer.whole_file(self.name)
         return self.read(start, end, kind)
 
     def read_all(self, kind: str = "metadata", *, missing_ok: bool = False) -> bytes | None:
@@ -631,7 +644,7 @@ def open_remote(source: str, *, revision: str | None = None, allow_full: bool = 
         raise HeadRankError("reading remotely needs the network, but HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) is "
                             "set: unset it")
     loc, name = _location(source, revision)
-    transfer = Transfer(loc.where)
+    transfer = Transfer(loc.url(name) if name is not None and loc.repo_id is None else loc.where)
     if isinstance(config, (str, os.PathLike)):
         from headrank.io.checkpoint import read_config
 
