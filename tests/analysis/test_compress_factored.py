@@ -246,3 +246,24 @@ def test_smollm2_factored_is_bfloat16_tied_and_smaller_by_the_reported_share(tmp
     a, b = _out(ref), _out(got)
     assert torch.allclose(b, a, rtol=0, atol=1e-12 * a.abs().max())
     assert got.lm_head.weight is got.model.embed_tokens.weight
+
+
+def test_a_phase_that_reports_nothing_still_prints_a_line():
+    """The beat: a line at least every every_s seconds while a phase is silent (loading a model)."""
+    import time
+
+    from headrank.cli.compress import Phases
+    from headrank.util.progress import LineProgress
+
+    class Console:
+        lines: list[str] = []
+
+        def print(self, s, highlight=False):
+            self.lines.append(str(s))
+
+    con = Console()
+    bar = LineProgress(con, every_s=0.2)
+    with Phases(bar, every_s=0.2) as ph:
+        ph(0, None, "loading")
+        time.sleep(0.9)
+    assert len(con.lines) >= 2 and all(line.startswith("loading 0") for line in con.lines)

@@ -21,8 +21,8 @@ class Phases:
     is not a terminal, a line at least every 15 s even while a phase reports nothing (loading a
     model, one long layer)."""
 
-    def __init__(self, bar: Any):
-        self.bar, self.task = bar, bar.add_task("starting", total=None)
+    def __init__(self, bar: Any, every_s: float = EVERY_S):
+        self.bar, self.task, self.every_s = bar, bar.add_task("starting", total=None), every_s
         self.state = ["starting", 0, None]
         self.stop = threading.Event()
         self.thread = None
@@ -34,9 +34,9 @@ class Phases:
         self.bar.update(self.task, completed=done, total=total, description=phase)
 
     def _beat(self) -> None:
-        while not self.stop.wait(1.0):
+        while not self.stop.wait(min(1.0, self.every_s / 4)):
             now = self.bar.clock()
-            if now - self.bar.last >= EVERY_S:
+            if now - self.bar.last >= self.every_s:
                 self.bar.last = now
                 t = self.bar.tasks[self.task]
                 self.bar.console.print(self.bar.line(t, now), highlight=False)
