@@ -22,6 +22,12 @@ LLAMA = dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=6, num_key
              vocab_size=97, head_dim=8)
 
 
+@pytest.fixture(autouse=True)
+def _baseline_cache(tmp_path, monkeypatch):
+    """The uncut baselines these tests measure are cached here, not in the user's cache."""
+    monkeypatch.setenv("HEADRANK_CACHE", str(tmp_path / "headrank-cache"))
+
+
 def _random_biases(model: torch.nn.Module, seed: int = 1) -> None:
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():

@@ -19,6 +19,12 @@ from headrank.cli import app
 from headrank.models import corpus
 
 
+@pytest.fixture(autouse=True)
+def _baseline_cache(tmp_path, monkeypatch):
+    """The uncut baselines these tests measure are cached here, not in the user's cache."""
+    monkeypatch.setenv("HEADRANK_CACHE", str(tmp_path / "headrank-cache"))
+
+
 def test_whitened_cut_is_the_dense_best_rank_k_of_the_whitened_product():
     g = torch.Generator().manual_seed(0)
     Hkv, gsz, d, dh, k = 2, 3, 20, 6, 3

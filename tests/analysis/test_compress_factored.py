@@ -23,6 +23,12 @@ LLAMA = dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=6, num_key
 IDS = torch.tensor([[3, 14, 15, 92, 65, 35, 89, 79, 32, 38], [2, 71, 82, 81, 82, 84, 59, 4, 5, 23]])
 
 
+@pytest.fixture(autouse=True)
+def _baseline_cache(tmp_path, monkeypatch):
+    """The uncut baselines these tests measure are cached here, not in the user's cache."""
+    monkeypatch.setenv("HEADRANK_CACHE", str(tmp_path / "headrank-cache"))
+
+
 def _biased(m: torch.nn.Module) -> torch.nn.Module:
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
