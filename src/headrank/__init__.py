@@ -14,13 +14,14 @@ from headrank.errors import HeadRankError
 from headrank.util.env import __version__
 
 if TYPE_CHECKING:  # pragma: no cover
+    from headrank.analysis.compress import CompressResult, compress, load_compressed
     from headrank.analysis.scan import SpectraResult, analyze, save, spectra
     from headrank.analysis.tracker import RankTracker
     from headrank.training.integrations import RankCallback
     from headrank.training.optim import param_groups
 
-__all__ = ["HeadRankError", "RankCallback", "RankTracker", "SpectraResult", "analyze", "param_groups", "save", "spectra",
-           "__version__"]
+__all__ = ["CompressResult", "HeadRankError", "RankCallback", "RankTracker", "SpectraResult", "analyze", "compress",
+           "load_compressed", "param_groups", "save", "spectra", "__version__"]
 # public name -> module that defines it, imported on first use (importing headrank stays cheap:
 # no torch, pandas or matplotlib until one of these is touched)
 _LAZY = {
@@ -29,6 +30,9 @@ _LAZY = {
     "spectra": "headrank.analysis.scan",
     "save": "headrank.analysis.scan",
     "RankTracker": "headrank.analysis.tracker",
+    "compress": "headrank.analysis.compress",
+    "CompressResult": "headrank.analysis.compress",
+    "load_compressed": "headrank.analysis.compress",
     "RankCallback": "headrank.training.integrations",
     "param_groups": "headrank.training.optim",
 }

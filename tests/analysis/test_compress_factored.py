@@ -176,8 +176,11 @@ def test_a_full_disk_is_the_one_line_spectra_gives(llama_dir, tmp_path, monkeypa
 
 
 def test_result_contract(llama_dir, tmp_path):
+    import headrank
+
     res = compress(str(llama_dir), tmp_path / "f", rank=3, products="ov")
-    assert isinstance(res, CompressResult)
+    assert isinstance(res, CompressResult) and headrank.load_compressed is load_compressed
+    assert headrank.compress is compress and headrank.CompressResult is CompressResult
     assert len(res.table) == 2 * 2 and set(res.table["k"]) == {3}
     s = res.summary()
     assert list(s["k"]) == [3.0, 3.0] and s["params_saved"].sum() == res["totals"]["params_saved_factored"]
