@@ -1,22 +1,25 @@
 """The factored checkpoint (``compress --format factored``) and :func:`load_compressed`.
 
-A cut unit of rank k keeps, per head, the first k of the head's ``dh`` latent dimensions (the
-balanced factors ``U_k Σ_k^½`` and ``V_k Σ_k^½`` of :mod:`.cut`; the rest are exactly zero).
-The factored checkpoint stores only those dimensions, under the original tensor names:
+A cut unit of rank k keeps, per head, k of the head's ``dh`` latent dimensions (the balanced
+factors ``U_k Σ_k^½`` and ``V_k Σ_k^½`` of :mod:`.cut`; rotary QK: the kept bands' dimensions);
+the others are exactly zero after the cut. The factored checkpoint stores only the dimensions
+that are not, under the original tensor names:
 
 - OV: ``v_proj.weight`` keeps the rows of the kept value dimensions (``Σ_u k_u × d``) and
   ``o_proj.weight`` the matching columns of every query head (``d × Σ_h k_u(h)``);
-- QK (position-free models only): ``q_proj.weight`` and ``k_proj.weight`` keep the rows of the
-  kept query and key dimensions.
+- QK: ``q_proj.weight`` and ``k_proj.weight`` keep the rows of the kept query and key
+  dimensions (with their biases).
 
-``factored.json`` names each shrunk module, whether its rows (a projection into the heads) or its
-columns (the output projection) were kept, and the rank of every head. :func:`load_compressed`
-builds the Hugging Face model from ``config.json`` (no ``trust_remote_code``), replaces those
-projections by :class:`LatentLinear` / :class:`LatentOutput` (a Linear over the kept
-dimensions, scattered into or gathered from the heads' layout), and loads the tensors. Attention
-itself, its scaling ``1/√dh`` and the KV cache are the library's own, so the function is the
-dense output's to round-off; the cache still holds ``dh`` numbers per head (the dropped ones are
-zero): the KV saving of a latent cache is reported, not realised (docs/compress.md).
+A row (column) is dropped only where it is exactly zero, weight and bias, so the stored function
+is the cut one exactly. ``factored.json`` names each shrunk module, whether its rows (a projection
+into the heads) or its columns (the output projection) were kept, and which ones (as
+``[start, stop)`` runs). :func:`load_compressed` builds the Hugging Face model from
+``config.json`` (no ``trust_remote_code``), replaces those projections by :class:`LatentLinear` /
+:class:`LatentOutput` (a Linear over the kept dimensions, scattered into or gathered from the
+heads' layout), and loads the tensors. Attention itself, its scaling ``1/√dh``, the rotation and
+the KV cache are the library's own, so the function is the dense output's to round-off; the
+cache still holds ``dh`` numbers per head (the dropped ones are zero): the KV saving of a latent
+cache is reported, not realised (docs/compress.md).
 """
 
 from __future__ import annotations
