@@ -276,3 +276,11 @@ def test_a_phase_that_reports_nothing_still_prints_a_line():
         ph(0, None, "loading")
         time.sleep(0.9)
     assert len(con.lines) >= 2 and all(line.startswith("loading 0") for line in con.lines)
+
+
+def test_threads_do_not_change_the_output(llama_dir, tmp_path):
+    a = compress(str(llama_dir), tmp_path / "a", params=0.5, threads=1)
+    b = compress(str(llama_dir), tmp_path / "b", params=0.5, threads=2)
+    assert a["units"] == b["units"]
+    one, two = (tmp_path / d / "factored-model.safetensors" for d in "ab")
+    assert one.read_bytes() == two.read_bytes()

@@ -146,7 +146,7 @@ def make_plan(reader: AttentionReader, rule: Rule, products: tuple[str, ...],
     sv: dict[str, list[torch.Tensor]] = {p: [] for p in products}
     roots: dict[str, list[Any]] = {p: [] for p in products}
     todo = tuple(range(d.n_layers)) if layers is None else tuple(layers)
-    with torch_threads(threads):
+    with torch_threads(1):  # factor_roots' workers share the heads, one torch thread each
         for j, i in enumerate(todo):
             hw = reader.read_layer(i)
             bad = [n for n in ("wq", "wk", "wv", "p") if not _finite(getattr(hw, n))]
@@ -157,7 +157,7 @@ def make_plan(reader: AttentionReader, rule: Rule, products: tuple[str, ...],
                     sv[p].append(rotary_cut.items(hw, spec)[0])
                     roots[p].append(None)
                     continue
-                s, r = unit_spectra(hw, p, None if whiten is None else whiten[i], with_roots=True)
+                s, r = unit_spectra(hw, p, None if whiten is None else whiten[i], with_roots=True, workers=threads)
                 sv[p].append(s)
                 roots[p].append(r)
             reader.ckpt.release()

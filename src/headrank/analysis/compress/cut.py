@@ -61,11 +61,13 @@ def _whitened(X: torch.Tensor, S: torch.Tensor, product: str, L: torch.Tensor | 
     return X.to(torch.float64), S
 
 
-def unit_spectra(hw: HeadWeights, product: str, L: torch.Tensor | None = None, with_roots: bool = False):
+def unit_spectra(hw: HeadWeights, product: str, L: torch.Tensor | None = None, with_roots: bool = False,
+                 workers: int = 1):
     """Singular values ``(Hkv, dh)`` of every unit (whitened by ``L`` when given), from roots;
-    with ``with_roots`` also the roots ``(Rx, Rs)`` (pass 2 cuts with them: :func:`cut_unit`)."""
+    with ``with_roots`` also the roots ``(Rx, Rs)`` (pass 2 cuts with them: :func:`cut_unit`).
+    ``workers``: threads sharing the roots (the same result for any number)."""
     X, S = _whitened(*unit_factors(hw, product), product, L, upcast=False)
-    Rx, Rs = factor_roots(X, S)
+    Rx, Rs = factor_roots(X, S, workers=workers)
     sv = torch.linalg.svdvals(Rx @ Rs.mT)
     return (sv, (Rx, Rs)) if with_roots else sv
 
