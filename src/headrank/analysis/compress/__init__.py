@@ -124,7 +124,7 @@ def compress(source: Any, out: str | os.PathLike, *, keep: float | None = None, 
     prods, note = parse_products(opts["products"], reader)
     if rule.kind == "rank" and rule.value > reader.dims.head_dim:
         raise HeadRankError(f"--rank {int(rule.value)} exceeds the head dimension {reader.dims.head_dim}")
-    fmt_note = _choose_format(opts, reader.split)
+    fmt_note = _choose_format(opts, reader.split, _model_type(reader, live))
     todo = _layers(layers, reader.dims.n_layers)
     spec = text_spec(opts, reader, live)
     notes = [n for n in (_gguf_note(gguf_note, opts["format"]), note, fmt_note) if n]
@@ -146,17 +146,30 @@ def compress(source: Any, out: str | os.PathLike, *, keep: float | None = None, 
     return result
 
 
-def _choose_format(opts: dict[str, Any], split: str) -> str | None:
-    """Factored where q, k, v and o are separate projections; a note when dense is chosen for the user."""
-    if split == "separate":
+def _model_type(reader, live) -> str | None:
+    if live is not None:
+        return getattr(live.config, "model_type", None)
+    t = (reader.ckpt.config or {}).get("model_type")
+    return t if isinstance(t, str) else None
+
+
+def _choose_format(opts: dict[str, Any], split: str, model_type: str | None) -> str | None:
+    """Factored where q, k, v and o are separate projections of a model transformers builds
+    (load_compressed needs both); a note when dense is chosen for the user."""
+    from transformers import CONFIG_MAPPING
+
+    known = model_type is not None and model_type in CONFIG_MAPPING
+    if split == "separate" and known:
         opts["format"] = opts["format"] or "factored"
         return None
-    why = f"this model's q, k, v projections are {split.replace('_', ' ')}"
+    why = (f"this model's q, k, v projections are {split.replace('_', ' ')}" if split != "separate" else
+           f"transformers does not build model_type {model_type!r}, which load_compressed needs")
     if opts["format"] == "factored":
-        raise HeadRankError(f"--format factored needs separate q, k, v and o projections; {why}: use --format dense")
+        raise HeadRankError(f"--format factored needs separate q, k, v and o projections of a transformers "
+                            f"model; {why}: use --format dense")
     if opts["format"] is None:
         opts["format"] = "dense"
-        return f"written --format dense ({why}; the factored format needs separate projections)"
+        return f"written --format dense ({why}; the factored format needs separate projections of a transformers model)"
     return None
 
 
