@@ -11,8 +11,10 @@ benchmark of bench_spectra.py's writer with fewer layers), then runs, each in it
 - floor: read every tensor with safetensors and write it back as safetensors shards (what any
   rewrite of the checkpoint costs, with no arithmetic);
 - spectra: headrank.analyze (every head, QK + OV, all metrics);
-- compress ov: headrank compress --rank R --products ov, two passes over the layers (spectra
-  from roots, then exact singular vectors, written back);
+- compress ov: headrank compress --rank R --products ov (the factored format, the default), two
+  passes over the layers (spectra from the factors' roots; then the cut factors from those roots,
+  X' = X Rx^-1 Uc_k S_k^1/2, two GEMMs), only the kept dimensions written;
+- compress ov dense: the same written --format dense (zero-padded, the input's size);
 - compress ov+qk: the same with a layout declaring no rotary, so QK is cut too (the cost of
   cutting both products on a model where that is allowed).
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import shutil
 import subprocess
@@ -70,11 +73,17 @@ def run_spectra(path: Path, _out: Path, _args) -> dict:
     return {"rows": len(headrank.spectra(path, threads=1).table)}
 
 
-def run_compress(path: Path, out: Path, args, layout: str | None = None) -> dict:
+def run_compress(path: Path, out: Path, args, layout: str | None = None, fmt: str = "factored") -> dict:
     from headrank.analysis.compress import compress
 
-    res = compress(str(path), out, rank=args.rank, layout=layout, products="ov" if layout is None else "ov,qk")
-    return {"products": res["products"], "saved": res["totals"]["params_saved_factored"]}
+    res = compress(str(path), out, rank=args.rank, layout=layout, products="ov" if layout is None else "ov,qk",
+                   format=fmt)
+    return {"products": res["products"], "saved": res["totals"]["params_saved_factored"],
+            "bytes_written": res["checkpoint"]["bytes_written"]}
+
+
+def run_compress_dense(path: Path, out: Path, args) -> dict:
+    return run_compress(path, out, args, fmt="dense")
 
 
 def run_compress_both(path: Path, out: Path, args) -> dict:
@@ -84,7 +93,7 @@ def run_compress_both(path: Path, out: Path, args) -> dict:
 
 
 CONTENDERS = {"floor": run_floor, "spectra": run_spectra, "compress_ov": run_compress,
-              "compress_ov_qk": run_compress_both}
+              "compress_ov_dense": run_compress_dense, "compress_ov_qk": run_compress_both}
 
 
 def child(name: str, path: str, args) -> None:
@@ -103,7 +112,10 @@ def measure(name: str, path: Path, args) -> dict:
     cmd = [sys.executable, __file__, "--child", name, str(path), "--dir", str(args.dir), "--layers",
            str(args.layers), "--kv", str(args.kv), "--rank", str(args.rank)]
     before = load_avg()
-    p = subprocess.run(cmd, capture_output=True, text=True, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+    env = {"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
+    if os.environ.get("PYTHONPATH"):  # a worktree's source first, as for the parent
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if p.returncode:
         raise SystemExit(f"{name} failed:\n{p.stderr[-2000:]}")
     res = json.loads(p.stdout.strip().splitlines()[-1])
@@ -128,10 +140,11 @@ def main() -> None:
     res = {name: measure(name, path, args) for name in CONTENDERS}
     floor = res["floor"]["seconds"]
     print(f"LLaMA-2-7B shape, {args.layers} of 32 layers, {args.kv} kv heads, bf16, rank {args.rank}")
-    print("| contender | seconds | x floor | peak RSS MiB | load average before -> after |")
-    print("| --- | --- | --- | --- | --- |")
+    print("| contender | seconds | x floor | peak RSS MiB | bytes written | load average before -> after |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for name, r in res.items():
-        print(f"| {name} | {r['seconds']:.2f} | {r['seconds'] / floor:.2f} | {r['peak_rss_mib']:.0f} | {r['load']} |")
+        print(f"| {name} | {r['seconds']:.2f} | {r['seconds'] / floor:.2f} | {r['peak_rss_mib']:.0f} | "
+              f"{r.get('bytes_written', '')} | {r['load']} |")
     print(f"32 layers, extrapolated: compress ov {res['compress_ov']['seconds'] * 32 / args.layers:.0f} s, "
           f"ov+qk {res['compress_ov_qk']['seconds'] * 32 / args.layers:.0f} s")
 

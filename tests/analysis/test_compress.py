@@ -22,6 +22,12 @@ LLAMA = dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=6, num_key
              vocab_size=97, head_dim=8)
 
 
+@pytest.fixture(autouse=True)
+def _baseline_cache(tmp_path, monkeypatch):
+    """The uncut baselines these tests measure are cached here, not in the user's cache."""
+    monkeypatch.setenv("HEADRANK_CACHE", str(tmp_path / "headrank-cache"))
+
+
 def _random_biases(model: torch.nn.Module, seed: int = 1) -> None:
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -82,7 +88,7 @@ def test_full_rank_reproduces_the_forward(name, cls, make, llama_dir, bert_dir, 
         _random_biases(m)
         src = tmp_path / "src"
         _save(m, src)
-    res = compress(str(src), tmp_path / "out", rank=8 if name in ("llama", "qwen2") else 12)
+    res = compress(str(src), tmp_path / "out", rank=8 if name in ("llama", "qwen2") else 12, format="dense")
     ref, got = _logits(src, cls, IDS), _logits(tmp_path / "out", cls, IDS)
     assert torch.allclose(got, ref, rtol=0, atol=1e-10 * ref.abs().max())
     # the weights did change (balanced factors), only their products did not
@@ -119,7 +125,7 @@ def test_gqa_groups_cut_jointly_to_the_dense_best_rank_k(llama_dir, tmp_path):
     layout.write_text('split = "separate"\nposition = "none"\n[tensors]\n' + "".join(
         f'{r} = "model.layers.{{i}}.self_attn.{r}_proj.weight"\n' for r in "qkvo") +
         "[sizes]\nn_layers = 2\nd_model = 48\nn_heads = 6\nn_kv_heads = 2\nhead_dim = 8\n")
-    res = compress(str(llama_dir), tmp_path / "out", rank=3, layout=layout)
+    res = compress(str(llama_dir), tmp_path / "out", rank=3, layout=layout, format="dense")
     assert res["products"] == ["ov", "qk"]
     a = load_file(str(llama_dir / "model.safetensors"))
     b = load_file(str(tmp_path / "out" / "model.safetensors"))
@@ -140,7 +146,7 @@ def test_gqa_groups_cut_jointly_to_the_dense_best_rank_k(llama_dir, tmp_path):
 
 def test_bert_heads_at_rank_k_equal_the_dense_best_approximation(bert_dir, tmp_path):
     """QK and OV per head (no GQA), with biases: products are numpy's best rank-k."""
-    compress(str(bert_dir), tmp_path / "out", rank=5)
+    compress(str(bert_dir), tmp_path / "out", rank=5, format="dense")
     a = load_file(str(bert_dir / "model.safetensors"))
     b = load_file(str(tmp_path / "out" / "model.safetensors"))
     dh = 12
@@ -210,7 +216,7 @@ def test_params_budget_is_met_and_spent_on_the_largest_energy_shares(llama_dir, 
 
 
 def test_cli_writes_and_reports(llama_dir, tmp_path):
-    r = CliRunner().invoke(app, ["compress", str(llama_dir), "--out", str(tmp_path / "o"), "--rank", "4", "--json"])
+    r = CliRunner().invoke(app, ["compress", str(llama_dir), "--out", str(tmp_path / "o"), "--rank", "4", "--json", "--format", "dense"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert out["totals"]["mean_k"] == {"ov": 4.0, "qk": 4.0}
@@ -235,7 +241,7 @@ def test_gguf_source_writes_safetensors_and_says_so(tmp_path):
     """The real SmolLM2-135M-Instruct Q4_1 GGUF at full OV rank: safetensors out, a note, and the
     logits of transformers' own GGUF load."""
     path = _smollm2()
-    r = CliRunner().invoke(app, ["compress", path, "--out", str(tmp_path / "o"), "--rank", "64", "--products", "ov"])
+    r = CliRunner().invoke(app, ["compress", path, "--out", str(tmp_path / "o"), "--rank", "64", "--products", "ov", "--format", "dense"])
     assert r.exit_code == 0, r.output
     assert "written as safetensors" in r.stderr and "note:" in r.stderr
     ids = torch.tensor([[1, 504, 3458, 282, 260, 1345, 30, 2]])

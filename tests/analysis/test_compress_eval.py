@@ -4,16 +4,25 @@ LM loss); the whitened cut is numpy's best rank-k of ``M L`` mapped back by ``Lâ
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
 import pytest
 import torch
 import transformers as tf
+from typer.testing import CliRunner
 
 from headrank.analysis.compress import TextSpec, compress, cost_curve
 from headrank.analysis.compress.cut import cut_unit
+from headrank.cli import app
 from headrank.models import corpus
+
+
+@pytest.fixture(autouse=True)
+def _baseline_cache(tmp_path, monkeypatch):
+    """The uncut baselines these tests measure are cached here, not in the user's cache."""
+    monkeypatch.setenv("HEADRANK_CACHE", str(tmp_path / "headrank-cache"))
 
 
 def test_whitened_cut_is_the_dense_best_rank_k_of_the_whitened_product():
@@ -44,7 +53,7 @@ def test_whitened_cut_is_the_dense_best_rank_k_of_the_whitened_product():
 @pytest.mark.slow
 def test_minilm_drift_is_the_one_sentence_transformers_measures(minilm_dir, tmp_path):
     st = pytest.importorskip("sentence_transformers")
-    res = compress("minilm", tmp_path / "o", rank=16, evaluate=True, n_eval=16)
+    res = compress("minilm", tmp_path / "o", rank=16, evaluate=True, n_eval=16, format="dense")
     e = res["eval"]
     assert e["metric"] == "cosine_drift" and e["before"] == pytest.approx(0, abs=1e-12)
     texts = corpus.sentences("test", 16, min_words=6)
@@ -55,7 +64,7 @@ def test_minilm_drift_is_the_one_sentence_transformers_measures(minilm_dir, tmp_
     assert 0 < e["after"] < 1
 
 
-def _tiny_lm(path):
+def _tiny_lm(path, n_positions: int = 64):
     """A small GPT-2 with a word-level tokenizer of the corpus' own words (no download)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
@@ -65,7 +74,7 @@ def _tiny_lm(path):
     t.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tf.PreTrainedTokenizerFast(tokenizer_object=t, unk_token="[UNK]", pad_token="[PAD]").save_pretrained(path)
     torch.manual_seed(0)
-    m = tf.GPT2LMHeadModel(tf.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=len(vocab), n_positions=64))
+    m = tf.GPT2LMHeadModel(tf.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=len(vocab), n_positions=n_positions))
     m.save_pretrained(path)
 
 
@@ -110,3 +119,74 @@ def test_whiten_option_writes_a_whitened_cut(tmp_path):
         assert (a["layer"], a["kv_head"], a["product"]) == (b["layer"], b["kv_head"], b["product"])
         assert a["frob_error"] >= b["frob_error"] * (1 - 1e-9)
     assert any(a["frob_error"] > b["frob_error"] * 1.01 for a, b in zip(w["units"], p["units"], strict=True))
+
+
+def _text_file(path, lines: int = 60) -> str:
+    sents = corpus.sentences("train", lines, min_words=6)
+    path.write_text("\n".join(sents) + "\n")
+    return str(path)
+
+
+def test_protocol_windows_progress_and_cached_baseline(tmp_path, monkeypatch):
+    """--text with the SVD-LLM/Palu windows: the second half scored in consecutive windows from its
+    start, the first half calibrating; every phase reports progress; the uncut score is cached."""
+    monkeypatch.setenv("HEADRANK_CACHE", str(tmp_path / "cache"))
+    _tiny_lm(tmp_path / "lm")
+    text = _text_file(tmp_path / "t.txt")
+    seen: list[str] = []
+    kw = dict(rank=2, whiten=True, evaluate=True, text=text, n_eval=3, n_calib=5, seq_len=16,
+              progress=lambda d, t, phase: seen.append(phase))
+    res = compress(str(tmp_path / "lm"), tmp_path / "o", **kw)
+    assert {"loading", "calibrating", "spectra", "cutting", "writing", "evaluating uncut", "evaluating cut"} <= set(seen)
+    e = res["eval"]
+    assert not e["before_cached"] and "3 windows of 16 tokens" in e["text"]
+    tok = tf.AutoTokenizer.from_pretrained(tmp_path / "lm")
+    lines = [ln for ln in open(text).read().splitlines() if ln.strip()]
+    ids = torch.tensor(tok("\n\n".join(lines[len(lines) // 2:]))["input_ids"][: 3 * 16]).reshape(3, 16)
+    m = tf.AutoModelForCausalLM.from_pretrained(tmp_path / "lm").eval()
+    with torch.no_grad():
+        losses = [float(m(input_ids=x[None], labels=x[None]).loss) for x in ids]
+    assert e["before"] == pytest.approx(math.exp(sum(losses) / 3), rel=1e-5)
+    again = compress(str(tmp_path / "lm"), tmp_path / "o", **kw)
+    assert again["eval"]["before_cached"] and again["eval"]["before"] == e["before"]
+
+
+@pytest.mark.slow
+def test_the_papers_protocol_sizes_run_with_a_small_text(tmp_path):
+    """--seq-len 2048 --eval-n 64 --calib-n 256 with --text: as many evaluation windows as the text
+    holds, 256 calibration windows at random offsets."""
+    _tiny_lm(tmp_path / "lm", n_positions=2048)
+    text = _text_file(tmp_path / "t.txt", lines=1200)
+    r = CliRunner().invoke(app, ["compress", str(tmp_path / "lm"), "--out", str(tmp_path / "o"), "--rank", "2",
+                                 "--whiten", "--eval", "--text", text, "--seq-len", "2048", "--eval-n", "64",
+                                 "--calib-n", "256", "--json"])
+    assert r.exit_code == 0, r.output
+    e = json.loads(r.stdout)["eval"]
+    assert "of 2048 tokens" in e["text"] and math.isfinite(e["after"])
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["--seq-len", "65", "--eval"], "exceeds the model's context of 64 tokens"),
+    (["--dataset", "wikitext2", "--eval", "--seq-len", "32"], "--text FILE"),
+    (["--text", "missing.txt", "--eval", "--seq-len", "32"], "no such file"),
+])
+def test_protocol_bad_input_is_one_line(tmp_path, monkeypatch, args, msg):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    _tiny_lm(tmp_path / "lm")
+    r = CliRunner().invoke(app, ["compress", str(tmp_path / "lm"), "--out", str(tmp_path / "o"), "--rank", "2", *args])
+    assert r.exit_code == 2 and msg in r.output and r.output.count("\n") == 1, r.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_curve_option_draws_and_matches_cost_curve(tmp_path):
+    _tiny_lm(tmp_path / "lm")
+    r = CliRunner().invoke(app, ["compress", str(tmp_path / "lm"), "--out", str(tmp_path / "c"), "--curve", "1,0.5",
+                                 "--eval-n", "4", "--seq-len", "32", "-q"])
+    assert r.exit_code == 0, r.output
+    data = json.loads((tmp_path / "c" / "compress_curve.json").read_text())
+    rows = next(iter(data.values()))["rows"]
+    ref = cost_curve(str(tmp_path / "lm"), [1.0, 0.5], spec=TextSpec(n=4, seq_len=32))
+    assert [(x["method"], x["budget"], x["cost"]) for x in rows] == [(x["method"], x["budget"], x["cost"]) for x in ref]
+    assert (tmp_path / "c" / "compress_curve.png").stat().st_size > 0

@@ -36,12 +36,12 @@ def _out(m):
 
 def test_llama_bands_dropped_by_energy_equal_zeroed_rows(tmp_path):
     ref = _model(tf.LlamaForCausalLM, tf.LlamaConfig(**LLAMA), tmp_path / "src")
-    full = compress(str(tmp_path / "src"), tmp_path / "full", rank=8, products="ov,qk")
+    full = compress(str(tmp_path / "src"), tmp_path / "full", rank=8, products="ov,qk", format="dense")
     assert full["products"] == ["ov", "qk"] and not full["notes"]
     got = _out(tf.LlamaForCausalLM.from_pretrained(tmp_path / "full", dtype=torch.float64).eval())
     assert torch.allclose(got, _out(ref), rtol=0, atol=1e-10)
 
-    compress(str(tmp_path / "src"), tmp_path / "cut", rank=4, products="qk")
+    compress(str(tmp_path / "src"), tmp_path / "cut", rank=4, products="qk", format="dense")
     dh, g = 8, 3
     half = dh // 2
     with torch.no_grad():
@@ -69,11 +69,11 @@ def test_partial_rotary_cuts_the_non_rotary_part_to_the_dense_best_rank_k(tmp_pa
     cfg = tf.GPTNeoXConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
                            vocab_size=97, rotary_pct=0.5, max_position_embeddings=32)
     ref = _model(tf.GPTNeoXForCausalLM, cfg, tmp_path / "src")
-    compress(str(tmp_path / "src"), tmp_path / "full", rank=8, products="qk")
+    compress(str(tmp_path / "src"), tmp_path / "full", rank=8, products="qk", format="dense")
     got = _out(tf.GPTNeoXForCausalLM.from_pretrained(tmp_path / "full", dtype=torch.float64).eval())
     assert torch.allclose(got, _out(ref), rtol=0, atol=1e-10)
 
-    res = compress(str(tmp_path / "src"), tmp_path / "cut", rank=5, products="qk")
+    res = compress(str(tmp_path / "src"), tmp_path / "cut", rank=5, products="qk", format="dense")
     a, b = load_file(str(tmp_path / "src" / "model.safetensors")), load_file(str(tmp_path / "cut" / "model.safetensors"))
     for i in range(2):
         name = f"gpt_neox.layers.{i}.attention.query_key_value.weight"

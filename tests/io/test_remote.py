@@ -148,6 +148,7 @@ def test_url_directory_single_file_and_gguf(srv, ckpts, tmp_path, monkeypatch):
     r = gguf.GGUFReader(path)
     attn = sum(t.n_bytes for t in r.tensors if t.name.startswith("blk."))
     assert got.meta["remote"]["tensor_bytes"] == attn  # the embedding never travelled
+    assert got.meta["remote"]["url"] == f"{srv.url}/files/m.gguf"  # the file's own URL, name included
     assert got.meta["remote"]["metadata_bytes"] <= 4 * r.data_offset + 8
 
 
@@ -191,7 +192,10 @@ def test_server_ignoring_range_is_refused_unless_allow_full(srv, ckpts):
     got = analyze("org/llama", remote=True, allow_full=True)
     same(got, analyze(ckpts["sharded"]))
     shards = sorted(p.name for p in ckpts["sharded"].glob("*.safetensors"))
-    assert sorted(got.meta["remote"]["full_downloads"]) == shards
+    meta = got.meta["remote"]
+    assert sorted(meta["full_downloads"]) == shards
+    assert meta["protocol"].startswith("whole files downloaded") and meta["tensor_bytes"] > 0
+    assert meta["full_bytes"] == sum(p.stat().st_size for p in ckpts["sharded"].glob("*.safetensors"))
 
 
 @pytest.mark.parametrize("case", ["no repo", "no revision", "gated", "header longer than file",

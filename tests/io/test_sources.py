@@ -168,6 +168,7 @@ def test_format_csv_prints_the_per_head_table(tmp_path):
     lines = res.output.strip().splitlines()
     assert lines[0].startswith("layer,head,kv_head,product,sv_max")
     assert len(lines) == 1 + 2 * 4 * 2  # layers × heads × products
+    assert lines[0].endswith(",source") and lines[1].endswith(str(tmp_path / "m"))  # the columns of heads.csv
 
 
 def test_version():

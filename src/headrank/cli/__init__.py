@@ -17,6 +17,7 @@ from headrank.cli.common import _state, app, print_error
 
 # importing a verb group registers its commands; --help lists them in this order
 from headrank.cli import spectra  # noqa: F401
+from headrank.cli import compress  # noqa: F401
 from headrank.cli import reproduce  # noqa: F401
 from headrank.cli import train  # noqa: F401
 from headrank.cli import experiments  # noqa: F401

@@ -1,4 +1,4 @@
-"""``headrank spectra`` and ``headrank compress``: measure a checkpoint's heads, and act on it."""
+"""``headrank spectra``: measure a checkpoint's heads (``headrank compress`` acts on them: :mod:`headrank.cli.compress`)."""
 
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ def _report(result, *, fmt: str, as_json: bool, quiet: bool, out: Path | None, w
 
         err_console.print(styled("bold", "remote: ", transfer_line(result.meta["remote"])), highlight=False)
     if fmt == "csv":
-        result.table.to_csv(sys.stdout, index=False)
+        result.table.assign(source=str(result.meta.get("source"))).to_csv(sys.stdout, index=False)  # as heads.csv
         return
     if as_json:
         payload = result.to_json()
@@ -126,55 +126,3 @@ def _print_table(result, summary) -> None:
     out_console.print(table)
     if line := rotary_line(result.meta):
         out_console.print(line, highlight=False)
-
-
-@app.command()
-@user_errors
-def compress(
-    path: Annotated[str, typer.Argument(help="anything `spectra` opens: checkpoint directory, weights file, 'minilm', cached Hub id, .gguf file, run directory")],
-    out: Annotated[Path, typer.Option("--out", help="write the compressed checkpoint (safetensors, config, tokenizer) and compress.json here")],
-    keep: Annotated[float | None, typer.Option("--keep", help="per head: the fewest directions holding this share of the energy sum s^2, in (0, 1]")] = None,
-    rank: Annotated[int | None, typer.Option("--rank", help="per head: keep K directions (K <= head dim)")] = None,
-    params: Annotated[float | None, typer.Option("--params", help="global budget: this fraction of the cut products' parameters, allocated across heads from the spectra")] = None,
-    products: Annotated[str | None, typer.Option("--products", help="ov, qk or ov,qk [default: both where QK can be cut (rotary: whole bands; QK-normed models: ov only)]")] = None,
-    whiten: Annotated[bool, typer.Option("--whiten", help="activation-whitened cut (SVD-LLM), calibrated on the corpus validation split (or the first half of --text)")] = False,
-    evaluate: Annotated[bool, typer.Option("--eval", help="perplexity (causal LM) or sentence-embedding cosine drift (encoder) before and after, on held-out text")] = False,
-    text: Annotated[Path | None, typer.Option("--text", help="held-out text file for --eval/--whiten (one text per line) instead of the stdlib corpus")] = None,
-    config: Annotated[Path | None, typer.Option("--config", help="config.json for a single weights file")] = None,
-    layout: Annotated[Path | None, typer.Option("--layout", help="TOML layout for a model_type not in the table")] = None,
-    revision: Annotated[str | None, typer.Option("--revision", help="Hub id: branch, tag or commit in the cache")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="print compress.json's totals as JSON")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print nothing on success")] = False,
-) -> None:
-    """Cut each head's OV (and QK) product to rank k and write the smaller-rank checkpoint."""
-    from headrank.analysis import compress as cut
-
-    with progress_bar(quiet or as_json) as bar:
-        task = bar.add_task("compress", total=None)
-        res = cut.compress(path, out, keep=keep, rank=rank, params=params, products=products, whiten=whiten,
-                         evaluate=evaluate, text=text, config=config, layout=layout, revision=revision,
-                         progress=lambda done, total: bar.update(task, completed=done, total=total))
-    d = res.to_json() if hasattr(res, "to_json") else res  # the result object, or its dict
-    for n in d.get("notes", []):
-        err_console.print(styled("yellow", "note: ", n), highlight=False)
-    if as_json and hasattr(res, "to_json"):  # a result of the one contract: --json is its to_json()
-        sys.stdout.write(json.dumps(d, indent=2) + "\n")
-    elif not quiet or as_json:
-        sys.stdout.write("\n".join(compress_lines(d, out, as_json)) + "\n")
-
-
-def compress_lines(res: dict, out: Path, as_json: bool = False) -> list[str]:
-    """What ``headrank compress`` prints: the totals (and eval) as lines, or as JSON."""
-    if as_json:
-        keys = ("rule", "products", "notes", "totals", "files", "eval")
-        return [json.dumps({k: res[k] for k in keys if k in res}, indent=2)]
-    t = res["totals"]
-    ks = ", ".join(f"{p} {k:.2f}" for p, k in t["mean_k"].items())
-    lines = [f"mean k ({ks}) of {res['config']['head_dim']}; factored: {t['params_saved_factored']:,} parameters "
-             f"saved ({1 - t['kept_fraction_of_cut_products']:.1%} of the cut products), KV cache "
-             f"{sum(t['kv_cache_bytes_saved_per_token'].values())} of {t['kv_cache_bytes_per_token']} bytes/token saved"]
-    if "eval" in res:
-        e = res["eval"]
-        lines.append(f"{e['metric']}: {e['before']:.4g} -> {e['after']:.4g} ({e['text']})")
-    lines.append(f"wrote {len(res['files']) + 1} files to {out} (compress.json, {res['files'][0]}, ...)")
-    return lines

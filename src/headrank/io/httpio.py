@@ -67,8 +67,20 @@ class Transfer:
         self.started = time.perf_counter()
         self.stats: dict[str, Any] = {
             "url": where, "protocol": "HTTP range requests, one per tensor; no weights written to disk",
-            "bytes_fetched": 0, "tensor_bytes": 0, "metadata_bytes": 0, "requests": 0, "retries": 0,
-            "checkpoint_bytes": None, "share": None, "full_downloads": [], "seconds": 0.0}
+            "bytes_fetched": 0, "tensor_bytes": 0, "metadata_bytes": 0, "full_bytes": 0, "requests": 0,
+            "retries": 0, "checkpoint_bytes": None, "share": None, "full_downloads": [], "seconds": 0.0}
+
+    def local(self, n: int, kind: str) -> None:
+        """Bytes read from a whole file downloaded before (``allow_full``): counted as read, not fetched."""
+        with self._lock:
+            self.stats[f"{kind}_bytes"] += n
+
+    def whole_file(self, name: str) -> None:
+        """A server ignored range requests and sent ``name`` whole (``allow_full``): say so."""
+        with self._lock:
+            self.stats["full_downloads"].append(name)
+            self.stats["protocol"] = ("whole files downloaded (the server ignores HTTP range requests; allow_full) "
+                                      "into temporary files, deleted after reading; full_bytes: their size")
 
     def add(self, n: int, kind: str) -> None:
         with self._lock:

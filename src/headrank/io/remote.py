@@ -243,6 +243,7 @@ class RemoteFile:
         if end <= start:
             return bytearray()
         if self._full is not None:
+            self.transfer.local(end - start, kind)
             return bytearray(os.pread(self._full.fileno(), end - start, start))
         what = f"bytes {start}-{end - 1} of {self.name}"
         return _retrying(lambda: self._try_range(start, end, kind, clip), self.transfer, what, self.url)
@@ -322,13 +323,13 @@ class RemoteFile:
                 tmp.close()
                 raise
             finally:
-                self.transfer.add(n, kind)
+                self.transfer.add(n, "full")
             if size is not None and n != size:
                 tmp.close()
                 raise _Retry(f"response truncated: {n:,} of {size:,} bytes")
             tmp.flush()
             self._full, self.size = tmp, n
-            self.transfer.stats["full_downloads"].append(self.name)
+            self.transfer.whole_file(self.name)
         return self.read(start, end, kind)
 
     def read_all(self, kind: str = "metadata", *, missing_ok: bool = False, what: str = "config") -> bytes | None:
@@ -635,7 +636,7 @@ def open_remote(source: str, *, revision: str | None = None, allow_full: bool | 
 
 def _open_remote(source: str, revision: str | None, allow_full: bool | int, config: Any) -> tuple[Any, Any, Any]:
     loc, name = _location(source, revision)
-    transfer = Transfer(loc.where)
+    transfer = Transfer(loc.url(name) if name is not None and loc.repo_id is None else loc.where)
     if isinstance(config, (str, os.PathLike)):
         from headrank.io.checkpoint import read_config
 

@@ -3,8 +3,11 @@
 - :mod:`.plan`: ranks by energy (``keep``), fixed (``rank``) or a global budget (``params``);
 - :mod:`.cut`: the exact best rank-k cut of every unit (a head, or a kv head's query group),
   balanced factors, biases kept exact at full rank, activation whitening (SVD-LLM);
-- :mod:`.write`: the checkpoint (same architecture and tensor names, safetensors) and side files;
+- :mod:`.factored`: the factored checkpoint (only the kept dimensions) and :func:`load_compressed`;
+- :mod:`.write`: safetensors shards and side files;
 - :mod:`.evaluate`: perplexity or embedding drift with the real Hugging Face forward;
+- :mod:`.options`: the options' checks, the text protocol, the cached uncut baseline;
+- :mod:`.report` / :mod:`.result`: compress.json and :class:`CompressResult`;
 - :mod:`.api`: the two passes over the layers; :func:`compress` and :func:`cost_curve` here.
 """
 
@@ -13,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -29,13 +32,31 @@ from headrank.analysis.compress.api import (
     source_dir,
 )
 from headrank.analysis.compress.evaluate import Scorer, TextSpec, calibration, load
+from headrank.analysis.compress.factored import (
+    FORMAT,
+    MANIFEST,
+    STEM,
+    factor_layer,
+    load_compressed,
+)
+from headrank.analysis.compress.options import (
+    baseline_key,
+    cached_baseline,
+    check_context,
+    check_options,
+    store_baseline,
+    text_spec,
+)
 from headrank.analysis.compress.plan import Rule, choose
+from headrank.analysis.compress.report import report_lines, summary
+from headrank.analysis.compress.result import CompressResult
 from headrank.analysis.compress.write import ShardWriter, copy_side_files, save_hf_side
 from headrank.errors import HeadRankError
-from headrank.util.env import versions
 from headrank.util.fileio import check_writable, staged_output, write_json
+from headrank.util.threads import torch_threads
 
-__all__ = ["Plan", "Rule", "TextSpec", "compress", "cost_curve", "cut_in_place", "kept_fraction", "make_plan"]
+__all__ = ["CompressResult", "Plan", "Rule", "TextSpec", "compress", "cost_curve", "cut_in_place", "kept_fraction",
+           "load_compressed", "make_plan", "report_lines"]
 
 
 def _check_out(out: Path) -> dict[str, Any] | None:
@@ -71,57 +92,178 @@ def _original(reader, live) -> tuple[Any, Any]:
 
 def compress(source: Any, out: str | os.PathLike, *, keep: float | None = None, rank: int | None = None,
              params: float | None = None, products: str | Iterable[str] | None = None, whiten: bool = False,
-             evaluate: bool = False, text: str | os.PathLike | None = None, n_eval: int = 32, seq_len: int = 128,
-             config: Any = None, layout: Any = None, revision: str | None = None,
-             progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-    """Write the compressed checkpoint and ``compress.json`` into ``out``; return compress.json.
+             evaluate: bool = False, text: str | os.PathLike | None = None, n_eval: int | None = None,
+             n_calib: int | None = None, seq_len: int | None = None, dataset: str | None = None,
+             format: str | None = None, layers: str | Iterable[int] | None = None, threads: int = 1,
+             allocate: str = "energy", config: Any = None, layout: Any = None, revision: str | None = None,
+             progress: Callable[[int, int | None, str], None] | None = None, verbose: bool = False
+             ) -> CompressResult:
+    """Write the compressed checkpoint and ``compress.json`` into ``out``; return compress.json
+    as a :class:`~.result.CompressResult`.
 
     ``source``: anything :func:`headrank.io.sources.open_reader` opens. One of ``keep``,
     ``rank``, ``params`` (:class:`~.plan.Rule`). ``products``: ``"ov,qk"`` (default: both where
-    QK can be cut). ``whiten``: activation-whitened cut calibrated on the validation split.
-    ``evaluate``: perplexity (causal LM) or embedding drift (encoder) before and after, the
-    after measured on the written checkpoint.
+    QK can be cut). ``format``: ``factored`` (only the kept dimensions; :func:`load_compressed`;
+    the default where q, k, v, o are separate projections) or ``dense`` (zero-padded, same
+    architecture; the default for fused projections). ``whiten``: activation-whitened cut (SVD-LLM).
+    ``evaluate``: perplexity (causal LM) or embedding drift (encoder) before and after, the after
+    measured on the written checkpoint. ``n_eval``/``n_calib``/``seq_len``/``text``/``dataset``:
+    the text protocol (docs/compress.md). ``layers``: cut only these (``"0,2,5-7"``). ``progress``:
+    called ``(done, total, phase)``. Arguments are checked with the CLI's rules.
     """
     rule = Rule.of(keep=keep, rank=rank, params=params)
+    opts = check_options(format=format, threads=threads, n_eval=n_eval, n_calib=n_calib, seq_len=seq_len,
+                         text=text, dataset=dataset, allocate=allocate, products=products)
     out = Path(out)
-    reader, live, gguf_note = open_source(source, config=config, layout=layout, revision=revision)
+    tell = progress or (lambda *a: None)
+    tell(0, None, "loading")
+    reader, live, gguf_note = open_source(source, config=config, layout=layout, revision=revision, verbose=verbose)
     if reader.origin.get("input") == "adapter":
         raise HeadRankError("a LoRA adapter: merge it into its base first (peft's merge_and_unload, then "
                             "save_pretrained) and compress the merged checkpoint")
-    prods, note = parse_products(None if products is None else (
-        products if isinstance(products, str) else list(products)), reader)
+    prods, note = parse_products(opts["products"], reader)
     if rule.kind == "rank" and rule.value > reader.dims.head_dim:
         raise HeadRankError(f"`rank` {int(rule.value)} exceeds the head dimension {reader.dims.head_dim}")
-    old = _check_out(out)
-    spec = TextSpec(n=n_eval, seq_len=seq_len, text_file=None if text is None else str(text))
-    orig = tok = None
-    if whiten or evaluate:
-        orig, tok = _original(reader, live)
-    Ls = calibration(orig, tok, reader.layout.modules, spec, reader.dims.n_layers) if whiten else None
-    plan = make_plan(reader, rule, prods, Ls, progress)
-    notes = [n for n in (gguf_note, note) if n]
-    with staged_output(out) as stage:
-        writer, rows = ShardWriter(stage), []
-        for _, tensors, r in cut_layers(reader, plan, progress):
-            for name, t in tensors.items():
-                writer.add(name, t)
-            rows += r
-        names = list(live.state_dict()) if live is not None else reader.ckpt.keys()
-        for name in names:
-            writer.add(name, reader.ckpt.get(name))
-        reader.ckpt.release()
-        files = writer.finish()
-        side = (save_hf_side(live, stage, getattr(live, "_headrank_tokenizer", None)) if live is not None
-                else copy_side_files(source_dir(reader), stage))
-        if "config.json" not in side and reader.ckpt.config:  # a single weights file, a state_dict
-            write_json(stage / "config.json", reader.ckpt.config)
-            side.append("config.json")
-        result = _summary(reader, plan, rows, notes, files + [s for s in side if s not in files])
-        if evaluate:
-            result["eval"] = _evaluate(orig, tok, stage, spec)
-        write_json(stage / "compress.json", result)
-    _drop_stale(out, old, result["files"])
+    fmt_note = _choose_format(opts, reader.split, _model_type(reader, live))
+    todo = _layers(layers, reader.dims.n_layers)
+    spec = text_spec(opts, reader, live)
+    notes = [n for n in (_gguf_note(gguf_note, opts["format"]), note, fmt_note) if n]
+    with torch_threads(opts["threads"]), _locked(out):
+        old = _check_out(out)
+        orig = tok = None
+        if whiten or evaluate:
+            orig, tok = _original(reader, live)
+            check_context(orig, spec)
+        Ls = (calibration(orig, tok, reader.layout.modules, spec, reader.dims.n_layers,
+                          lambda d, t: tell(d, t, "calibrating")) if whiten else None)
+        plan = make_plan(reader, rule, prods, Ls, lambda d, t: tell(d, t, "spectra"), todo, opts["threads"])
+        with staged_output(out) as stage:
+            result = _write(reader, live, plan, stage, opts, notes, tell)
+            if evaluate:
+                result["eval"] = _evaluate(orig, tok, stage, spec, opts["format"], reader, tell)
+            write_json(stage / "compress.json", dict(result))
+        _drop_stale(out, old, result["files"])
     return result
+
+
+def _model_type(reader, live) -> str | None:
+    if live is not None:
+        return getattr(live.config, "model_type", None)
+    t = (reader.ckpt.config or {}).get("model_type")
+    return t if isinstance(t, str) else None
+
+
+def _choose_format(opts: dict[str, Any], split: str, model_type: str | None) -> str | None:
+    """Factored where q, k, v and o are separate projections of a model transformers builds
+    (load_compressed needs both); a note when dense is chosen for the user."""
+    from transformers import CONFIG_MAPPING
+
+    known = model_type is not None and model_type in CONFIG_MAPPING
+    if split == "separate" and known:
+        opts["format"] = opts["format"] or "factored"
+        return None
+    why = (f"this model's q, k, v projections are {split.replace('_', ' ')}" if split != "separate" else
+           f"transformers does not build model_type {model_type!r}, which load_compressed needs")
+    if opts["format"] == "factored":
+        raise HeadRankError(f"--format factored needs separate q, k, v and o projections of a transformers "
+                            f"model; {why}: use --format dense")
+    if opts["format"] is None:
+        opts["format"] = "dense"
+        return f"written --format dense ({why}; the factored format needs separate projections of a transformers model)"
+    return None
+
+
+def _gguf_note(note: str | None, fmt: str) -> str | None:
+    if note is None:
+        return None
+    return note.replace("(float32, dequantized by transformers)",
+                        "(bfloat16, dequantized by transformers)" if fmt == "factored" else
+                        "(float32, dequantized by transformers; --format factored writes bfloat16)")
+
+
+def _layers(layers: str | Iterable[int] | None, n_layers: int) -> tuple[int, ...] | None:
+    if layers is None:
+        return None
+    from headrank.analysis.scan import parse_layers
+
+    if isinstance(layers, str):
+        return tuple(parse_layers(layers, n_layers))
+    sel = list(layers) if isinstance(layers, Iterable) and not isinstance(layers, (bytes, dict)) else None
+    if not sel or not all(isinstance(i, int) and not isinstance(i, bool) for i in sel):
+        raise HeadRankError(f"layers must be a spec like '0,2,5-7' or a non-empty list of layer indices; got "
+                            f"{str(layers)[:40]!r}")
+    return tuple(parse_layers(",".join(map(str, sel)), n_layers))
+
+
+@contextmanager
+def _locked(out: Path) -> Iterator[None]:
+    """``train``'s writer lock on ``out`` for the run; a directory created only for the lock is
+    removed again when the run fails (a failed run leaves no --out behind)."""
+    from headrank.io.rundir import LOCK, locked_run
+
+    existed = out.exists()
+    check_writable(out)
+    try:
+        with locked_run(out):
+            yield
+    except BaseException:
+        if not existed:
+            (out / LOCK).unlink(missing_ok=True)
+            with suppress(OSError):
+                out.rmdir()
+        raise
+
+
+def _tied(model) -> set[str]:
+    """State-dict names sharing storage with an earlier one (tied embeddings)."""
+    seen, tied = set(), set()
+    for name, t in model.state_dict(keep_vars=True).items():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
+        if key in seen:
+            tied.add(name)
+        seen.add(key)
+    return tied
+
+
+def _write(reader, live, plan: Plan, stage: Path, opts: dict[str, Any], notes: list[str], tell) -> CompressResult:
+    """Cut, write the weight files, the side files and compress.json's contents."""
+    factored = opts["format"] == "factored"
+    dtype = torch.bfloat16 if factored and live is not None else None  # GGUF: never float32 by accident
+    writer, rows, manifest = ShardWriter(stage, dtype=dtype, stem=STEM if factored else "model"), [], {}
+    for i, tensors, r in cut_layers(reader, plan, lambda d, t: tell(d, t, "cutting"), opts["threads"]):
+        if factored:
+            tensors, entries = factor_layer(tensors, reader.tensor_names(i), plan.products)
+            manifest.update(entries)
+        for name, t in tensors.items():
+            writer.add(name, t, dense_numel=_dense_numel(reader, name, t), owned=True)
+        rows += r
+    skip = _tied(live) if live is not None else set()
+    names = [n for n in (live.state_dict() if live is not None else reader.ckpt.keys()) if n not in skip]
+    for j, name in enumerate(names):
+        if name not in writer.names:
+            writer.add(name, reader.ckpt.get(name))
+        tell(j + 1, len(names), "writing")
+    reader.ckpt.release()
+    files = writer.finish()
+    if factored:
+        write_json(stage / MANIFEST, {"format": FORMAT, "version": 1, "modules": manifest})
+        files.append(MANIFEST)
+    side = (save_hf_side(live, stage, getattr(live, "_headrank_tokenizer", None)) if live is not None
+            else copy_side_files(source_dir(reader), stage))
+    if "config.json" not in side and reader.ckpt.config:  # a single weights file, a state_dict
+        write_json(stage / "config.json", reader.ckpt.config)
+        side.append("config.json")
+    result = CompressResult(summary(reader, plan, rows, notes, files + [s for s in side if s not in files]))
+    result["checkpoint"] = writer.report(opts["format"])
+    return result
+
+
+def _dense_numel(reader, name: str, t: torch.Tensor) -> int:
+    """Elements of ``name`` in the uncut checkpoint (a factored tensor is smaller)."""
+    try:
+        return int(torch.Size(reader.ckpt.meta(name).shape).numel())
+    except Exception:  # noqa: BLE001 - a source without shapes up front: the tensor as written
+        return t.numel()
 
 
 def _drop_stale(out: Path, old: dict[str, Any] | None, files: list[str]) -> None:
@@ -138,61 +280,19 @@ def _drop_stale(out: Path, old: dict[str, Any] | None, files: list[str]) -> None
             shutil.rmtree(p)
 
 
-def _evaluate(orig, tok, stage: Path, spec: TextSpec) -> dict[str, Any]:
+def _evaluate(orig, tok, stage: Path, spec: TextSpec, fmt: str, reader, tell) -> dict[str, Any]:
     scorer = Scorer(orig, tok, spec)
-    before = scorer(orig)
-    after_model, _ = load(stage)
-    after = scorer(after_model)
-    return {"metric": scorer.metric, "before": before, "after": after, "text": scorer.note,
-            "note": ("after: measured on the written checkpoint, loaded back with transformers (float32)")}
-
-
-def _summary(reader, plan: Plan, rows: list[dict[str, Any]], notes: list[str], files: list[str]) -> dict[str, Any]:
-    d = reader.dims
-    attn_params = d.n_layers * d.head_dim * (2 * d.n_heads + 2 * d.n_kv_heads) * d.d
-    saved = sum(r["params_saved"] for r in rows)
-    kv = {p: sum(r["kv_cache_bytes_saved_per_token"] for r in rows if r["product"] == p) for p in plan.products}
-    orig_kv = 2 * d.n_layers * d.n_kv_heads * d.head_dim * 2
-    cut_params = sum(plan.spectra[p].shape[0] * plan.spectra[p].shape[1] * d.head_dim * plan.cost[p]
-                     for p in plan.products)
-    return {
-        "source": reader.origin,
-        "rule": {"kind": plan.rule.kind, "value": plan.rule.value},
-        "products": list(plan.products),
-        "whitened": plan.whiten is not None,
-        "notes": notes,
-        "config": {"n_layers": d.n_layers, "d_model": d.d, "n_heads": d.n_heads, "n_kv_heads": d.n_kv_heads,
-                   "head_dim": d.head_dim, "position_encoding": reader.position, "split": reader.split},
-        "totals": {
-            "attention_params": attn_params,
-            "cut_products_params": cut_params,
-            "params_saved_factored": saved,
-            "kept_fraction_of_cut_products": 1 - saved / cut_params if cut_params else 1.0,
-            "kv_cache_bytes_per_token": orig_kv,
-            "kv_cache_bytes_saved_per_token": {"k (qk)": kv.get("qk", 0), "v (ov)": kv.get("ov", 0)},
-            "mean_k": {p: float(plan.ranks[p].double().mean()) for p in plan.products},
-        },
-        "units": rows,
-        "files": files,
-        "conventions": {
-            "unit": "one kv head: its query group's products cut jointly (one query head without GQA)",
-            "cut": "best rank-k approximation of the unit's stacked product (Eckart-Young), factors U_k S_k^1/2, "
-                   "V_k S_k^1/2, zero-padded to head_dim: same architecture, same tensor names",
-            "whitened": "SVD-LLM: minimises ||(M - M_k) L|| (OV) or ||L^T (M - M_k) L|| (QK), E[x x^T] = L L^T",
-            "rotary_qk": "rotary models: QK cut only by dropping whole rotary bands (both rows of a pair in W_Q and "
-                         "W_K, by band energy) and by a best rank-k cut of the non-rotary part (partial rotary): "
-                         "both commute with the rotation; k counts the kept head dimensions; never whitened",
-            "kept_energy": "sum_{i<=k} s_i^2 / sum s_i^2 of the spectrum the cut was chosen on",
-            "frob_error": "||M - M_k||_F of the unit's weight product (unwhitened)",
-            "params_saved": "(head_dim - k) * (g*d + d) per unit: what a factored deployment stores less",
-            "kv_cache": f"{2} bytes per cached number (float16/bfloat16); keys shrink with the QK rank, "
-                        "values with the OV rank, per kv head",
-            "biases": "value bias moved into the output bias (or refitted), query/key biases refitted: exact at "
-                      "full rank; at rank k their terms are projected onto the kept subspaces",
-            "not_cut": "norms, MLPs, embeddings, positions: copied unchanged",
-        },
-        "versions": versions(),
-    }
+    key = baseline_key(reader, scorer)
+    before = cached_baseline(key)
+    cached = before is not None
+    if before is None:
+        before = scorer(orig, lambda d, t: tell(d, t, "evaluating uncut"))
+        store_baseline(key, before)
+    after_model = load_compressed(stage, dtype=torch.float32) if fmt == "factored" else load(stage)[0]
+    after = scorer(after_model, lambda d, t: tell(d, t, "evaluating cut"))
+    how = "headrank.load_compressed" if fmt == "factored" else "transformers"
+    return {"metric": scorer.metric, "before": before, "after": after, "before_cached": cached, "text": scorer.note,
+            "note": f"after: measured on the written checkpoint, loaded back with {how} (float32)"}
 
 
 def kept_fraction(plan: Plan, head_dim: int) -> float:
@@ -219,21 +319,26 @@ def cut_in_place(model: torch.nn.Module, reader, plan: Plan) -> Iterator[None]:
 
 
 def cost_curve(source: Any, budgets: Iterable[float], *, methods: Iterable[str] = ("weight", "whitened"),
-               products: str | None = None, spec: TextSpec | None = None,
+               products: str | None = None, spec: TextSpec | dict[str, Any] | None = None,
                progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Cost (perplexity or drift) against the kept fraction of the cut products' parameters, for
     weight-only and activation-whitened cuts at each ``--params`` budget, applied in memory to
-    the real Hugging Face model (the same cut code that :func:`compress` writes)."""
+    the real Hugging Face model (the same cut code that :func:`compress` writes). ``spec``: a
+    :class:`TextSpec`, or :func:`~.options.check_options`' dict (unset sizes: compress's defaults)."""
     from headrank.io.sources import open_reader
 
-    spec = spec or TextSpec()
     reader0, live, _ = open_source(source)
+    if not isinstance(spec, TextSpec):
+        spec = text_spec(spec or check_options(format=None, threads=1, n_eval=None, n_calib=None, seq_len=None,
+                                               text=None, dataset=None, allocate="energy", products=None),
+                         reader0, live)
     orig, tok = _original(reader0, live)
     orig = orig.to(torch.float32).eval()
     reader = open_reader(orig)
     prods, _ = parse_products(products, reader)
     scorer = Scorer(orig, tok, spec)
-    rows = [{"method": "none", "budget": 1.0, "kept": 1.0, "cost": scorer(orig), "metric": scorer.metric}]
+    rows = [{"method": "none", "budget": 1.0, "kept": 1.0, "cost": scorer(orig), "metric": scorer.metric,
+             "spec": {"text": f"{spec.n} x {spec.seq_len}"}}]
     for method in methods:
         Ls = calibration(orig, tok, reader.layout.modules, spec, reader.dims.n_layers) if method == "whitened" else None
         base = make_plan(reader, Rule("params", 1.0), prods, Ls)

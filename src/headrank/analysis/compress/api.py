@@ -9,6 +9,7 @@ and what a factored deployment saves.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,11 +71,12 @@ def parse_products(products: str | list[str] | tuple[str, ...] | None, reader: A
     return tuple(p for p in CUT_ORDER if p in items), None
 
 
-def open_source(source: Any, **kw: Any) -> tuple[AttentionReader, Any, str | None]:
+def open_source(source: Any, verbose: bool = False, **kw: Any) -> tuple[AttentionReader, Any, str | None]:
     """The reader, the live Hugging Face model when one had to be loaded (GGUF), and a note.
 
     A GGUF file is loaded with transformers (``gguf_file=``, dequantized to float32): the
-    compressed checkpoint is written as safetensors with Hugging Face names."""
+    compressed checkpoint is written as safetensors with Hugging Face names. transformers' own
+    progress bars (its GGUF reader's among them) are silenced unless ``verbose``."""
     reader = open_reader(source, **kw)
     if reader.origin.get("input") != "gguf" and "gguf" not in reader.origin:
         return reader, None, None
@@ -82,13 +84,13 @@ def open_source(source: Any, **kw: Any) -> tuple[AttentionReader, Any, str | Non
 
     path = Path(reader.ckpt.path)
     try:
-        with quiet_transformers() as tf:
+        with quiet_transformers() as tf, _stderr_off(not verbose):
             model = tf.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
     except Exception as e:  # noqa: BLE001 - an architecture transformers cannot load from GGUF
         raise HeadRankError(f"cannot load {path} with transformers (gguf_file=): {one_line(e, 200)}"
                             ) from None
     try:
-        with quiet_transformers() as tf:
+        with quiet_transformers() as tf, _stderr_off(not verbose):
             tok = tf.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     except Exception:  # noqa: BLE001 - a GGUF without tokenizer metadata: weights only
         tok = None
@@ -98,6 +100,19 @@ def open_source(source: Any, **kw: Any) -> tuple[AttentionReader, Any, str | Non
     live.origin = {**reader.origin, "loaded_with": "transformers gguf_file= (dequantized to float32)"}
     return live, model, (f"GGUF source {path.name}: written as safetensors (float32, dequantized by "
                          "transformers), not GGUF")
+
+
+@contextmanager
+def _stderr_off(off: bool) -> Iterator[None]:
+    """transformers' GGUF reader draws a tqdm bar of its own (not its logging's): sent nowhere."""
+    if not off:
+        yield
+        return
+    import io
+    from contextlib import redirect_stderr
+
+    with redirect_stderr(io.StringIO()):
+        yield
 
 
 @dataclass
@@ -112,37 +127,59 @@ class Plan:
     cost: dict[str, int]
     whiten: dict[int, torch.Tensor] | None = None
     rotary: Any = None  # RotarySpec: QK cut by whole bands (+ the non-rotary part)
+    layers: tuple[int, ...] | None = None  # the layers cut (ranks[p][j] is layers[j]'s); None: all
+    roots: dict[str, list[Any]] | None = None  # pass 1's factor roots per product and cut layer
+
+    def cut_layers(self, n_layers: int) -> tuple[int, ...]:
+        return tuple(range(n_layers)) if self.layers is None else self.layers
 
 
 def make_plan(reader: AttentionReader, rule: Rule, products: tuple[str, ...],
               whiten: dict[int, torch.Tensor] | None = None,
-              progress: Callable[[int, int], None] | None = None) -> Plan:
-    """Pass 1: every unit's spectrum (whitened when ``whiten`` gives a matrix per layer), then ranks."""
+              progress: Callable[[int, int], None] | None = None, layers: tuple[int, ...] | None = None,
+              threads: int = 1) -> Plan:
+    """Pass 1: every unit's spectrum (whitened when ``whiten`` gives a matrix per layer), then
+    ranks; only ``layers`` (default all) are cut."""
     d = reader.dims
     g = d.n_heads // d.n_kv_heads
     spec = qk_rotary(reader)[0] if "qk" in products else None
     sv: dict[str, list[torch.Tensor]] = {p: [] for p in products}
-    with torch_threads(1):
-        for i in range(d.n_layers):
+    roots: dict[str, list[Any]] = {p: [] for p in products}
+    todo = tuple(range(d.n_layers)) if layers is None else tuple(layers)
+    with torch_threads(1):  # factor_roots' workers share the heads, one torch thread each
+        for j, i in enumerate(todo):
             hw = reader.read_layer(i)
-            bad = [n for n in ("wq", "wk", "wv", "p") if not bool(torch.isfinite(getattr(hw, n)).all())]
+            bad = [n for n in ("wq", "wk", "wv", "p") if not _finite(getattr(hw, n))]
             if bad:
                 raise HeadRankError(f"layer {i} holds NaN/Inf attention weights ({', '.join(bad)}): nothing to cut")
             for p in products:
                 if p == "qk" and spec is not None:
                     sv[p].append(rotary_cut.items(hw, spec)[0])
+                    roots[p].append(None)
                     continue
-                sv[p].append(unit_spectra(hw, p, None if whiten is None else whiten[i]))
+                s, r = unit_spectra(hw, p, None if whiten is None else whiten[i], with_roots=True, workers=threads)
+                sv[p].append(s)
+                roots[p].append(r)
             reader.ckpt.release()
             if progress:
-                progress(i + 1, 2 * d.n_layers)
+                progress(j + 1, 2 * len(todo))
     spectra = {p: torch.stack(v) for p, v in sv.items()}
     cost = {p: (g + 1) * d.d for p in products}
-    return Plan(rule, products, choose(rule, spectra, cost, d.head_dim), spectra, cost, whiten, spec)
+    return Plan(rule, products, choose(rule, spectra, cost, d.head_dim), spectra, cost, whiten, spec,
+                None if layers is None else todo, roots)
 
 
-def cut_layer(reader: AttentionReader, i: int, plan: Plan) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:
-    """Pass 2 for layer ``i``: the new stored tensors (full names, stored dtypes) and rows."""
+def _finite(t: torch.Tensor) -> bool:
+    """No NaN or Inf in ``t``: one sum (NaN and ±Inf survive it; a tenth of the per-element
+    check's time), the per-element check only where the sum is not finite (it overflowed)."""
+    return bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
+
+
+def cut_layer(reader: AttentionReader, i: int, plan: Plan, j: int | None = None
+              ) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:
+    """Pass 2 for layer ``i`` (the plan's ``j``-th cut layer, default ``i``): the new stored
+    tensors (full names, stored dtypes) and rows."""
+    j = i if j is None else j
     names = reader.tensor_names(i)
     raw = {r: reader.ckpt.get(n) for r, n in names.items()}
     shapes = {r: tuple(t.shape) for r, t in raw.items()}
@@ -150,22 +187,28 @@ def cut_layer(reader: AttentionReader, i: int, plan: Plan) -> tuple[dict[str, to
     cuts, rot = {}, None
     for p in plan.products:
         if p == "qk" and plan.rotary is not None:
-            cuts[p], keep, part = rotary_cut.cut(hw, plan.rotary, plan.ranks[p][i])
+            cuts[p], keep, part = rotary_cut.cut(hw, plan.rotary, plan.ranks[p][j])
             rot = (plan.rotary, keep, part)
             continue
         X, S = unit_factors(hw, p)
         L = None if plan.whiten is None else plan.whiten[i]
-        cuts[p] = cut_unit(X, S, plan.ranks[p][i], p, L)
+        roots = plan.roots[p][j] if plan.roots is not None else None
+        cuts[p] = cut_unit(X, S, plan.ranks[p][j], p, L, roots)
     new = _replace(hw, cuts)
-    tensors = {names[r]: t.to(raw[r].dtype) for r, t in join(reader.split, shapes, reader.dims, new).items()}
+    tensors = {names[r]: t.to(raw[r].dtype) for r, t in join(reader.split, shapes, reader.dims, new).items()
+               if not _same(t, raw[r])}  # a product not cut: its stored tensors are copied as they are
     tensors.update(_biases(reader, i, hw, shapes, cuts, rot))
     return tensors, _rows(i, plan, cuts, reader)
+
+
+def _same(t: torch.Tensor, raw: torch.Tensor) -> bool:
+    return t.dtype == raw.dtype and t.shape == raw.shape and t.data_ptr() == raw.data_ptr() and t.stride() == raw.stride()
 
 
 def _replace(hw: HeadWeights, cuts: dict[str, Any]) -> HeadWeights:
     H = hw.wq.shape[0]
     dh, d = hw.wq.shape[1:]
-    f = {k: getattr(hw, k).to(torch.float64) for k in ("wq", "wk", "wv", "p")}
+    f = {k: getattr(hw, k) for k in ("wq", "wk", "wv", "p")}  # the products not cut: as stored
     if "ov" in cuts:
         f["p"] = cuts["ov"].X.reshape(H, d, dh)
         f["wv"] = cuts["ov"].S.mT
@@ -225,20 +268,21 @@ def _rows(i: int, plan: Plan, cuts: dict[str, Any], reader: AttentionReader) -> 
     return rows
 
 
-def cut_layers(reader: AttentionReader, plan: Plan, progress: Callable[[int, int], None] | None = None
-               ) -> Iterator[tuple[int, dict[str, torch.Tensor], list[dict[str, Any]]]]:
-    """Pass 2, layer by layer: ``(i, new tensors by full name, rows)``."""
+def cut_layers(reader: AttentionReader, plan: Plan, progress: Callable[[int, int], None] | None = None,
+               threads: int = 1) -> Iterator[tuple[int, dict[str, torch.Tensor], list[dict[str, Any]]]]:
+    """Pass 2, layer by layer (the plan's layers): ``(i, new tensors by full name, rows)``."""
     from headrank.util.memory import trim_heap
 
-    n = reader.dims.n_layers
-    with torch_threads(1):
-        for i in range(n):
-            tensors, rows = cut_layer(reader, i, plan)
+    todo = plan.cut_layers(reader.dims.n_layers)
+    n = len(todo)
+    with torch_threads(threads):
+        for j, i in enumerate(todo):
+            tensors, rows = cut_layer(reader, i, plan, j)
             reader.ckpt.release()
             yield i, tensors, rows
             trim_heap()
             if progress:
-                progress(n + i + 1, 2 * n)
+                progress(n + j + 1, 2 * n)
 
 
 def source_dir(reader: AttentionReader) -> Path | None:

@@ -50,9 +50,9 @@ def unit_factors(hw: HeadWeights, product: str) -> tuple[torch.Tensor, torch.Ten
     return X.reshape(Hkv, -1, dh), S
 
 
-def _whitened(X: torch.Tensor, S: torch.Tensor, product: str, L: torch.Tensor | None):
-    if L is None:
-        return X.to(torch.float64), S.to(torch.float64)
+def _whitened(X: torch.Tensor, S: torch.Tensor, product: str, L: torch.Tensor | None, upcast: bool = True):
+    if L is None:  # factor_roots upcasts chunk by chunk itself: no float64 copy of the layer here
+        return (X.to(torch.float64), S.to(torch.float64)) if upcast else (X, S)
     Lt = L.mT.to(torch.float64)
     S = Lt @ S.to(torch.float64)
     if product == "qk":
@@ -61,11 +61,15 @@ def _whitened(X: torch.Tensor, S: torch.Tensor, product: str, L: torch.Tensor | 
     return X.to(torch.float64), S
 
 
-def unit_spectra(hw: HeadWeights, product: str, L: torch.Tensor | None = None) -> torch.Tensor:
-    """Singular values ``(Hkv, dh)`` of every unit (whitened by ``L`` when given), from roots."""
-    X, S = _whitened(*unit_factors(hw, product), product, L)
-    Rx, Rs = factor_roots(X, S)
-    return torch.linalg.svdvals(Rx @ Rs.mT)
+def unit_spectra(hw: HeadWeights, product: str, L: torch.Tensor | None = None, with_roots: bool = False,
+                 workers: int = 1):
+    """Singular values ``(Hkv, dh)`` of every unit (whitened by ``L`` when given), from roots;
+    with ``with_roots`` also the roots ``(Rx, Rs)`` (pass 2 cuts with them: :func:`cut_unit`).
+    ``workers``: threads sharing the roots (the same result for any number)."""
+    X, S = _whitened(*unit_factors(hw, product), product, L, upcast=False)
+    Rx, Rs = factor_roots(X, S, workers=workers)
+    sv = torch.linalg.svdvals(Rx @ Rs.mT)
+    return (sv, (Rx, Rs)) if with_roots else sv
 
 
 @dataclass
@@ -80,9 +84,50 @@ class UnitCut:
     norm: torch.Tensor  # (Hkv,) ‖M‖_F
 
 
+def _from_roots(X: torch.Tensor, S: torch.Tensor, k: torch.Tensor, product: str, L: torch.Tensor | None,
+                roots: tuple[torch.Tensor, torch.Tensor]) -> UnitCut | None:
+    """The cut from pass 1's roots of the (whitened) factors, ``XᵀX = RxᵀRx`` (whitened: of
+    ``Lᵀ X``), without a second pass over the factors' Gram matrices: with ``Rx Rsᵀ = Uc Σ Vcᵀ``
+    the cut factors are ``X' = X (Rx⁻¹ Uc_k Σ_k^½)`` and ``S' = S (Rs⁻¹ Vc_k Σ_k^½)`` (whitening
+    and its inverse cancel: ``L⁻ᵀ Lᵀ S = S``), two GEMMs with dh × dh matrices, in float32
+    for a 16-bit checkpoint (written back in 16 bits: float32's rounding is far below the
+    written one), else float64. None where a root is not
+    well-conditioned (:data:`~headrank.core.linalg.PRODUCT_SVD_COND`): the QR route then."""
+    from headrank.core.linalg import PRODUCT_SVD_COND
+
+    Rx, Rs = roots
+    if Rx.shape[-2] != Rx.shape[-1] or Rs.shape[-2] != Rs.shape[-1]:
+        return None
+    eye = torch.eye(Rx.shape[-1], dtype=torch.float64)
+    inv = [torch.linalg.solve_triangular(R, eye.expand_as(R), upper=True) for R in (Rx, Rs)]
+    cond = [torch.linalg.matrix_norm(R) * torch.linalg.matrix_norm(Ri) for R, Ri in zip((Rx, Rs), inv, strict=True)]
+    if not bool(((cond[0] <= PRODUCT_SVD_COND) & (cond[1] <= PRODUCT_SVD_COND)).all()):
+        return None
+    Uc, sv, Vch = torch.linalg.svd(Rx @ Rs.mT)
+    keep = (torch.arange(sv.shape[-1]) < k[:, None]).to(torch.float64)
+    root = sv.clamp_min(0).sqrt() * keep
+    half = (torch.bfloat16, torch.float16)
+    wd = torch.float32 if X.dtype in half and S.dtype in half and L is None else torch.float64
+    kmax = max(int(k.max()), 1)  # the GEMMs make the kept columns only; the rest are zero
+    Ma, Mb = ((inv[0] @ Uc) * root[:, None, :])[..., :kmax], ((inv[1] @ Vch.mT) * root[:, None, :])[..., :kmax]
+    pad = X.shape[-1] - kmax
+    Xn = torch.nn.functional.pad(X.to(wd) @ Ma.to(wd), (0, pad))
+    Sn = torch.nn.functional.pad(S.to(wd) @ Mb.to(wd), (0, pad))
+    if L is None:
+        e = sv**2
+        return UnitCut(Xn, Sn, k.clone(), sv, ((1 - keep) * e).sum(-1).sqrt(), e.sum(-1).sqrt())
+    X64, S64 = X.to(torch.float64), S.to(torch.float64)
+    return UnitCut(Xn, Sn, k.clone(), sv, diff_norm(X64, S64, Xn, Sn), diff_norm(X64, S64))
+
+
 def cut_unit(X: torch.Tensor, S: torch.Tensor, k: torch.Tensor, product: str,
-             L: torch.Tensor | None = None) -> UnitCut:
-    """Best rank-``k[u]`` approximation of every unit ``X_u S_uᵀ``, balanced, zero-padded."""
+             L: torch.Tensor | None = None, roots: tuple[torch.Tensor, torch.Tensor] | None = None) -> UnitCut:
+    """Best rank-``k[u]`` approximation of every unit ``X_u S_uᵀ``, balanced, zero-padded
+    (``roots``: pass 1's roots of the whitened factors, see :func:`_from_roots`)."""
+    if roots is not None:
+        done = _from_roots(X, S, k, product, L, roots)
+        if done is not None:
+            return done
     Xw, Sw = _whitened(X, S, product, L)
     U, sv, V = product_svd(Xw, Sw)
     dh = X.shape[-1]
@@ -134,17 +179,17 @@ def cut_biases(hw: HeadWeights, biases: dict[str, torch.Tensor | None], cuts: di
             out["v"] = torch.zeros_like(out["v"])
             notes.append("value bias moved into the output bias (exact: softmax rows sum to 1)")
         else:
-            out["v"] = _refit(cuts["ov"].X, X, out["v"])
+            out["v"] = _refit(cuts["ov"].X.to(torch.float64), X, out["v"])
             notes.append("value bias refitted onto the kept subspace (no output bias: exact at full rank)")
     if "qk" in cuts:
         X, S = (t.to(torch.float64) for t in unit_factors(hw, "qk"))
-        c = cuts["qk"]
+        cX, cS = cuts["qk"].X.to(torch.float64), cuts["qk"].S.to(torch.float64)
         if out.get("q") is not None:
             bq = out["q"].reshape(Hkv, -1, dh)  # (Hkv, g, dh)
-            out["q"] = (torch.linalg.pinv(c.S)[:, None] @ (S[:, None] @ bq[..., None]))[..., 0].reshape(-1, dh)
+            out["q"] = (torch.linalg.pinv(cS)[:, None] @ (S[:, None] @ bq[..., None]))[..., 0].reshape(-1, dh)
             notes.append("query bias refitted: b_q' = pinv(W_K'^T) W_K^T b_q (exact at full rank)")
         if out.get("k") is not None:
-            out["k"] = _refit(c.X, X, out["k"])
+            out["k"] = _refit(cX, X, out["k"])
             notes.append("key bias refitted (its terms are constant over keys: softmax ignores them)")
     return out, notes
 
@@ -162,7 +207,7 @@ def join(split: str, shapes: dict[str, tuple[int, ...]], dims: Dims, hw: HeadWei
         out = {"q": hw.wq.reshape(-1, d), "k": hw.wk.reshape(-1, d), "v": hw.wv.reshape(-1, d),
                "o": hw.p.permute(1, 0, 2).reshape(d, H * dh)}
         if all(tuple(out[r].shape) == tuple(shapes[r]) for r in shapes) and set(out) == set(shapes):
-            return {r: t.to(torch.float64) for r, t in out.items()}
+            return out  # in hw's dtype (float64, or float32 from a float32/16 checkpoint's fast cut)
     idx, offsets, n = {}, {}, 0
     for role, shape in shapes.items():
         size = prod(shape)

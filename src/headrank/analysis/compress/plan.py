@@ -31,8 +31,13 @@ class Rule:
             raise HeadRankError("give exactly one of `keep` FRACTION, `rank` K or `params` FRACTION"
                                 + (f" (got {', '.join(k for k, _ in given)})" if given else ""))
         kind, value = given[0]
-        if isinstance(value, bool):
-            raise HeadRankError(f"--{kind} must be a number, got {value!r}")
+        import numbers
+
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            what = "a whole number >= 1" if kind == "rank" else "a number in (0, 1]"
+            raise HeadRankError(f"--{kind} must be {what}, got {str(value)[:40]!r}")
+        if value != value:  # NaN
+            raise HeadRankError(f"--{kind} must be a number, got nan")
         if kind == "rank":
             if not float(value).is_integer() or value < 1:
                 raise HeadRankError(f"`rank` must be a whole number >= 1, got {value!r}")

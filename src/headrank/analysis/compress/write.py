@@ -4,6 +4,7 @@ source's small side files (config, tokenizer, pooling config), staged by the cal
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -19,56 +20,105 @@ SIDE_DIR_BYTES = 4 * 2**20
 
 class ShardWriter:
     """Collects tensors and writes safetensors shards of at most SHARD_BYTES each: one
-    ``model.safetensors``, or ``model-0000i-of-0000N.safetensors`` with Hugging Face's index."""
+    ``STEM.safetensors``, or ``STEM-0000i-of-0000N.safetensors`` with Hugging Face's index
+    (stem ``model``: what ``from_pretrained`` reads)."""
 
-    def __init__(self, stage: Path, shard_bytes: int = SHARD_BYTES):
-        self.stage, self.shard_bytes = stage, shard_bytes
+    def __init__(self, stage: Path, shard_bytes: int = SHARD_BYTES, dtype: torch.dtype | None = None,
+                 stem: str = "model"):
+        self.stage, self.shard_bytes, self.dtype, self.stem = stage, shard_bytes, dtype, stem
         self.cur: dict[str, torch.Tensor] = {}
         self.size = 0
         self.shards: list[tuple[Path, list[str]]] = []
         self.total = 0
+        self.dense = 0  # bytes the same tensors would take uncut (a factored tensor is smaller)
         self.names: set[str] = set()
+        self.dtypes: set[str] = set()
 
-    def add(self, name: str, t: torch.Tensor) -> None:
+    def add(self, name: str, t: torch.Tensor, dense_numel: int | None = None, owned: bool = False) -> None:
+        """Queue ``name``; floating tensors are cast to ``dtype`` when one was given. ``owned``:
+        ``t`` is a fresh tensor nothing else holds (not copied again)."""
         if name in self.names:
             return
+        if self.dtype is not None and t.is_floating_point() and t.dtype != self.dtype:
+            t, owned = t.to(self.dtype), True
         n = t.numel() * t.element_size()
         if self.cur and self.size + n > self.shard_bytes:
             self.flush()
-        self.cur[name] = t.detach().contiguous().clone()
+        t = t.detach()
+        self.cur[name] = t.contiguous() if owned and t.is_contiguous() else t.contiguous().clone()
         self.size += n
         self.total += n
+        self.dense += (t.numel() if dense_numel is None else dense_numel) * t.element_size()
         self.names.add(name)
+        self.dtypes.add(str(t.dtype).removeprefix("torch."))
 
     def flush(self) -> None:
         if not self.cur:
             return
+        import os
+
+        from safetensors import SafetensorError
         from safetensors.torch import save_file
 
         p = self.stage / f".shard-{len(self.shards)}.safetensors"
         try:
             save_file(self.cur, str(p), metadata={"format": "pt"})
-        except OSError as e:
-            raise HeadRankError(f"cannot write {p}: {e.strerror or e}") from None
+            os.chmod(p, 0o666 & ~_umask())  # safetensors writes 0600; a checkpoint is read by others
+        except (OSError, SafetensorError) as e:
+            raise _write_error(e, self.stage.parent) from None
         self.shards.append((p, list(self.cur)))
         self.cur, self.size = {}, 0
+
+    def report(self, fmt: str) -> dict:
+        """Bytes of the weight files written, and what the uncut tensors would take on disk."""
+        written = sum((self.stage / f).stat().st_size for f in self.files)
+        uncut = written + self.dense - self.total
+        return {"format": fmt, "dtypes": sorted(self.dtypes), "bytes_written": written, "bytes_uncut": uncut,
+                "share_saved": 1 - written / uncut if uncut else 0.0,
+                "note": "bytes of the safetensors weight files; uncut: the same files with every tensor at its "
+                        "uncut shape, in the dtypes written"}
 
     def finish(self) -> list[str]:
         """Final names of the weight files (renamed within the stage)."""
         self.flush()
         n = len(self.shards)
         if n == 1:
-            self.shards[0][0].rename(self.stage / "model.safetensors")
-            return ["model.safetensors"]
+            self.shards[0][0].rename(self.stage / f"{self.stem}.safetensors")
+            self.files = [f"{self.stem}.safetensors"]
+            return list(self.files)
         weight_map, files = {}, []
         for i, (p, names) in enumerate(self.shards, 1):
-            name = f"model-{i:05d}-of-{n:05d}.safetensors"
+            name = f"{self.stem}-{i:05d}-of-{n:05d}.safetensors"
             p.rename(self.stage / name)
             files.append(name)
             weight_map.update({k: name for k in names})
         index = {"metadata": {"total_size": self.total}, "weight_map": dict(sorted(weight_map.items()))}
-        (self.stage / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
-        return [*files, "model.safetensors.index.json"]
+        (self.stage / f"{self.stem}.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+        self.files = files
+        return [*files, f"{self.stem}.safetensors.index.json"]
+
+
+def _umask() -> int:
+    import os
+
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _write_error(e: Exception, where: Path) -> HeadRankError:
+    """The one line spectra gives for the same failure (safetensors reports an OS error as a
+    SafetensorError whose message ends in "(os error N)")."""
+    import errno
+    import re
+
+    from headrank.util.fileio import write_error
+
+    if not isinstance(e, OSError):
+        m = re.search(r"os error (\d+)", str(e))
+        code = int(m.group(1)) if m else None
+        e = OSError(code, os.strerror(code) if code else str(e)) if code else OSError(errno.EIO, str(e))
+    return write_error(e, where)
 
 
 def _is_side_file(p: Path) -> bool:

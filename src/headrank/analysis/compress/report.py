@@ -1,0 +1,108 @@
+"""``compress.json``'s contents and the console lines ``headrank compress`` prints."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from headrank.analysis.compress.api import KV_BYTES, Plan
+from headrank.util.env import versions
+
+CONVENTIONS = {
+    "unit": "one kv head: its query group's products cut jointly (one query head without GQA)",
+    "cut": "best rank-k approximation of the unit's stacked product (Eckart-Young), factors U_k S_k^1/2, "
+           "V_k S_k^1/2 (balanced)",
+    "format": "factored: each cut projection keeps only its k kept dimensions per head (q, k, v rows, o columns; "
+              "factored.json names them; headrank.load_compressed builds the model); dense: zero-padded back to "
+              "head_dim, same architecture and tensor names",
+    "whitened": "SVD-LLM: minimises ||(M - M_k) L|| (OV) or ||L^T (M - M_k) L|| (QK), E[x x^T] = L L^T",
+    "rotary_qk": "rotary models: QK cut only by dropping whole rotary bands (both rows of a pair in W_Q and "
+                 "W_K, by band energy) and by a best rank-k cut of the non-rotary part (partial rotary): "
+                 "both commute with the rotation; k counts the kept head dimensions; never whitened",
+    "kept_energy": "sum_{i<=k} s_i^2 / sum s_i^2 of the spectrum the cut was chosen on",
+    "frob_error": "||M - M_k||_F of the unit's weight product (unwhitened)",
+    "params_saved": "(head_dim - k) * (g*d + d) per unit: what the factored checkpoint stores less",
+    "kv_cache": f"{KV_BYTES} bytes per cached number (float16/bfloat16); keys shrink with the QK rank, "
+                "values with the OV rank, per kv head: the saving of a latent cache (Palu), factored deployment, "
+                "not measured (load_compressed keeps transformers' own cache of head_dim numbers per head)",
+    "biases": "value bias moved into the output bias (or refitted), query/key biases refitted: exact at "
+              "full rank; at rank k their terms are projected onto the kept subspaces",
+    "not_cut": "norms, MLPs, embeddings, positions: copied unchanged (tied embeddings stay tied)",
+}
+
+
+def summary(reader, plan: Plan, rows: list[dict[str, Any]], notes: list[str], files: list[str]) -> dict[str, Any]:
+    d = reader.dims
+    attn_params = d.n_layers * d.head_dim * (2 * d.n_heads + 2 * d.n_kv_heads) * d.d
+    saved = sum(r["params_saved"] for r in rows)
+    kv = {p: sum(r["kv_cache_bytes_saved_per_token"] for r in rows if r["product"] == p) for p in plan.products}
+    orig_kv = 2 * d.n_layers * d.n_kv_heads * d.head_dim * KV_BYTES
+    cut_params = sum(plan.spectra[p].shape[0] * plan.spectra[p].shape[1] * d.head_dim * plan.cost[p]
+                     for p in plan.products)
+    return {
+        "source": reader.origin,
+        "rule": {"kind": plan.rule.kind, "value": plan.rule.value},
+        "products": list(plan.products),
+        "layers": list(plan.cut_layers(d.n_layers)),
+        "whitened": plan.whiten is not None,
+        "notes": notes,
+        "config": {"n_layers": d.n_layers, "d_model": d.d, "n_heads": d.n_heads, "n_kv_heads": d.n_kv_heads,
+                   "head_dim": d.head_dim, "position_encoding": reader.position, "split": reader.split},
+        "totals": {
+            "attention_params": attn_params,
+            "cut_products_params": cut_params,
+            "params_saved_factored": saved,
+            "kept_fraction_of_cut_products": 1 - saved / cut_params if cut_params else 1.0,
+            "kv_cache_bytes_per_token": orig_kv,
+            "kv_cache_bytes_saved_per_token": {"k (qk)": kv.get("qk", 0), "v (ov)": kv.get("ov", 0)},
+            "kv_cache_measured": "factored deployment, not measured",
+            "mean_k": {p: float(plan.ranks[p].double().mean()) for p in plan.products},
+        },
+        "units": rows,
+        "files": files,
+        "conventions": CONVENTIONS,
+        "versions": versions(),
+    }
+
+
+def _num(before: float, after: float) -> tuple[str, str]:
+    """Both numbers with the fewest significant digits (4 to 12) that tell them apart."""
+    for digits in range(4, 13):
+        a, b = f"{before:.{digits}g}", f"{after:.{digits}g}"
+        if a != b:
+            return a, b
+    return a, b
+
+
+def eval_line(e: dict[str, Any]) -> str:
+    a, b = _num(e["before"], e["after"])
+    change = e["after"] - e["before"]
+    rel = f", {change / e['before']:+.3%}" if e["before"] and abs(e["before"]) > 1e-12 else ""
+    cached = " (uncut: cached)" if e.get("before_cached") else ""
+    return f"{e['metric']}: {a} -> {b} ({change:+.4g}{rel}){cached} on {e['text']}"
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+def report_lines(res: dict[str, Any], out: Any = None, as_json: bool = False) -> list[str]:
+    """What ``headrank compress`` prints: the totals (and checkpoint, eval) as lines, or as JSON."""
+    if as_json:
+        keys = ("rule", "products", "notes", "totals", "checkpoint", "files", "eval")
+        return [json.dumps({k: res[k] for k in keys if k in res}, indent=2)]
+    t = res["totals"]
+    ks = ", ".join(f"{p} {k:.2f}" for p, k in t["mean_k"].items())
+    lines = [f"mean k ({ks}) of {res['config']['head_dim']}; {t['params_saved_factored']:,} parameters "
+             f"saved ({1 - t['kept_fraction_of_cut_products']:.1%} of the cut products); KV cache "
+             f"{sum(t['kv_cache_bytes_saved_per_token'].values())} of {t['kv_cache_bytes_per_token']} bytes/token "
+             "saved in a factored deployment (not measured)"]
+    c = res.get("checkpoint")
+    if c:
+        lines.append(f"checkpoint ({c['format']}, {', '.join(c['dtypes'])}): weights {_mb(c['bytes_uncut'])} uncut -> "
+                     f"{_mb(c['bytes_written'])} written ({c['share_saved']:.2%} smaller)")
+    if "eval" in res:
+        lines.append(eval_line(res["eval"]))
+    if out is not None and res.get("files"):
+        lines.append(f"wrote {len(res['files']) + 1} files to {out} (compress.json, {res['files'][0]}, ...)")
+    return lines

@@ -1,0 +1,129 @@
+"""``headrank compress``: cut each head to the rank it uses, write the smaller checkpoint, say
+what it costs; ``--curve`` draws the cost against the size instead."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from headrank.cli.common import app, err_console, progress_bar, styled, user_errors
+
+EVERY_S = 15.0
+
+
+class Phases:
+    """The progress callback ``(done, total, phase)`` on one bar, and a beat: on a console that
+    is not a terminal, a line at least every 15 s even while a phase reports nothing (loading a
+    model, one long layer)."""
+
+    def __init__(self, bar: Any, every_s: float = EVERY_S):
+        self.bar, self.task, self.every_s = bar, bar.add_task("starting", total=None), every_s
+        self.state = ["starting", 0, None]
+        self.stop = threading.Event()
+        self.thread = None
+        if hasattr(bar, "line"):  # LineProgress (stderr is not a terminal)
+            self.thread = threading.Thread(target=self._beat, name="headrank-compress-beat", daemon=True)
+
+    def __call__(self, done: int, total: int | None, phase: str) -> None:
+        self.state = [phase, done, total]
+        self.bar.update(self.task, completed=done, total=total, description=phase)
+
+    def _beat(self) -> None:
+        while not self.stop.wait(min(1.0, self.every_s / 4)):
+            now = self.bar.clock()
+            if now - self.bar.last >= self.every_s:
+                self.bar.last = now
+                t = self.bar.tasks[self.task]
+                self.bar.console.print(self.bar.line(t, now), highlight=False)
+
+    def __enter__(self) -> Phases:
+        if self.thread is not None:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> bool:
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join()
+        return False
+
+
+@app.command()
+@user_errors
+def compress(
+    path: Annotated[str, typer.Argument(help="anything `spectra` opens: checkpoint directory, weights file, 'minilm', cached Hub id, .gguf file, run directory")],
+    out: Annotated[Path, typer.Option("--out", help="write the compressed checkpoint (safetensors, config, tokenizer) and compress.json here (with --curve: the curve)")],
+    keep: Annotated[float | None, typer.Option("--keep", help="per unit (a head; a kv group under GQA): the fewest directions holding this share of the energy sum s^2, in (0, 1]")] = None,
+    rank: Annotated[int | None, typer.Option("--rank", help="per unit (a head; a kv group under GQA, cut jointly): keep K directions (K <= head dim)")] = None,
+    params: Annotated[float | None, typer.Option("--params", help="global budget: this fraction of the cut products' parameters, allocated across units from the spectra")] = None,
+    products: Annotated[str | None, typer.Option("--products", help="ov, qk or ov,qk (default: both where QK can be cut; rotary: whole bands; QK-normed models: ov only)")] = None,
+    fmt: Annotated[str | None, typer.Option("--format", help="factored: only the kept dimensions, load with headrank.load_compressed (default where q, k, v, o are separate); dense: zero-padded, same architecture (default for fused projections)")] = None,
+    whiten: Annotated[bool, typer.Option("--whiten", help="activation-whitened cut (SVD-LLM), calibrated on the corpus validation split (or --text's first half, or --dataset's train split)")] = False,
+    evaluate: Annotated[bool, typer.Option("--eval", help="perplexity (causal LM) or sentence-embedding cosine drift (encoder) before and after, on held-out text")] = False,
+    eval_n: Annotated[int | None, typer.Option("--eval-n", min=1, help="evaluation windows (LM) or sentences (encoder) (default: 16 windows, 64 sentences: the README's cost curve)")] = None,
+    calib_n: Annotated[int | None, typer.Option("--calib-n", min=1, help="--whiten calibration windows or sentences (default: as --eval-n)")] = None,
+    seq_len: Annotated[int | None, typer.Option("--seq-len", min=2, help="tokens per window (default: 128; at most the model's context)")] = None,
+    text: Annotated[Path | None, typer.Option("--text", help="text file for --eval/--whiten (one text per line; second half scored, first half calibrates) instead of the stdlib corpus")] = None,
+    dataset: Annotated[str | None, typer.Option("--dataset", help="wikitext2 or c4 for --eval/--whiten, through the datasets library (network, or its copy in the Hugging Face cache)")] = None,
+    curve: Annotated[str | None, typer.Option("--curve", help="draw cost against size instead of writing a checkpoint: --params budgets, e.g. 1,0.75,0.5,0.25; weight-only against whitened (compress_curve.json/.png in --out)")] = None,
+    layers: Annotated[str | None, typer.Option("--layers", help="cut only these layers, e.g. 0,3,5-7 (0-based); the rest are copied")] = None,
+    allocate: Annotated[str, typer.Option("--allocate", help="how --params spends its budget: energy (the largest shares of each unit's energy)")] = "energy",
+    threads: Annotated[int, typer.Option("--threads", min=1, max=256, help="torch threads (1 by default, kind to a shared machine)")] = 1,
+    config: Annotated[Path | None, typer.Option("--config", help="config.json for a single weights file")] = None,
+    layout: Annotated[Path | None, typer.Option("--layout", help="TOML layout for a model_type not in the table")] = None,
+    revision: Annotated[str | None, typer.Option("--revision", help="Hub id: branch, tag or commit in the cache")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print compress.json's totals as JSON")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="let transformers show its own progress bars")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print nothing on success")] = False,
+) -> None:
+    """Cut each head's OV (and QK) product to rank k and write the smaller checkpoint."""
+    from headrank.analysis import compress as cut
+
+    if curve is not None:
+        _curve(path, out, curve, products=products, eval_n=eval_n, calib_n=calib_n, seq_len=seq_len, text=text,
+               dataset=dataset, quiet=quiet or as_json)
+        return
+    with progress_bar(quiet or as_json) as bar, Phases(bar) as phases:
+        res = cut.compress(path, out, keep=keep, rank=rank, params=params, products=products, whiten=whiten,
+                           evaluate=evaluate, text=text, n_eval=eval_n, n_calib=calib_n, seq_len=seq_len,
+                           dataset=dataset, format=fmt, layers=layers, threads=threads, allocate=allocate,
+                           config=config, layout=layout, revision=revision, progress=phases, verbose=verbose)
+    for n in res["notes"]:
+        err_console.print(styled("yellow", "note: ", n), highlight=False)
+    if not quiet or as_json:
+        sys.stdout.write("\n".join(cut.report_lines(res, out, as_json)) + "\n")
+
+
+def _curve(path: str, out: Path, budgets: str, *, products, eval_n, calib_n, seq_len, text, dataset, quiet) -> None:
+    from headrank.analysis.compress import curve
+    from headrank.analysis.compress.options import check_options
+    from headrank.util.fileio import check_writable
+    from headrank.util.progress import Heartbeat
+
+    b = curve.parse_budgets(budgets)
+    opts = check_options(format=None, threads=1, n_eval=eval_n, n_calib=calib_n, seq_len=seq_len, text=text,
+                         dataset=dataset, allocate="energy", products=products)
+    check_writable(out)
+    start = time.monotonic()
+
+    def tell(s: str) -> None:
+        if not quiet:
+            err_console.print(f"curve {s} ({time.monotonic() - start:.0f} s)", highlight=False)
+
+    beat = Heartbeat(err_console, "curve", every_s=EVERY_S) if not quiet else None
+    try:
+        if beat is not None:
+            beat.__enter__()
+        data = curve.measure(str(path), path, b, products=opts["products"], spec=opts, progress=tell)
+    finally:
+        if beat is not None:
+            beat.__exit__(None, None, None)
+    written = curve.save(data, out)
+    if not quiet:
+        sys.stdout.write("\n".join(curve.lines(data)) + "\n")
+        sys.stdout.write(f"wrote {', '.join(str(p) for p in written)}\n")
