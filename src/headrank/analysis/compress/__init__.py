@@ -165,8 +165,8 @@ def _choose_format(opts: dict[str, Any], split: str, model_type: str | None) -> 
     why = (f"this model's q, k, v projections are {split.replace('_', ' ')}" if split != "separate" else
            f"transformers does not build model_type {model_type!r}, which load_compressed needs")
     if opts["format"] == "factored":
-        raise HeadRankError(f"--format factored needs separate q, k, v and o projections of a transformers "
-                            f"model; {why}: use --format dense")
+        raise HeadRankError(f"`format` factored needs separate q, k, v and o projections of a transformers "
+                            f"model; {why}: use `format` dense")
     if opts["format"] is None:
         opts["format"] = "dense"
         return f"written --format dense ({why}; the factored format needs separate projections of a transformers model)"

@@ -21,10 +21,10 @@ def parse_budgets(spec: str | Any) -> list[float]:
     try:
         out = [float(x) for x in items if str(x).strip()]
     except (TypeError, ValueError):
-        raise HeadRankError(f"--curve must be comma-separated fractions in (0, 1], e.g. 1,0.75,0.5,0.25; "
+        raise HeadRankError(f"`curve` must be comma-separated fractions in (0, 1], e.g. 1,0.75,0.5,0.25; "
                             f"got {str(spec)[:60]!r}") from None
     if not out or not all(0 < b <= 1 for b in out):
-        raise HeadRankError(f"--curve must be comma-separated fractions in (0, 1], e.g. 1,0.75,0.5,0.25; "
+        raise HeadRankError(f"`curve` must be comma-separated fractions in (0, 1], e.g. 1,0.75,0.5,0.25; "
                             f"got {str(spec)[:60]!r}")
     return out
 

@@ -86,11 +86,11 @@ def dataset_texts(name: str, split: str) -> list[str]:
     """The documents of ``--dataset NAME`` for ``split`` (EVAL_SPLIT or CALIB_SPLIT), through the
     ``datasets`` library (network, or a copy in the Hugging Face cache)."""
     if name not in DATASETS:
-        raise HeadRankError(f"--dataset must be one of {', '.join(DATASETS)}; got {name!r}")
+        raise HeadRankError(f"`dataset` must be one of {', '.join(DATASETS)}; got {name!r}")
     try:
         import datasets
     except ImportError:
-        raise HeadRankError(f"--dataset {name} needs the datasets package; or give the text with --text FILE") from None
+        raise HeadRankError(f"`dataset` {name} needs the datasets package; or give the text with `text` FILE") from None
     try:
         with _quiet_datasets(datasets):
             if name == "wikitext2":
@@ -100,8 +100,8 @@ def dataset_texts(name: str, split: str) -> list[str]:
             ds = datasets.load_dataset("allenai/c4", data_files={"x": f"en/c4-{shard}.json.gz"}, split="x")
             return list(ds.select(range(min(len(ds), 1100 if split == EVAL_SPLIT else 5000)))["text"])
     except Exception as e:  # noqa: BLE001 - offline, not cached, a changed hub layout
-        raise HeadRankError(f"--dataset {name}: not available here (no network and no copy in the Hugging Face "
-                            f"cache: {one_line(e, 120)}); give the text with --text FILE") from None
+        raise HeadRankError(f"`dataset` {name}: not available here (no network and no copy in the Hugging Face "
+                            f"cache: {one_line(e, 120)}); give the text with `text` (a file)") from None
 
 
 class _quiet_datasets:
@@ -185,10 +185,10 @@ def _protocol_windows(tok, spec: TextSpec, split: str) -> torch.Tensor:
     if split == EVAL_SPLIT:
         n = min(len(ids) // L, spec.n)
         if n < 1:
-            raise HeadRankError(f"{what} holds {len(ids)} tokens: not one window of --seq-len {L}")
+            raise HeadRankError(f"{what} holds {len(ids)} tokens: not one window of `seq_len` {L}")
         return ids[: n * L].reshape(n, L)
     if len(ids) <= L:
-        raise HeadRankError(f"calibration text ({what}) holds {len(ids)} tokens: not one window of --seq-len {L}")
+        raise HeadRankError(f"calibration text ({what}) holds {len(ids)} tokens: not one window of `seq_len` {L}")
     g = torch.Generator().manual_seed(CALIB_SEED)
     starts = torch.randint(0, len(ids) - L + 1, (spec.calib_n,), generator=g)
     return torch.stack([ids[a: a + L] for a in starts.tolist()])
@@ -231,7 +231,7 @@ class Scorer:
     def __init__(self, model, tok, spec: TextSpec):
         n_ctx = context_length(model.config)
         if n_ctx is not None and spec.seq_len > n_ctx:
-            raise HeadRankError(f"--seq-len {spec.seq_len} exceeds the model's context of {n_ctx} tokens")
+            raise HeadRankError(f"`seq_len` {spec.seq_len} exceeds the model's context of {n_ctx} tokens")
         self.causal = is_causal(model)
         self.metric = "perplexity" if self.causal else "cosine_drift"
         if self.causal:

@@ -139,7 +139,7 @@ def _resolve(name: str, modules: dict[str, torch.nn.Module], prefix: str) -> str
 def read_manifest(path: Path) -> dict[str, Any]:
     p = path / MANIFEST
     if not p.is_file():
-        raise HeadRankError(f"{path} holds no {MANIFEST}: not a factored compress output (a --format dense "
+        raise HeadRankError(f"{path} holds no {MANIFEST}: not a factored compress output (a `format` dense "
                             "output loads with transformers' from_pretrained)")
     try:
         m = json.loads(p.read_text())

@@ -41,19 +41,19 @@ def check_options(*, format: Any, threads: Any, n_eval: Any, n_calib: Any, seq_l
     from headrank.util.threads import check_threads
 
     if format is not None and format not in FORMATS:
-        raise HeadRankError(f"--format must be one of {', '.join(FORMATS)}; got {str(format)[:40]!r}")
+        raise HeadRankError(f"`format` must be one of {', '.join(FORMATS)}; got {str(format)[:40]!r}")
     if allocate not in ALLOCATE:
-        raise HeadRankError(f"--allocate must be one of {', '.join(ALLOCATE)}; got {str(allocate)[:40]!r}")
+        raise HeadRankError(f"`allocate` must be one of {', '.join(ALLOCATE)}; got {str(allocate)[:40]!r}")
     if dataset is not None and dataset not in DATASETS:
-        raise HeadRankError(f"--dataset must be one of {', '.join(DATASETS)}; got {str(dataset)[:40]!r}")
+        raise HeadRankError(f"`dataset` must be one of {', '.join(DATASETS)}; got {str(dataset)[:40]!r}")
     if dataset is not None and text is not None:
-        raise HeadRankError("give --text FILE or --dataset NAME, not both")
+        raise HeadRankError("give `text` FILE or `dataset` NAME, not both")
     if text is not None and not isinstance(text, (str, os.PathLike)):
-        raise HeadRankError(f"--text must be a file path, got {type(text).__name__}")
+        raise HeadRankError(f"`text` must be a file path, got {type(text).__name__}")
     if products is not None and not isinstance(products, str):
         items = list(products) if isinstance(products, (list, tuple, set, frozenset)) else None
         if items is None or not all(isinstance(p, str) for p in items):
-            raise HeadRankError(f"--products must name ov and/or qk (comma-separated); got {str(products)[:40]!r}")
+            raise HeadRankError(f"`products` must name ov and/or qk (comma-separated); got {str(products)[:40]!r}")
         products = ",".join(items)
     return {"format": format, "threads": check_threads(threads, "--threads"), "allocate": allocate,
             "n_eval": _count(n_eval, "eval-n", 1), "n_calib": _count(n_calib, "calib-n", 1),
@@ -72,7 +72,7 @@ def text_spec(opts: dict[str, Any], reader, live) -> TextSpec:
     """The :class:`TextSpec` of the options; unset sizes default to the README's cost curve."""
     n = opts["n_eval"] or DEFAULT_N["causal" if _causal_source(reader, live) else "encoder"]
     if opts["text"] is not None and not Path(opts["text"]).is_file():
-        raise HeadRankError(f"--text {opts['text']}: no such file")
+        raise HeadRankError(f"`text` {opts['text']}: no such file")
     return TextSpec(n=n, seq_len=opts["seq_len"] or DEFAULT_SEQ_LEN, text_file=opts["text"],
                     n_calib=opts["n_calib"], dataset=opts["dataset"])
 
@@ -80,7 +80,7 @@ def text_spec(opts: dict[str, Any], reader, live) -> TextSpec:
 def check_context(model, spec: TextSpec) -> None:
     n_ctx = context_length(model.config)
     if n_ctx is not None and spec.seq_len > n_ctx:
-        raise HeadRankError(f"--seq-len {spec.seq_len} exceeds the model's context of {n_ctx} tokens")
+        raise HeadRankError(f"`seq_len` {spec.seq_len} exceeds the model's context of {n_ctx} tokens")
 
 
 # -- the cached uncut baseline ---------------------------------------------------------------------
