@@ -167,7 +167,7 @@ def test_the_papers_protocol_sizes_run_with_a_small_text(tmp_path):
 
 @pytest.mark.parametrize("args, msg", [
     (["--seq-len", "65", "--eval"], "exceeds the model's context of 64 tokens"),
-    (["--dataset", "wikitext2", "--eval", "--seq-len", "32"], "--text FILE"),
+    (["--dataset", "wikitext2", "--eval", "--seq-len", "32"], "give the text with --text"),
     (["--text", "missing.txt", "--eval", "--seq-len", "32"], "no such file"),
 ])
 def test_protocol_bad_input_is_one_line(tmp_path, monkeypatch, args, msg):

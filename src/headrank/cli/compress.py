@@ -3,6 +3,7 @@ what it costs; ``--curve`` draws the cost against the size instead."""
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 import time
@@ -95,8 +96,10 @@ def compress(
                            config=config, layout=layout, revision=revision, progress=phases, verbose=verbose)
     for n in res["notes"]:
         err_console.print(styled("yellow", "note: ", n), highlight=False)
-    if not quiet or as_json:
-        sys.stdout.write("\n".join(cut.report_lines(res, out, as_json)) + "\n")
+    if as_json:
+        sys.stdout.write(json.dumps(res.to_json(), indent=2) + "\n")
+    elif not quiet:
+        sys.stdout.write("\n".join(cut.report_lines(res, out)) + "\n")
 
 
 def _curve(path: str, out: Path, budgets: str, *, products, eval_n, calib_n, seq_len, text, dataset, quiet) -> None:

@@ -636,7 +636,7 @@ def open_remote(source: str, *, revision: str | None = None, allow_full: bool | 
 
 def _open_remote(source: str, revision: str | None, allow_full: bool | int, config: Any) -> tuple[Any, Any, Any]:
     loc, name = _location(source, revision)
-    transfer = Transfer(loc.url(name) if name is not None and loc.repo_id is None else loc.where)
+    transfer = Transfer(redact_url(loc.url(name)) if name is not None and loc.repo_id is None else loc.where)
     if isinstance(config, (str, os.PathLike)):
         from headrank.io.checkpoint import read_config
 

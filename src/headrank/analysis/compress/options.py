@@ -55,7 +55,7 @@ def check_options(*, format: Any, threads: Any, n_eval: Any, n_calib: Any, seq_l
         if items is None or not all(isinstance(p, str) for p in items):
             raise HeadRankError(f"`products` must name ov and/or qk (comma-separated); got {str(products)[:40]!r}")
         products = ",".join(items)
-    return {"format": format, "threads": check_threads(threads, "--threads"), "allocate": allocate,
+    return {"format": format, "threads": check_threads(threads), "allocate": allocate,
             "n_eval": _count(n_eval, "eval-n", 1), "n_calib": _count(n_calib, "calib-n", 1),
             "seq_len": _count(seq_len, "seq-len", 2), "text": None if text is None else str(text),
             "dataset": dataset, "products": products}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from headrank.analysis.compress.api import KV_BYTES, Plan
@@ -86,11 +85,17 @@ def _mb(n: float) -> str:
     return f"{n / 1e6:.1f} MB"
 
 
-def report_lines(res: dict[str, Any], out: Any = None, as_json: bool = False) -> list[str]:
-    """What ``headrank compress`` prints: the totals (and checkpoint, eval) as lines, or as JSON."""
-    if as_json:
-        keys = ("rule", "products", "notes", "totals", "checkpoint", "files", "eval")
-        return [json.dumps({k: res[k] for k in keys if k in res}, indent=2)]
+#: the parts of compress.json that ``headrank compress --json`` prints (``CompressResult.to_json``)
+JSON_KEYS = ("rule", "products", "notes", "totals", "checkpoint", "files", "eval")
+
+
+def json_view(res: dict[str, Any]) -> dict[str, Any]:
+    """The totals of a compress result: :data:`JSON_KEYS` of it."""
+    return {k: res[k] for k in JSON_KEYS if k in res}
+
+
+def report_lines(res: dict[str, Any], out: Any = None) -> list[str]:
+    """The console report of a compress result: the totals, checkpoint bytes and eval as lines."""
     t = res["totals"]
     ks = ", ".join(f"{p} {k:.2f}" for p, k in t["mean_k"].items())
     lines = [f"mean k ({ks}) of {res['config']['head_dim']}; {t['params_saved_factored']:,} parameters "

@@ -42,8 +42,12 @@ class CompressResult(dict):
                      params_saved=("params_saved", "sum"))
                 .reset_index())
 
-    def to_json(self) -> str:
-        return json.dumps(self, indent=2) + "\n"
+    def to_json(self) -> dict[str, Any]:
+        """What ``headrank compress --json`` prints: the rule, products, notes, totals, checkpoint
+        bytes, files and eval of compress.json (not its per-unit rows)."""
+        from headrank.analysis.compress.report import json_view
+
+        return json.loads(json.dumps(json_view(self)))
 
     def save(self, out: str | os.PathLike) -> list[Path]:
         """Write ``compress.json`` into directory ``out`` (created); the path written."""
@@ -97,8 +101,10 @@ class CompressResult(dict):
         return report_lines(self)
 
     def _repr_html_(self) -> str:
+        """The console report's lines, then the per-(layer, product) summary table."""
         rows = "".join(f"<li>{html.escape(line)}</li>" for line in self.lines())
-        return f"<div><b>headrank compress</b><ul>{rows}</ul></div>"
+        table = self.summary().head(40).to_html(float_format=lambda x: f"{x:.4g}")
+        return f"<div><b>headrank compress</b><ul>{rows}</ul>{table}</div>"
 
     def __repr__(self) -> str:
         return "CompressResult(" + "; ".join(self.lines()) + ")"
