@@ -15,6 +15,7 @@ from headrank.cli import spectra  # noqa: F401
 from headrank.cli import reproduce  # noqa: F401
 from headrank.cli import train  # noqa: F401
 from headrank.cli import experiments  # noqa: F401
+from headrank.cli import architectures  # noqa: F401
 
 __all__ = ["app", "main"]
 
