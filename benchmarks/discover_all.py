@@ -3,7 +3,7 @@ installed transformers, and write the generated rows (src/headrank/io/layouts_ge
 
     PYTHONPATH=src python benchmarks/discover_all.py [TYPE ...] [--out FILE]
 
-Each type is built tiny, run, matched and verified in this process (at most 60 s each, else
+Each type is built tiny, run, matched and verified in this process (at most 120 s each, else
 refused as too slow); the seconds each took are kept in the row (``seconds``), so the file also
 records how long discovery takes per type. See docs/architectures.md.
 """
@@ -23,7 +23,7 @@ from headrank.io.generated import GENERATED, save_rows
 
 
 def _alarm(*_):
-    raise TimeoutError("discovery took over 60 s")
+    raise TimeoutError("discovery took over 120 s")
 
 
 def main() -> int:
@@ -37,7 +37,7 @@ def main() -> int:
     types = args.types or list(known_types())
     counts: dict[str, int] = {}
     for mt in types:
-        signal.alarm(60)
+        signal.alarm(120)
         try:
             row = discover(mt)
         except TimeoutError as e:

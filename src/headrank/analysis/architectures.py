@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from headrank.analysis.discover import (
+    CAPTURE,
     _dims_spec,
     _layer_count,
     _position,
@@ -100,6 +101,10 @@ def discover(model_type: str, overrides: dict[str, Any] | None = None) -> dict[s
     row: dict[str, Any] = {"model_type": model_type, "transformers": transformers.__version__}
     try:
         row.update(_discover(model_type, overrides))
+    except KeyError as e:
+        why = ("its attention does not accept a registered attention implementation: layout not confirmed"
+               if CAPTURE in str(e) else one_line(f"KeyError: {e}", 200))
+        row.update(status="refused", reason=why)
     except Exception as e:  # noqa: BLE001 - whatever the model does wrong becomes its reason
         row.update(status="refused", reason=one_line(f"{type(e).__name__}: {e}", 200))
     row["seconds"] = round(now() - t0, 2)
@@ -117,7 +122,9 @@ def _discover(model_type: str, overrides: dict[str, Any] | None) -> dict[str, An
     zeros = torch.zeros_like(ids)
     first = forward_capture(model, ids, zeros)
     if not first.calls:
-        return {"status": "refused", "reason": "no softmax attention: no module calls transformers' attention interface"}
+        inline = any("attention" in type(m).__name__.lower() for m in model.modules())
+        return {"status": "refused", "reason": "attention computed inline, not through transformers' attention "
+                "interface: layout not confirmed" if inline else "no softmax attention (no attention module)"}
     if hasattr(first.calls[0]["module"], "kv_b_proj"):
         return discover_mla(model, cfg, first, ids)
     qk_norm = _strip_qk_norms(list({id(c["module"]): c["module"] for c in first.calls}.values()))

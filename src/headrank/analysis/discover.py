@@ -123,6 +123,8 @@ def _shrink(obj: Any, overrides: dict[str, Any] | None) -> None:
         for k in names:
             if isinstance(have.get(k), int) and not isinstance(have.get(k), bool):
                 sets[k] = value
+    if "head_dim" in have and have["head_dim"] is None:  # derived in __post_init__, not run again
+        sets["head_dim"] = TINY["d"] // TINY["heads"]
     if default_kv is not None:
         kv = 1 if default_kv == 1 else (TINY["heads"] if default_kv == default_heads else TINY["kv_heads"])
         sets.update({k: kv for k in _KV if isinstance(have.get(k), int)})
@@ -134,8 +136,11 @@ def _shrink(obj: Any, overrides: dict[str, Any] | None) -> None:
         if isinstance(have.get(k), list) and len(have[k]) > n:
             sets[k] = have[k][:n]
     for k in ("n_group", "topk_group", "num_expert_group", "topk_groups"):
-        if isinstance(have.get(k), int):
+        if k in have:
             sets[k] = 1
+    for k in _TOPK:
+        if k in have and have[k] is None:
+            sets[k] = 2
     if isinstance(have.get("kv_lora_rank"), int):  # multi-head latent attention: distinct latent sizes
         sets.update(MLA_TINY)
         if have.get("q_lora_rank") is None:
@@ -159,8 +164,9 @@ def tiny_config(model_type: str, overrides: dict[str, Any] | None = None) -> Any
 
     cfg = AutoConfig.for_model(model_type)
     t = _text(cfg)
-    for obj in ((cfg,) if t is cfg else (cfg, t)):
-        _shrink(obj, overrides)
+    subs = [getattr(cfg, k, None) for k in getattr(cfg, "sub_configs", {}) or {}]
+    for obj in {id(o): o for o in (cfg, t, *subs) if o is not None and hasattr(o, "to_dict")}.values():
+        _shrink(obj, overrides if obj is t or obj is cfg else None)
     return cfg
 
 
@@ -391,6 +397,13 @@ def _position(model: nn.Module, cfg: dict[str, Any]) -> str:
                                                    "position_embedding")) else "none"
 
 
+class _Identity(nn.Module):
+    """The identity, whatever else a norm is called with (a gate, a dimension)."""
+
+    def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return x
+
+
 def _strip_qk_norms(modules: list[nn.Module]) -> bool:
     """Replace every norm inside the attention modules by the identity (QK-norm: the products
     are those of the projections before it). True if there was one."""
@@ -398,7 +411,7 @@ def _strip_qk_norms(modules: list[nn.Module]) -> bool:
     for att in modules:
         for name, child in list(att.named_children()):
             if "norm" in type(child).__name__.lower() or "norm" in name.lower():
-                setattr(att, name, nn.Identity())
+                setattr(att, name, _Identity())
                 found = True
     return found
 

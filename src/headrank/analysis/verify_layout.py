@@ -100,7 +100,7 @@ def _check_positions(reader: AttentionReader, cap: Capture, calls: dict[int, dic
     for i in sorted(set(calls) & set(reader.layer_ids)):
         hw, x = reader.read_layer(i), _inputs(reader, cap, i)
         target = _module_logits(calls[i])
-        if _rel(_plain_logits(hw, x["q"], x["k"]), target) < TOL:  # a layer without rotary (NoPE)
+        if _rel(_plain_logits(hw, x["q"], x["k"]) * factor, target) < TOL:  # a layer without rotary (NoPE)
             plain.append(i)
             continue
         for s in specs:

@@ -699,6 +699,9 @@ class AttentionReader:
         firsts = []
         for tensors in (self.layout.tensors, *self.layout.aliases):
             first = next(iter(tensors.values())).format(i=0)
+            if self.layout.present_layers:  # a hybrid's first attention layer need not be layer 0
+                first = next((f for f in (next(iter(tensors.values())).format(i=i) for i in range(self.dims.n_layers))
+                              if any(k.endswith(f) for k in keys)), first)
             firsts.append(first)
             prefixes = sorted({k[: -len(first)] for k in keys if k.endswith(first)}, key=len)
             prefixes = [p for p in prefixes if p == "" or p.endswith(".")]
