@@ -15,6 +15,7 @@ import torch
 
 from headrank.analysis.discover import (
     CAPTURE,
+    TINY,
     _dims_spec,
     _layer_count,
     _position,
@@ -100,7 +101,10 @@ def discover(model_type: str, overrides: dict[str, Any] | None = None) -> dict[s
     t0 = now()
     row: dict[str, Any] = {"model_type": model_type, "transformers": transformers.__version__}
     try:
-        row.update(_discover(model_type, overrides))
+        try:
+            row.update(_discover(model_type, overrides))
+        except RuntimeError:  # a module that ignores head_dim: again with head_dim = width / heads
+            row.update(_discover(model_type, {"head_dim": TINY["d"] // TINY["heads"], **(overrides or {})}))
     except KeyError as e:
         why = ("its attention does not accept a registered attention implementation: layout not confirmed"
                if CAPTURE in str(e) else one_line(f"KeyError: {e}", 200))
@@ -122,9 +126,9 @@ def _discover(model_type: str, overrides: dict[str, Any] | None) -> dict[str, An
     zeros = torch.zeros_like(ids)
     first = forward_capture(model, ids, zeros)
     if not first.calls:
-        inline = any("attention" in type(m).__name__.lower() for m in model.modules())
-        return {"status": "refused", "reason": "attention computed inline, not through transformers' attention "
-                "interface: layout not confirmed" if inline else "no softmax attention (no attention module)"}
+        if not any("attention" in type(m).__name__.lower() for m in model.modules()):
+            return {"status": "refused", "reason": "no softmax attention (no attention module)"}
+        return _discover_inline(model, cfg, ids)
     if hasattr(first.calls[0]["module"], "kv_b_proj"):
         return discover_mla(model, cfg, first, ids)
     qk_norm = _strip_qk_norms(list({id(c["module"]): c["module"] for c in first.calls}.values()))
@@ -153,4 +157,35 @@ def _discover(model_type: str, overrides: dict[str, Any] | None) -> dict[str, An
         return {"status": "refused", "reason": f"a Conv1D projection split {m.split} is not in the table"}
     row["model_type"] = model_type
     row.update(verify_row(model, cfg, row, cap, ids))
+    return row
+
+
+def _discover_inline(model: Any, cfg: Any, ids: torch.Tensor) -> dict[str, Any]:
+    """Attention computed inline: matched and checked on the module's own probabilities."""
+    from types import SimpleNamespace
+
+    from headrank.analysis.discover_inline import check_inline, discover_inline
+    from headrank.io.layouts import AttentionReader, layout_from_row
+    from headrank.io.live import LiveCheckpoint
+
+    _zero_biases(model)
+    found = discover_inline(model, cfg, ids)
+    if found["status"] != "verified":
+        return {**found, "reason": "attention computed inline, not through transformers' attention interface; "
+                + found["reason"]}
+    m = SimpleNamespace(d=found["_d"], H=found["_H"], Hkv=found["_H"], dh=found["_dh"])
+    spec = _dims_spec(m, found["_n_layers"], found["_text"].to_dict())
+    if isinstance(spec, str):
+        return {"status": "refused", "reason": spec}
+    path = [k for k in ("text_config", "decoder") if getattr(cfg, k, None) is found["_text"]]
+    row = {"model_type": cfg.model_type, "status": "verified", "split": "separate", "modules": found["modules"],
+           "config_path": path, "dims": spec, "position": _position(model, found["_text"].to_dict()),
+           "qk_norm": False, "kind": "inline (output_attentions)", "scale_fit": round(found["scale_fit"], 9),
+           "scale_times_sqrt_head_dim": round(found["scale_fit"] * math.sqrt(m.dh), 6)}
+    reader = AttentionReader(LiveCheckpoint(model, cfg.to_dict()), layout_from_row(row))
+    err = check_inline(reader, found)
+    row.update(err, layers_checked_tiny=list(reader.layer_ids))
+    if max(err.values()) >= 1e-4:
+        row.update(status="refused", reason=f"{cfg.model_type}: the per-head products miss the module's attention "
+                   f"probabilities or output by {max(err.values()):.2g} (relative): layout not confirmed")
     return row

@@ -41,7 +41,7 @@ CAPTURE = "headrank_verify"
 #: rotary embedding of q and k in float32 (round-off ~1e-7); a wrong layout misses by O(1)
 TOL = 1e-5
 _LOG: list[dict[str, Any]] = []
-MAX_TINY_PARAMS = 20_000_000
+MAX_TINY_PARAMS = 80_000_000
 
 
 def _eager(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -90,7 +90,7 @@ def known_types() -> dict[str, tuple[str, str]]:
 # tiny sizes, pairwise distinct where a config could name them (a value found names its attribute)
 TINY = {"d": 48, "heads": 6, "kv_heads": 3, "head_dim": 16, "ffn": 40, "experts": 4, "layers": 8}
 MLA_TINY = {"qk_nope_head_dim": 12, "qk_rope_head_dim": 8, "v_head_dim": 10, "kv_lora_rank": 20, "q_lora_rank": 24}
-_WIDTH = ("hidden_size", "d_model", "n_embd", "dim", "embed_dim", "n_embed", "model_dim", "hidden_dim_model")
+_WIDTH = ("emb_dim", "hidden_size", "d_model", "n_embd", "dim", "embed_dim", "n_embed", "model_dim", "hidden_dim_model")
 _HEADS = ("num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads",
           "decoder_attention_heads", "attention_heads")
 _KV = ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num", "n_kv_heads",
@@ -123,6 +123,8 @@ def _shrink(obj: Any, overrides: dict[str, Any] | None) -> None:
         for k in names:
             if isinstance(have.get(k), int) and not isinstance(have.get(k), bool):
                 sets[k] = value
+    if isinstance(have.get("rotary_dim"), int):
+        sets["rotary_dim"] = 4
     if "head_dim" in have and have["head_dim"] is None:  # derived in __post_init__, not run again
         sets["head_dim"] = TINY["d"] // TINY["heads"]
     if default_kv is not None:
@@ -235,7 +237,11 @@ def build_tiny(model_type: str, overrides: dict[str, Any] | None = None) -> tupl
     cls = getattr(transformers, cls_name)
     cfg = tiny_config(model_type, overrides)
     with torch.device("meta"):
-        n = sum(p.numel() for p in cls._from_config(cfg, attn_implementation=CAPTURE).parameters())
+        try:
+            n = sum(p.numel() for p in cls._from_config(cfg, attn_implementation=CAPTURE).parameters())
+        except AttributeError:  # a causal-LM class that takes the text config of a composite type
+            cfg = _text(cfg)
+            n = sum(p.numel() for p in cls._from_config(cfg, attn_implementation=CAPTURE).parameters())
     if n > MAX_TINY_PARAMS:
         raise HeadRankError(f"could not shrink {model_type}: its tiny instance still has {n / 1e6:.0f}M parameters")
     torch.manual_seed(0)

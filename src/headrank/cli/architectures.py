@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from typing import Annotated
 
 import typer
@@ -31,8 +32,10 @@ def architectures(
         row = run_check(check)
         keys = ("model_type", "status", "split", "modules", "position", "qk_norm", "max_logits_error",
                 "max_values_error", "max_output_error", "rotary_style", "max_band_error", "seconds", "transformers")
-        out_console.print(json.dumps({k: row.get(k) for k in keys}, indent=1) if as_json else
-                          f"{check}: verified ({row['split']}, {row['position']}, max logit error "
+        if as_json:
+            sys.stdout.write(json.dumps({k: row.get(k) for k in keys}, indent=1) + "\n")
+            return
+        out_console.print(f"{check}: verified ({row['split']}, {row['position']}, max logit error "
                           f"{row['max_logits_error']:.2g}, {row['seconds']:.1f} s, transformers {row['transformers']})")
         return
     if status not in (None, "table", "verified", "refused", "unchecked"):
@@ -41,7 +44,7 @@ def architectures(
     c = counts(recs)
     shown = [r for r in recs if status is None or r["status"] == status]
     if as_json:
-        out_console.print(json.dumps({"transformers": transformers.__version__, "counts": c, "types": shown}))
+        sys.stdout.write(json.dumps({"transformers": transformers.__version__, "counts": c, "types": shown}) + "\n")
         return
     t = Table("model_type", "task", "status", "detail")
     for r in shown:
