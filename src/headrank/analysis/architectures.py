@@ -127,6 +127,8 @@ def _discover(model_type: str, overrides: dict[str, Any] | None) -> dict[str, An
     first = forward_capture(model, ids, zeros)
     if not first.calls:
         if not any("attention" in type(m).__name__.lower() for m in model.modules()):
+            if not (overrides or {}).get("_keep_layers"):  # a hybrid's attention may lie beyond the tiny depth
+                return _discover(model_type, {**(overrides or {}), "_keep_layers": True})
             return {"status": "refused", "reason": "no softmax attention (no attention module)"}
         return _discover_inline(model, cfg, ids)
     if hasattr(first.calls[0]["module"], "kv_b_proj"):

@@ -123,6 +123,13 @@ def _shrink(obj: Any, overrides: dict[str, Any] | None) -> None:
         for k in names:
             if isinstance(have.get(k), int) and not isinstance(have.get(k), bool):
                 sets[k] = value
+    for k in _KV:
+        if k in have and have[k] is None:
+            sets[k] = TINY["heads"]
+    expand = have.get("mamba_expand") if isinstance(have.get("mamba_expand"), int) else 2
+    for heads, dim in (("mamba_n_heads", "mamba_d_head"), ("n_mamba_heads", "mamba_headdim")):
+        if isinstance(have.get(heads), int):  # state-space layers of a hybrid: heads x head dim = expand x width
+            sets.update({heads: expand * TINY["d"] // 8, dim: 8})
     if isinstance(have.get("rotary_dim"), int):
         sets["rotary_dim"] = 4
     if "head_dim" in have and have["head_dim"] is None:  # derived in __post_init__, not run again
@@ -130,7 +137,8 @@ def _shrink(obj: Any, overrides: dict[str, Any] | None) -> None:
     if default_kv is not None:
         kv = 1 if default_kv == 1 else (TINY["heads"] if default_kv == default_heads else TINY["kv_heads"])
         sets.update({k: kv for k in _KV if isinstance(have.get(k), int)})
-    n = TINY["layers"]
+    overrides = dict(overrides or {})
+    n = TINY["layers"] if not overrides.pop("_keep_layers", False) else 10**9
     for k in _LAYERS:
         if isinstance(have.get(k), int) and have[k] > n:
             sets[k] = n
@@ -357,6 +365,8 @@ def match(model: nn.Module, cap: Capture) -> list[Match] | str:
         name = names.get(id(call["module"]), "")
         where = _layer_prefix(name)
         if where is None:
+            if any(_layer_prefix(names.get(id(c["module"]), "")) for c in cap.calls):
+                continue  # an attention outside the layer stack (e.g. a final pooling): not measured
             return f"attention module {name or '?'} is not inside a numbered layer"
         layer, i = where
         kind = name[len(layer) + 1:]

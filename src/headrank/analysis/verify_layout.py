@@ -223,8 +223,9 @@ def discover_mla(model: nn.Module, cfg: Any, first: Capture, ids: torch.Tensor) 
                 o = torch.einsum("bnhe,hde->bnd", call["out"], hw.p)
                 err["output"] = max(err["output"], _rel(o, p["o_out"]))
                 continue
-            best = min((_rel(_mla_logits(hw, q_full, p, reader.dims, s), target), s.style)
-                       for s in (spec, dataclasses.replace(spec, style="interleaved" if spec.style == "half" else "half")))
+            other = dataclasses.replace(spec, style="interleaved" if spec.style == "half" else "half")
+            best = min((_rel(_mla_logits(hw, q_full, p, reader.dims, s), target), s.style if s else "none")
+                       for s in (spec, other, None))  # None: the decoupled part without rotation (NoPE)
             err["band"] = max(err["band"], best[0])
             styles.add(best[1])
     out = {**row, **{f"max_{k}_error": float(f"{v:.3g}") for k, v in err.items()},

@@ -787,8 +787,9 @@ class AttentionReader:
                 "as TransformerLens' fold_ln; norm biases (if any) and W_O untouched")
 
     def dtypes(self) -> list[str]:
-        return sorted({self.ckpt.dtype(n) for n in self.tensor_names(0).values()})
+        return sorted({self.ckpt.dtype(n) for n in self.tensor_names(self.layer_ids[0]).values()})
 
     def biases_present(self) -> list[str]:
         """Bias tensors of layer 0's attention that exist in the checkpoint (relative names)."""
-        return [b.format(i=0) for b in self.layout.biases if self.prefix + b.format(i=0) in self.ckpt]
+        i = self.layer_ids[0]
+        return [b.format(i=i) for b in self.layout.biases if self.prefix + b.format(i=i) in self.ckpt]
