@@ -23,7 +23,7 @@ def test_architectures_counts_every_type(tmp_path):
     c = data["counts"]
     assert c["types"] == len(known_types())  # every causal-LM and masked-LM type of this transformers
     assert c["measured"] + c["refused"] + c["unchecked"] == c["types"] and c["unchecked"] == 0
-    assert c["measured"] >= 140  # 142 with transformers 5.24.0 (the goal of 150 is not reached)
+    assert c["measured"] >= 140  # 145 with transformers 5.24.0 (the goal of 150 is not reached)
     by = {t["model_type"]: t for t in data["types"]}
     assert by["deepseek_v3"]["status"] == "verified" and by["llama"]["status"] == "table"
     assert by["mamba"]["status"] == "refused" and by["mamba"]["detail"]

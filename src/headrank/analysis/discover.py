@@ -235,7 +235,8 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 # -- build --------------------------------------------------------------------------------------
-def build_tiny(model_type: str, overrides: dict[str, Any] | None = None) -> tuple[nn.Module, Any]:
+def build_tiny(model_type: str, overrides: dict[str, Any] | None = None, attn: str = CAPTURE
+               ) -> tuple[nn.Module, Any]:
     """A tiny random float64 model of ``model_type`` (its causal-LM or masked-LM class), biases and
     QK-norms left as built; raises with transformers' own message when it cannot be built."""
     import transformers
@@ -246,15 +247,15 @@ def build_tiny(model_type: str, overrides: dict[str, Any] | None = None) -> tupl
     cfg = tiny_config(model_type, overrides)
     with torch.device("meta"):
         try:
-            n = sum(p.numel() for p in cls._from_config(cfg, attn_implementation=CAPTURE).parameters())
+            n = sum(p.numel() for p in cls._from_config(cfg, attn_implementation=attn).parameters())
         except AttributeError:  # a causal-LM class that takes the text config of a composite type
             cfg = _text(cfg)
-            n = sum(p.numel() for p in cls._from_config(cfg, attn_implementation=CAPTURE).parameters())
+            n = sum(p.numel() for p in cls._from_config(cfg, attn_implementation=attn).parameters())
     if n > MAX_TINY_PARAMS:
         raise HeadRankError(f"could not shrink {model_type}: its tiny instance still has {n / 1e6:.0f}M parameters")
     torch.manual_seed(0)
     with torch.device("cpu"):
-        model = cls._from_config(cfg, attn_implementation=CAPTURE, experts_implementation="eager",
+        model = cls._from_config(cfg, attn_implementation=attn, experts_implementation="eager",
                                  dtype=torch.float64)
     return model.eval(), cfg
 
@@ -399,6 +400,8 @@ def _dims_spec(m: Match, n_layers: int, have: dict[str, Any]) -> dict[str, str] 
             "n_heads": _attr(have, _HEADS, m.H)}
     spec["n_kv_heads"] = _attr(have, _KV, m.Hkv) or ("=n_heads" if m.Hkv == m.H else "=1" if m.Hkv == 1 else None)
     spec["head_dim"] = _attr(have, _HEAD_DIM, m.dh) or ("=d/n_heads" if m.d // m.H == m.dh else None)
+    if spec["n_layers"] is None and n_layers == 1:  # one layer shared by all (ALBERT): measured once
+        spec["n_layers"] = "=1"
     missing = [k for k, v in spec.items() if v is None]
     if missing:
         return f"no config field gives {missing[0]} ({m.H} heads of {m.dh} dims, width {m.d}, {n_layers} layers)"

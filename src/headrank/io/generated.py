@@ -102,10 +102,10 @@ def row_sizes(row: dict[str, Any], config: dict[str, Any]) -> dict[str, int]:
     out: dict[str, int] = {}
     for key in ("n_layers", "d", "n_heads", "n_kv_heads", "head_dim"):
         how = spec[key]
-        if how == "=n_heads":
-            val = out["n_heads"]
-        elif how == "=1":
+        if how == "=1":
             val = 1
+        elif how == "=n_heads":
+            val = out["n_heads"]
         elif how == "=d/n_heads":
             val = out["d"] // out["n_heads"]
         else:
