@@ -90,9 +90,16 @@ def test_minilm_ov_factors_reproduce_hf_per_head_value_output(hf_run, minilm_dir
 
 
 def test_unknown_model_type_lists_supported():
-    with pytest.raises(HeadRankError, match="unsupported model_type 'mamba'.*bert"):
-        layout_for({"model_type": "mamba"})
+    with pytest.raises(HeadRankError, match="unsupported model_type 'no_such_type'.*bert"):
+        layout_for({"model_type": "no_such_type"})
     assert "bert" in layout_model_types()
+
+
+def test_refused_model_type_says_why():
+    """A type whose check was refused (generated table) gives the recorded reason, one line."""
+    with pytest.raises(HeadRankError, match="model type 'mamba' is refused: no softmax attention") as e:
+        layout_for({"model_type": "mamba"})
+    assert "\n" not in str(e.value)
 
 
 def test_prefixed_checkpoint_is_found(tmp_path, minilm_dir):

@@ -135,8 +135,15 @@ def rotary_spec(config: dict[str, Any], head_dim: int) -> tuple[RotarySpec, list
         raise ValueError(f"rotary width {r} of head dim {head_dim} (base {base:g}) is not an even width in 2..{head_dim}")
     rope_type = str(fields.get("rope_type", fields.get("type", "default")))
     theta, how = _frequencies(config, model_type, r, base, rope_type)
-    style = "interleaved" if arch in INTERLEAVED else "half"
+    style = "interleaved" if arch in INTERLEAVED or _verified_style(arch) == "interleaved" else "half"
     return RotarySpec(head_dim, r, style, base, rope_type, tuple(float(t) for t in theta), how), notes
+
+
+def _verified_style(model_type: str) -> str | None:
+    """The rotary pairing a generated layout row verified for ``model_type`` (``half`` or ``interleaved``)."""
+    from headrank.io.generated import generated_rows
+
+    return generated_rows().get(model_type, {}).get("rotary_style")
 
 
 def _frequencies(config: dict[str, Any], model_type: str, r: int, base: float, rope_type: str) -> tuple[np.ndarray, str]:

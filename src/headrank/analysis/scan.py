@@ -273,6 +273,21 @@ def _stream(reader: AttentionReader, sel: list[int], tol: float, threads: int | 
             yield i, hw, metrics, row_norms
 
 
+def attention_layers(reader: AttentionReader, sel: list[int], everything: bool) -> list[int]:
+    """``sel`` restricted to the layers that have softmax attention (a hybrid's generated layout
+    reads only those; naming another layer is an error, one line)."""
+    have = getattr(reader, "layer_ids", None)
+    if have is None or len(have) == reader.dims.n_layers:
+        return sel
+    if everything:
+        return list(have)
+    missing = [i for i in sel if i not in set(have)]
+    if missing:
+        raise HeadRankError(f"layer {missing[0]} has no softmax attention; attention layers: "
+                            f"{', '.join(map(str, have[:40]))}")
+    return sel
+
+
 def parse_layers(spec: str | None, n_layers: int) -> list[int]:
     """``None`` → all; ``"0,3,5-7"`` → those layers (0-based, inclusive ranges, in range, non-empty).
 
@@ -405,7 +420,7 @@ def analyze(
                          arrays="numpy")
     dims = reader.dims
     spec = layers if layers is None or isinstance(layers, str) else ",".join(str(i) for i in layers)
-    sel = parse_layers(spec, dims.n_layers)
+    sel = attention_layers(reader, parse_layers(spec, dims.n_layers), spec is None)
     tol = float(tol)
 
     vecs = _Vectors(dims, len(sel)) if vectors else None

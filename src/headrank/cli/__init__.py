@@ -21,6 +21,7 @@ from headrank.cli import compress  # noqa: F401
 from headrank.cli import reproduce  # noqa: F401
 from headrank.cli import train  # noqa: F401
 from headrank.cli import experiments  # noqa: F401
+from headrank.cli import architectures  # noqa: F401
 
 _restore()
 __all__ = ["app", "main"]

@@ -73,6 +73,9 @@ class Dims:
     n_heads: int
     n_kv_heads: int
     head_dim: int
+    #: multi-head latent attention (``mla`` split): (qk_nope_head_dim, qk_rope_head_dim, v_head_dim,
+    #: query input width: q_lora_rank or d, kv_lora_rank); head_dim is then qk_nope_head_dim
+    mla: tuple[int, int, int, int, int] | None = None
 
     def __post_init__(self):
         for name, hi in (("n_layers", MAX_LAYERS), ("d", MAX_WIDTH), ("n_heads", MAX_HEADS),
@@ -194,15 +197,30 @@ def _split_fused_per_kv_group(raw, dims: Dims) -> HeadWeights:
                        _heads_out(_expect(raw, "o", d, H * dh), dims))
 
 
+def _split_mla(raw, dims: Dims) -> HeadWeights:
+    """Multi-head latent attention (DeepSeek-V2/V3), in latent space (docs/mla.md): W_Q,h = head h's
+    non-rotary rows of ``q_b_proj`` (or ``q_proj``), W_K,h and W_V,h = head h's key and value rows
+    of ``kv_b_proj``, P_h = head h's block of ``o_proj`` (d × v_head_dim)."""
+    assert dims.mla is not None
+    nope, rope, v, q_in, kv = dims.mla
+    H, d = dims.n_heads, dims.d
+    q = _expect(raw, "q", H * (nope + rope), q_in).reshape(H, nope + rope, q_in)
+    kvb = _expect(raw, "kv_b", H * (nope + v), kv).reshape(H, nope + v, kv)
+    o = _expect(raw, "o", d, H * v).reshape(d, H, v).permute(1, 0, 2)
+    return HeadWeights(q[:, :nope], kvb[:, :nope], kvb[:, nope:], o)
+
+
 SPLITS: dict[str, Callable[[dict[str, torch.Tensor], Dims], HeadWeights]] = {
     "separate": _split_separate,
     "fused": _split_fused,
     "conv1d_fused": _split_conv1d_fused,
     "fused_per_head": _split_fused_per_head,
     "fused_per_kv_group": _split_fused_per_kv_group,
+    "mla": _split_mla,
 }
 SPLIT_ROLES = {"separate": ("q", "k", "v", "o"), "fused": ("qkv", "o"), "conv1d_fused": ("qkv", "o"),
-               "fused_per_head": ("qkv", "o"), "fused_per_kv_group": ("qkv", "o")}
+               "fused_per_head": ("qkv", "o"), "fused_per_kv_group": ("qkv", "o"),
+               "mla": ("q", "kv_b", "o")}
 # old names still accepted in layout files (with a warning)
 SPLIT_ALIASES = {"interleaved": "fused_per_head", "grouped": "fused_per_kv_group"}
 
@@ -355,6 +373,7 @@ class Layout:
     aliases: tuple[dict[str, str], ...] = ()
     modules: Modules | None = None
     norm: Callable[[dict[str, Any]], NormSpec | None] = field(default=lambda c: None)
+    present_layers: bool = False  # generated rows: only the layers whose tensors exist (hybrids)
 
     def split_for(self, config: dict[str, Any]) -> str:
         return self.split(config) if callable(self.split) else self.split
@@ -469,10 +488,52 @@ def layout_for(config: dict[str, Any]) -> Layout:
     for lay in LAYOUTS:
         if mt in lay.model_types:
             return lay
+    found = generated_layout(config)
+    if found is not None:
+        return found
     raise HeadRankError(
         f"unsupported model_type {mt!r}; supported: {', '.join(layout_model_types())} "
         "(or describe the layout in a TOML file and pass `layout` FILE)"
     )
+
+
+def layout_from_row(row: dict[str, Any]) -> Any:
+    """A :class:`Layout` for a verified row of the generated table (:mod:`headrank.io.generated`)."""
+    mods = row["modules"]
+    suffix = ".weight"
+    tensors = {r: m + suffix for r, m in mods.items()}
+    aliases = tuple({r: m + suffix for r, m in alt.items()} for alt in row.get("alternatives", ()))
+    split = row["split"]
+
+    def dims(c: dict[str, Any]) -> Dims:
+        from headrank.io.generated import row_sizes
+
+        return Dims(**row_sizes(row, c))
+
+    norm = row.get("norm")
+    spec = NormSpec(norm["name"], norm["kind"], float(norm.get("offset", 0.0))) if isinstance(norm, dict) else None
+    if split == "mla":  # the latent norms (q_a_layernorm, kv_a_layernorm), folded by AttentionReader
+        spec = NormSpec(tensors["kv_b"].replace("kv_b_proj.weight", "kv_a_layernorm.weight"), "rmsnorm")
+    position = str(row.get("position", "none"))
+    return Layout(model_types=(row["model_type"],), tensors=tensors, dims=dims, split=split,
+                  biases=_bias_names(tensors), position=lambda c: position,
+                  qk_norm=lambda c: bool(row.get("qk_norm")), norm=lambda c: spec,
+                  present_layers=bool(row.get("sparse", True)), aliases=aliases)
+
+
+def generated_layout(config: dict[str, Any]) -> Any | None:
+    """The generated layout for ``config``'s model type (None: no verified row), or HeadRankError
+    with the recorded reason when the type was refused."""
+    from headrank.io.generated import generated_rows
+
+    mt = config.get("model_type")
+    row = generated_rows().get(str(mt)) if isinstance(mt, str) else None
+    if row is None:
+        return None
+    if row.get("status") != "verified":
+        raise HeadRankError(f"model type {mt!r} is refused: {row.get('reason', 'layout not confirmed')} "
+                            "(headrank architectures lists every type)")
+    return layout_from_row(row)
 
 
 def layout_from_toml(path: str | os.PathLike) -> Layout:
@@ -643,7 +704,16 @@ class AttentionReader:
                                   f"(config {self.ckpt.config_path})")
 
     def _check_last_layer(self) -> None:
-        """The config's layer count must match the checkpoint: its last layer must be there."""
+        """The config's layer count must match the checkpoint: its last layer must be there.
+        A generated row of a hybrid reads the layers whose attention tensors are present."""
+        if self.layout.present_layers:
+            self.layer_ids = [i for i in range(self.dims.n_layers)
+                              if all(n in self.ckpt for n in self.tensor_names(i).values())]
+            if not self.layer_ids:
+                raise HeadRankError(f"checkpoint {self.ckpt.path} has no attention layer of {self.dims.n_layers} "
+                                    f"named like {next(iter(self.tensor_names(0).values()))}")
+            return
+        self.layer_ids = list(range(self.dims.n_layers))
         last = self.dims.n_layers - 1
         missing = [n for n in self.tensor_names(last).values() if n not in self.ckpt]
         if missing:
@@ -655,6 +725,9 @@ class AttentionReader:
         firsts = []
         for tensors in (self.layout.tensors, *self.layout.aliases):
             first = next(iter(tensors.values())).format(i=0)
+            if self.layout.present_layers:  # a hybrid's first attention layer need not be layer 0
+                first = next((f for f in (next(iter(tensors.values())).format(i=i) for i in range(self.dims.n_layers))
+                              if any(k.endswith(f) for k in keys)), first)
             firsts.append(first)
             prefixes = sorted({k[: -len(first)] for k in keys if k.endswith(first)}, key=len)
             prefixes = [p for p in prefixes if p == "" or p.endswith(".")]
@@ -702,8 +775,22 @@ class AttentionReader:
                 return self.prefix + t.format(i=i)
         raise HeadRankError(f"`fold_norm`: the checkpoint has no norm gain {self.prefix + self.norm.name.format(i=i)!r}")
 
+    def _fold_mla(self, hw: HeadWeights, i: int) -> HeadWeights:
+        """MLA: the latent norms' gains, ``q_a_layernorm`` into W_Q (with a query latent) and
+        ``kv_a_layernorm`` into W_K and W_V (docs/mla.md)."""
+        names = self.tensor_names(i)
+        gq = names["q"].replace("q_b_proj.weight", "q_a_layernorm.weight")
+        gkv = names["kv_b"].replace("kv_b_proj.weight", "kv_a_layernorm.weight")
+        wq = hw.wq.to(torch.float64)
+        if gq != names["q"] and gq in self.ckpt:
+            wq = wq * self.ckpt.get(gq).to(torch.float64)
+        g = self.ckpt.get(gkv).to(torch.float64)
+        return HeadWeights(wq, hw.wk.to(torch.float64) * g, hw.wv.to(torch.float64) * g, hw.p)
+
     def _fold(self, hw: HeadWeights, i: int) -> HeadWeights:
         assert self.norm is not None
+        if self.split == "mla":
+            return self._fold_mla(hw, i)
         name = self.norm_name(i)
         g = _float64(self.ckpt.get(name)) + self.norm.offset
         if tuple(g.shape) != (self.dims.d,):
@@ -733,8 +820,9 @@ class AttentionReader:
                 "as TransformerLens' fold_ln; norm biases (if any) and W_O untouched")
 
     def dtypes(self) -> list[str]:
-        return sorted({self.ckpt.dtype(n) for n in self.tensor_names(0).values()})
+        return sorted({self.ckpt.dtype(n) for n in self.tensor_names(self.layer_ids[0]).values()})
 
     def biases_present(self) -> list[str]:
         """Bias tensors of layer 0's attention that exist in the checkpoint (relative names)."""
-        return [b.format(i=0) for b in self.layout.biases if self.prefix + b.format(i=0) in self.ckpt]
+        i = self.layer_ids[0]
+        return [b.format(i=i) for b in self.layout.biases if self.prefix + b.format(i=i) in self.ckpt]

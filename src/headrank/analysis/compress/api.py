@@ -78,6 +78,13 @@ def open_source(source: Any, verbose: bool = False, **kw: Any) -> tuple[Attentio
     compressed checkpoint is written as safetensors with Hugging Face names. transformers' own
     progress bars (its GGUF reader's among them) are silenced unless ``verbose``."""
     reader = open_reader(source, **kw)
+    if reader.split == "mla":
+        raise HeadRankError(f"compress: {reader.layout.model_types[0]!r} uses multi-head latent attention, whose heads "
+                            "share the latent projections: cutting one head's product is not supported (spectra "
+                            "measures it; docs/mla.md)")
+    if len(getattr(reader, "layer_ids", ())) != reader.dims.n_layers:
+        raise HeadRankError(f"compress: {reader.layout.model_types[0]!r} has softmax attention in only some layers "
+                            "(a hybrid): not supported (spectra measures those layers)")
     if reader.origin.get("input") != "gguf" and "gguf" not in reader.origin:
         return reader, None, None
     from headrank.models.opener import quiet_transformers
