@@ -125,7 +125,7 @@ _FUSED_TOML = ('split = "{split}"\n[tensors]\nqkv = "h.{{i}}.qkv.weight"\no = "h
 
 @pytest.mark.parametrize("old,new", [("grouped", "fused_per_kv_group"), ("interleaved", "fused_per_head")])
 def test_old_split_names_are_aliases_with_a_warning(tmp_path, old, new):
-    from headrank.io.layouts import layout_from_toml
+    from headrank.io.layout_toml import layout_from_toml
 
     p = tmp_path / "l.toml"
     p.write_text(_FUSED_TOML.format(split=old))
@@ -137,7 +137,7 @@ def test_old_split_names_are_aliases_with_a_warning(tmp_path, old, new):
 
 
 def test_toml_error_texts_name_the_table(tmp_path):
-    from headrank.io.layouts import layout_from_toml
+    from headrank.io.layout_toml import layout_from_toml
 
     p = tmp_path / "layout.toml"
     p.write_text('split = "fused"\n[tensors]\nq = "a.{i}"\nk = "b.{i}"\n[sizes]\nn_layers = 1\n')
@@ -151,7 +151,7 @@ def test_toml_error_texts_name_the_table(tmp_path):
 
 
 def test_fold_norm_from_a_toml_norm_table(tmp_path):
-    from headrank.io.layouts import layout_from_toml
+    from headrank.io.layout_toml import layout_from_toml
 
     p = tmp_path / "l.toml"
     p.write_text(_FUSED_TOML.format(split="fused") + '[norm]\nname = "h.{i}.ln.weight"\nkind = "rmsnorm"\n')

@@ -123,7 +123,7 @@ _TOML = ('split = {split}\n[tensors]\nq = "{q}"\nk = "encoder.layer.{{i}}.attent
     ('"separate"', "x.weight", "must contain {i}"),
 ])
 def test_toml_layout_schema(tmp_path, split, q, needle):
-    from headrank.io.layouts import layout_from_toml
+    from headrank.io.layout_toml import layout_from_toml
 
     p = tmp_path / "l.toml"
     p.write_text(_TOML.format(split=split, q=q))
@@ -139,7 +139,7 @@ def test_toml_layout_schema(tmp_path, split, q, needle):
     ("qk_norm = 1\n", "qk_norm must be true or false"),
 ])
 def test_toml_layout_top_level_keys(tmp_path, extra, needle):
-    from headrank.io.layouts import layout_from_toml
+    from headrank.io.layout_toml import layout_from_toml
 
     p = tmp_path / "l.toml"
     p.write_text(extra + _TOML.format(split='"separate"', q="encoder.layer.{i}.attention.self.query.weight"))
@@ -148,7 +148,7 @@ def test_toml_layout_top_level_keys(tmp_path, extra, needle):
 
 
 def test_toml_sizes_are_integers(tmp_path):
-    from headrank.io.layouts import layout_from_toml
+    from headrank.io.layout_toml import layout_from_toml
 
     p = tmp_path / "l.toml"
     good = _TOML.format(split='"separate"', q="encoder.layer.{i}.attention.self.query.weight")

@@ -31,7 +31,8 @@ from typing import Any
 
 from headrank.errors import HeadRankError
 from headrank.io.checkpoint import SHIPPED, Checkpoint, Located, locate
-from headrank.io.layouts import AttentionReader, Layout, layout_from_toml
+from headrank.io.layout_toml import layout_from_toml
+from headrank.io.layouts import AttentionReader, Layout
 from headrank.io.tensor_source import BaseCheckpoint
 
 
