@@ -198,3 +198,13 @@ def test_importing_headrank_is_light():
             "print(sorted(m for m in ('torch', 'pandas', 'matplotlib') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_factored_compress_output_is_refused_in_one_line(tmp_path):
+    """spectra of compress's factored output (shrunk tensors under the uncut config) names what to do."""
+    from headrank.io.sources import open_reader
+
+    (tmp_path / "config.json").write_text('{"model_type": "bert"}')
+    (tmp_path / "factored.json").write_text("{}")
+    with pytest.raises(HeadRankError, match="factored compress output.*load_compressed"):
+        open_reader(str(tmp_path))

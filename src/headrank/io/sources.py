@@ -141,6 +141,10 @@ def _open_path(source: str | os.PathLike, *, config: Any, layout: Layout | None,
                         "cache": str(hub.cache_dir())}
     if adapter:
         return _open_adapter(loc, base, delta=delta, layout=layout, fold_norm=fold_norm, extra=extra)
+    if loc.given.is_dir() and (loc.given / "factored.json").is_file():
+        raise HeadRankError(f"{loc.given} is a factored compress output (factored.json): its attention tensors keep "
+                            "only the kept dimensions; load it with headrank.load_compressed, or measure a cut written "
+                            "with compress `format` dense")
     gguf_file = _gguf_in(loc.given)
     if gguf_file is not None:
         from headrank.io.gguf import GGUFCheckpoint, gguf_origin
