@@ -366,7 +366,13 @@ def measured_from_data(measured, data):
     for r in data["path_enumeration"]:  # C(L, k) H^k paths of length k: counted here, not by the package
         assert r["counts"] == [math.comb(r["layers"], k) * r["heads"] ** k for k in range(r["layers"] + 1)]
     geo = {k: np.exp(np.log(np.maximum(np.asarray(v, float), 1e-300)).mean(0)) for k, v in data["primary_by_seq"].items()}
-    for q in measured["collapse.mlp_lipschitz"]["points"]:
+    lip = measured["collapse.mlp_lipschitz"]
+    for cell in lip["cells"].values():  # the dose-response: rho from the recorded residuals, here
+        if cell.get("rho") is not None:
+            from scipy.stats import spearmanr
+
+            assert cell["rho"] == pytest.approx(spearmanr(cell["scales"], cell["log10 residual"]).statistic)
+    for q in lip["minilm_layers"]["points"]:
         i, L = q["init"], q["layer"]
         want = np.log10(geo[f"{i}/mlp"][L] / geo[f"{i}/mlp"][L - 1] * geo[f"{i}/pure"][L - 1] / geo[f"{i}/pure"][L])
         assert q["slowing (log10)"] == pytest.approx(want, rel=1e-9)

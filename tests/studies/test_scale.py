@@ -175,8 +175,8 @@ def measured_from_data(claims, data, p=P):
     assert len(x) == len(p.adamw_grid)
     assert adamw["slope d log|W| / d log(eta/lam)"] == pytest.approx(np.polyfit(np.log(x), np.log(y), 1)[0], rel=1e-9)
     for c in claims:  # exposure = lam * eta * steps; needed: 3 time constants, (1 - momentum) each for SGD
-        if c.kind == "identity":
-            assert c.exposure is None
+        if c.kind == "identity" or c.exposure is None:  # algebra, and Dar's findings about fixed networks
+            assert c.kind == "identity" or c.name in NO_EXPOSURE, c.name
             continue
         sgd = c.name != "scale.adamw_norm_scaling"
         assert c.exposure["needed"] == pytest.approx(3 * (1 - p.momentum) if sgd else 3.0)
@@ -184,6 +184,10 @@ def measured_from_data(claims, data, p=P):
             lam, eta = (float(w.split("=")[1]) for w in key.split()[1:3])
             assert got == pytest.approx(lam * eta * p.steps), (c.name, key)
 
+
+# Dar's findings that record no decay exposure: scale.homogeneous measures a fixed network; the two
+# loss comparisons compare the test losses at the end of runs of equal length
+NO_EXPOSURE = {"scale.homogeneous", "scale.optimal_loss_unchanged", "scale.free_to_overfit"}
 
 @pytest.mark.slow
 def test_reproduction_quick_and_replot(tmp_path):
