@@ -67,8 +67,12 @@ def test_unsupported_model_type_exit_2(tmp_path, minilm_dir):
     shutil.copy(minilm_dir / "model.safetensors", tmp_path)
     cfg = json.loads((minilm_dir / "config.json").read_text()) | {"model_type": "mamba"}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
+    r = run("spectra", str(tmp_path))  # refused with the reason discovery recorded for it
+    assert r.returncode == 2 and "model type 'mamba' is refused: no softmax attention" in r.stderr
+    cfg["model_type"] = "no_such_model"  # a type transformers does not know
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
     r = run("spectra", str(tmp_path))
-    assert r.returncode == 2 and "unsupported model_type 'mamba'" in r.stderr
+    assert r.returncode == 2 and "no_such_model" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
 def test_failed_run_keeps_earlier_output_intact(tmp_path, minilm_dir):
