@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-import transformers as tf
 from torch import nn
 
-from headrank.analysis.discover import known_types, tiny_config
+from headrank.analysis.discover import auto_class, known_types, tiny_config
 from headrank.io.generated import generated_rows
 from headrank.io.layouts import AttentionReader, layout_for, layout_from_row, layout_model_types
 from headrank.io.live import LiveCheckpoint
@@ -32,10 +31,10 @@ MORE = ["qwen2_moe", "glm4_moe", "exaone4", "seed_oss", "apertus", "hunyuan_v1_m
 
 
 def _tiny(mt: str, overrides=None):
-    cls = getattr(tf, known_types()[mt][1])
     cfg = tiny_config(mt, overrides)
     torch.manual_seed(0)
-    model = cls._from_config(cfg, attn_implementation="eager", experts_implementation="eager", dtype=torch.float64)
+    model = auto_class(mt).from_config(cfg, attn_implementation="eager", experts_implementation="eager",
+                                       dtype=torch.float64)
     with torch.no_grad():
         for n, p in model.named_parameters():
             if n.endswith("bias"):

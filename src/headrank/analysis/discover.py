@@ -80,7 +80,9 @@ def _register() -> None:
 # -- model types --------------------------------------------------------------------------------
 def known_types() -> dict[str, tuple[str, str]]:
     """Every causal-LM and masked-LM model type of the installed transformers: ``type → (task, class)``."""
-    from transformers.models.auto import modeling_auto as ma
+    # the auto classes' name tables: public constants (no underscore) that name each type's class
+    # without importing every model's module, as transformers.MODEL_FOR_*_MAPPING would
+    import transformers.models.auto.modeling_auto as ma
 
     out: dict[str, tuple[str, str]] = {}
     for task, mapping in (("masked-lm", ma.MODEL_FOR_MASKED_LM_MAPPING_NAMES),
@@ -242,25 +244,30 @@ def build_tiny(model_type: str, overrides: dict[str, Any] | None = None, attn: s
                ) -> tuple[nn.Module, Any]:
     """A tiny random float64 model of ``model_type`` (its causal-LM or masked-LM class), biases and
     QK-norms left as built; raises with transformers' own message when it cannot be built."""
-    import transformers
-
     _register()
-    task, cls_name = known_types()[model_type]
-    cls = getattr(transformers, cls_name)
+    auto = auto_class(model_type)
     cfg = tiny_config(model_type, overrides)
     with torch.device("meta"):
         try:
-            n = sum(p.numel() for p in cls._from_config(cfg, attn_implementation=attn).parameters())
+            n = sum(p.numel() for p in auto.from_config(cfg, attn_implementation=attn).parameters())
         except AttributeError:  # a causal-LM class that takes the text config of a composite type
             cfg = _text(cfg)
-            n = sum(p.numel() for p in cls._from_config(cfg, attn_implementation=attn).parameters())
+            n = sum(p.numel() for p in auto.from_config(cfg, attn_implementation=attn).parameters())
     if n > MAX_TINY_PARAMS:
         raise HeadRankError(f"could not shrink {model_type}: its tiny instance still has {n / 1e6:.0f}M parameters")
     torch.manual_seed(0)
     with torch.device("cpu"):
-        model = cls._from_config(cfg, attn_implementation=attn, experts_implementation="eager",
-                                 dtype=torch.float64)
+        model = auto.from_config(cfg, attn_implementation=attn, experts_implementation="eager", dtype=torch.float64)
     return model.eval(), cfg
+
+
+def auto_class(model_type: str) -> Any:
+    """transformers' public auto class of ``model_type``'s task (:func:`known_types`): its
+    ``from_config`` builds the type's causal-LM or masked-LM class from a config."""
+    import transformers
+
+    task = known_types()[model_type][0]
+    return transformers.AutoModelForCausalLM if task == "causal-lm" else transformers.AutoModelForMaskedLM
 
 
 
@@ -461,5 +468,5 @@ def now() -> float:
     return time.perf_counter()
 
 
-__all__ = ["CAPTURE", "Capture", "HeadRankError", "build_tiny", "forward_capture", "known_types", "now",
+__all__ = ["CAPTURE", "Capture", "HeadRankError", "auto_class", "build_tiny", "forward_capture", "known_types", "now",
            "one_line", "tiny_config"]
