@@ -284,14 +284,14 @@ def layer_tensors(layer: Layer, reader: AttentionReader, plan: Plan, cuts: dict[
     """The tensors of one cut layer: zero-padded to the stored shapes, or (``factored``) only
     the kept dimensions (:func:`.kept.kept_tensors`), with the rows of compress.json."""
     shapes = {r: tuple(t.shape) for r, t in layer.raw.items()}
-    padded = {p: c.padded(reader.dims.head_dim) for p, c in cuts.items()}
+    padded = lambda: {p: c.padded(reader.dims.head_dim) for p, c in cuts.items()}  # noqa: E731
     biases = _biases(reader, layer, shapes, padded, rot)
     if factored:
         from headrank.analysis.compress.kept import kept_tensors
 
         tensors, entries = kept_tensors(layer.names, layer.raw, cuts, biases, reader.dims)
     else:
-        new = _replace(layer.hw, padded)
+        new = _replace(layer.hw, padded())
         tensors = {layer.names[r]: t.to(layer.raw[r].dtype) for r, t in
                    join(reader.split, shapes, reader.dims, new).items() if not _same(t, layer.raw[r])}
         tensors.update(biases)
@@ -328,11 +328,13 @@ def _bias_names(reader: AttentionReader, i: int) -> dict[str, str]:
 
 
 def _biases(reader: AttentionReader, layer: Layer, shapes: dict[str, tuple[int, ...]],
-            cuts: dict[str, Any], rot: tuple | None) -> dict[str, torch.Tensor]:
-    """The layer's new bias vectors by full name, in their stored dtypes (``cuts`` padded)."""
+            padded: Callable[[], dict[str, Any]], rot: tuple | None) -> dict[str, torch.Tensor]:
+    """The layer's new bias vectors by full name, in their stored dtypes (``padded``: the cuts
+    zero-padded to dh columns, made only where there are biases)."""
     names, hw = layer.bias_names, layer.hw
     if not [r for r in names if r != "o"]:
         return {}
+    cuts = padded()
     raw = {r: layer.biases[r].to(torch.float64) for r in names}
     per_head = split_biases(reader.split, shapes, reader.dims, raw)
     per_head["o"] = raw.get("o")

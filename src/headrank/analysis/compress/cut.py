@@ -160,9 +160,10 @@ def _times(F: torch.Tensor, M: torch.Tensor, wd: torch.dtype, workers: int, devi
     M = M.to(wd)
     if device is not None:
         return (F.to(device=device, dtype=wd) @ M.to(device)).cpu()
+    out = torch.empty(*F.shape[:-1], M.shape[-1], dtype=wd)
     spans = [slice(a, a + UNITS_PER_TASK) for a in range(0, F.shape[0], UNITS_PER_TASK)]
-    parts = parallel_map(lambda s: F[s].to(wd) @ M[s], spans, workers)
-    return torch.cat(parts) if len(parts) > 1 else parts[0]
+    parallel_map(lambda s: torch.matmul(F[s].to(wd), M[s], out=out[s]), spans, workers)
+    return out
 
 
 def _from_basis(X: torch.Tensor, S: torch.Tensor, k: torch.Tensor, L: torch.Tensor | None, b: Basis,

@@ -37,7 +37,7 @@ def kept_tensors(names: dict[str, str], raw: dict[str, torch.Tensor], cuts: dict
         b = w[: -len(".weight")] + ".bias"
         f = getattr(cuts[product], side).to(raw[role].dtype)
         F = f.reshape(-1, dims.d, f.shape[-1])  # (heads of this role, d, w): column j of head n is its dim j
-        live = (F != 0).any(1)
+        live = F.abs().amax(1) != 0  # a non-zero in the column (NaN too), as factor_layer's (t != 0).any()
         if F.shape[-1] < dh:
             live = torch.nn.functional.pad(live, (0, dh - F.shape[-1]))
         bias = out.get(b) if mode == "rows" else None
@@ -50,8 +50,17 @@ def kept_tensors(names: dict[str, str], raw: dict[str, torch.Tensor], cuts: dict
         head, dim = idx // dh, idx % dh
         if dim.numel() and int(dim.max()) >= F.shape[-1]:  # a dimension kept for its bias alone
             F = torch.nn.functional.pad(F, (0, dh - F.shape[-1]))
-        out[w] = F.permute(0, 2, 1)[head, dim] if mode == "rows" else F.permute(1, 0, 2)[:, head, dim]
+        out[w] = F.permute(0, 2, 1)[head, dim] if mode == "rows" else _columns(F, live, head, dim)
         if bias is not None:
             out[b] = bias.index_select(0, idx)
         entries[w[: -len(".weight")]] = {"keep": mode, "features": int(live.numel()), "index": ranges(idx)}
     return out, entries
+
+
+def _columns(F: torch.Tensor, live: torch.Tensor, head: torch.Tensor, dim: torch.Tensor) -> torch.Tensor:
+    """The kept columns ``(d, Σ)`` of the heads' ``F`` ``(H, d, w)``: where each head keeps its
+    first ``c_h`` dimensions (the usual case: the first k), one copy of the slices; else a gather."""
+    c = live.sum(1)
+    if bool((live == (torch.arange(live.shape[1]) < c[:, None])).all()) and int(c.max()) <= F.shape[-1]:
+        return torch.cat([F[h, :, :n] for h, n in enumerate(c.tolist())], 1)
+    return F.permute(1, 0, 2)[:, head, dim]
