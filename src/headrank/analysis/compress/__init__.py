@@ -267,8 +267,7 @@ def _write(reader, live, plan: Plan, stage: Path, opts: dict[str, Any], fmt: _Fo
     dtype = torch.bfloat16 if live is not None and fmt() == "factored" else None  # GGUF: never float32 by accident
     writer, rows, manifest = ShardWriter(stage, dtype=dtype), [], {}
     fresh = _fresh_reads(reader)
-    for lc in cut_layers(reader, plan, lambda d, t: tell(d, t, "cutting"), opts["threads"],
-                         lambda: fmt() == "factored"):
+    for lc in cut_layers(reader, plan, tell, opts["threads"], lambda: fmt() == "factored"):
         manifest.update(lc.entries)
         for name, t in lc.tensors.items():
             writer.add(name, t, dense_numel=_dense_numel(reader, name, t), owned=True)
@@ -296,7 +295,18 @@ def _write(reader, live, plan: Plan, stage: Path, opts: dict[str, Any], fmt: _Fo
         side.append("config.json")
     result = CompressResult(summary(reader, plan, rows, notes, files + [s for s in side if s not in files]))
     result["checkpoint"] = writer.report(opts["format"])
+    result["compute"] = _compute(plan, opts["threads"])
     return result
+
+
+def _compute(plan: Plan, threads: int) -> dict[str, Any]:
+    """compress.json's ``compute``: where the arithmetic ran, with how many threads."""
+    on = plan.device or "cpu"
+    return {"device": on, "threads": threads,
+            "linalg": (f"torch float64 on {on} (Grams, Cholesky, QR, core SVDs, cut GEMMs)" if plan.device else
+                       "CPU: roots by numpy float64 LAPACK (Grams by BLAS dsyrk, Cholesky, QR), core SVDs by torch "
+                       "float64, cut GEMMs in float32 for a 16-bit checkpoint (float64 otherwise)"),
+            "passes": 1 if plan.streamed else 2}
 
 
 def _fresh_reads(reader) -> bool:

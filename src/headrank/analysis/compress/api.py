@@ -371,24 +371,26 @@ def _rows(i: int, plan: Plan, cuts: dict[str, Any], reader: AttentionReader) -> 
     return rows
 
 
-def cut_layers(reader: AttentionReader, plan: Plan, progress: Callable[[int, int], None] | None = None,
+def cut_layers(reader: AttentionReader, plan: Plan, progress: Callable[[int, int, str], None] | None = None,
                threads: int = 1, factored: bool | Callable[[], bool] = False) -> Iterator[LayerCut]:
     """Pass 2 (a streamed plan: the one pass), layer by layer, the next layer read meanwhile:
-    a :class:`LayerCut` per cut layer. ``factored``: the factored format's tensors (a callable:
-    asked when the first layer's cut is done)."""
+    a :class:`LayerCut` per cut layer. ``progress(done, total, phase)``: after each layer's
+    spectra (a streamed plan) and cut. ``factored``: the factored format's tensors (a callable:
+    asked once the first layer's cut is done)."""
     todo = plan.cut_layers(reader.dims.n_layers)
     n = len(todo)
+    tell = progress or (lambda *a: None)
     sv: dict[str, list[torch.Tensor]] = {p: [] for p in plan.products}
     with torch_threads(1):  # the workers share the units, one torch thread each
         for j, layer in enumerate(stream_layers(reader, todo)):
             if plan.streamed:
                 _choose_layer(plan, layer, sv, threads)
+                tell(j + 1, n, "spectra")
             cuts, rot = cut_products(layer, plan, 0 if plan.streamed else j, threads)
             fmt = factored() if callable(factored) else factored
             yield layer_tensors(layer, reader, plan, cuts, rot, fmt)
             del layer, cuts
-            if progress:
-                progress(j + 1 if plan.streamed else n + j + 1, n if plan.streamed else 2 * n)
+            tell(*((j + 1, n) if plan.streamed else (n + j + 1, 2 * n)), "cutting")
     if plan.streamed:
         plan.spectra = {p: torch.stack(v) for p, v in sv.items()}
         plan.ranks = choose(plan.rule, plan.spectra, plan.cost, reader.dims.head_dim)

@@ -113,7 +113,8 @@ def basis_from_roots(Rx: torch.Tensor, Rs: torch.Tensor, workers: int = 1, devic
         Rx, Rs = Rx.to(device), Rs.to(device)
     if Rx.shape[-2] != Rx.shape[-1] or Rs.shape[-2] != Rs.shape[-1]:
         return Basis(torch.linalg.svdvals(Rx @ Rs.mT))
-    spans = [slice(a, a + UNITS_PER_TASK) for a in range(0, Rx.shape[0], UNITS_PER_TASK)]
+    per = UNITS_PER_TASK if device is None else max(1, Rx.shape[0])  # a device: the whole layer at once
+    spans = [slice(a, a + per) for a in range(0, Rx.shape[0], per)]
     parts = parallel_map(lambda s: _basis_part(Rx[s], Rs[s]), spans, workers)
     if not all(ok for ok, _ in parts):  # one unit not well-conditioned: the layer's cut takes the QR route
         return Basis(torch.linalg.svdvals(Rx @ Rs.mT))
