@@ -232,3 +232,51 @@ def test_a_model_type_transformers_does_not_build(bf16_dir, tmp_path):
     with pytest.raises(HeadRankError, match="use `format` dense"):
         compress(str(src), tmp_path / "f", rank=2, layout=layout, format="factored")
     assert not (tmp_path / "f").exists()
+
+
+# -- shards written in the background -------------------------------------------------------
+def test_shards_written_in_the_background_hold_the_single_files_tensors(bf16_dir, tmp_path, monkeypatch):
+    """Shards of a few KiB (each written by the background thread while the next fills): the
+    same tensors as one file, an index naming them, and load_compressed gives the same logits."""
+    from safetensors import safe_open
+
+    import headrank.analysis.compress.write as w
+
+    one = compress(str(bf16_dir), tmp_path / "one", rank=3)
+    monkeypatch.setattr(w, "SHARD_BYTES", 12_000)
+    many = compress(str(bf16_dir), tmp_path / "many", rank=3)
+    shards = [f for f in many["files"] if f.endswith(".safetensors")]
+    assert len(shards) > 3 and "factored-model.safetensors.index.json" in many["files"]
+    ref = load_file(str(tmp_path / "one" / "factored-model.safetensors"))
+    got = {}
+    for f in shards:
+        with safe_open(str(tmp_path / "many" / f), "pt") as h:
+            got.update({k: h.get_tensor(k) for k in h.keys()})
+    assert got.keys() == ref.keys() and all(torch.equal(got[k], ref[k]) for k in ref)
+    assert one["checkpoint"]["bytes_uncut"] > 0 and many["totals"] == one["totals"]
+    ids = torch.tensor([[3, 14, 15, 9, 26, 53]])
+    with torch.no_grad():
+        a = hc.load_compressed(tmp_path / "one", dtype=torch.float64)(input_ids=ids).logits
+        b = hc.load_compressed(tmp_path / "many", dtype=torch.float64)(input_ids=ids).logits
+    assert torch.equal(a, b)
+
+
+def test_a_background_write_that_fails_is_one_line_and_nothing_written(bf16_dir, tmp_path, monkeypatch):
+    import safetensors.torch
+    from safetensors import SafetensorError
+
+    import headrank.analysis.compress.write as w
+
+    real, calls = safetensors.torch.save_file, []
+
+    def second_fails(tensors, path, metadata=None):
+        calls.append(path)
+        if len(calls) == 2:
+            raise SafetensorError("Error while serializing: IoError(Os { code: 28, kind: StorageFull }) (os error 28)")
+        return real(tensors, path, metadata=metadata)
+
+    monkeypatch.setattr(w, "SHARD_BYTES", 12_000)
+    monkeypatch.setattr(safetensors.torch, "save_file", second_fails)
+    r = CliRunner().invoke(app, ["compress", str(bf16_dir), "--out", str(tmp_path / "o"), "--rank", "2"])
+    assert r.exit_code == 2 and "no space left on the device" in r.output and r.output.count("\n") == 1, r.output
+    assert len(calls) == 2 and not (tmp_path / "o").exists()

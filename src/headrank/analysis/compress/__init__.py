@@ -267,24 +267,27 @@ def _write(reader, live, plan: Plan, stage: Path, opts: dict[str, Any], fmt: _Fo
     dtype = torch.bfloat16 if live is not None and fmt() == "factored" else None  # GGUF: never float32 by accident
     writer, rows, manifest = ShardWriter(stage, dtype=dtype), [], {}
     fresh = _fresh_reads(reader)
-    for lc in cut_layers(reader, plan, tell, opts["threads"], lambda: fmt() == "factored"):
-        manifest.update(lc.entries)
-        for name, t in lc.tensors.items():
-            writer.add(name, t, dense_numel=_dense_numel(reader, name, t), owned=True)
-        for name, t in lc.same.items():
-            writer.add(name, t, owned=fresh)
-        rows += lc.rows
-    factored = fmt() == "factored"
+    try:
+        for lc in cut_layers(reader, plan, tell, opts["threads"], lambda: fmt() == "factored"):
+            manifest.update(lc.entries)
+            for name, t in lc.tensors.items():
+                writer.add(name, t, dense_numel=_dense_numel(reader, name, t), owned=True)
+            for name, t in lc.same.items():
+                writer.add(name, t, owned=fresh)
+            rows += lc.rows
+        factored = fmt() == "factored"
+        writer.stem = STEM if factored else "model"
+        skip = _tied(live) if live is not None else set()
+        names = [n for n in (live.state_dict() if live is not None else reader.ckpt.keys()) if n not in skip]
+        for j, name in enumerate(names):
+            if name not in writer.names:
+                writer.add(name, reader.ckpt.get(name), owned=fresh)
+            tell(j + 1, len(names), "writing")
+        reader.ckpt.release()
+        files = writer.finish()
+    finally:
+        writer.close()
     notes += [fmt.note] if fmt.note else []
-    writer.stem = STEM if factored else "model"
-    skip = _tied(live) if live is not None else set()
-    names = [n for n in (live.state_dict() if live is not None else reader.ckpt.keys()) if n not in skip]
-    for j, name in enumerate(names):
-        if name not in writer.names:
-            writer.add(name, reader.ckpt.get(name), owned=fresh)
-        tell(j + 1, len(names), "writing")
-    reader.ckpt.release()
-    files = writer.finish()
     if factored:
         write_json(stage / MANIFEST, {"format": FORMAT, "version": 1, "modules": manifest})
         files.append(MANIFEST)
