@@ -19,7 +19,6 @@ import torch
 from headrank.analysis.compress import rotary_cut
 from headrank.analysis.compress.cut import (
     CUT_ORDER,
-    Basis,
     cut_biases,
     cut_unit,
     join,
@@ -140,7 +139,7 @@ class Plan:
     whiten: dict[int, torch.Tensor] | None = None
     rotary: Any = None  # RotarySpec: QK cut by whole bands (+ the non-rotary part)
     layers: tuple[int, ...] | None = None  # the layers cut (ranks[p][j] is layers[j]'s); None: all
-    bases: dict[str, list[Basis | None]] | None = None  # pass 1's SVDs per product and cut layer
+    bases: dict[str, list[Any]] | None = None  # pass 1's Basis (rotary QK: items) per product and cut layer
     streamed: bool = False
     device: str | None = None  # a torch device for the roots, SVDs and GEMMs; None: the CPU route
 
@@ -158,6 +157,13 @@ class Layer:
     hw: HeadWeights
     bias_names: dict[str, str]
     biases: dict[str, torch.Tensor]
+    _qk: Any = None
+
+    def qk64(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """:func:`.rotary_cut.groups` of this layer, made once (a rotary QK's spectra, cut, biases)."""
+        if self._qk is None:
+            self._qk = rotary_cut.groups(self.hw)
+        return self._qk
 
 
 def read_layer(reader: AttentionReader, i: int) -> Layer:
@@ -214,7 +220,7 @@ def make_plan(reader: AttentionReader, rule: Rule, products: tuple[str, ...],
     if stream and rule.kind in ("keep", "rank"):
         return Plan(rule, products, {}, {}, cost, whiten, spec, sel, None, True, device)
     sv: dict[str, list[torch.Tensor]] = {p: [] for p in products}
-    bases: dict[str, list[Basis | None]] = {p: [] for p in products}
+    bases: dict[str, list[Any]] = {p: [] for p in products}
     with torch_threads(1):  # the workers share the heads, one torch thread each
         for j, layer in enumerate(stream_layers(reader, todo)):
             for p, (s, b) in _spectra(layer, products, whiten, spec, threads, device).items():
@@ -228,13 +234,14 @@ def make_plan(reader: AttentionReader, rule: Rule, products: tuple[str, ...],
 
 
 def _spectra(layer: Layer, products: tuple[str, ...], whiten: dict[int, torch.Tensor] | None, spec: Any,
-             threads: int, device: str | None) -> dict[str, tuple[torch.Tensor, Basis | None]]:
-    """Per product, the units' spectra of one layer and the :class:`Basis` the cut uses (None
-    for a rotary QK, cut by whole bands)."""
+             threads: int, device: str | None) -> dict[str, tuple[torch.Tensor, Any]]:
+    """Per product, the units' spectra of one layer and what the cut uses: the :class:`~.cut.Basis`,
+    or for a rotary QK (cut by whole bands) :func:`.rotary_cut.items`."""
     out = {}
     for p in products:
-        if p == "qk" and spec is not None:
-            out[p] = (rotary_cut.items(layer.hw, spec)[0], None)
+        if p == "qk" and spec is not None:  # the items (pseudo-spectrum, tags) kept for the cut
+            found = rotary_cut.items(layer.hw, spec, layer.qk64())
+            out[p] = (found[0], found)
             continue
         b = unit_basis(layer.hw, p, None if whiten is None else whiten[layer.i], workers=threads, device=device)
         out[p] = (b.sv.cpu(), b)
@@ -266,9 +273,10 @@ def cut_products(layer: Layer, plan: Plan, j: int, threads: int = 1) -> tuple[di
     cuts, rot = {}, None
     for p in plan.products:
         if p == "qk" and plan.rotary is not None:
+            found = plan.bases[p][j] if plan.bases is not None else None
             with torch_threads(threads):
-                cuts[p], keep, part = rotary_cut.cut(layer.hw, plan.rotary, plan.ranks[p][j])
-            rot = (plan.rotary, keep, part)
+                cuts[p], keep, part = rotary_cut.cut(layer.hw, plan.rotary, plan.ranks[p][j], found, layer.qk64())
+            rot = (plan.rotary, keep, part, layer.qk64())
             continue
         X, S = unit_factors(layer.hw, p)
         L = None if plan.whiten is None else plan.whiten[layer.i]
@@ -340,7 +348,8 @@ def _biases(reader: AttentionReader, layer: Layer, shapes: dict[str, tuple[int, 
     per_head["o"] = raw.get("o")
     new, _ = cut_biases(hw, per_head, {p: c for p, c in cuts.items() if rot is None or p != "qk"})
     if rot is not None:
-        new["q"], new["k"] = rotary_cut.biases(hw, *rot, per_head["q"], per_head["k"])
+        spec, keep, part, qk = rot
+        new["q"], new["k"] = rotary_cut.biases(hw, spec, keep, part, per_head["q"], per_head["k"], qk)
     filled = {r: (new[r] if new[r] is not None else torch.zeros_like(per_head_zero)) for r, per_head_zero in
               (("q", hw.wq[..., 0]), ("k", hw.wk[..., 0]), ("v", hw.wv[..., 0]))}
     joined = join_biases(reader.split, shapes, reader.dims, {r: t.to(torch.float64) for r, t in filled.items()})
