@@ -65,7 +65,9 @@ def cut(hw: HeadWeights, spec: RotarySpec, k: torch.Tensor, found: tuple[torch.T
     """The rotary-safe QK cut keeping ``k[u]`` directions of every unit: the whole-QK
     :class:`UnitCut` (k = dims kept), the kept-band mask ``(Hkv, n_bands)`` and the non-rotary
     part's own cut (None without one). ``found``: :func:`items` of this layer, when the ranks
-    were chosen on it (not computed again); ``qk``: :func:`groups` of ``hw``."""
+    were chosen on it (not computed again); ``qk``: :func:`groups` of ``hw``. Without a
+    non-rotary part the cut factors are the stored weights with the dropped rows zeroed, in
+    the stored dtype (exactly the float64 ones rounded back)."""
     wq0, wk0 = qk if qk is not None else groups(hw)
     sv, tag = found if found is not None else items(hw, spec, (wq0, wk0))
     top = torch.arange(sv.shape[-1]) < k[:, None]
@@ -76,30 +78,35 @@ def cut(hw: HeadWeights, spec: RotarySpec, k: torch.Tensor, found: tuple[torch.T
     a, b = (torch.from_numpy(i) for i in spec.pairs())
     drop = torch.zeros(wk0.shape[:2], dtype=torch.bool)
     drop[:, a], drop[:, b] = ~keep, ~keep
-    wq, wk = wq0 * ~drop[:, None, :, None], wk0 * ~drop[..., None]
-    part = None
-    p = torch.from_numpy(spec.pass_dims())
-    if len(p):
-        k_p = (top & (tag < 0)).sum(-1)
-        X, S = _pass_factors(wq, wk, p)
-        part = cut_unit(X, S, k_p, "qk")
-        Hkv, g, _, d = wq.shape
-        wq[:, :, p, :] = part.X.reshape(Hkv, g, d, len(p)).mT
-        wk[:, p, :] = part.S.mT
     if hw.wq.is_contiguous() and hw.wk.is_contiguous():  # the float64 copies, laid out as unit_factors' would be
         X0, S0 = wq0.mT.reshape(wq0.shape[0], -1, wq0.shape[2]), wk0.mT
     else:
         X0, S0 = (t.to(torch.float64) for t in unit_factors(hw, "qk"))
-    X1, S1 = wq.mT.reshape(X0.shape), wk.mT
-    dims = 2 * keep.sum(-1) + (part.k if part is not None else 0)
-    if part is not None:
-        err, norm = diff_norm(X0, S0, X1, S1), diff_norm(X0, S0)
-    else:  # M − M_k = X0[:, D] S0[:, D]ᵀ over the dropped dimensions D: from the Grams ‖M‖ needs anyway
+    p = torch.from_numpy(spec.pass_dims())
+    if not len(p):  # M − M_k = X0[:, D] S0[:, D]ᵀ over the dropped dimensions D: from the Grams ‖M‖ needs anyway
         both = (X0.mT @ X0) * (S0.mT @ S0)
-        d = drop.to(torch.float64)
-        norm = both.sum((-2, -1)).clamp_min(0).sqrt()
-        err = (both * d[:, :, None] * d[:, None, :]).sum((-2, -1)).clamp_min(0).sqrt()
-    return UnitCut(X1, S1, dims, sv, err, norm), keep, part
+        dd = drop.to(torch.float64)
+        err = (both * dd[:, :, None] * dd[:, None, :]).sum((-2, -1)).clamp_min(0).sqrt()
+        X1, S1 = _zeroed(hw, drop)
+        return UnitCut(X1, S1, 2 * keep.sum(-1), sv, err, both.sum((-2, -1)).clamp_min(0).sqrt()), keep, None
+    wq, wk = wq0 * ~drop[:, None, :, None], wk0 * ~drop[..., None]
+    X, S = _pass_factors(wq, wk, p)
+    part = cut_unit(X, S, (top & (tag < 0)).sum(-1), "qk")
+    Hkv, g, _, d = wq.shape
+    wq[:, :, p, :] = part.X.reshape(Hkv, g, d, len(p)).mT
+    wk[:, p, :] = part.S.mT
+    X1, S1 = wq.mT.reshape(X0.shape), wk.mT
+    err, norm = diff_norm(X0, S0, X1, S1), diff_norm(X0, S0)
+    return UnitCut(X1, S1, 2 * keep.sum(-1) + part.k, sv, err, norm), keep, part
+
+
+def _zeroed(hw: HeadWeights, drop: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The QK factors ``X (Hkv, g·d, dh)``, ``S (Hkv, d, dh)`` with the ``drop`` dimensions
+    ``(Hkv, dh)`` zeroed, in the stored dtype."""
+    Hkv, dh, d = hw.wk.shape
+    kept = ~drop
+    wq = hw.wq * kept.repeat_interleave(hw.wq.shape[0] // Hkv, 0)[..., None]
+    return wq.reshape(Hkv, -1, dh, d).mT.reshape(Hkv, -1, dh), (hw.wk * kept[..., None]).mT
 
 
 def biases(hw: HeadWeights, spec: RotarySpec, keep: torch.Tensor, part: UnitCut | None,
