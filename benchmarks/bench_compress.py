@@ -21,8 +21,10 @@ benchmark of bench_spectra.py's writer with fewer layers), then runs, each in it
   kept for the cut);
 - compress ov+qk: --rank with a layout declaring no rotary, so QK is cut too (the cost of
   cutting both products on a model where that is allowed);
-- base: compress ov from another source tree (--baseline-src, e.g. `git archive` of the commit
-  before a change), in the same run.
+- compress default: --rank with the default products, OV and QK by whole rotary bands (what
+  `headrank compress --rank R` does on LLaMA);
+- base, base default: compress ov and compress default from another source tree
+  (--baseline-src, e.g. `git archive` of the commit before a change), in the same run.
 
 Times are whole calls inside the child (imports of headrank and torch excluded; anything the
 call imports included): wall seconds, and CPU seconds of the child (user + system, all its
@@ -83,14 +85,14 @@ def run_spectra(path: Path, _out: Path, _args) -> dict:
 
 
 def run_compress(path: Path, out: Path, args, layout: str | None = None, fmt: str = "factored",
-                 threads: int = 1, **rule) -> dict:
+                 threads: int = 1, products: str | None = "ov", **rule) -> dict:
     import inspect
 
     from headrank.analysis.compress import compress
 
     kw = {"device": args.device} if "device" in inspect.signature(compress).parameters else {}  # a baseline tree
     res = compress(str(path), out, **(rule or {"rank": args.rank}), layout=layout,
-                   products="ov" if layout is None else "ov,qk", format=fmt, threads=threads, **kw)
+                   products=products if layout is None else "ov,qk", format=fmt, threads=threads, **kw)
     return {"products": res["products"], "saved": res["totals"]["params_saved_factored"],
             "bytes_written": res["checkpoint"]["bytes_written"], "device": kw.get("device", "cpu")}
 
@@ -107,6 +109,10 @@ def run_compress_params(path: Path, out: Path, args) -> dict:
     return run_compress(path, out, args, params=0.5)
 
 
+def run_compress_default(path: Path, out: Path, args) -> dict:
+    return run_compress(path, out, args, products=None)
+
+
 def run_compress_both(path: Path, out: Path, args) -> dict:
     lay = out / "norope.toml"
     lay.write_text(NO_ROPE.format(layers=args.layers, kv=args.kv))
@@ -115,7 +121,8 @@ def run_compress_both(path: Path, out: Path, args) -> dict:
 
 CONTENDERS = {"floor": run_floor, "spectra": run_spectra, "compress_ov": run_compress, "base": run_compress,
               "compress_ov_t2": run_compress_t2, "compress_ov_dense": run_compress_dense,
-              "compress_ov_params": run_compress_params, "compress_ov_qk": run_compress_both}
+              "compress_ov_params": run_compress_params, "compress_ov_qk": run_compress_both,
+              "compress_default": run_compress_default, "base_default": run_compress_default}
 
 
 def child(name: str, path: str, args) -> None:
@@ -134,7 +141,7 @@ def measure(name: str, path: Path, args) -> dict:
     cmd = [sys.executable, __file__, "--child", name, str(path), "--dir", str(args.dir), "--layers",
            str(args.layers), "--kv", str(args.kv), "--rank", str(args.rank), "--device", args.device]
     env = {"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
-    src = args.baseline_src if name == "base" else os.environ.get("PYTHONPATH")
+    src = args.baseline_src if name.startswith("base") else os.environ.get("PYTHONPATH")
     if src:  # a worktree's source first, as for the parent; the baseline's own tree
         env["PYTHONPATH"] = str(src)
     best = None
@@ -167,7 +174,7 @@ def main() -> None:
         return
     path = args.dir / f"llama2-7b-kv{args.kv}-{args.layers}layers"
     generate(path, args.kv, mlp=False, shape=SHAPES["llama2-7b"], written=args.layers)
-    names = [n for n in CONTENDERS if (n != "base" or args.baseline_src is not None)
+    names = [n for n in CONTENDERS if (not n.startswith("base") or args.baseline_src is not None)
              and (args.only is None or n == "floor" or n in args.only.split(","))]
     res = {name: measure(name, path, args) for name in names}
     report(res, args)
