@@ -8,7 +8,8 @@
 - :mod:`.evaluate`: perplexity or embedding drift with the real Hugging Face forward;
 - :mod:`.options`: the options' checks, the text protocol, the cached uncut baseline;
 - :mod:`.report` / :mod:`.result`: compress.json and :class:`CompressResult`;
-- :mod:`.api`: the two passes over the layers; :func:`compress` and :func:`cost_curve` here.
+- :mod:`.api`: the pass over the layers (two for a global budget); :mod:`.kept`: the factored
+  tensors from the kept columns; :func:`compress` and :func:`cost_curve` here.
 """
 
 from __future__ import annotations

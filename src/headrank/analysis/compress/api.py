@@ -1,8 +1,11 @@
 """``headrank compress``: cut every head's products to the rank chosen, write the checkpoint.
 
-Two passes over the layers (one layer in memory at a time): the units' spectra (from the
-factors' roots) for the rank choice, then the exact cut (:mod:`.cut`) written back into the
-same tensors (:mod:`.write`), with ``compress.json``: per unit k, kept energy, Frobenius error,
+The layers stream past once, each read by a reader thread while the previous one is cut (one
+layer or two in memory): each unit's spectrum and SVD from its factors' roots, its rank (a rule
+of the unit's own: ``keep``, ``rank``), the exact cut (:mod:`.cut`) from that SVD, and the new
+tensors, zero-padded (dense) or only the kept dimensions (factored, :mod:`.kept`), handed to the
+writer (:mod:`.write`). A global budget (``params``) takes two passes: every spectrum first,
+with the SVDs kept, then the cuts. ``compress.json``: per unit k, kept energy, Frobenius error,
 and what a factored deployment saves.
 """
 

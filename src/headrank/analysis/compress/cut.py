@@ -10,9 +10,11 @@ head shares with the rest of its query group (docs/methods/products.md, docs/met
 Under grouped-query attention one ``S`` serves ``g`` query heads, so a cut must pick one
 subspace per kv head: the unit is the stack ``[X_1; …; X_g] Sᵀ`` (g·d × d), cut to its best
 rank-k approximation (Eckart–Young) ``U_k Σ_k V_kᵀ`` and split evenly, ``X' = U_k Σ_k^½``,
-``S' = V_k Σ_k^½``, zero-padded back to dh columns (without GQA the unit is one head). The
-singular vectors come from :func:`headrank.core.linalg.product_svd` (QRs of the factors, the
-d × d product is never formed).
+``S' = V_k Σ_k^½`` (without GQA the unit is one head). The d × d product is never formed: the
+factors' roots ``XᵀX = RxᵀRx``, ``SᵀS = RsᵀRs`` (:func:`headrank.core.linalg.factor_roots`, the
+spectra route) give the core ``Rx Rsᵀ = Uc Σ Vcᵀ``, and ``X' = X Rx⁻¹ Uc_k Σ_k^½`` (:class:`Basis`,
+:func:`cut_unit`: only the k kept columns are made; the others are zero); where a root is not
+well-conditioned, :func:`headrank.core.linalg.product_svd` (QRs of the factors) instead.
 
 Activation-whitened cuts (SVD-LLM): with calibration inputs ``x`` of the layer's attention and
 ``E[x xᵀ] = L Lᵀ``, the cut minimises ``‖(M − M_k) L‖_F`` (OV: the output error over those
