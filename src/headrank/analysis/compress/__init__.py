@@ -141,7 +141,7 @@ def compress(source: Any, out: str | os.PathLike, *, keep: float | None = None, 
         Ls = (calibration(orig, tok, reader.layout.modules, spec, reader.dims.n_layers,
                           lambda d, t: tell(d, t, "calibrating")) if whiten else None)
         plan = make_plan(reader, rule, prods, Ls, lambda d, t: tell(d, t, "spectra"), todo, opts["threads"], dev,
-                         stream=True)
+                         stream=opts["allocate"] == "energy")
         with staged_output(out) as stage:
             result = _write(reader, live, plan, stage, opts, fmt, notes, tell)
             if evaluate:

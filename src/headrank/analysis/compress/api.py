@@ -131,7 +131,7 @@ class Plan:
     chosen on, optional whitening matrices per layer. ``streamed``: ranks that each unit's own
     spectrum decides (``keep``, ``rank``) are chosen as the layers stream past in the one pass
     over them (:func:`cut_layers` fills ``spectra`` and ``ranks``); a global budget (``params``)
-    needs every spectrum first (pass 1, :func:`make_plan`), and ``bases`` keeps pass 1's SVDs
+    needs every spectrum first (pass 1, :func:`make_plan`), and ``roots`` keeps pass 1's SVDs
     for the cut."""
 
     rule: Rule
@@ -142,7 +142,9 @@ class Plan:
     whiten: dict[int, torch.Tensor] | None = None
     rotary: Any = None  # RotarySpec: QK cut by whole bands (+ the non-rotary part)
     layers: tuple[int, ...] | None = None  # the layers cut (ranks[p][j] is layers[j]'s); None: all
-    bases: dict[str, list[Any]] | None = None  # pass 1's Basis (rotary QK: items) per product and cut layer
+    # pass 1's result the cut starts from, per product and cut layer: the roots' Basis (its SVD);
+    # a rotary QK: its band items
+    roots: dict[str, list[Any]] | None = None
     streamed: bool = False
     device: str | None = None  # a torch device for the roots, SVDs and GEMMs; None: the CPU route
 
@@ -223,16 +225,16 @@ def make_plan(reader: AttentionReader, rule: Rule, products: tuple[str, ...],
     if stream and rule.kind in ("keep", "rank"):
         return Plan(rule, products, {}, {}, cost, whiten, spec, sel, None, True, device)
     sv: dict[str, list[torch.Tensor]] = {p: [] for p in products}
-    bases: dict[str, list[Any]] = {p: [] for p in products}
+    roots: dict[str, list[Any]] = {p: [] for p in products}
     with torch_threads(1):  # the workers share the heads, one torch thread each
         for j, layer in enumerate(stream_layers(reader, todo)):
             for p, (s, b) in _spectra(layer, products, whiten, spec, threads, device).items():
                 sv[p].append(s)
-                bases[p].append(b)
+                roots[p].append(b)
             if progress:
                 progress(j + 1, 2 * len(todo))
     spectra = {p: torch.stack(v) for p, v in sv.items()}
-    return Plan(rule, products, choose(rule, spectra, cost, d.head_dim), spectra, cost, whiten, spec, sel, bases,
+    return Plan(rule, products, choose(rule, spectra, cost, d.head_dim), spectra, cost, whiten, spec, sel, roots,
                 False, device)
 
 
@@ -276,14 +278,14 @@ def cut_products(layer: Layer, plan: Plan, j: int, threads: int = 1) -> tuple[di
     cuts, rot = {}, None
     for p in plan.products:
         if p == "qk" and plan.rotary is not None:
-            found = plan.bases[p][j] if plan.bases is not None else None
+            found = plan.roots[p][j] if plan.roots is not None else None
             with torch_threads(threads):
                 cuts[p], keep, part = rotary_cut.cut(layer.hw, plan.rotary, plan.ranks[p][j], found, layer.qk64())
             rot = (plan.rotary, keep, part, layer.qk64())
             continue
         X, S = unit_factors(layer.hw, p)
         L = None if plan.whiten is None else plan.whiten[layer.i]
-        basis = plan.bases[p][j] if plan.bases is not None else None
+        basis = plan.roots[p][j] if plan.roots is not None else None
         fast = basis is not None and basis.A is not None  # the units shared by the workers
         with torch_threads(1 if fast else threads):
             cuts[p] = cut_unit(X, S, plan.ranks[p][j], p, L, basis, threads, plan.device)
@@ -409,12 +411,12 @@ def cut_layers(reader: AttentionReader, plan: Plan, progress: Callable[[int, int
 
 
 def _choose_layer(plan: Plan, layer: Layer, sv: dict[str, list[torch.Tensor]], threads: int) -> None:
-    """A streamed plan: this layer's spectra and bases, and its ranks (each unit's own rule)."""
+    """A streamed plan: this layer's spectra and SVDs, and its ranks (each unit's own rule)."""
     found = _spectra(layer, plan.products, plan.whiten, plan.rotary, threads, plan.device)
     for p, (s, _) in found.items():
         sv[p].append(s)
     spectra = {p: s[None] for p, (s, _) in found.items()}
-    plan.bases = {p: [b] for p, (_, b) in found.items()}
+    plan.roots = {p: [b] for p, (_, b) in found.items()}
     plan.ranks = {p: r for p, r in choose(plan.rule, spectra, plan.cost, layer.hw.wq.shape[1]).items()}
 
 
