@@ -41,7 +41,8 @@ def test_llama_bands_dropped_by_energy_equal_zeroed_rows(tmp_path):
     got = _out(tf.LlamaForCausalLM.from_pretrained(tmp_path / "full", dtype=torch.float64).eval())
     assert torch.allclose(got, _out(ref), rtol=0, atol=1e-10)
 
-    compress(str(tmp_path / "src"), tmp_path / "cut", rank=4, products="qk", format="dense")
+    res = compress(str(tmp_path / "src"), tmp_path / "cut", rank=4, products="qk", format="dense")
+    _errors_are_the_dense_ones(res, tmp_path / "src", tmp_path / "cut")
     dh, g = 8, 3
     half = dh // 2
     with torch.no_grad():
@@ -63,6 +64,23 @@ def test_llama_bands_dropped_by_energy_equal_zeroed_rows(tmp_path):
                 at.k_proj.bias[u * dh + rows] = 0
     got = _out(tf.LlamaForCausalLM.from_pretrained(tmp_path / "cut", dtype=torch.float64).eval())
     assert torch.allclose(got, _out(ref), rtol=0, atol=1e-10)
+
+
+def _errors_are_the_dense_ones(res, src, cut, dh: int = 8, g: int = 3) -> None:
+    """Each unit's ``frob_error`` and ``frob_rel_error``: those of the formed stacked products
+    (numpy float64), original against written."""
+    a, b = load_file(str(src / "model.safetensors")), load_file(str(cut / "model.safetensors"))
+    for row in res["units"]:
+        i, u = row["layer"], row["kv_head"]
+        M = []
+        for w in (a, b):
+            q = w[f"model.layers.{i}.self_attn.q_proj.weight"].numpy()
+            k = w[f"model.layers.{i}.self_attn.k_proj.weight"].numpy()[u * dh:(u + 1) * dh]
+            M.append(np.vstack([q[h * dh:(h + 1) * dh].T @ k for h in range(u * g, (u + 1) * g)]))
+        err, norm = np.linalg.norm(M[0] - M[1]), np.linalg.norm(M[0])
+        assert row["frob_error"] == pytest.approx(err, rel=1e-9, abs=1e-12 * norm)
+        assert row["frob_rel_error"] == pytest.approx(err / norm, rel=1e-9, abs=1e-12)
+    assert any(r["frob_error"] > 0 for r in res["units"])
 
 
 def test_partial_rotary_cuts_the_non_rotary_part_to_the_dense_best_rank_k(tmp_path):

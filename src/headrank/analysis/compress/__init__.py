@@ -8,13 +8,15 @@
 - :mod:`.evaluate`: perplexity or embedding drift with the real Hugging Face forward;
 - :mod:`.options`: the options' checks, the text protocol, the cached uncut baseline;
 - :mod:`.report` / :mod:`.result`: compress.json and :class:`CompressResult`;
-- :mod:`.api`: the two passes over the layers; :func:`compress` and :func:`cost_curve` here.
+- :mod:`.api`: the pass over the layers (two for a global budget); :mod:`.kept`: the factored
+  tensors from the kept columns; :func:`compress` and :func:`cost_curve` here.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import replace
@@ -36,7 +38,6 @@ from headrank.analysis.compress.factored import (
     FORMAT,
     MANIFEST,
     STEM,
-    factor_layer,
     load_compressed,
 )
 from headrank.analysis.compress.options import (
@@ -53,7 +54,7 @@ from headrank.analysis.compress.result import CompressResult
 from headrank.analysis.compress.write import ShardWriter, copy_side_files, save_hf_side
 from headrank.errors import HeadRankError
 from headrank.util.fileio import check_writable, staged_output, write_json
-from headrank.util.threads import torch_threads
+from headrank.util.threads import resolve_device, torch_threads
 
 __all__ = ["CompressResult", "Plan", "Rule", "TextSpec", "compress", "cost_curve", "cut_in_place", "kept_fraction",
            "load_compressed", "make_plan", "report_lines"]
@@ -96,8 +97,8 @@ def compress(source: Any, out: str | os.PathLike, *, keep: float | None = None, 
              n_calib: int | None = None, seq_len: int | None = None, dataset: str | None = None,
              format: str | None = None, layers: str | Iterable[int] | None = None, threads: int = 1,
              allocate: str = "energy", config: Any = None, layout: Any = None, revision: str | None = None,
-             progress: Callable[[int, int | None, str], None] | None = None, verbose: bool = False
-             ) -> CompressResult:
+             progress: Callable[[int, int | None, str], None] | None = None, verbose: bool = False,
+             device: str | None = "auto") -> CompressResult:
     """Write the compressed checkpoint and ``compress.json`` into ``out``; return compress.json
     as a :class:`~.result.CompressResult`.
 
@@ -109,7 +110,9 @@ def compress(source: Any, out: str | os.PathLike, *, keep: float | None = None, 
     ``evaluate``: perplexity (causal LM) or embedding drift (encoder) before and after, the after
     measured on the written checkpoint. ``n_eval``/``n_calib``/``seq_len``/``text``/``dataset``:
     the text protocol (docs/compress.md). ``layers``: cut only these (``"0,2,5-7"``). ``progress``:
-    called ``(done, total, phase)``. Arguments are checked with the CLI's rules.
+    called ``(done, total, phase)``. ``device``: ``auto`` (a CUDA GPU when torch sees one), ``cpu``
+    or ``cuda[:N]``: where the roots, SVDs and cut GEMMs run (float64 on a GPU; docs/compress.md).
+    Arguments are checked with the CLI's rules.
     """
     rule = Rule.of(keep=keep, rank=rank, params=params)
     opts = check_options(format=format, threads=threads, n_eval=n_eval, n_calib=n_calib, seq_len=seq_len,
@@ -124,10 +127,11 @@ def compress(source: Any, out: str | os.PathLike, *, keep: float | None = None, 
     prods, note = parse_products(opts["products"], reader)
     if rule.kind == "rank" and rule.value > reader.dims.head_dim:
         raise HeadRankError(f"`rank` {int(rule.value)} exceeds the head dimension {reader.dims.head_dim}")
-    fmt_note = _choose_format(opts, reader.split, _model_type(reader, live))
+    fmt = _Format(opts, reader.split, _model_type(reader, live))
     todo = _layers(layers, reader.dims.n_layers)
+    dev = resolve_device(device)
     spec = text_spec(opts, reader, live)
-    notes = [n for n in (_gguf_note(gguf_note, opts["format"]), note, fmt_note) if n]
+    notes = [n for n in (_gguf_note(gguf_note, fmt()) if live is not None else None, note) if n]
     with torch_threads(opts["threads"]), _locked(out):
         old = _check_out(out)
         orig = tok = None
@@ -136,9 +140,10 @@ def compress(source: Any, out: str | os.PathLike, *, keep: float | None = None, 
             check_context(orig, spec)
         Ls = (calibration(orig, tok, reader.layout.modules, spec, reader.dims.n_layers,
                           lambda d, t: tell(d, t, "calibrating")) if whiten else None)
-        plan = make_plan(reader, rule, prods, Ls, lambda d, t: tell(d, t, "spectra"), todo, opts["threads"])
+        plan = make_plan(reader, rule, prods, Ls, lambda d, t: tell(d, t, "spectra"), todo, opts["threads"], dev,
+                         stream=opts["allocate"] == "energy")
         with staged_output(out) as stage:
-            result = _write(reader, live, plan, stage, opts, notes, tell)
+            result = _write(reader, live, plan, stage, opts, fmt, notes, tell)
             if evaluate:
                 result["eval"] = _evaluate(orig, tok, stage, spec, opts["format"], reader, tell)
             write_json(stage / "compress.json", dict(result))
@@ -153,12 +158,44 @@ def _model_type(reader, live) -> str | None:
     return t if isinstance(t, str) else None
 
 
-def _choose_format(opts: dict[str, Any], split: str, model_type: str | None) -> str | None:
-    """Factored where q, k, v and o are separate projections of a model transformers builds
-    (load_compressed needs both); a note when dense is chosen for the user."""
-    from transformers import CONFIG_MAPPING
+class _Format:
+    """``format``, chosen by :func:`_choose_format`. Where that needs transformers (is the
+    model_type one it builds?) and transformers is not imported yet (a second of CPU), it is
+    imported by a background thread while the first layer is cut, and the choice is made when
+    called (:func:`~.api.cut_layers` asks once that layer's cut is done)."""
 
-    known = model_type is not None and model_type in CONFIG_MAPPING
+    def __init__(self, opts: dict[str, Any], split: str, model_type: str | None):
+        self.opts, self.split, self.model_type = opts, split, model_type
+        self.note: str | None = None
+        self.known: list[Any] = []
+        self.thread = None
+        if split == "separate" and opts["format"] != "dense" and isinstance(model_type, str):
+            self.thread = threading.Thread(target=self._ask, name="headrank-import-transformers", daemon=True)
+            self.thread.start()
+        else:
+            self.note = _choose_format(opts, split, model_type, False)
+
+    def _ask(self) -> None:
+        try:
+            from transformers import CONFIG_MAPPING
+
+            self.known.append(self.model_type in CONFIG_MAPPING)
+        except BaseException as e:  # noqa: BLE001 - raised where the choice is asked for
+            self.known.append(e)
+
+    def __call__(self) -> str:
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+            if isinstance(self.known[0], BaseException):
+                raise self.known[0]
+            self.note = _choose_format(self.opts, self.split, self.model_type, bool(self.known[0]))
+        return self.opts["format"]
+
+
+def _choose_format(opts: dict[str, Any], split: str, model_type: str | None, known: bool) -> str | None:
+    """Factored where q, k, v and o are separate projections of a model transformers builds
+    (``known``; load_compressed needs both); a note when dense is chosen for the user."""
     if split == "separate" and known:
         opts["format"] = opts["format"] or "factored"
         return None
@@ -225,26 +262,33 @@ def _tied(model) -> set[str]:
     return tied
 
 
-def _write(reader, live, plan: Plan, stage: Path, opts: dict[str, Any], notes: list[str], tell) -> CompressResult:
+def _write(reader, live, plan: Plan, stage: Path, opts: dict[str, Any], fmt: _Format, notes: list[str],
+           tell) -> CompressResult:
     """Cut, write the weight files, the side files and compress.json's contents."""
-    factored = opts["format"] == "factored"
-    dtype = torch.bfloat16 if factored and live is not None else None  # GGUF: never float32 by accident
-    writer, rows, manifest = ShardWriter(stage, dtype=dtype, stem=STEM if factored else "model"), [], {}
-    for i, tensors, r in cut_layers(reader, plan, lambda d, t: tell(d, t, "cutting"), opts["threads"]):
-        if factored:
-            tensors, entries = factor_layer(tensors, reader.tensor_names(i), plan.products)
-            manifest.update(entries)
-        for name, t in tensors.items():
-            writer.add(name, t, dense_numel=_dense_numel(reader, name, t), owned=True)
-        rows += r
-    skip = _tied(live) if live is not None else set()
-    names = [n for n in (live.state_dict() if live is not None else reader.ckpt.keys()) if n not in skip]
-    for j, name in enumerate(names):
-        if name not in writer.names:
-            writer.add(name, reader.ckpt.get(name))
-        tell(j + 1, len(names), "writing")
-    reader.ckpt.release()
-    files = writer.finish()
+    dtype = torch.bfloat16 if live is not None and fmt() == "factored" else None  # GGUF: never float32 by accident
+    writer, rows, manifest = ShardWriter(stage, dtype=dtype), [], {}
+    fresh = _fresh_reads(reader)
+    try:
+        for lc in cut_layers(reader, plan, tell, opts["threads"], lambda: fmt() == "factored"):
+            manifest.update(lc.entries)
+            for name, t in lc.tensors.items():
+                writer.add(name, t, dense_numel=_dense_numel(reader, name, t), owned=True)
+            for name, t in lc.same.items():
+                writer.add(name, t, owned=fresh)
+            rows += lc.rows
+        factored = fmt() == "factored"
+        writer.stem = STEM if factored else "model"
+        skip = _tied(live) if live is not None else set()
+        names = [n for n in (live.state_dict() if live is not None else reader.ckpt.keys()) if n not in skip]
+        for j, name in enumerate(names):
+            if name not in writer.names:
+                writer.add(name, reader.ckpt.get(name), owned=fresh)
+            tell(j + 1, len(names), "writing")
+        reader.ckpt.release()
+        files = writer.finish()
+    finally:
+        writer.close()
+    notes += [fmt.note] if fmt.note else []
     if factored:
         write_json(stage / MANIFEST, {"format": FORMAT, "version": 1, "modules": manifest})
         files.append(MANIFEST)
@@ -255,7 +299,27 @@ def _write(reader, live, plan: Plan, stage: Path, opts: dict[str, Any], notes: l
         side.append("config.json")
     result = CompressResult(summary(reader, plan, rows, notes, files + [s for s in side if s not in files]))
     result["checkpoint"] = writer.report(opts["format"])
+    result["compute"] = _compute(plan, opts["threads"])
     return result
+
+
+def _compute(plan: Plan, threads: int) -> dict[str, Any]:
+    """compress.json's ``compute``: where the arithmetic ran, with how many threads."""
+    on = plan.device or "cpu"
+    return {"device": on, "threads": threads,
+            "linalg": (f"torch float64 on {on} (Grams, Cholesky, QR, core SVDs, cut GEMMs)" if plan.device else
+                       "CPU: roots by numpy float64 LAPACK (Grams by BLAS dsyrk, Cholesky, QR), core SVDs by torch "
+                       "float64, cut GEMMs in float32 for a 16-bit checkpoint (float64 otherwise)"),
+            "passes": 1 if plan.streamed else 2}
+
+
+def _fresh_reads(reader) -> bool:
+    """Every tensor the reader gives is a fresh buffer nobody else holds (a local safetensors
+    checkpoint, read with ``pread``): the writer keeps it without a copy."""
+    from headrank.io.checkpoint import Checkpoint
+
+    ckpt = reader.ckpt
+    return type(ckpt) is Checkpoint and bool(ckpt.files) and all(f.suffix == ".safetensors" for f in ckpt.files)
 
 
 def _dense_numel(reader, name: str, t: torch.Tensor) -> int:
@@ -308,8 +372,8 @@ def cut_in_place(model: torch.nn.Module, reader, plan: Plan) -> Iterator[None]:
     params = dict(model.named_parameters())
     saved = {}
     try:
-        for _, tensors, _ in cut_layers(reader, plan):
-            for name, t in tensors.items():
+        for lc in cut_layers(reader, plan):
+            for name, t in lc.tensors.items():
                 saved[name] = params[name].detach().clone()
                 params[name].data.copy_(t)
         yield

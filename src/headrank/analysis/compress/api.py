@@ -1,8 +1,11 @@
 """``headrank compress``: cut every head's products to the rank chosen, write the checkpoint.
 
-Two passes over the layers (one layer in memory at a time): the units' spectra (from the
-factors' roots) for the rank choice, then the exact cut (:mod:`.cut`) written back into the
-same tensors (:mod:`.write`), with ``compress.json``: per unit k, kept energy, Frobenius error,
+The layers stream past once, each read by a reader thread while the previous one is cut (one
+layer or two in memory): each unit's spectrum and SVD from its factors' roots, its rank (a rule
+of the unit's own: ``keep``, ``rank``), the exact cut (:mod:`.cut`) from that SVD, and the new
+tensors, zero-padded (dense) or only the kept dimensions (factored, :mod:`.kept`), handed to the
+writer (:mod:`.write`). A global budget (``params``) takes two passes: every spectrum first,
+with the SVDs kept, then the cuts. ``compress.json``: per unit k, kept energy, Frobenius error,
 and what a factored deployment saves.
 """
 
@@ -24,8 +27,8 @@ from headrank.analysis.compress.cut import (
     join,
     join_biases,
     split_biases,
+    unit_basis,
     unit_factors,
-    unit_spectra,
 )
 from headrank.analysis.compress.plan import Rule, choose
 from headrank.errors import HeadRankError, one_line
@@ -125,7 +128,11 @@ def _stderr_off(off: bool) -> Iterator[None]:
 @dataclass
 class Plan:
     """What will be cut: products, ranks per product ``(layers, units)``, the spectra they were
-    chosen on, optional whitening matrices per layer."""
+    chosen on, optional whitening matrices per layer. ``streamed``: ranks that each unit's own
+    spectrum decides (``keep``, ``rank``) are chosen as the layers stream past in the one pass
+    over them (:func:`cut_layers` fills ``spectra`` and ``ranks``); a global budget (``params``)
+    needs every spectrum first (pass 1, :func:`make_plan`), and ``roots`` keeps pass 1's SVDs
+    for the cut."""
 
     rule: Rule
     products: tuple[str, ...]
@@ -135,45 +142,115 @@ class Plan:
     whiten: dict[int, torch.Tensor] | None = None
     rotary: Any = None  # RotarySpec: QK cut by whole bands (+ the non-rotary part)
     layers: tuple[int, ...] | None = None  # the layers cut (ranks[p][j] is layers[j]'s); None: all
-    roots: dict[str, list[Any]] | None = None  # pass 1's factor roots per product and cut layer
+    # pass 1's result the cut starts from, per product and cut layer: the roots' Basis (its SVD);
+    # a rotary QK: its band items
+    roots: dict[str, list[Any]] | None = None
+    streamed: bool = False
+    device: str | None = None  # a torch device for the roots, SVDs and GEMMs; None: the CPU route
 
     def cut_layers(self, n_layers: int) -> tuple[int, ...]:
         return tuple(range(n_layers)) if self.layers is None else self.layers
 
 
+@dataclass
+class Layer:
+    """One layer as stored: the attention weights by role, split into heads, and its biases by role."""
+
+    i: int
+    names: dict[str, str]
+    raw: dict[str, torch.Tensor]
+    hw: HeadWeights
+    bias_names: dict[str, str]
+    biases: dict[str, torch.Tensor]
+    _qk: Any = None
+
+    def qk64(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """:func:`.rotary_cut.groups` of this layer, made once (a rotary QK's spectra, cut, biases)."""
+        if self._qk is None:
+            self._qk = rotary_cut.groups(self.hw)
+        return self._qk
+
+
+def read_layer(reader: AttentionReader, i: int) -> Layer:
+    """Layer ``i``'s attention weights and biases, read once, checked (shapes, dtypes, NaN/Inf)."""
+    from headrank.io.validate import check_dtype
+
+    names = reader.tensor_names(i)
+    many = getattr(reader.ckpt, "get_many", None)  # a remote checkpoint fetches a layer's tensors at once
+    raw = many(names) if many is not None else {r: reader.ckpt.get(n) for r, n in names.items()}
+    for r, t in raw.items():
+        check_dtype(names[r], t.dtype, reader.ckpt.path)
+    try:
+        hw = SPLITS[reader.split](raw, reader.dims)
+    except Exception:  # noqa: BLE001 - a shape the config does not imply: the reader's own one line
+        reader.read_layer(i)
+        raise
+    bad = [n for n in ("wq", "wk", "wv", "p") if not _finite(getattr(hw, n))]
+    if bad:
+        raise HeadRankError(f"layer {i} holds NaN/Inf attention weights ({', '.join(bad)}): nothing to cut")
+    bias_names = _bias_names(reader, i)
+    return Layer(i, names, raw, hw, bias_names, {r: reader.ckpt.get(n) for r, n in bias_names.items()})
+
+
+def stream_layers(reader: AttentionReader, todo: tuple[int, ...]) -> Iterator[Layer]:
+    """:func:`read_layer` of each layer of ``todo`` in order, the next one read by a reader
+    thread meanwhile (the checkpoint is touched by that thread alone)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from headrank.util.memory import trim_heap
+
+    with ThreadPoolExecutor(1, thread_name_prefix="headrank-read") as io:
+        nxt = io.submit(read_layer, reader, todo[0]) if todo else None
+        for k in range(len(todo)):
+            layer = nxt.result()
+            reader.ckpt.release()
+            trim_heap()  # the previous layer's temporaries, back to the OS
+            nxt = io.submit(read_layer, reader, todo[k + 1]) if k + 1 < len(todo) else None
+            yield layer
+
+
 def make_plan(reader: AttentionReader, rule: Rule, products: tuple[str, ...],
               whiten: dict[int, torch.Tensor] | None = None,
               progress: Callable[[int, int], None] | None = None, layers: tuple[int, ...] | None = None,
-              threads: int = 1) -> Plan:
+              threads: int = 1, device: str | None = None, stream: bool = False) -> Plan:
     """Pass 1: every unit's spectrum (whitened when ``whiten`` gives a matrix per layer), then
-    ranks; only ``layers`` (default all) are cut."""
+    ranks; only ``layers`` (default all) are cut. ``stream``: where the rule lets each unit's own
+    spectrum decide its rank, no pass 1 (:attr:`Plan.streamed`). ``device``: see :class:`Plan`."""
     d = reader.dims
     g = d.n_heads // d.n_kv_heads
     spec = qk_rotary(reader)[0] if "qk" in products else None
+    todo = tuple(range(d.n_layers)) if layers is None else tuple(layers)
+    cost = {p: (g + 1) * d.d for p in products}
+    sel = None if layers is None else todo
+    if stream and rule.kind in ("keep", "rank"):
+        return Plan(rule, products, {}, {}, cost, whiten, spec, sel, None, True, device)
     sv: dict[str, list[torch.Tensor]] = {p: [] for p in products}
     roots: dict[str, list[Any]] = {p: [] for p in products}
-    todo = tuple(range(d.n_layers)) if layers is None else tuple(layers)
-    with torch_threads(1):  # factor_roots' workers share the heads, one torch thread each
-        for j, i in enumerate(todo):
-            hw = reader.read_layer(i)
-            bad = [n for n in ("wq", "wk", "wv", "p") if not _finite(getattr(hw, n))]
-            if bad:
-                raise HeadRankError(f"layer {i} holds NaN/Inf attention weights ({', '.join(bad)}): nothing to cut")
-            for p in products:
-                if p == "qk" and spec is not None:
-                    sv[p].append(rotary_cut.items(hw, spec)[0])
-                    roots[p].append(None)
-                    continue
-                s, r = unit_spectra(hw, p, None if whiten is None else whiten[i], with_roots=True, workers=threads)
+    with torch_threads(1):  # the workers share the heads, one torch thread each
+        for j, layer in enumerate(stream_layers(reader, todo)):
+            for p, (s, b) in _spectra(layer, products, whiten, spec, threads, device).items():
                 sv[p].append(s)
-                roots[p].append(r)
-            reader.ckpt.release()
+                roots[p].append(b)
             if progress:
                 progress(j + 1, 2 * len(todo))
     spectra = {p: torch.stack(v) for p, v in sv.items()}
-    cost = {p: (g + 1) * d.d for p in products}
-    return Plan(rule, products, choose(rule, spectra, cost, d.head_dim), spectra, cost, whiten, spec,
-                None if layers is None else todo, roots)
+    return Plan(rule, products, choose(rule, spectra, cost, d.head_dim), spectra, cost, whiten, spec, sel, roots,
+                False, device)
+
+
+def _spectra(layer: Layer, products: tuple[str, ...], whiten: dict[int, torch.Tensor] | None, spec: Any,
+             threads: int, device: str | None) -> dict[str, tuple[torch.Tensor, Any]]:
+    """Per product, the units' spectra of one layer and what the cut uses: the :class:`~.cut.Basis`,
+    or for a rotary QK (cut by whole bands) :func:`.rotary_cut.items`."""
+    out = {}
+    for p in products:
+        if p == "qk" and spec is not None:  # the items (pseudo-spectrum, tags) kept for the cut
+            found = rotary_cut.items(layer.hw, spec, layer.qk64())
+            out[p] = (found[0], found)
+            continue
+        b = unit_basis(layer.hw, p, None if whiten is None else whiten[layer.i], workers=threads, device=device)
+        out[p] = (b.sv.cpu(), b)
+    return out
 
 
 def _finite(t: torch.Tensor) -> bool:
@@ -182,30 +259,59 @@ def _finite(t: torch.Tensor) -> bool:
     return bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
 
 
-def cut_layer(reader: AttentionReader, i: int, plan: Plan, j: int | None = None
-              ) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:
-    """Pass 2 for layer ``i`` (the plan's ``j``-th cut layer, default ``i``): the new stored
-    tensors (full names, stored dtypes) and rows."""
-    j = i if j is None else j
-    names = reader.tensor_names(i)
-    raw = {r: reader.ckpt.get(n) for r, n in names.items()}
-    shapes = {r: tuple(t.shape) for r, t in raw.items()}
-    hw = SPLITS[reader.split](raw, reader.dims)  # shapes were checked by pass 1's read_layer
+@dataclass
+class LayerCut:
+    """One layer after the cut: the tensors to write by full name, in the stored dtypes (the
+    factored format: only the kept dimensions), factored.json's entries, compress.json's rows,
+    and the layer's attention tensors the cut left as stored (the products not cut)."""
+
+    i: int
+    tensors: dict[str, torch.Tensor]
+    entries: dict[str, Any]
+    rows: list[dict[str, Any]]
+    same: dict[str, torch.Tensor]
+
+
+def cut_products(layer: Layer, plan: Plan, j: int, threads: int = 1) -> tuple[dict[str, Any], tuple | None]:
+    """Pass 2's cut of each product of one layer (the plan's ``j``-th cut layer): the
+    :class:`~.cut.UnitCut` per product and, for a rotary QK, its kept bands."""
     cuts, rot = {}, None
     for p in plan.products:
         if p == "qk" and plan.rotary is not None:
-            cuts[p], keep, part = rotary_cut.cut(hw, plan.rotary, plan.ranks[p][j])
-            rot = (plan.rotary, keep, part)
+            found = plan.roots[p][j] if plan.roots is not None else None
+            with torch_threads(threads):
+                cuts[p], keep, part = rotary_cut.cut(layer.hw, plan.rotary, plan.ranks[p][j], found, layer.qk64())
+            rot = (plan.rotary, keep, part, layer.qk64())
             continue
-        X, S = unit_factors(hw, p)
-        L = None if plan.whiten is None else plan.whiten[i]
-        roots = plan.roots[p][j] if plan.roots is not None else None
-        cuts[p] = cut_unit(X, S, plan.ranks[p][j], p, L, roots)
-    new = _replace(hw, cuts)
-    tensors = {names[r]: t.to(raw[r].dtype) for r, t in join(reader.split, shapes, reader.dims, new).items()
-               if not _same(t, raw[r])}  # a product not cut: its stored tensors are copied as they are
-    tensors.update(_biases(reader, i, hw, shapes, cuts, rot))
-    return tensors, _rows(i, plan, cuts, reader)
+        X, S = unit_factors(layer.hw, p)
+        L = None if plan.whiten is None else plan.whiten[layer.i]
+        basis = plan.roots[p][j] if plan.roots is not None else None
+        fast = basis is not None and basis.A is not None  # the units shared by the workers
+        with torch_threads(1 if fast else threads):
+            cuts[p] = cut_unit(X, S, plan.ranks[p][j], p, L, basis, threads, plan.device)
+    return cuts, rot
+
+
+def layer_tensors(layer: Layer, reader: AttentionReader, plan: Plan, cuts: dict[str, Any], rot: tuple | None,
+                  factored: bool = False) -> LayerCut:
+    """The tensors of one cut layer: zero-padded to the stored shapes, or (``factored``) only
+    the kept dimensions (:func:`.kept.kept_tensors`), with the rows of compress.json."""
+    shapes = {r: tuple(t.shape) for r, t in layer.raw.items()}
+    padded = lambda: {p: c.padded(reader.dims.head_dim) for p, c in cuts.items()}  # noqa: E731
+    biases = _biases(reader, layer, shapes, padded, rot)
+    if factored:
+        from headrank.analysis.compress.kept import kept_tensors
+
+        tensors, entries = kept_tensors(layer.names, layer.raw, cuts, biases, reader.dims)
+    else:
+        new = _replace(layer.hw, padded())
+        tensors = {layer.names[r]: t.to(layer.raw[r].dtype) for r, t in
+                   join(reader.split, shapes, reader.dims, new).items() if not _same(t, layer.raw[r])}
+        tensors.update(biases)
+        entries = {}
+    same = {n: layer.raw[r] for r, n in layer.names.items() if n not in tensors}
+    same.update({n: layer.biases[r] for r, n in layer.bias_names.items() if n not in tensors})
+    return LayerCut(layer.i, tensors, entries, _rows(layer.i, plan, cuts, reader), same)
 
 
 def _same(t: torch.Tensor, raw: torch.Tensor) -> bool:
@@ -234,21 +340,25 @@ def _bias_names(reader: AttentionReader, i: int) -> dict[str, str]:
     return out
 
 
-def _biases(reader: AttentionReader, i: int, hw: HeadWeights, shapes: dict[str, tuple[int, ...]],
-            cuts: dict[str, Any], rot: tuple | None) -> dict[str, torch.Tensor]:
-    names = _bias_names(reader, i)
+def _biases(reader: AttentionReader, layer: Layer, shapes: dict[str, tuple[int, ...]],
+            padded: Callable[[], dict[str, Any]], rot: tuple | None) -> dict[str, torch.Tensor]:
+    """The layer's new bias vectors by full name, in their stored dtypes (``padded``: the cuts
+    zero-padded to dh columns, made only where there are biases)."""
+    names, hw = layer.bias_names, layer.hw
     if not [r for r in names if r != "o"]:
         return {}
-    raw = {r: reader.ckpt.get(n).to(torch.float64) for r, n in names.items()}
+    cuts = padded()
+    raw = {r: layer.biases[r].to(torch.float64) for r in names}
     per_head = split_biases(reader.split, shapes, reader.dims, raw)
     per_head["o"] = raw.get("o")
     new, _ = cut_biases(hw, per_head, {p: c for p, c in cuts.items() if rot is None or p != "qk"})
     if rot is not None:
-        new["q"], new["k"] = rotary_cut.biases(hw, *rot, per_head["q"], per_head["k"])
+        spec, keep, part, qk = rot
+        new["q"], new["k"] = rotary_cut.biases(hw, spec, keep, part, per_head["q"], per_head["k"], qk)
     filled = {r: (new[r] if new[r] is not None else torch.zeros_like(per_head_zero)) for r, per_head_zero in
               (("q", hw.wq[..., 0]), ("k", hw.wk[..., 0]), ("v", hw.wv[..., 0]))}
     joined = join_biases(reader.split, shapes, reader.dims, {r: t.to(torch.float64) for r, t in filled.items()})
-    dtypes = {r: reader.ckpt.get(n).dtype for r, n in names.items()}
+    dtypes = {r: layer.biases[r].dtype for r in names}
     out = {names[r]: t.to(dtypes[r]) for r, t in joined.items() if r in names}
     if "o" in names and new.get("o") is not None:
         out[names["o"]] = new["o"].to(dtypes["o"])
@@ -275,21 +385,39 @@ def _rows(i: int, plan: Plan, cuts: dict[str, Any], reader: AttentionReader) -> 
     return rows
 
 
-def cut_layers(reader: AttentionReader, plan: Plan, progress: Callable[[int, int], None] | None = None,
-               threads: int = 1) -> Iterator[tuple[int, dict[str, torch.Tensor], list[dict[str, Any]]]]:
-    """Pass 2, layer by layer (the plan's layers): ``(i, new tensors by full name, rows)``."""
-    from headrank.util.memory import trim_heap
-
+def cut_layers(reader: AttentionReader, plan: Plan, progress: Callable[[int, int, str], None] | None = None,
+               threads: int = 1, factored: bool | Callable[[], bool] = False) -> Iterator[LayerCut]:
+    """Pass 2 (a streamed plan: the one pass), layer by layer, the next layer read meanwhile:
+    a :class:`LayerCut` per cut layer. ``progress(done, total, phase)``: after each layer's
+    spectra (a streamed plan) and cut. ``factored``: the factored format's tensors (a callable:
+    asked once the first layer's cut is done)."""
     todo = plan.cut_layers(reader.dims.n_layers)
     n = len(todo)
-    with torch_threads(threads):
-        for j, i in enumerate(todo):
-            tensors, rows = cut_layer(reader, i, plan, j)
-            reader.ckpt.release()
-            yield i, tensors, rows
-            trim_heap()
-            if progress:
-                progress(n + j + 1, 2 * n)
+    tell = progress or (lambda *a: None)
+    sv: dict[str, list[torch.Tensor]] = {p: [] for p in plan.products}
+    with torch_threads(1):  # the workers share the units, one torch thread each
+        for j, layer in enumerate(stream_layers(reader, todo)):
+            if plan.streamed:
+                _choose_layer(plan, layer, sv, threads)
+                tell(j + 1, n, "spectra")
+            cuts, rot = cut_products(layer, plan, 0 if plan.streamed else j, threads)
+            fmt = factored() if callable(factored) else factored
+            yield layer_tensors(layer, reader, plan, cuts, rot, fmt)
+            del layer, cuts
+            tell(*((j + 1, n) if plan.streamed else (n + j + 1, 2 * n)), "cutting")
+    if plan.streamed:
+        plan.spectra = {p: torch.stack(v) for p, v in sv.items()}
+        plan.ranks = choose(plan.rule, plan.spectra, plan.cost, reader.dims.head_dim)
+
+
+def _choose_layer(plan: Plan, layer: Layer, sv: dict[str, list[torch.Tensor]], threads: int) -> None:
+    """A streamed plan: this layer's spectra and SVDs, and its ranks (each unit's own rule)."""
+    found = _spectra(layer, plan.products, plan.whiten, plan.rotary, threads, plan.device)
+    for p, (s, _) in found.items():
+        sv[p].append(s)
+    spectra = {p: s[None] for p, (s, _) in found.items()}
+    plan.roots = {p: [b] for p, (_, b) in found.items()}
+    plan.ranks = {p: r for p, r in choose(plan.rule, spectra, plan.cost, layer.hw.wq.shape[1]).items()}
 
 
 def source_dir(reader: AttentionReader) -> Path | None:

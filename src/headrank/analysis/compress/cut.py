@@ -10,9 +10,11 @@ head shares with the rest of its query group (docs/methods/products.md, docs/met
 Under grouped-query attention one ``S`` serves ``g`` query heads, so a cut must pick one
 subspace per kv head: the unit is the stack ``[X_1; …; X_g] Sᵀ`` (g·d × d), cut to its best
 rank-k approximation (Eckart–Young) ``U_k Σ_k V_kᵀ`` and split evenly, ``X' = U_k Σ_k^½``,
-``S' = V_k Σ_k^½``, zero-padded back to dh columns (without GQA the unit is one head). The
-singular vectors come from :func:`headrank.core.linalg.product_svd` (QRs of the factors, the
-d × d product is never formed).
+``S' = V_k Σ_k^½`` (without GQA the unit is one head). The d × d product is never formed: the
+factors' roots ``XᵀX = RxᵀRx``, ``SᵀS = RsᵀRs`` (:func:`headrank.core.linalg.factor_roots`, the
+spectra route) give the core ``Rx Rsᵀ = Uc Σ Vcᵀ``, and ``X' = X Rx⁻¹ Uc_k Σ_k^½`` (:class:`Basis`,
+:func:`cut_unit`: only the k kept columns are made; the others are zero); where a root is not
+well-conditioned, :func:`headrank.core.linalg.product_svd` (QRs of the factors) instead.
 
 Activation-whitened cuts (SVD-LLM): with calibration inputs ``x`` of the layer's attention and
 ``E[x xᵀ] = L Lᵀ``, the cut minimises ``‖(M − M_k) L‖_F`` (OV: the output error over those
@@ -61,73 +63,144 @@ def _whitened(X: torch.Tensor, S: torch.Tensor, product: str, L: torch.Tensor | 
     return X.to(torch.float64), S
 
 
-def unit_spectra(hw: HeadWeights, product: str, L: torch.Tensor | None = None, with_roots: bool = False,
-                 workers: int = 1):
-    """Singular values ``(Hkv, dh)`` of every unit (whitened by ``L`` when given), from roots;
-    with ``with_roots`` also the roots ``(Rx, Rs)`` (pass 2 cuts with them: :func:`cut_unit`).
-    ``workers``: threads sharing the roots (the same result for any number)."""
+#: units per task when the per-unit work is shared among threads (fixed, so that results never
+#: depend on the thread count)
+UNITS_PER_TASK = 4
+
+
+@dataclass
+class Basis:
+    """Pass 1's SVD of every unit's (whitened) product, from its factors' roots ``XᵀX = RxᵀRx``,
+    ``SᵀS = RsᵀRs``: with ``Rx Rsᵀ = Uc Σ Vcᵀ``, the singular values ``sv`` (Hkv, p) and the
+    matrices ``A = Rx⁻¹ Uc``, ``B = Rs⁻¹ Vc`` (Hkv, dh, dh) that give the cut factors
+    (:func:`cut_unit`). ``A`` and ``B`` are None where a root is not square or not
+    well-conditioned (:data:`~headrank.core.linalg.PRODUCT_SVD_COND`): the cut then takes the
+    QR route, and ``sv`` comes from the core's singular values alone."""
+
+    sv: torch.Tensor
+    A: torch.Tensor | None = None
+    B: torch.Tensor | None = None
+
+
+def unit_basis(hw: HeadWeights, product: str, L: torch.Tensor | None = None, workers: int = 1,
+               device: str | None = None) -> Basis:
+    """:class:`Basis` of every unit (whitened by ``L`` when given). ``workers``: threads sharing
+    the roots and the small factorisations (the same result for any number). ``device``: None
+    for the CPU route (numpy's LAPACK for the roots), or a torch device for the roots and the
+    small factorisations in torch float64 there (:func:`headrank.core.linalg.factor_roots`)."""
     X, S = _whitened(*unit_factors(hw, product), product, L, upcast=False)
-    Rx, Rs = factor_roots(X, S, workers=workers)
-    sv = torch.linalg.svdvals(Rx @ Rs.mT)
-    return (sv, (Rx, Rs)) if with_roots else sv
+    Rx, Rs = factor_roots(X, S, workers=workers, device=device)
+    return basis_from_roots(Rx, Rs, workers, device)
+
+
+def _basis_part(Rx: torch.Tensor, Rs: torch.Tensor):
+    """``(ok, (sv, A, B))`` of a chunk of units: ok where both roots are well-conditioned."""
+    from headrank.core.linalg import PRODUCT_SVD_COND
+
+    eye = torch.eye(Rx.shape[-1], dtype=torch.float64, device=Rx.device)
+    inv = [torch.linalg.solve_triangular(R, eye.expand_as(R), upper=True) for R in (Rx, Rs)]
+    cond = [torch.linalg.matrix_norm(R) * torch.linalg.matrix_norm(Ri) for R, Ri in zip((Rx, Rs), inv, strict=True)]
+    if not bool(((cond[0] <= PRODUCT_SVD_COND) & (cond[1] <= PRODUCT_SVD_COND)).all()):
+        return False, None
+    Uc, sv, Vch = torch.linalg.svd(Rx @ Rs.mT)
+    return True, (sv, inv[0] @ Uc, inv[1] @ Vch.mT)
+
+
+def basis_from_roots(Rx: torch.Tensor, Rs: torch.Tensor, workers: int = 1, device: str | None = None) -> Basis:
+    """:class:`Basis` from the roots ``(Hkv, p, dh)``, ``UNITS_PER_TASK`` units per task on
+    ``workers`` threads (on ``device`` when given)."""
+    from headrank.util.threads import parallel_map
+
+    if device is not None:
+        Rx, Rs = Rx.to(device), Rs.to(device)
+    if Rx.shape[-2] != Rx.shape[-1] or Rs.shape[-2] != Rs.shape[-1]:
+        return Basis(torch.linalg.svdvals(Rx @ Rs.mT))
+    per = UNITS_PER_TASK if device is None else max(1, Rx.shape[0])  # a device: the whole layer at once
+    spans = [slice(a, a + per) for a in range(0, Rx.shape[0], per)]
+    parts = parallel_map(lambda s: _basis_part(Rx[s], Rs[s]), spans, workers)
+    if not all(ok for ok, _ in parts):  # one unit not well-conditioned: the layer's cut takes the QR route
+        return Basis(torch.linalg.svdvals(Rx @ Rs.mT))
+    sv, A, B = (torch.cat([p[1][n] for p in parts]) for n in range(3))
+    return Basis(sv, A, B)
 
 
 @dataclass
 class UnitCut:
-    """One product of one layer after the cut: new factors (float64) and per-unit numbers."""
+    """One product of one layer after the cut: new factors and per-unit numbers. The factors
+    may hold fewer than ``dh`` columns (the kept ones: the cut from a :class:`Basis`); the
+    columns beyond are zero (:meth:`padded`)."""
 
-    X: torch.Tensor  # (Hkv, g·d, dh)
-    S: torch.Tensor  # (Hkv, d, dh)
+    X: torch.Tensor  # (Hkv, g·d, w), w ≤ dh
+    S: torch.Tensor  # (Hkv, d, w)
     k: torch.Tensor  # (Hkv,)
     sv: torch.Tensor  # (Hkv, p): the spectrum the cut was chosen on (whitened when whitening)
     err: torch.Tensor  # (Hkv,) ‖M − M_k‖_F of the unit's (unwhitened) product
     norm: torch.Tensor  # (Hkv,) ‖M‖_F
 
+    def padded(self, dh: int) -> UnitCut:
+        """The same cut with ``dh`` columns (zeros appended)."""
+        pad = dh - self.X.shape[-1]
+        if pad <= 0:
+            return self
+        return UnitCut(torch.nn.functional.pad(self.X, (0, pad)), torch.nn.functional.pad(self.S, (0, pad)),
+                       self.k, self.sv, self.err, self.norm)
 
-def _from_roots(X: torch.Tensor, S: torch.Tensor, k: torch.Tensor, product: str, L: torch.Tensor | None,
-                roots: tuple[torch.Tensor, torch.Tensor]) -> UnitCut | None:
-    """The cut from pass 1's roots of the (whitened) factors, ``XᵀX = RxᵀRx`` (whitened: of
-    ``Lᵀ X``), without a second pass over the factors' Gram matrices: with ``Rx Rsᵀ = Uc Σ Vcᵀ``
-    the cut factors are ``X' = X (Rx⁻¹ Uc_k Σ_k^½)`` and ``S' = S (Rs⁻¹ Vc_k Σ_k^½)`` (whitening
-    and its inverse cancel: ``L⁻ᵀ Lᵀ S = S``), two GEMMs with dh × dh matrices, in float32
-    for a 16-bit checkpoint (written back in 16 bits: float32's rounding is far below the
-    written one), else float64. None where a root is not
-    well-conditioned (:data:`~headrank.core.linalg.PRODUCT_SVD_COND`): the QR route then."""
-    from headrank.core.linalg import PRODUCT_SVD_COND
 
-    Rx, Rs = roots
-    if Rx.shape[-2] != Rx.shape[-1] or Rs.shape[-2] != Rs.shape[-1]:
-        return None
-    eye = torch.eye(Rx.shape[-1], dtype=torch.float64)
-    inv = [torch.linalg.solve_triangular(R, eye.expand_as(R), upper=True) for R in (Rx, Rs)]
-    cond = [torch.linalg.matrix_norm(R) * torch.linalg.matrix_norm(Ri) for R, Ri in zip((Rx, Rs), inv, strict=True)]
-    if not bool(((cond[0] <= PRODUCT_SVD_COND) & (cond[1] <= PRODUCT_SVD_COND)).all()):
-        return None
-    Uc, sv, Vch = torch.linalg.svd(Rx @ Rs.mT)
+def _work_dtype(X: torch.Tensor, S: torch.Tensor, L: torch.Tensor | None, device: str | None) -> torch.dtype:
+    """float32 for a 16-bit checkpoint cut on the CPU without whitening (written back in 16 bits:
+    float32's rounding is far below the written one), else float64 (on a device always)."""
+    half = (torch.bfloat16, torch.float16)
+    if device is None and X.dtype in half and S.dtype in half and L is None:
+        return torch.float32
+    return torch.float64
+
+
+def _times(F: torch.Tensor, M: torch.Tensor, wd: torch.dtype, workers: int, device: str | None) -> torch.Tensor:
+    """``F @ M`` per unit in ``wd`` (``UNITS_PER_TASK`` units per task on ``workers`` threads;
+    on ``device`` when given, the result back on the CPU)."""
+    from headrank.util.threads import parallel_map
+
+    M = M.to(wd)
+    if device is not None:
+        return (F.to(device=device, dtype=wd) @ M.to(device)).cpu()
+    out = torch.empty(*F.shape[:-1], M.shape[-1], dtype=wd)
+    spans = [slice(a, a + UNITS_PER_TASK) for a in range(0, F.shape[0], UNITS_PER_TASK)]
+    parallel_map(lambda s: torch.matmul(F[s].to(wd), M[s], out=out[s]), spans, workers)
+    return out
+
+
+def _from_basis(X: torch.Tensor, S: torch.Tensor, k: torch.Tensor, L: torch.Tensor | None, b: Basis,
+                workers: int = 1, device: str | None = None) -> UnitCut:
+    """The cut from pass 1's :class:`Basis`, without a second pass over the factors' Gram
+    matrices: ``X' = X (A_k Σ_k^½)``, ``S' = S (B_k Σ_k^½)`` (whitening and its inverse cancel:
+    ``L⁻ᵀ Lᵀ S = S``), two GEMMs with dh × k matrices making the kept columns only (the others
+    are zero). Whitened: ``err`` from the factors (float64), the cut returned padded."""
+    sv = b.sv.cpu()
     keep = (torch.arange(sv.shape[-1]) < k[:, None]).to(torch.float64)
     root = sv.clamp_min(0).sqrt() * keep
-    half = (torch.bfloat16, torch.float16)
-    wd = torch.float32 if X.dtype in half and S.dtype in half and L is None else torch.float64
-    kmax = max(int(k.max()), 1)  # the GEMMs make the kept columns only; the rest are zero
-    Ma, Mb = ((inv[0] @ Uc) * root[:, None, :])[..., :kmax], ((inv[1] @ Vch.mT) * root[:, None, :])[..., :kmax]
-    pad = X.shape[-1] - kmax
-    Xn = torch.nn.functional.pad(X.to(wd) @ Ma.to(wd), (0, pad))
-    Sn = torch.nn.functional.pad(S.to(wd) @ Mb.to(wd), (0, pad))
+    wd = _work_dtype(X, S, L, device)
+    kmax = max(int(k.max()), 1)
+    r = root.to(b.A.device)[:, None, :]
+    Ma, Mb = (b.A * r)[..., :kmax], (b.B * r)[..., :kmax]
+    Xn, Sn = _times(X, Ma, wd, workers, device), _times(S, Mb, wd, workers, device)
     if L is None:
         e = sv**2
         return UnitCut(Xn, Sn, k.clone(), sv, ((1 - keep) * e).sum(-1).sqrt(), e.sum(-1).sqrt())
+    pad = X.shape[-1] - kmax
+    Xn, Sn = torch.nn.functional.pad(Xn, (0, pad)), torch.nn.functional.pad(Sn, (0, pad))
     X64, S64 = X.to(torch.float64), S.to(torch.float64)
     return UnitCut(Xn, Sn, k.clone(), sv, diff_norm(X64, S64, Xn, Sn), diff_norm(X64, S64))
 
 
 def cut_unit(X: torch.Tensor, S: torch.Tensor, k: torch.Tensor, product: str,
-             L: torch.Tensor | None = None, roots: tuple[torch.Tensor, torch.Tensor] | None = None) -> UnitCut:
-    """Best rank-``k[u]`` approximation of every unit ``X_u S_uᵀ``, balanced, zero-padded
-    (``roots``: pass 1's roots of the whitened factors, see :func:`_from_roots`)."""
-    if roots is not None:
-        done = _from_roots(X, S, k, product, L, roots)
-        if done is not None:
-            return done
+             L: torch.Tensor | None = None, basis: Basis | None = None, workers: int = 1,
+             device: str | None = None) -> UnitCut:
+    """Best rank-``k[u]`` approximation of every unit ``X_u S_uᵀ``, balanced: from pass 1's
+    ``basis`` where it has the vectors (:func:`_from_basis`, the kept columns only), else (no
+    basis, or not well-conditioned) by :func:`headrank.core.linalg.product_svd` on the CPU,
+    zero-padded to dh columns."""
+    if basis is not None and basis.A is not None:
+        return _from_basis(X, S, k, L, basis, workers, device)
     Xw, Sw = _whitened(X, S, product, L)
     U, sv, V = product_svd(Xw, Sw)
     dh = X.shape[-1]

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -21,11 +22,14 @@ SIDE_DIR_BYTES = 4 * 2**20
 class ShardWriter:
     """Collects tensors and writes safetensors shards of at most SHARD_BYTES each: one
     ``STEM.safetensors``, or ``STEM-0000i-of-0000N.safetensors`` with Hugging Face's index
-    (stem ``model``: what ``from_pretrained`` reads)."""
+    (stem ``model``: what ``from_pretrained`` reads). A full shard is written by a background
+    thread while the next one fills (at most one write in flight; its error is raised by the
+    next :meth:`flush` or :meth:`finish`); :meth:`close` waits for it."""
 
-    def __init__(self, stage: Path, shard_bytes: int = SHARD_BYTES, dtype: torch.dtype | None = None,
+    def __init__(self, stage: Path, shard_bytes: int | None = None, dtype: torch.dtype | None = None,
                  stem: str = "model"):
-        self.stage, self.shard_bytes, self.dtype, self.stem = stage, shard_bytes, dtype, stem
+        self.stage, self.dtype, self.stem = stage, dtype, stem
+        self.shard_bytes = SHARD_BYTES if shard_bytes is None else shard_bytes
         self.cur: dict[str, torch.Tensor] = {}
         self.size = 0
         self.shards: list[tuple[Path, list[str]]] = []
@@ -33,6 +37,9 @@ class ShardWriter:
         self.dense = 0  # bytes the same tensors would take uncut (a factored tensor is smaller)
         self.names: set[str] = set()
         self.dtypes: set[str] = set()
+        self._pool: Any = None
+        self._pending: Any = None
+        self._mask = _umask()  # read here: os.umask is process-wide, not for a background thread to flip
 
     def add(self, name: str, t: torch.Tensor, dense_numel: int | None = None, owned: bool = False) -> None:
         """Queue ``name``; floating tensors are cast to ``dtype`` when one was given. ``owned``:
@@ -52,22 +59,37 @@ class ShardWriter:
         self.names.add(name)
         self.dtypes.add(str(t.dtype).removeprefix("torch."))
 
-    def flush(self) -> None:
+    def flush(self, wait: bool = False) -> None:
+        """Write the shard collected so far (in the background unless ``wait``)."""
+        self._wait()
         if not self.cur:
             return
-        import os
-
-        from safetensors import SafetensorError
-        from safetensors.torch import save_file
-
         p = self.stage / f".shard-{len(self.shards)}.safetensors"
-        try:
-            save_file(self.cur, str(p), metadata={"format": "pt"})
-            os.chmod(p, 0o666 & ~_umask())  # safetensors writes 0600; a checkpoint is read by others
-        except (OSError, SafetensorError) as e:
-            raise _write_error(e, self.stage.parent) from None
         self.shards.append((p, list(self.cur)))
-        self.cur, self.size = {}, 0
+        cur, self.cur, self.size = self.cur, {}, 0
+        if wait:
+            _save(cur, p, self.stage.parent, self._mask)
+            return
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="headrank-write")
+        self._pending = self._pool.submit(_save, cur, p, self.stage.parent, self._mask)
+
+    def _wait(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def close(self) -> None:
+        """Wait for a write in flight (its error ignored: the caller is failing already)."""
+        try:
+            self._wait()
+        except Exception:  # noqa: BLE001, S110 - the run's own error is the one to report
+            pass
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
 
     def report(self, fmt: str) -> dict:
         """Bytes of the weight files written, and what the uncut tensors would take on disk."""
@@ -80,7 +102,8 @@ class ShardWriter:
 
     def finish(self) -> list[str]:
         """Final names of the weight files (renamed within the stage)."""
-        self.flush()
+        self.flush(wait=True)
+        self.close()
         n = len(self.shards)
         if n == 1:
             self.shards[0][0].rename(self.stage / f"{self.stem}.safetensors")
@@ -96,6 +119,17 @@ class ShardWriter:
         (self.stage / f"{self.stem}.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
         self.files = files
         return [*files, f"{self.stem}.safetensors.index.json"]
+
+
+def _save(tensors: dict[str, torch.Tensor], p: Path, where: Path, mask: int) -> None:
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
+
+    try:
+        save_file(tensors, str(p), metadata={"format": "pt"})
+        os.chmod(p, 0o666 & ~mask)  # safetensors writes 0600; a checkpoint is read by others
+    except (OSError, SafetensorError) as e:
+        raise _write_error(e, where) from None
 
 
 def _umask() -> int:
