@@ -182,3 +182,31 @@ def test_training_refuses_bf16_on_the_cpu_before_writing(tmp_path):
     with pytest.raises(HeadRankError, match="bf16"):
         train(tmp_path / "run", cfg, device="cpu", amp="bf16")
     assert not (tmp_path / "run").exists()
+
+
+# -- the ViT pilot: its criterion reads validation accuracy and cost, never a rank ---------------------
+
+def _pilot(accs, cpu=60.0):
+    return [{"lr": lr, "width": w, "batch": b, "steps": paper.steps_for_exposure(paper.vit_candidate(lr, w, b), "vit"),
+             "cpu_s": cpu, "val_acc": a, "test_acc": 0.0, "loss": 1.0} for (lr, w, b), a in zip(paper.VIT_PILOT, accs,
+                                                                                               strict=True)]
+
+
+def test_vit_pilot_criterion():
+    assert paper.VIT_PILOT[0] == (3e-2, 32, 16)  # the first run's configuration is a candidate
+    # the largest lr that learns wins (fewest steps); ties go to the earlier candidate
+    tie = paper.choose_vit(_pilot([0.5, 0.95, 0.97, 0.96, 0.99]))
+    assert (tie["lr"], tie["width"], tie["batch"]) == (1e-2, 32, 16)
+    only_slow = paper.choose_vit(_pilot([0.5, 0.85, 0.91, 0.8, 0.89]))
+    assert (only_slow["lr"], only_slow["width"]) == (3e-3, 32)
+    assert paper.choose_vit(_pilot([0.5, 0.85, 0.89, 0.8, 0.89])) is None  # none learns: no runs
+    assert paper.choose_vit(_pilot([0.95] * 5, cpu=paper.VIT_RUNS_BUDGET_S)) is None  # none fits the budget
+    assert all("rank" not in k for k in _pilot([0.9] * 5)[0])
+
+
+def test_vit_candidate_steps_follow_its_lr_and_keep_heads_of_16():
+    c = paper.vit_candidate(1e-2, 64, 64)
+    b = paper.base("vit", c)
+    assert b["lr"] == 1e-2 and b["d_model"] == 64 and b["n_heads"] == 4 and b["batch_size"] == 64
+    assert b["steps"] == paper.steps_for_exposure(c, "vit") and paper.literal_exposure("vit", c) >= 8.0
+    assert paper.base("lm", c) == paper.base("lm")  # the LM is untouched

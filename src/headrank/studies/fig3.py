@@ -88,8 +88,8 @@ class Fig3Params:
         (paired by seed, spread = t_{0.975, n−1} standard errors; trend: exposure ≥ 3 at the top;
         matched: exposure ≥ 8), unchanged."""
         r = paper.REGIME
-        n = paper.steps_for_exposure(r)
-        return cls(exposures=(0.0, r.target_exposure), seeds=r.seeds, lm_steps=n, vit_steps=n,
+        return cls(exposures=(0.0, r.target_exposure), seeds=r.seeds, lm_steps=paper.steps_for_exposure(r, "lm"),
+                   vit_steps=paper.steps_for_exposure(r, "vit"),
                    other_weight_decay=max(r.vit_other_decays), literal_lambda=r.lam, workers=r.workers,
                    profile=paper.PROFILE)
 
