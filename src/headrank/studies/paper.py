@@ -52,6 +52,8 @@ from headrank.studies.lm_common import PRETRAIN_EXPOSURE, PRODUCTS, exposure, lr
 
 #: the name of the profile
 PROFILE = "paper"
+#: fig3's ViT half of it alone (:meth:`headrank.studies.fig3.Fig3Params.paper_vit`)
+VIT_PROFILE = "paper_vit"
 
 
 @dataclass(frozen=True)
