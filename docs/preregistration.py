@@ -54,11 +54,14 @@ STORED_RUNS["paper"] = {s: ("d5f5380", "ran with this code (the paper profile's 
 #: fig3's ViT half of the paper profile, re-run with the ViT chosen by the pilot (docs/paper_regime.md)
 STORED_RUNS["paper_vit"] = {}
 
-#: rule changes made in params (thresholds, horizons, grids), which the code walk does not see
+#: rule changes made in params (thresholds, horizons, grids), which the code walk does not see,
+#: by claim name or by study
 PARAM_CHANGES = {
     "fig2.gap_vanishes": ("1dca472", "horizon cut from 6,000 to 2,000 steps after the longer runs were seen"),
     "fig2.sgd_control": ("41ced41", "eta 0.05 -> 0.01 after a trial at 0.05 missed the rule"),
     "fig5.eps_sweep": ("823bce5", "the eps = 3 point"),
+    "fig3": ("dd058ec", "fig3's params gained `models` (the paper_vit profile): the same verdicts with both models, "
+                        "but every fig3 hash changed"),
 }
 
 
@@ -68,6 +71,10 @@ PROFILE_PARAM_CHANGES = {
                              "in 550a30a at width 64; that start was stopped and nothing of it kept)")
               for s in ("fig3", "table1", "decouple")},
 }
+PROFILE_PARAM_CHANGES["paper"]["fig3"] = ("0b88e97", "the ViT chosen by the pilot (lr 1e-2, 8,100 steps, runs in vit_b) "
+                                                     "after the paper run's LM and ViT runs existed")
+PROFILE_PARAM_CHANGES["paper_vit"] = {"fig3": ("0b88e97", "the ViT half of the paper profile, configured by the pilot "
+                                                          "(grid and criterion fixed in 948ccc6 before it ran)")}
 
 
 def git(*args: str) -> str:
@@ -153,8 +160,9 @@ def build() -> dict:
         for c in claims:
             fixed = first_fixed(c.judged_by)
             note = ""
-            if c.name in PARAM_CHANGES:
-                pc, note = PARAM_CHANGES[c.name]
+            change = PARAM_CHANGES.get(c.name) or PARAM_CHANGES.get(study)
+            if change:
+                pc, note = change
                 fixed = latest([fixed, pc])
             row = {"judged_by": c.judged_by, "first_fixed": fixed, "note": note,
                    "rule_sha256": {k: prereg.rule_sha256(c.name, c.judged_by, p) for k, p in profiles.items()}}
