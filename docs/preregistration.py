@@ -52,7 +52,8 @@ STORED_RUNS = {
 STORED_RUNS["paper"] = {s: ("d5f5380", "ran with this code (the paper profile's one run, 25 Nov, 16:08-16:49)")
                         for s in ("fig3", "table1", "decouple")}
 #: fig3's ViT half of the paper profile, re-run with the ViT chosen by the pilot (docs/paper_regime.md)
-STORED_RUNS["paper_vit"] = {}
+STORED_RUNS["paper_vit"] = {"fig3": ("f052453", "ran with this code (the ten ViT runs, 26 Nov; "
+                                                "docs/claims_paper_vit.md)")}
 
 #: rule changes made in params (thresholds, horizons, grids), which the code walk does not see,
 #: by claim name or by study
