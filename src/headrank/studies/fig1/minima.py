@@ -7,7 +7,7 @@ The loss is Figure 1's, ``F(A, B) = ‖ABᵀ − D‖²_F + (λ/2)(‖A‖²_F +
 low rank, each scaled to spectral norm 1. Since ``min{½(‖A‖² + ‖B‖²) : ABᵀ = W} = ‖W‖_*``
 (Proposition 3.1), the nuclear-norm problem that shares F's minima is
 ``N(W) = ‖W − D‖²_F + λ‖W‖_*``, strictly convex, whose one minimiser soft-thresholds the singular
-values of D at **λ/2** (the data term has no ½): ``W* = U max(Σ − λ/2, 0) Vᵀ`` (REFERENCE.md §2;
+values of D at **λ/2** (the data term has no ½): ``W* = U max(Σ − λ/2, 0) Vᵀ`` (docs/METHODS.md §5;
 computed here by numpy's SVD, independently of the descent). The abstract writes the same λ in
 front of ``‖A‖² + ‖B‖²`` and of ``‖ABᵀ‖_*``; read literally (F with λ/2 pairs with N with λ/2),
 its optimum thresholds at λ/4: the distance to that optimum is recorded too, so the test can
