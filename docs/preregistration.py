@@ -12,8 +12,11 @@ real runs of fig1 and scale (their claims need a run; the data never enter a has
 ending at HEAD, in which the claim's judging functions (with the module functions they call and
 the module's upper-case constants) read the same as now, the package rename attnrank -> headrank
 undone. Params changes are not seen by that walk; the ones on the record are added by hand
-(PARAM_CHANGES). A rule whose first-fixed commit is not an ancestor of (or equal to) the commit
-that made a profile's stored run changed after that run: a departure (docs/METHODS.md §4).
+(PARAM_CHANGES for every profile, PROFILE_PARAM_CHANGES for one profile), so a claim has one
+first-fixed commit per profile (``first_fixed_in``). A rule whose first-fixed commit in a
+profile is not an ancestor of (or equal to) the commit that made that profile's stored run
+changed after that run: a departure (docs/METHODS.md §4). A profile without a stored run of the
+claim's study records None.
 """
 
 from __future__ import annotations
@@ -43,12 +46,36 @@ STORED_RUNS = {
              "fig5": ("c3962e7", "at or before: as fig1"), "scale": ("c3962e7", "at or before: as fig1")},
 }
 
-#: rule changes made in params (thresholds, horizons, grids), which the code walk does not see
+# the paper profile (docs/paper_regime.md): its one run started at 16:08 on 25 November with the
+# code committed as d5f5380 at 16:09 (the sized regime); 50c063e and ec5afcd (16:13) touched only
+# the report's wording of the profile and the Makefile. docs/claims_paper.md is that run.
+STORED_RUNS["paper"] = {s: ("d5f5380", "ran with this code (the paper profile's one run, 25 Nov, 16:08-16:49)")
+                        for s in ("fig3", "table1", "decouple")}
+#: fig3's ViT half of the paper profile, re-run with the ViT chosen by the pilot (docs/paper_regime.md)
+STORED_RUNS["paper_vit"] = {"fig3": ("f052453", "ran with this code (the ten ViT runs, 26 Nov; "
+                                                "docs/claims_paper_vit.md)")}
+
+#: rule changes made in params (thresholds, horizons, grids), which the code walk does not see,
+#: by claim name or by study
 PARAM_CHANGES = {
     "fig2.gap_vanishes": ("1dca472", "horizon cut from 6,000 to 2,000 steps after the longer runs were seen"),
     "fig2.sgd_control": ("41ced41", "eta 0.05 -> 0.01 after a trial at 0.05 missed the rule"),
     "fig5.eps_sweep": ("823bce5", "the eps = 3 point"),
+    "fig3": ("dd058ec", "fig3's params gained `models` (the paper_vit profile): the same verdicts with both models, "
+                        "but every fig3 hash changed"),
 }
+
+
+#: params changes of one profile: profile -> {study or claim name: (commit, why)}
+PROFILE_PARAM_CHANGES = {
+    "paper": {s: ("d5f5380", "the paper profile's params as sized for this machine (the profile first appeared "
+                             "in 550a30a at width 64; that start was stopped and nothing of it kept)")
+              for s in ("fig3", "table1", "decouple")},
+}
+PROFILE_PARAM_CHANGES["paper"]["fig3"] = ("0b88e97", "the ViT chosen by the pilot (lr 1e-2, 8,100 steps, runs in vit_b) "
+                                                     "after the paper run's LM and ViT runs existed")
+PROFILE_PARAM_CHANGES["paper_vit"] = {"fig3": ("0b88e97", "the ViT half of the paper profile, configured by the pilot "
+                                                          "(grid and criterion fixed in 948ccc6 before it ran)")}
 
 
 def git(*args: str) -> str:
@@ -117,6 +144,12 @@ def probe_claims() -> dict[str, list]:
     return by
 
 
+def profile_change(profile: str, name: str) -> tuple[str, str] | None:
+    """The params change of ``profile`` on the record for claim ``name`` (by claim, else by study)."""
+    changes = PROFILE_PARAM_CHANGES.get(profile, {})
+    return changes.get(name) or changes.get(name.split(".")[0])
+
+
 def build() -> dict:
     from headrank.studies import prereg
     from headrank.studies.registry import get
@@ -124,17 +157,22 @@ def build() -> dict:
     out: dict = {"about": __doc__.split("\n\n")[0].strip(), "stored_runs": STORED_RUNS, "claims": {}}
     for study, claims in sorted(probe_claims().items()):
         entry = get(study).study
-        profiles = {p: getattr(entry.params, p)() for p in ("quick", "full")}
+        profiles = {p: entry.make_params(p) for p in entry.profiles()}
         for c in claims:
             fixed = first_fixed(c.judged_by)
             note = ""
-            if c.name in PARAM_CHANGES:
-                pc, note = PARAM_CHANGES[c.name]
+            change = PARAM_CHANGES.get(c.name) or PARAM_CHANGES.get(study)
+            if change:
+                pc, note = change
                 fixed = latest([fixed, pc])
             row = {"judged_by": c.judged_by, "first_fixed": fixed, "note": note,
                    "rule_sha256": {k: prereg.rule_sha256(c.name, c.judged_by, p) for k, p in profiles.items()}}
-            row["changed_after_stored_run"] = {k: not is_ancestor(fixed, STORED_RUNS[k][study][0])
-                                               for k in profiles}
+            row["first_fixed_in"] = {k: latest([fixed, profile_change(k, c.name)[0]]) if profile_change(k, c.name)
+                                     else fixed for k in profiles}
+            row["profile_notes"] = {k: profile_change(k, c.name)[1] for k in profiles if profile_change(k, c.name)}
+            row["changed_after_stored_run"] = {
+                k: (not is_ancestor(row["first_fixed_in"][k], STORED_RUNS[k][study][0])
+                    if study in STORED_RUNS.get(k, {}) else None) for k in profiles}
             out["claims"][c.name] = row
     return out
 

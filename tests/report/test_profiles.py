@@ -103,3 +103,23 @@ def test_cli_profile(tmp_path, studies):
         r = CliRunner().invoke(app, ["reproduce", *args, "--out", str(tmp_path / "b")])
         assert r.exit_code == 2 and words in r.output and "Traceback" not in r.output, r.output
     assert not (tmp_path / "b").exists()
+
+
+def test_reproduce_all_takes_a_study_profile_from_the_cli(tmp_path, monkeypatch):
+    """`headrank reproduce all --profile paper` (docs/paper_regime.md, make gallery-paper) runs the
+    reproductions that offer it; a profile none offers is one line, exit 2."""
+    from typer.testing import CliRunner
+
+    from headrank.cli import app
+    from headrank.report import runner as rep
+
+    seen = {}
+    monkeypatch.setattr(rep, "run_all", lambda out, **kw: seen.update(kw) or [])
+    monkeypatch.setattr("headrank.report.result.ReproduceResult.load", lambda out: type("R", (), {
+        "to_json": lambda self: {"reproductions": []}})())
+    r = CliRunner().invoke(app, ["reproduce", "all", "--profile", "paper", "--out", str(tmp_path / "a"), "--json"])
+    assert r.exit_code == 0, r.output
+    assert seen["profile"] == "paper"
+    monkeypatch.undo()
+    r = CliRunner().invoke(app, ["reproduce", "all", "--profile", "nosuch", "--out", str(tmp_path / "b")])
+    assert r.exit_code == 2 and "no reproduction offers the profile 'nosuch'" in r.output

@@ -172,7 +172,8 @@ def test_quick_run_and_replot_give_the_same_claims(tmp_path):
     assert json.loads((tmp_path / "claims.json").read_text()) == before
     assert {c["name"]: c["verdict"] for c in before} == dict.fromkeys(
         ["fig1.gap_decay", "fig1.balance_rate", "fig1.gd_recursion", "fig1.soft_threshold",
-         "fig1.threshold_algebraic", "prop31.balanced_equality", "prop31.unbalanced_gap"], "held")
+         "fig1.threshold_algebraic", "fig1.local_minima", "prop31.balanced_equality", "prop31.unbalanced_gap"],
+        "held")
     measured_from_data({c["name"]: c["measured"] for c in before}, json.loads((tmp_path / "data.json").read_text()))
 
 
@@ -197,6 +198,10 @@ def measured_from_data(measured, data):
     assert measured["prop31.balanced_equality"] == pytest.approx(bal.max(), rel=1e-12)
     assert measured["prop31.unbalanced_gap"]["min gap/bound"] == pytest.approx(
         min((p["gap_scaled"] / p["bound_scaled"]).min(), (p["gap_indep"] / p["bound_indep"]).min()), rel=1e-12)
+    cases = data["minima"]["cases"]  # every end point a local minimum, at W* to rounding
+    judged = [c for c in cases if c["grad_norm"] <= 1e-9 and c["hessian_min"] >= -1e-8]
+    assert measured["fig1.local_minima"]["judged (local minima)"] == len(judged) == len(cases) == 72
+    assert measured["fig1.local_minima"]["largest |AB^T - W*|_F / |D|_F"] == max(c["dist"] for c in cases) < 1e-12
     gap = np.asarray(data["gap"])
     for lam, row in zip(data["lambdas"], gap, strict=True):
         assert measured["fig1.gap_decay"][f"lam={lam:g}"]["final/initial"] == pytest.approx(row[-1] / row[0], abs=1e-18)

@@ -116,6 +116,27 @@ def test_a_caption_sentence_holds_only_in_every_model():
     assert verdict["rising"]["fig3.vit.rank_falls"] == "not held" and verdict["rising"]["fig3.rank_falls"] == "not held"
 
 
+def test_paper_vit_profile_judges_the_vit_alone_and_never_holds_a_sentence_without_the_lm():
+    """fig3's paper_vit profile: the ViT's own claims by the paper profile's rules; the caption's
+    sentences (every model) inconclusive while the LM is absent, not held where the ViT fails."""
+    from dataclasses import replace
+
+    p = Fig3Params.paper_vit()
+    assert p.models == ("vit",) and p.profile == "paper_vit"
+    assert replace(p, models=Fig3Params.paper().models, profile="paper") == Fig3Params.paper()
+    vit = _model({0.0: 16, 8.0: 4}, seeds=(0, 1, 2), n_layers=2)
+    vit["literal_lambda"], vit["lr_peak"] = 8.0, 1e-2
+    by = {c.name: c for c in fig3.claims({"vit": vit}, p)}
+    assert not any(n.startswith("fig3.lm.") for n in by)
+    assert by["fig3.vit.lam01_literal"].verdict == "held"
+    assert by["fig3.lam01_literal"].verdict == "inconclusive" and "not in this run: LM" in by["fig3.lam01_literal"].reason
+    rising = _model({0.0: 4, 8.0: 16}, seeds=(0, 1, 2), n_layers=2)
+    rising["literal_lambda"] = 8.0
+    by = {c.name: c for c in fig3.claims({"vit": rising}, p)}
+    assert by["fig3.vit.lam01_literal"].verdict == "not held" and by["fig3.lam01_literal"].verdict == "not held"
+    assert len(fig3.figures({"vit": vit}, p)) == 1
+
+
 @pytest.mark.slow
 def test_fig3_end_to_end_tiny():
     from headrank.studies.registry import get

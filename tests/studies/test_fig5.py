@@ -277,9 +277,28 @@ def test_adamw_fixed_point_identity_both_ways():
     assert never.verdict == "not held"  # nothing converged: not verified
 
 
+def test_optimizers_agree_both_ways():
+    """Four judged pairs (direct / factorized at the main point and at disc): the end points' distance to each other."""
+    c = C.optimizers_agree(_data(), Q)  # both optimisers 1e-3 off the optimum, on the same side: 0 apart
+    assert c.verdict == "held" and len(c.measured["pairs"]) == 4 and c.quote == C.Q_SAME
+    assert all(v["apart"] == 0.0 and v["converged"] for v in c.measured["pairs"].values())
+    apart = lambda kind, opt, eps, lw: 0.05 if (kind, opt, eps) == ("factorized", "adamw", Q.disc[1]) else 1e-3  # noqa: E731
+    c = C.optimizers_agree(_data(dist=apart), Q)
+    assert c.verdict == "not held" and "factorized, disc" in c.reason
+    assert max(v["apart"] for v in c.measured["pairs"].values()) == pytest.approx(0.049)
+    # both optimisers far from the optimum but together: still the same point (this claim asks only that)
+    assert C.optimizers_agree(_data(dist=lambda kind, opt, eps, lw: 0.3), Q).verdict == "held"
+    unsettled = C.optimizers_agree(_data(spread=lambda kind, eps, lw: 5e-3 if eps == Q.eps_main else 1e-7), Q)
+    assert unsettled.verdict == "inconclusive" and "did not converge" in unsettled.reason
+    # sweep pairs are reported, never judged
+    sweep = lambda kind, opt, eps, lw: 0.2 if (opt, eps) == ("adamw", 1e-4) else 1e-3  # noqa: E731
+    c = C.optimizers_agree(_data(dist=sweep), Q)
+    assert c.verdict == "held" and max(c.measured["converged sweep pairs (not judged)"].values()) == pytest.approx(0.199)
+
+
 def test_claims_list_has_no_duplicate_same_point_claims():
     names = [c.name for c in C.claims(_data(), Q)]
-    assert not any(n.endswith("same_point") for n in names) and len(names) == len(set(names)) == 8
+    assert not any(n.endswith("same_point") for n in names) and len(names) == len(set(names)) == 9
     kinds = {c.name: (c.kind, c.supports) for c in C.claims(_data(), Q)}
     assert kinds["fig5.direct_adam_l2_reaches_l2_optimum"] == ("check", "")
     assert kinds["fig5.wd_sweep"] == ("finding", "fig5.direct_adamw_reaches_l2_optimum")

@@ -31,7 +31,7 @@ def test_literal_lambda_reaches_the_pretraining_exposure_on_the_schedule_it_trai
     assert r.lam == 0.1 and r.target_exposure >= 8.0
     assert r.lam * lr_sum >= 8.0
     assert r.lam * (lr_sum - lr_at(cfg, cfg.steps)) < r.target_exposure  # the fewest steps that do
-    assert cfg.lr == r.lr and cfg.schedule == "constant" and cfg.warmup == r.warmup
+    assert cfg.lr == paper.kind_lr(r, kind) and cfg.schedule == "constant" and cfg.warmup == r.warmup
 
 
 def test_steps_for_exposure_is_the_fewest_steps_for_other_regimes():
@@ -172,7 +172,8 @@ def test_data_use_is_read_from_the_runs(tmp_path):
     b = paper.base("lm")
     assert u["seen"] == b["steps"] * b["batch_size"] * b["seq_len"] and u["passes"] == pytest.approx(u["seen"] / 1e6)
     (run / "summary.json").write_text(json.dumps({"data": {"n_per_split": {"train": 1000}}}))
-    assert paper.data_use("vit", res)["passes"] == pytest.approx(b["steps"] * paper.REGIME.vit_batch / 1000)
+    v = paper.base("vit")
+    assert paper.data_use("vit", res)["passes"] == pytest.approx(v["steps"] * paper.REGIME.vit_batch / 1000)
 
 
 def test_training_refuses_bf16_on_the_cpu_before_writing(tmp_path):
@@ -182,3 +183,45 @@ def test_training_refuses_bf16_on_the_cpu_before_writing(tmp_path):
     with pytest.raises(HeadRankError, match="bf16"):
         train(tmp_path / "run", cfg, device="cpu", amp="bf16")
     assert not (tmp_path / "run").exists()
+
+
+# -- the ViT pilot: its criterion reads validation accuracy and cost, never a rank ---------------------
+
+def _pilot(accs, cpu=60.0):
+    return [{"lr": lr, "width": w, "batch": b, "steps": paper.steps_for_exposure(paper.vit_candidate(lr, w, b), "vit"),
+             "cpu_s": cpu, "val_acc": a, "test_acc": 0.0, "loss": 1.0} for (lr, w, b), a in zip(paper.VIT_PILOT, accs,
+                                                                                               strict=True)]
+
+
+def test_vit_pilot_criterion():
+    assert paper.VIT_PILOT[0] == (3e-2, 32, 16)  # the first run's configuration is a candidate
+    # the largest lr that learns wins (fewest steps); ties go to the earlier candidate
+    tie = paper.choose_vit(_pilot([0.5, 0.95, 0.97, 0.96, 0.99]))
+    assert (tie["lr"], tie["width"], tie["batch"]) == (1e-2, 32, 16)
+    only_slow = paper.choose_vit(_pilot([0.5, 0.85, 0.91, 0.8, 0.89]))
+    assert (only_slow["lr"], only_slow["width"]) == (3e-3, 32)
+    assert paper.choose_vit(_pilot([0.5, 0.85, 0.89, 0.8, 0.89])) is None  # none learns: no runs
+    assert paper.choose_vit(_pilot([0.95] * 5, cpu=paper.VIT_RUNS_BUDGET_S)) is None  # none fits the budget
+    assert all("rank" not in k for k in _pilot([0.9] * 5)[0])
+
+
+def test_the_regime_runs_the_vit_the_pilot_chose():
+    """The pilot's measured validation accuracies (docs/paper_regime.md) give lr 1e-2, width 32, batch
+    16 by the criterion, and that is what the regime trains (in its own runs directory)."""
+    accs = [0.601, 0.952, 0.989, 0.963, 0.968]  # lr 3e-2 / 1e-2 / 3e-3 (w32 b16), 1e-2 w32 b64, 1e-2 w64 b64
+    cpu = [23.1, 53.2, 163.7, 94.7, 186.7]
+    pilot = [{**p, "cpu_s": c} for p, c in zip(_pilot(accs), cpu, strict=True)]
+    chosen = paper.choose_vit(pilot)
+    r = paper.REGIME
+    assert (chosen["lr"], chosen["width"], chosen["batch"]) == (paper.kind_lr(r, "vit"), *paper.kind_width(r, "vit")[:1],
+                                                                 r.vit_batch)
+    assert paper.runs_path("vit") != paper.runs_path("lm") and r.vit_dir != "vit"  # not the first run's directory
+    assert paper.base("vit")["steps"] == chosen["steps"] == 8100
+
+
+def test_vit_candidate_steps_follow_its_lr_and_keep_heads_of_16():
+    c = paper.vit_candidate(1e-2, 64, 64)
+    b = paper.base("vit", c)
+    assert b["lr"] == 1e-2 and b["d_model"] == 64 and b["n_heads"] == 4 and b["batch_size"] == 64
+    assert b["steps"] == paper.steps_for_exposure(c, "vit") and paper.literal_exposure("vit", c) >= 8.0
+    assert paper.base("lm", c) == paper.base("lm")  # the LM is untouched

@@ -111,9 +111,6 @@ def _reproduce_all(out: Path, *, profile: str, force: bool, strict: bool, as_jso
     from headrank.report import runner as rep
     from headrank.report.result import ReproduceResult
 
-    if profile not in ("quick", "full"):
-        raise HeadRankError(f"'all' runs the quick or the full profile; got --profile {profile}")
-
     def progress(name: str, state: str) -> None:
         if not (quiet or as_json):
             err_console.print(f"{name}: {state}", highlight=False)

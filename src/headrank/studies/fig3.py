@@ -76,8 +76,9 @@ class Fig3Params:
     literal_lambda: float = 0.1
     workers: int = 2
     profile: str = "full"
+    models: tuple[str, ...] = MODELS
 
-    PROFILES: ClassVar[tuple[str, ...]] = ("quick", "full", paper.PROFILE)
+    PROFILES: ClassVar[tuple[str, ...]] = ("quick", "full", paper.PROFILE, paper.VIT_PROFILE)
 
     @classmethod
     def paper(cls) -> Fig3Params:
@@ -88,10 +89,20 @@ class Fig3Params:
         (paired by seed, spread = t_{0.975, n−1} standard errors; trend: exposure ≥ 3 at the top;
         matched: exposure ≥ 8), unchanged."""
         r = paper.REGIME
-        n = paper.steps_for_exposure(r)
-        return cls(exposures=(0.0, r.target_exposure), seeds=r.seeds, lm_steps=n, vit_steps=n,
+        return cls(exposures=(0.0, r.target_exposure), seeds=r.seeds, lm_steps=paper.steps_for_exposure(r, "lm"),
+                   vit_steps=paper.steps_for_exposure(r, "vit"),
                    other_weight_decay=max(r.vit_other_decays), literal_lambda=r.lam, workers=r.workers,
                    profile=paper.PROFILE)
+
+    @classmethod
+    def paper_vit(cls) -> Fig3Params:
+        """The ViT half of :meth:`paper` alone (``models`` = vit): re-judges the ViT runs of the
+        paper regime where the LM runs are not at hand (docs/paper_regime.md). The caption's
+        sentences need both models, so here they are inconclusive; the per-model ViT claims are
+        judged by the paper profile's rules."""
+        from dataclasses import replace
+
+        return replace(cls.paper(), models=("vit",), profile=paper.VIT_PROFILE)
 
     @classmethod
     def quick(cls) -> Fig3Params:
@@ -151,13 +162,13 @@ def run(params: Fig3Params) -> dict[str, Any]:
     """Train the LM and ViT sweeps; everything the claims and figures need."""
     t0 = time.perf_counter()
     data: dict[str, Any] = {"exposures": list(params.exposures), "seeds": list(params.seeds)}
-    if params.profile == paper.PROFILE:
-        for model in MODELS:
+    if params.profile in (paper.PROFILE, paper.VIT_PROFILE):
+        for model in params.models:
             data[model] = run_paper_model(model, params)
         data["runtime_s"] = time.perf_counter() - t0
         return data
     with tempfile.TemporaryDirectory() as tmp:
-        for model in MODELS:
+        for model in params.models:
             data[model] = run_model(model, params, Path(tmp))
     data["runtime_s"] = time.perf_counter() - t0
     return data
@@ -293,36 +304,46 @@ def matched_exposure_lowers(m: dict[str, Any], model: str, steps: int) -> Claim:
         key=_drop_key(lam_eq, measured))
 
 
-def in_all_models(name: str, parts: list[Claim], quote: str, source: str, statement: str) -> Claim:
+def in_all_models(name: str, parts: list[Claim], quote: str, source: str, statement: str,
+                  missing: tuple[str, ...] = ()) -> Claim:
     """One caption sentence ("In all cases …") judged once over the models: held when its rule
     holds in every model, not held when it fails in one, else inconclusive; the per-model claims
-    are its supporting evidence."""
+    are its supporting evidence. With a model ``missing`` from the run (the ``paper_vit``
+    profile) it is inconclusive unless a present model fails it."""
     verdict, reason = combine_reason({p.name: p.verdict for p in parts})
+    if missing and verdict == "held":
+        verdict, reason = "inconclusive", ""
+    if missing and verdict != "not held":
+        reason = "; ".join(x for x in (reason, f"not in this run: {', '.join(m.upper() for m in missing)} (the "
+                                               "sentence needs every model)") if x)
     return Claim(name=name, source=source, quote=quote, statement=statement, verdict=verdict, reason=reason,
                  rule="the per-model rule (" + "; ".join(f"{p.name}: {p.rule}" for p in parts) + ") in every model: "
                       "held if it holds in all, not held if it fails in any, else inconclusive",
                  measured={p.name: {"verdict": p.verdict, "key": p.key} for p in parts},
                  expected="held in every model", tolerance=SPREAD, exposure={p.name: p.exposure for p in parts},
-                 key="; ".join(f"{p.name.split('.')[1].upper()} {p.verdict}: {p.key}" for p in parts))
+                 key="; ".join(f"{p.name.split('.')[1].upper()} {p.verdict}: {p.key}" for p in parts)
+                     + "".join(f"; {m.upper()} not in this run" for m in missing))
 
 
 def claims(data: dict[str, Any], params: Fig3Params) -> list[Claim]:
     """The caption's two sentences, each judged once over both models (:func:`in_all_models`);
     per model, in support: the effective-rank trend (+ the numerical-rank trend), λ = 0.1 literally
-    (+ the matched exposure)."""
+    (+ the matched exposure). Only the models in ``params.models`` are judged."""
     per: list[Claim] = []
-    for model in MODELS:
+    models = [m for m in MODELS if m in params.models]
+    for model in models:
         m = data[model]
         steps = params.lm_steps if model == "lm" else params.vit_steps
         per += [rank_falls(m, model, "effective"), rank_falls(m, model, "numerical"),
                 literal_lowers(m, model, steps), matched_exposure_lowers(m, model, steps)]
     by = {c.name: c for c in per}
-    trend_all = in_all_models("fig3.rank_falls", [by[f"fig3.{m}.rank_falls"] for m in MODELS], QUOTE_TREND, SRC_TREND,
+    missing = tuple(m for m in MODELS if m not in models)
+    trend_all = in_all_models("fig3.rank_falls", [by[f"fig3.{m}.rank_falls"] for m in models], QUOTE_TREND, SRC_TREND,
                               "In both models (byte-level LM, ViT on digits), the effective rank of W_K^T W_Q and "
-                              "P W_V falls as the attention decay grows.")
-    literal_all = in_all_models("fig3.lam01_literal", [by[f"fig3.{m}.lam01_literal"] for m in MODELS], QUOTE_LAM01,
+                              "P W_V falls as the attention decay grows.", missing)
+    literal_all = in_all_models("fig3.lam01_literal", [by[f"fig3.{m}.lam01_literal"] for m in models], QUOTE_LAM01,
                                 SRC_MATCHED, "In both models, attention weight decay lambda = 0.1 (taken literally) "
-                                "lowers the effective rank of both products against no decay.")
+                                "lowers the effective rank of both products against no decay.", missing)
     return [trend_all, literal_all, *per]
 
 
@@ -347,14 +368,17 @@ def _rounded(d: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
 
 def notes(data: dict[str, Any], params: Fig3Params) -> list[str]:
     """Sizes, choices, the λ grid, floors, runtime."""
-    lm, vit = data["lm"], data["vit"]
-    if params.profile == paper.PROFILE:
-        return [paper.describe(), paper.use_line("lm", lm), paper.use_line("vit", vit),
-                f"Attention lambdas {lm['lambdas']} at other decay {params.other_weight_decay:g}: exposure of the "
-                f"literal lambda LM {max(r['exposure']['attn'] for r in lm['runs']):.4g}, ViT "
-                f"{max(r['exposure']['attn'] for r in vit['runs']):.4g}.",
+    if params.profile in (paper.PROFILE, paper.VIT_PROFILE):
+        models = [m for m in MODELS if m in data]
+        return [paper.describe(), *(paper.use_line(m, data[m]) for m in models),
+                f"Attention lambdas {data[models[0]]['lambdas']} at other decay {params.other_weight_decay:g}: exposure "
+                "of the literal lambda " + ", ".join(f"{m.upper()} {max(r['exposure']['attn'] for r in data[m]['runs']):.4g}"
+                                                     for m in models) + ".",
+                *(["Models not in this run (profile paper_vit): the LM; its runs and verdicts are those of the paper "
+                   "profile's run (docs/claims_paper.md, docs/paper_regime.md)."] if "lm" not in data else []),
                 f"Measured runtime (training once for fig3, table1 and decouple, or reading finished runs): "
                 f"{data.get('runtime_s', float('nan')):.0f} s."]
+    lm, vit = data["lm"], data["vit"]
     return [
         "Sizes are our choice (the paper's Pile LM and ImageNet ViT are far larger): LM = 4 pre-norm causal layers, "
         "width 64, 4 heads of 16, MLP 256, byte tokens, context 64, batch 32, lr 3e-3, first 200,000 characters of "

@@ -22,7 +22,11 @@ def fig3_panels(data: dict) -> plt.Figure:
 
     fig, axes = plt.subplots(1, 4, figsize=(18, 4.2))
     for j, (model, product) in enumerate((("lm", "qk"), ("lm", "ov"), ("vit", "qk"), ("vit", "ov"))):
-        ax, m = axes[j], data[model]
+        ax, m = axes[j], data.get(model)
+        if m is None:  # a model not in this run (fig3's paper_vit profile)
+            ax.set_title(f"{model.upper()}: not in this run", fontsize=10)
+            ax.axis("off")
+            continue
         tol = floor_tol(m)["tol"]
         ex = {r["lam"]: r["exposure"]["attn"] for r in m["runs"]}
         for measure, t, color, ls, lab in (("effective", LOW_TOL, "tab:blue", "-", "effective rank"),

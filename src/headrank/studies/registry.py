@@ -287,8 +287,9 @@ class Result:
 
 
 #: every profile a study may offer, smallest first: ``quick`` (minutes), ``full`` (the default),
-#: ``paper`` (the source document's own settings, where a study has them)
-PROFILES = ("quick", "full", "paper")
+#: ``paper`` (the source document's own settings, where a study has them), ``paper_vit`` (fig3's
+#: ViT half of ``paper`` alone)
+PROFILES = ("quick", "full", "paper", "paper_vit")
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from headrank.studies.fig1.gd import (
     run_metrics,
     soft_threshold_sv,
 )
+from headrank.studies.fig1.minima import local_minima
 from headrank.studies.fig1.params import Fig1Params
 
 
@@ -37,8 +38,8 @@ def _rates(p: Fig1Params, pos: np.ndarray) -> dict[str, Any]:
 
 
 def run(p: Fig1Params) -> dict[str, Any]:
-    """Run gradient descent for every λ (all iterates), the λ sweep (end points), the rate seeds
-    and the Prop. 3.1 pairs; return the series the claims and figures read."""
+    """Run gradient descent for every λ (all iterates), the λ sweep (end points), the rate seeds,
+    the Prop. 3.1 pairs and the local-minima cases; return the series the claims and figures read."""
     lambdas = np.asarray(p.lambdas, dtype=np.float64)
     d = np.asarray(p.d, dtype=np.float64)
     gd = run_fig1_gd(lambdas, d=d, eta=p.eta, steps=p.steps, init_scale=p.init_scale, seed=p.seed)
@@ -60,4 +61,7 @@ def run(p: Fig1Params) -> dict[str, Any]:
         "recursion_error": rec_err,
         "rates": _rates(p, lambdas[lambdas > 0]),
         "prop31": pairs,
+        "minima": {"cases": local_minima(p.minima_targets, p.minima_lambdas, p.minima_inits, p.minima_seeds,
+                                         eta=p.minima_eta, steps=p.minima_steps),
+                   "eta": p.minima_eta, "steps": p.minima_steps},
     }

@@ -11,6 +11,12 @@ class Fig1Params:
 
     ``rate_seeds``: init seeds of the balance-rate fits; ``small_step``: if > 1, the rate fits are
     repeated with ``eta / small_step`` for ``small_step * steps`` steps (a discretisation check).
+
+    ``minima_*``: the abstract's "any local minimum ... coincides" beyond the diagonal target
+    (:mod:`.minima`, ``fig1.local_minima``): targets ``(m, n, k, rank)`` (D m×n of that rank,
+    factors m×k and n×k), their seeds, the λ and init stds of the descents, the step and the
+    number of steps. Fixed before the claim's first run; spectral norm of D is 1, so λ = 2.5
+    thresholds every singular value (W* = 0).
     """
 
     d: tuple[float, ...] = (0.2, 0.4, 0.6, 0.8, 1.0)
@@ -29,11 +35,18 @@ class Fig1Params:
     prop31_low_rank: tuple[int, int, int] = (8, 6, 3)
     prop31_per_shape: int = 50
     prop31_seed: int = 0
+    minima_targets: tuple[tuple[int, int, int, int], ...] = ((5, 5, 5, 5), (8, 5, 5, 5), (5, 8, 5, 5), (12, 4, 4, 4),
+                                                             (8, 6, 6, 3), (5, 5, 7, 5))
+    minima_lambdas: tuple[float, ...] = (0.1, 0.5, 1.0, 2.5)
+    minima_inits: tuple[float, ...] = (0.01, 0.1, 0.3)
+    minima_seeds: tuple[int, ...] = (0, 1, 2)
+    minima_eta: float = 0.05
+    minima_steps: int = 40_000
 
     @classmethod
     def quick(cls) -> Fig1Params:
-        """A coarser λ sweep, two rate seeds, no small-step check (under a second)."""
-        return cls(sweep_step=0.1, rate_seeds=(0, 1), small_step=0)
+        """A coarser λ sweep, two rate seeds, no small-step check, one seed per local-minima target."""
+        return cls(sweep_step=0.1, rate_seeds=(0, 1), small_step=0, minima_seeds=(0,))
 
     @classmethod
     def full(cls) -> Fig1Params:

@@ -294,9 +294,65 @@ def adamw_fixed_point(data: dict[str, Any], p: Fig5Params) -> Claim:
     )
 
 
+def _pair(data: dict[str, Any], kind: str, eps: float, lam_wd: float, lr: float) -> dict[str, Any]:
+    """AdamW's and Adam + L2's end points of one configuration: converged or not, how far apart."""
+    a, b = (find(data["runs"], kind, o, eps, lam_wd, lr) for o in ("adamw", "adam_l2"))
+    return {"converged": converged(a) and converged(b),
+            "apart": float(np.linalg.norm(np.asarray(a["w_final"]) - np.asarray(b["w_final"])))}
+
+
+def optimizers_agree(data: dict[str, Any], p: Fig5Params) -> Claim:
+    """fig5.optimizers_agree: at the main point and at ``disc`` (where λ_wd·ε moves the optimum
+    visibly), for w directly and for w = a·b, AdamW and Adam + L2 (λ_L2 = λ_wd·ε) end within TOL of
+    each other; a pair with an unsettled run is inconclusive (several parts). The sweeps' pairs
+    are reported, not judged."""
+    lr0 = p.schedules[0][0]
+    points = {"main": (p.eps_main, p.lam_main), "disc": (p.disc[1], p.disc[0])}
+    parts, verdicts = {}, []
+    for kind in ("direct", "factorized"):
+        for label, (e, lw) in points.items():
+            try:
+                pr = _pair(data, kind, e, lw, lr0)
+            except KeyError:
+                pr = {"converged": False, "apart": float("nan"), "missing": True}
+            parts[f"{kind}, {label} (lam_wd={lw:g}, eps={e:g})"] = pr
+            verdicts.append("inconclusive" if not pr["converged"] else "held" if pr["apart"] <= TOL else "not held")
+    verdict = "not held" if "not held" in verdicts else "held" if all(v == "held" for v in verdicts) else "inconclusive"
+    sweeps = {}
+    for r in data["runs"]:
+        if r["opt"] == "adamw":
+            pr = _pair(data, r["kind"], r["eps"], r["lam_wd"], r["lr"])
+            if pr["converged"]:
+                sweeps[f"{r['kind']}, lr={r['lr']:g}, eps={r['eps']:g}, lam_wd={r['lam_wd']:g}"] = pr["apart"]
+    far = max(sweeps, key=sweeps.get) if sweeps else None
+    worst = max((v["apart"] for v in parts.values()), default=float("nan"))
+    return Claim(
+        name="fig5.optimizers_agree", source=SRC_RIGHT, quote=Q_SAME,
+        statement="For equivalent hyperparameters (lam_L2 = lam_wd*eps) AdamW and Adam + L2 end at the same point, for "
+                  "factors w = a*b (the caption's 'again': and for w directly).",
+        rule=f"at the main point (lam_wd, eps) = ({p.lam_main:g}, {p.eps_main:g}) and at ({p.disc[0]:g}, {p.disc[1]:g}), "
+             f"lr {lr0:g}, for w directly and w = a*b: both runs converged (tail spread < {CONVERGED:g}) and their end "
+             f"points within {TOL:g} of each other; not held if a converged pair is farther apart, held if all four "
+             "pairs hold, else inconclusive",
+        measured={"pairs": parts, "converged sweep pairs (not judged)": sweeps}, expected={"distance": f"<= {TOL:g}"},
+        tolerance=TOL, verdict=verdict,
+        reason="" if verdict == "held" else (
+            "end points apart: " + ", ".join(k for k, v in parts.items() if v["converged"] and v["apart"] > TOL)
+            if verdict == "not held" else "a run of a judged pair did not converge: "
+            + ", ".join(k for k, v in parts.items() if not v["converged"])),
+        key=f"largest distance between the two end points {g3(worst)} over {len(parts)} pairs (tolerance {TOL:g})"
+            + (f"; over the sweeps' {len(sweeps)} converged pairs up to {g3(sweeps[far])} ({far})" if far else ""),
+        detail=f"{_setup(p)}. Distance between the AdamW (decoupled lam_wd) and the Adam + L2 (lam_L2 = lam_wd*eps) end "
+               f"points of one configuration. Tolerance {TOL} = 1% of the radius of S, as the optimum claims. The sweeps' "
+               "pairs (every lr, eps and lam_wd where both runs settled) are reported: the conjecture is first order in "
+               "lam_wd*|theta| (fig5.wd_sweep), so they may part where that is not small.",
+    )
+
+
 def claims(data: dict[str, Any], p: Fig5Params) -> list[Claim]:
     """Every Figure 5 claim, in report order."""
     out = []
     for kind in ("direct", "factorized"):
         out += [reaches_optimum(data, p, kind, "adamw"), reaches_optimum(data, p, kind, "adam_l2")]
-    return out + [factorized_sparse(data, p), eps_sweep(data, p), wd_sweep(data, p), adamw_fixed_point(data, p)]
+    return out + [optimizers_agree(data, p), factorized_sparse(data, p), eps_sweep(data, p), wd_sweep(data, p),
+                  adamw_fixed_point(data, p)]
