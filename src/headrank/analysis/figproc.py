@@ -1,9 +1,9 @@
 """The spectra figures' data, and a separate process that draws them (module ``figproc``).
 
-``headrank spectra --out`` starts :class:`FigureProcess` before it imports torch: the child
-imports matplotlib on the other core while the parent imports torch, waits, then draws from
+``headrank spectra --out`` starts :class:`FigureProcess` before it reads the checkpoint: the
+child imports matplotlib on the other core while the parent computes, waits, then draws from
 :func:`figure_data` (plain numpy arrays, sent through its stdin as an ``.npz``: no pickle) while
-the parent writes the tables. The parent waits for it before the output set is moved in, so a
+the parent writes the tables, half of the figures in a forked copy of itself. The parent waits for it before the output set is moved in, so a
 finished command has every file. Should the child fail, the parent draws in-process instead.
 
 This module imports neither torch nor matplotlib (the child imports
@@ -41,7 +41,7 @@ def figure_data(result) -> dict[str, Any]:
     """Everything the spectra figures draw, as numpy arrays (``result``: a SpectraResult)."""
     import numpy as np
 
-    t = result.table
+    t = result._columns("table")  # numpy columns (no pandas for a fresh analysis)
     layers = np.asarray(result.meta["layers"])
     data: dict[str, Any] = {
         "layers": layers,
@@ -51,11 +51,17 @@ def figure_data(result) -> dict[str, Any]:
     }
     for product in ("qk", "ov"):
         data[f"sv_{product}"] = np.asarray(result.sv[product], dtype=np.float64)
-        rows = t[t["product"] == product]
+        rows = np.asarray(t["product"]) == product
+        heads = np.unique(t["head"][rows])
+        at = {int(la): i for i, la in enumerate(layers)}
+        r = np.array([at.get(int(la), -1) for la in t["layer"][rows]], dtype=np.int64)
+        c = np.searchsorted(heads, t["head"][rows])
+        keep = r >= 0  # (layer, head) grids of the selected layers, NaN where a head has no row
         for col in FIGURE_COLUMNS:
-            if col in rows.columns:
-                grid = rows.pivot(index="layer", columns="head", values=col).reindex(layers)
-                data[f"{product}_{col}"] = grid.to_numpy(dtype=np.float64)
+            if col in t:
+                grid = np.full((len(layers), len(heads)), np.nan)
+                grid[r[keep], c[keep]] = np.asarray(t[col][rows], dtype=np.float64)[keep]
+                data[f"{product}_{col}"] = grid
     for k, v in result.row_norms.items():
         data[f"rows_{k}"] = np.asarray(v, dtype=np.float64)[:, 0, :]  # head 0 of each layer
     return data
@@ -73,6 +79,7 @@ class FigureProcess:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_package_root(), env.get("PYTHONPATH")) if p)
         env.setdefault("MPLBACKEND", "Agg")
+        env["OPENBLAS_NUM_THREADS"] = env["OMP_NUM_THREADS"] = "1"  # no BLAS threads: it draws, and forks (_draw_in_two)
         try:
             self.proc: subprocess.Popen | None = subprocess.Popen(
                 [sys.executable, "-m", "headrank.analysis.figproc"], stdin=subprocess.PIPE,
@@ -130,7 +137,7 @@ def _stop(proc: subprocess.Popen | None) -> None:
 def _serve() -> int:
     import numpy as np
 
-    from headrank.analysis import plots  # matplotlib: imported while the parent imports torch
+    from headrank.analysis import plots  # matplotlib: imported while the parent computes
 
     head = sys.stdin.buffer.readline()
     if not head:  # the parent went away or drew nothing
@@ -140,9 +147,55 @@ def _serve() -> int:
     with np.load(io.BytesIO(raw), allow_pickle=False) as z:
         data = {k: z[k] for k in z.files}
     data["name"] = str(data["name"])
-    written = plots.draw_spectra(data, req["out"])
-    sys.stdout.write(json.dumps([str(p) for p in written]) + "\n")
+    written = _draw_in_two(plots, data, Path(req["out"]))
+    sys.stdout.write(json.dumps(written) + "\n")
     return 0
+
+
+def _draw(plots, data: dict[str, Any], out: Path, figures) -> dict[str, str]:
+    """``plots.draw_spectra`` for some of its figures: name → path of each one drawn."""
+    done = {}
+    for name, make in figures:
+        fig = make(data)
+        if fig is not None:
+            done[name] = str(plots.save_figure(fig, out / name, dpi=plots.SPECTRA_DPI, tight=False))
+    return done
+
+
+def _draw_in_two(plots, data: dict[str, Any], out: Path) -> list[str]:
+    """The spectra figures (``plots.draw_spectra``), shared with a forked copy of this process:
+    drawing them is the tail of a ``headrank spectra --out`` run (0.5–0.9 s of CPU, once the
+    tables exist), and matplotlib, already imported, comes with the fork at no cost. This
+    process has no threads (``OPENBLAS_NUM_THREADS=1``), so forking it is safe. The paths in
+    ``plots.SPECTRA_FIGURES`` order; an error in either half fails the whole (the parent then
+    draws in-process)."""
+    figures = list(plots.SPECTRA_FIGURES)
+    mine, theirs = figures[0::2], figures[1::2]
+    if not hasattr(os, "fork") or not theirs:
+        done = _draw(plots, data, out, figures)
+        return [done[n] for n, _ in figures if n in done]
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the forked half (its outcome is checked by the parent)
+        code = 1
+        try:
+            os.close(r)
+            with os.fdopen(w, "w") as fh:
+                fh.write(json.dumps(_draw(plots, data, out, theirs)))
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    try:
+        done = _draw(plots, data, out, mine)
+    finally:
+        with os.fdopen(r) as fh:
+            other = fh.read()
+        status = os.waitpid(pid, 0)[1]
+    if status != 0:
+        raise RuntimeError("the second figure process failed")
+    done.update(json.loads(other))
+    return [done[n] for n, _ in figures if n in done]
 
 
 if __name__ == "__main__":
