@@ -167,3 +167,50 @@ def test_device_choices():
         assert resolve_device("auto") is None
         with pytest.raises(HeadRankError, match="no CUDA GPU"):
             resolve_device("cuda")
+
+
+def test_read_buffers_are_reused_only_once_nothing_refers_to_them(tmp_path):
+    """The streaming reader's buffers (io.stfile.BufferPool): a layer's tensors are never
+    overwritten while any view of them lives; once dropped, the next read reuses them."""
+    from headrank.io.checkpoint import Checkpoint
+    from headrank.io.stfile import BufferPool, reading_into
+
+    sd = _write_llama(tmp_path / "m", n_layers=2, d=512, heads=4, kv=4, dtype=torch.float32)  # 1 MiB tensors
+    ck = Checkpoint(tmp_path / "m", arrays="numpy")
+    pool = BufferPool()
+    name = "model.layers.{}.self_attn.q_proj.weight"
+    with reading_into(pool):
+        a = ck.get(name.format(0))
+        view = a.reshape(4, 128, 512)[1:].transpose(0, 2, 1)  # a view of a view: it alone keeps the buffer
+        del a
+        b = ck.get(name.format(1))
+    assert not np.shares_memory(view, b) and len(pool._bufs) == 2
+    np.testing.assert_array_equal(view, sd[name.format(0)].numpy().reshape(4, 128, 512)[1:].transpose(0, 2, 1))
+    del view
+    with reading_into(pool):
+        c = ck.get(name.format(0))
+    assert len(pool._bufs) == 2 and any(np.shares_memory(c, buf) for buf in pool._bufs)
+    np.testing.assert_array_equal(c, sd[name.format(0)].numpy())
+    np.testing.assert_array_equal(b, sd[name.format(1)].numpy())  # still intact
+    small = BufferPool(max_bytes=1 << 20)  # holds one buffer; more are fresh and freed with their arrays
+    with reading_into(small):
+        x, y = ck.get(name.format(0)), ck.get(name.format(1))
+    assert len(small._bufs) == 1 and not np.shares_memory(x, y)
+    ck.close()
+
+
+@pytest.mark.slow
+def test_cli_figures_are_drawn_in_two_halves_in_order(tmp_path):
+    """The figure process shares the figures with a fork of itself: the same files, in the
+    order draw_spectra writes them, as drawing in-process."""
+    from headrank.analysis import plots
+    from headrank.analysis.figproc import FigureProcess, figure_data
+
+    _write_llama(tmp_path / "m", n_layers=2, d=64, heads=4, kv=4)
+    res = analyze(tmp_path / "m", threads=1)
+    proc = FigureProcess()
+    (tmp_path / "child").mkdir()
+    assert proc.submit(figure_data(res), tmp_path / "child")
+    got = proc.wait()
+    want = plots.draw_spectra(figure_data(res), tmp_path / "here")
+    assert got is not None and [p.name for p in got] == [p.name for p in want] and len(want) >= 3
