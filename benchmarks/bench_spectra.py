@@ -244,6 +244,13 @@ def measure_cli(path: Path, args: argparse.Namespace, load: bool | int, extra: t
             meta = json.loads((out / "meta.json").read_text())
             res["timing_s"] = meta.get("timing_s", {})
             res["compute"] = meta.get("compute", {"device": "cpu (torch)"})
+        if (out / "spectra.npz").exists():  # the singular values' bits, to compare thread settings
+            import hashlib
+
+            import numpy as np
+
+            with np.load(out / "spectra.npz") as z:
+                res["sv_sha"] = hashlib.sha256(b"".join(z[k].tobytes() for k in sorted(z.files))).hexdigest()[:16]
         return res
     finally:
         shutil.rmtree(out, ignore_errors=True)
@@ -368,9 +375,19 @@ def verdicts(results: dict[str, dict]) -> list[str]:
             out.append(f"{what}: {value:.2f} ({'<=' if at_most else '>='} {limit:g}) {'met' if ok else 'MISSED'}")
 
     r8, r32, r70 = (results.get(k) for k in ("llama2-7b-8l", "llama2-7b", "llama-70b-attn"))
+    for name, r in results.items():
+        shas = {x["sv_sha"] for m in ("idle", "load", "load2") for k in ("ours", "ours1", "ours2", "noplots")
+                if (x := (r.get(m) or {}).get(k)) and "sv_sha" in x}
+        threads = sorted({t for m in ("idle", "load", "load2") for k in ("ours", "ours1", "ours2")
+                          for t in ((r.get(m) or {}).get(k) or {}).get("compute", {}).get("threads", [])})
+        out.append(f"{name}: spectra.npz bit-identical over every run (threads per layer seen: {threads}): "
+                   + ("met" if len(shas) == 1 else f"MISSED ({len(shas)} different results)" if shas else "not measured"))
     if r8:
         i = r8["idle"]
-        check("1-layer run, whole process, seconds", (r8.get("startup") or {}).get("one_layer_s"), 1.0)
+        s = r8.get("startup") or {}
+        check("1-layer run, whole process, seconds", s.get("one_layer_s"), 1.0)
+        check("1-layer run, fixed cost (whole process minus the layer's compute), seconds",
+              s.get("one_layer_fixed_s"), 0.5)
         check("8-layer 7B, defaults / --threads 2, idle (within 10 %)", _ratio(i.get("ours"), i.get("ours2")), 1.10)
         for mode, what in (("load", "one"), ("load2", "two")):
             if mode in r8:

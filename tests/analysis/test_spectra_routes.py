@@ -214,3 +214,28 @@ def test_cli_figures_are_drawn_in_two_halves_in_order(tmp_path):
     got = proc.wait()
     want = plots.draw_spectra(figure_data(res), tmp_path / "here")
     assert got is not None and [p.name for p in got] == [p.name for p in want] and len(want) >= 3
+
+
+def test_a_helper_process_counts_as_the_runs_own_cpu():
+    """IdleCores subtracts the CPU of the run's helper processes (the figure process importing
+    matplotlib beside the first layers) from other processes' load, as it does its own threads'."""
+    from headrank.util.threads import _pid_cpu_s, count_as_own
+
+    burn = ("import sys, time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n"
+            "print('done', flush=True)\nsys.stdin.readline()\n")
+    child = subprocess.Popen([sys.executable, "-c", burn], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "done"  # it has used 0.3 s of CPU, and now waits
+        used = _pid_cpu_s(child.pid)
+        assert 0.29 <= used <= 5.0
+        before = IdleCores._sample()[2]
+        count_as_own(child.pid)
+        try:
+            assert IdleCores._sample()[2] - before >= used - 0.02
+        finally:
+            count_as_own(child.pid, False)
+        assert IdleCores._sample()[2] - before < used - 0.02
+    finally:
+        child.stdin.close()
+        child.wait()
+    assert _pid_cpu_s(child.pid) == 0.0  # gone

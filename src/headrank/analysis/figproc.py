@@ -21,6 +21,8 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from headrank.util.threads import count_as_own
+
 # per-head columns the figures read, (layers, heads) grids per product
 FIGURE_COLUMNS = ("nuclear", "frob_bound", "effective_rank", "k90", "rank", "finite")
 
@@ -86,6 +88,8 @@ class FigureProcess:
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
         except OSError:
             self.proc = None  # draw in-process
+        if self.proc is not None:  # its matplotlib import is this run's work, not another process's load
+            count_as_own(self.proc.pid)
         # the parent failed or returned early: stop the child with it
         weakref.finalize(self, _stop, self.proc)
 
@@ -114,7 +118,9 @@ class FigureProcess:
         proc, self.proc = self.proc, None
         with proc.stdout:
             out = proc.stdout.read()
-        if proc.wait() != 0 or not out.strip():
+        code = proc.wait()
+        count_as_own(proc.pid, False)
+        if code != 0 or not out.strip():
             return None  # a failure in the child is drawn (and reported) here instead
         return [Path(p) for p in json.loads(out.decode().strip().splitlines()[-1])]
 
@@ -125,6 +131,8 @@ class FigureProcess:
 
 
 def _stop(proc: subprocess.Popen | None) -> None:
+    if proc is not None:
+        count_as_own(proc.pid, False)
     if proc is not None and proc.poll() is None:
         proc.kill()
         proc.wait()

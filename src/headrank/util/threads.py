@@ -101,11 +101,32 @@ def _host_busy_s() -> float | None:
     return busy / os.sysconf("SC_CLK_TCK")
 
 
+_OWN_PIDS: set[int] = set()  # helper processes of this run (spectra's figure process): their CPU is the run's own
+
+
+def count_as_own(pid: int, own: bool = True) -> None:
+    """Count process ``pid``'s CPU as this run's own in :class:`IdleCores` (a helper process it
+    started, e.g. the figure process importing matplotlib beside the first layers), not as other
+    processes' load; ``own=False`` stops counting it."""
+    (_OWN_PIDS.add if own else _OWN_PIDS.discard)(pid)
+
+
+def _pid_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a live (or not yet reaped) process, 0 where unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()  # after "pid (comm)": state is field 3
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14, 15
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 class IdleCores:
     """Follows the idle cores during a run: :func:`default_threads` at the start, then, at each
     :meth:`threads` call (between layers), the budget minus what *other* processes used since the
-    last call (the machine's busy CPU time from ``/proc/stat`` less this process's own, over the
-    wall time), so that this run's own threads never count as load against it. ``pinned``: a
+    last call (the machine's busy CPU time from ``/proc/stat`` less this process's own and its
+    helpers' (:func:`count_as_own`), over the wall time), so that this run's own threads never
+    count as load against it. ``pinned``: a
     fixed count (``--threads N``), returned unchanged. Never fewer than 1 or more than the budget.
     """
 
@@ -120,8 +141,9 @@ class IdleCores:
 
     @staticmethod
     def _sample() -> tuple[float, float | None, float]:
-        t = os.times()
-        return time.monotonic(), _host_busy_s(), t.user + t.system
+        t = os.times()  # this process, and its children once reaped; helpers still running from /proc
+        own = t.user + t.system + t.children_user + t.children_system + sum(map(_pid_cpu_s, tuple(_OWN_PIDS)))
+        return time.monotonic(), _host_busy_s(), own
 
     def threads(self) -> int:
         """The count for the next layer (re-measured unless pinned)."""
