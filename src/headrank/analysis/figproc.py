@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import weakref
@@ -85,7 +86,8 @@ class FigureProcess:
         try:
             self.proc: subprocess.Popen | None = subprocess.Popen(
                 [sys.executable, "-m", "headrank.analysis.figproc"], stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
+                start_new_session=hasattr(os, "killpg"))  # a group of its own: _stop ends its fork too
         except OSError:
             self.proc = None  # draw in-process
         if self.proc is not None:  # its matplotlib import is this run's work, not another process's load
@@ -134,7 +136,10 @@ def _stop(proc: subprocess.Popen | None) -> None:
     if proc is not None:
         count_as_own(proc.pid, False)
     if proc is not None and proc.poll() is None:
-        proc.kill()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the child and the fork drawing the other half
+        except (AttributeError, OSError):
+            proc.kill()
         proc.wait()
     if proc is not None:
         for f in (proc.stdin, proc.stdout):
