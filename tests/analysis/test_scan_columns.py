@@ -131,3 +131,14 @@ def test_spectra_with_its_files_imports_neither_pandas_nor_torch(llama, tmp_path
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"
     assert {p.name for p in (tmp_path / "out").iterdir()} >= {"heads.csv", "summary.csv", "rotary.csv", "meta.json"}
+
+
+def test_a_table_edited_as_a_dataframe_is_saved_as_pandas_would(llama, tmp_path):
+    """Once ``result.table`` is a DataFrame, ``save`` writes what it holds now (an added text
+    column with a missing value, a nullable integer column), as ``to_csv`` does."""
+    res = analyze(llama, threads=1, rotary=False)
+    res.table["note"] = ["x, y" if i % 3 else None for i in range(len(res.table))]
+    res.table["maybe"] = pd.array([i if i % 2 else None for i in range(len(res.table))], dtype="Int64")
+    res.save(tmp_path / "o", plots=False)
+    want = res.table.assign(source=str(res.meta["source"])).to_csv(index=False)
+    assert (tmp_path / "o" / "heads.csv").read_text() == want

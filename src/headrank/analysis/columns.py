@@ -39,11 +39,15 @@ def concat(frames: Sequence[dict[str, Any]], names: Sequence[str] | None = None)
 
 
 def from_frame(frame: pd.DataFrame) -> Columns:
-    """A DataFrame's columns as numpy arrays (strings as str arrays)."""
+    """A DataFrame's columns as numpy arrays (text and nullable columns as object arrays, their
+    missing values as None: an empty CSV field, as pandas writes them)."""
     out: Columns = {}
     for name in frame.columns:
-        arr = frame[name].to_numpy()
-        out[str(name)] = arr.astype(str) if arr.dtype == object or arr.dtype.kind in "OT" else arr
+        col = frame[name]
+        if isinstance(col.dtype, np.dtype) and col.dtype != object:
+            out[str(name)] = col.to_numpy()
+        else:  # text, nullable integers, categories ...: their values, missing ones None
+            out[str(name)] = col.to_numpy(dtype=object, na_value=None)
     return out
 
 

@@ -165,28 +165,36 @@ def _serve() -> int:
     return 0
 
 
-def _draw(plots, data: dict[str, Any], out: Path, figures) -> dict[str, str]:
-    """``plots.draw_spectra`` for some of its figures: name → path of each one drawn."""
-    done = {}
-    for name, make in figures:
+def _draw(plots, data: dict[str, Any], out: Path, figures, tokens: int | None = None) -> dict[str, str | None]:
+    """``plots.draw_spectra`` for its figures: name → path of each one drawn (None: left out).
+    With ``tokens`` (the read end of a pipe holding one byte per figure index, shared with a
+    fork), only the figures whose byte this process reads: two processes share the figures as
+    each becomes free (a one-byte read is atomic between them)."""
+    order = range(len(figures)) if tokens is None else (b[0] for b in iter(lambda: os.read(tokens, 1), b""))
+    done: dict[str, str | None] = {}
+    for index in order:
+        name, make = figures[index]
         fig = make(data)
-        if fig is not None:
-            done[name] = str(plots.save_figure(fig, out / name, dpi=plots.SPECTRA_DPI, tight=False))
+        done[name] = None if fig is None else str(plots.save_figure(fig, out / name, dpi=plots.SPECTRA_DPI,
+                                                                        tight=False))
     return done
 
 
 def _draw_in_two(plots, data: dict[str, Any], out: Path) -> list[str]:
     """The spectra figures (``plots.draw_spectra``), shared with a forked copy of this process:
     drawing them is the tail of a ``headrank spectra --out`` run (0.5–0.9 s of CPU, once the
-    tables exist), and matplotlib, already imported, comes with the fork at no cost. This
-    process has no threads (``OPENBLAS_NUM_THREADS=1``), so forking it is safe. The paths in
-    ``plots.SPECTRA_FIGURES`` order; an error in either half fails the whole (the parent then
-    draws in-process)."""
+    tables exist), and matplotlib, already imported, comes with the fork at no cost. Each of
+    the two takes the next figure not yet taken (a byte from a shared pipe), so neither waits
+    on a split fixed in advance. This process has no threads (``OPENBLAS_NUM_THREADS=1``), so
+    forking it is safe. The paths in ``plots.SPECTRA_FIGURES`` order; an error in either half
+    fails the whole (the parent then draws in-process)."""
     figures = list(plots.SPECTRA_FIGURES)
-    mine, theirs = figures[0::2], figures[1::2]
-    if not hasattr(os, "fork") or not theirs:
+    if not hasattr(os, "fork") or len(figures) < 2:
         done = _draw(plots, data, out, figures)
-        return [done[n] for n, _ in figures if n in done]
+        return [p for n, _ in figures if (p := done.get(n))]
+    tokens, fill = os.pipe()
+    os.write(fill, bytes(range(len(figures))))  # the costliest first: SPECTRA_FIGURES' order
+    os.close(fill)
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the forked half (its outcome is checked by the parent)
@@ -194,21 +202,22 @@ def _draw_in_two(plots, data: dict[str, Any], out: Path) -> list[str]:
         try:
             os.close(r)
             with os.fdopen(w, "w") as fh:
-                fh.write(json.dumps(_draw(plots, data, out, theirs)))
+                fh.write(json.dumps(_draw(plots, data, out, figures, tokens)))
             code = 0
         finally:
             os._exit(code)
     os.close(w)
     try:
-        done = _draw(plots, data, out, mine)
+        done = _draw(plots, data, out, figures, tokens)
     finally:
+        os.close(tokens)
         with os.fdopen(r) as fh:
             other = fh.read()
         status = os.waitpid(pid, 0)[1]
     if status != 0:
         raise RuntimeError("the second figure process failed")
     done.update(json.loads(other))
-    return [done[n] for n, _ in figures if n in done]
+    return [p for n, _ in figures if (p := done.get(n))]
 
 
 if __name__ == "__main__":
