@@ -239,3 +239,28 @@ def test_a_helper_process_counts_as_the_runs_own_cpu():
         child.stdin.close()
         child.wait()
     assert _pid_cpu_s(child.pid) == 0.0  # gone
+
+
+def test_the_cli_starts_the_figure_process_before_parsing_only_when_asked(tmp_path):
+    """``headrank spectra … --out DIR`` starts its figure process before typer is imported
+    (headrank.cli.early); nothing else does, and the command takes the one started."""
+    from headrank.analysis import figproc
+    from headrank.cli.early import start_figures, wants_figures
+
+    prog = ["/venv/bin/headrank", "spectra", "m"]
+    assert wants_figures([*prog, "--out", "o"]) and wants_figures([*prog, "--out=o", "-q"])
+    assert wants_figures(["/x/src/headrank/__main__.py", "spectra", "m", "--out", "o"])
+    for argv in ([*prog], [*prog, "--out", "o", "--no-plots"], [*prog, "--out", "o", "--help"],
+                 ["/venv/bin/headrank", "compress", "m", "--out", "o"], ["/venv/bin/pytest", "spectra", "m", "--out", "o"]):
+        assert not wants_figures(argv), argv
+    start_figures(["/venv/bin/pytest", "spectra", "m", "--out", "o"])
+    assert figproc.take_early() is None
+    start_figures([*prog, "--out", "o"])
+    proc = figproc.take_early()
+    assert proc is not None and proc.proc.poll() is None and figproc.take_early() is None
+    proc.close()
+    _write_llama(tmp_path / "m", n_layers=1)
+    out = subprocess.run([sys.executable, "-m", "headrank", "spectra", str(tmp_path / "m"), "--out", str(tmp_path / "o"),
+                          "-q"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert {"fig4_norms.png", "singular_values.png", "heads.csv"} <= {p.name for p in (tmp_path / "o").iterdir()}

@@ -132,6 +132,19 @@ class FigureProcess:
         self.proc = None
 
 
+_EARLY: list[FigureProcess] = []  # started by the CLI before it parsed its options (headrank.cli.early)
+
+
+def start_early() -> None:
+    """Start a :class:`FigureProcess` for the command about to run (:func:`take_early`)."""
+    _EARLY.append(FigureProcess())
+
+
+def take_early() -> FigureProcess | None:
+    """The figure process :func:`start_early` started, if any (then no longer held here)."""
+    return _EARLY.pop() if _EARLY else None
+
+
 def _stop(proc: subprocess.Popen | None) -> None:
     if proc is not None:
         count_as_own(proc.pid, False)
