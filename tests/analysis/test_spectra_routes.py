@@ -264,3 +264,19 @@ def test_the_cli_starts_the_figure_process_before_parsing_only_when_asked(tmp_pa
                           "-q"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert {"fig4_norms.png", "singular_values.png", "heads.csv"} <= {p.name for p in (tmp_path / "o").iterdir()}
+
+
+def test_the_first_interval_starts_at_the_commands_start_up(monkeypatch):
+    """IdleCores' first re-check covers the time since util.threads was imported when that was
+    recent (a command's start-up), not only the first read (too short for 10 ms accounting)."""
+    import headrank.util.threads as th
+
+    recent = IdleCores()
+    assert recent._mark is th._IMPORTED or recent._mark[0] - th._IMPORTED[0] > IdleCores.FRESH_S
+    monkeypatch.setattr(th, "_IMPORTED", (th._IMPORTED[0] - 2 * IdleCores.FRESH_S, *th._IMPORTED[1:]))
+    stale = IdleCores()
+    assert stale._mark is not th._IMPORTED and stale._mark[0] > th._IMPORTED[0] + IdleCores.FRESH_S
+    monkeypatch.setattr(th, "_IMPORTED", (stale._mark[0] - 1.0, *th._IMPORTED[1:]))
+    fresh = IdleCores()
+    assert fresh._mark is th._IMPORTED
+    assert 1 <= fresh.threads() <= fresh.budget and len(fresh.history) == 2  # a 1 s interval: re-measured

@@ -128,16 +128,23 @@ class IdleCores:
     helpers' (:func:`count_as_own`), over the wall time), so that this run's own threads never
     count as load against it. ``pinned``: a
     fixed count (``--threads N``), returned unchanged. Never fewer than 1 or more than the budget.
+    The first interval starts when this module was imported if that was at most FRESH_S ago (a
+    command's start-up: long enough for the kernel's 10 ms accounting by the first layer), else
+    at construction.
     """
 
     MIN_INTERVAL_S = 0.05  # shorter intervals are noise at the kernel's 10 ms accounting
+    FRESH_S = 5.0  # the module's import mark starts the first interval if it is at most this old
 
     def __init__(self, pinned: int | None = None):
         self.pinned = pinned
         self.budget = core_budget()
         self.current = pinned if pinned is not None else default_threads(self.budget)
         self.history: list[int] = [self.current]
-        self._mark = self._sample()
+        now = self._sample()
+        # the first interval: from this module's import (a command's start-up) when that was recent,
+        # so the first layer already follows what runs now, not the 1-minute load average
+        self._mark = _IMPORTED if _IMPORTED[1] is not None and now[0] - _IMPORTED[0] <= self.FRESH_S else now
 
     @staticmethod
     def _sample() -> tuple[float, float | None, float]:
@@ -235,3 +242,6 @@ def resolve_device(device: object) -> str | None:
         raise HeadRankError(f"`device` {device}: torch sees {torch.cuda.device_count()} CUDA GPU(s), "
                             f"numbered from 0")
     return "cuda" if device == "auto" else device
+
+
+_IMPORTED = IdleCores._sample()  # when this module was imported (IdleCores' first interval starts here)
