@@ -369,6 +369,12 @@ def run_model(label: str, args: argparse.Namespace) -> dict | None:
         if "base_one_layer_s" in s:
             print(f"    baseline 1-layer run {s['base_one_layer_s']:.2f} s ({s['base_one_layer_cpu_s']:.2f} s CPU; "
                   f"load average {s['base_load_avg']})", flush=True)
+        one, eight = s.get("one_layer_cpu_s"), (res["idle"].get("ours1") or {}).get("cpu_s")
+        if one is not None and eight is not None:  # load-independent where the cores are not oversubscribed
+            s["cpu_per_layer_s"] = (eight - one) / (n_layers - 1)
+            s["cpu_fixed_s"] = one - s["cpu_per_layer_s"]
+            print(f"    CPU seconds: {s['cpu_per_layer_s']:.3f} a layer, {s['cpu_fixed_s']:.2f} fixed (the process, "
+                  f"its figure process and one layer's read), from the 8-layer --threads 1 and 1-layer runs", flush=True)
     print("  RESULT_JSON " + json.dumps(res), flush=True)
     return res
 
