@@ -402,7 +402,7 @@ def verdicts(results: dict[str, dict]) -> list[str]:
             out.append(f"{what}: not measured")
         else:
             ok = value <= limit if at_most else value >= limit
-            out.append(f"{what}: {value:.2f} ({'<=' if at_most else '>='} {limit:g}) {'met' if ok else 'MISSED'}")
+            out.append(f"{what}: {value:.3f} ({'<=' if at_most else '>='} {limit:g}) {'met' if ok else 'MISSED'}")
 
     r8, r32, r70 = (results.get(k) for k in ("llama2-7b-8l", "llama2-7b", "llama-70b-attn"))
     for name, r in results.items():
