@@ -224,7 +224,7 @@ def measure_cli(path: Path, args: argparse.Namespace, load: bool | int, extra: t
     ``src``: run that source tree instead (PYTHONPATH=src), e.g. the baseline."""
     out = Path(tempfile.mkdtemp(prefix="out-", dir=args.dir))
     cmd = [sys.executable, "-m", "headrank", "spectra", str(path), "--out", str(out), "-q", *extra]
-    env = {**os.environ, "PYTHONPATH": str(src)} if src is not None else None
+    env = cli_env(args, src)
     before = load_avg()
     try:
         with cpu_load(load), tempfile.TemporaryFile() as err:
@@ -244,9 +244,40 @@ def measure_cli(path: Path, args: argparse.Namespace, load: bool | int, extra: t
             meta = json.loads((out / "meta.json").read_text())
             res["timing_s"] = meta.get("timing_s", {})
             res["compute"] = meta.get("compute", {"device": "cpu (torch)"})
+        if (out / "spectra.npz").exists():  # the singular values' bits, to compare thread settings
+            import hashlib
+
+            import numpy as np
+
+            with np.load(out / "spectra.npz") as z:
+                res["sv_sha"] = hashlib.sha256(b"".join(z[k].tobytes() for k in sorted(z.files))).hexdigest()[:16]
         return res
     finally:
         shutil.rmtree(out, ignore_errors=True)
+
+
+def cli_env(args: argparse.Namespace, src: Path | None = None) -> dict[str, str]:
+    """The environment of a headrank process: ``src`` first on the path (a baseline tree), and
+    unless --no-bytecode-cache, compiled bytecode kept under DIR/pycache (PYTHONPYCACHEPREFIX), as
+    an installed package has it: with PYTHONDONTWRITEBYTECODE=1 and a source checkout, every run
+    would compile headrank's modules again (about 0.07 s of CPU a process here)."""
+    env = dict(os.environ)
+    if src is not None:
+        env["PYTHONPATH"] = str(src)
+    if args.bytecode_cache:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = str(args.dir / "pycache")
+    return env
+
+
+def warm_bytecode(args: argparse.Namespace) -> None:
+    """Compile what a spectra run imports (main process and figure process) into the cache, for
+    this tree and the baseline's."""
+    if not args.bytecode_cache:
+        return
+    code = "import headrank.cli, headrank.analysis.scan, headrank.analysis.figproc, headrank.analysis.plots"
+    for src in [None] + ([args.baseline_src] if args.baseline_src is not None else []):
+        subprocess.run([sys.executable, "-c", code], env=cli_env(args, src), capture_output=True)
 
 
 def measure_startup(path: Path, args: argparse.Namespace) -> dict:
@@ -255,7 +286,7 @@ def measure_startup(path: Path, args: argparse.Namespace) -> dict:
     helps = []
     for _ in range(3):
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "headrank", "spectra", "--help"], capture_output=True)
+        subprocess.run([sys.executable, "-m", "headrank", "spectra", "--help"], capture_output=True, env=cli_env(args))
         helps.append(time.perf_counter() - t0)
     ones = [measure_cli(path, args, False, ("--layers", "0")) for _ in range(2)]
     one = min((r for r in ones if "error" not in r), key=lambda r: r["seconds"], default=ones[0])
@@ -338,6 +369,12 @@ def run_model(label: str, args: argparse.Namespace) -> dict | None:
         if "base_one_layer_s" in s:
             print(f"    baseline 1-layer run {s['base_one_layer_s']:.2f} s ({s['base_one_layer_cpu_s']:.2f} s CPU; "
                   f"load average {s['base_load_avg']})", flush=True)
+        one, eight = s.get("one_layer_cpu_s"), (res["idle"].get("ours1") or {}).get("cpu_s")
+        if one is not None and eight is not None:  # load-independent where the cores are not oversubscribed
+            s["cpu_per_layer_s"] = (eight - one) / (n_layers - 1)
+            s["cpu_fixed_s"] = one - s["cpu_per_layer_s"]
+            print(f"    CPU seconds: {s['cpu_per_layer_s']:.3f} a layer, {s['cpu_fixed_s']:.2f} fixed (the process, "
+                  f"its figure process and one layer's read), from the 8-layer --threads 1 and 1-layer runs", flush=True)
     print("  RESULT_JSON " + json.dumps(res), flush=True)
     return res
 
@@ -365,12 +402,22 @@ def verdicts(results: dict[str, dict]) -> list[str]:
             out.append(f"{what}: not measured")
         else:
             ok = value <= limit if at_most else value >= limit
-            out.append(f"{what}: {value:.2f} ({'<=' if at_most else '>='} {limit:g}) {'met' if ok else 'MISSED'}")
+            out.append(f"{what}: {value:.3f} ({'<=' if at_most else '>='} {limit:g}) {'met' if ok else 'MISSED'}")
 
     r8, r32, r70 = (results.get(k) for k in ("llama2-7b-8l", "llama2-7b", "llama-70b-attn"))
+    for name, r in results.items():
+        shas = {x["sv_sha"] for m in ("idle", "load", "load2") for k in ("ours", "ours1", "ours2", "noplots")
+                if (x := (r.get(m) or {}).get(k)) and "sv_sha" in x}
+        threads = sorted({t for m in ("idle", "load", "load2") for k in ("ours", "ours1", "ours2")
+                          for t in ((r.get(m) or {}).get(k) or {}).get("compute", {}).get("threads", [])})
+        out.append(f"{name}: spectra.npz bit-identical over every run (threads per layer seen: {threads}): "
+                   + ("met" if len(shas) == 1 else f"MISSED ({len(shas)} different results)" if shas else "not measured"))
     if r8:
         i = r8["idle"]
-        check("1-layer run, whole process, seconds", (r8.get("startup") or {}).get("one_layer_s"), 1.0)
+        s = r8.get("startup") or {}
+        check("1-layer run, whole process, seconds", s.get("one_layer_s"), 1.0)
+        check("1-layer run, fixed cost (whole process minus the layer's compute), seconds",
+              s.get("one_layer_fixed_s"), 0.5)
         check("8-layer 7B, defaults / --threads 2, idle (within 10 %)", _ratio(i.get("ours"), i.get("ours2")), 1.10)
         for mode, what in (("load", "one"), ("load2", "two")):
             if mode in r8:
@@ -458,6 +505,9 @@ def main() -> None:
     ap.add_argument("--child", nargs=2, metavar=("NAME", "PATH"))
     ap.add_argument("--baseline-src", type=Path, default=None,
                     help="a source tree (its src/ directory) to run side by side, e.g. the commit before a change")
+    ap.add_argument("--no-bytecode-cache", dest="bytecode_cache", action="store_false",
+                    help="let every headrank process compile its modules again (as PYTHONDONTWRITEBYTECODE=1 "
+                         "with a source checkout does); default: a bytecode cache under DIR, as installed")
     args = ap.parse_args()
     if args.child:
         return child(args.child[0], args.child[1], args)
@@ -466,6 +516,9 @@ def main() -> None:
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, cores {os.cpu_count()}, "
           f"load average {load_avg()}; GPU: {torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none'} "
           "(every number below is the CPU's unless a line says otherwise)", flush=True)
+    warm_bytecode(args)
+    print(f"bytecode: {'cached under ' + str(args.dir / 'pycache') if args.bytecode_cache else 'compiled by every process'}",
+          flush=True)
     results = {m: r for m in args.models.split(",") if m and (r := run_model(m, args))}
     table(results)
     print("\ntargets (ratios measured in this run):")

@@ -16,7 +16,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from headrank.errors import HeadRankError
-from headrank.util.env import __version__
 
 if TYPE_CHECKING:  # pragma: no cover
     from headrank.analysis.collapse.analyze import CollapseResult
@@ -37,6 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from headrank.training.optim import param_groups
     from headrank.training.sweep import SweepResult
     from headrank.training.sweep import sweep_verb as sweep
+    from headrank.util.env import __version__ as __version__
 
 #: the CLI's verbs, each a function taking what the verb takes (docs/python.md)
 VERBS = ("spectra", "compress", "track", "collapse", "scale", "train", "sweep", "reproduce")
@@ -74,6 +74,10 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__version__":  # the installed metadata, read on first use (importlib.metadata: ~50 ms)
+        from headrank.util.env import __version__
+
+        return __version__
     if name in _LAZY:
         import importlib
 

@@ -167,3 +167,116 @@ def test_device_choices():
         assert resolve_device("auto") is None
         with pytest.raises(HeadRankError, match="no CUDA GPU"):
             resolve_device("cuda")
+
+
+def test_read_buffers_are_reused_only_once_nothing_refers_to_them(tmp_path):
+    """The streaming reader's buffers (io.stfile.BufferPool): a layer's tensors are never
+    overwritten while any view of them lives; once dropped, the next read reuses them."""
+    from headrank.io.checkpoint import Checkpoint
+    from headrank.io.stfile import BufferPool, reading_into
+
+    sd = _write_llama(tmp_path / "m", n_layers=2, d=512, heads=4, kv=4, dtype=torch.float32)  # 1 MiB tensors
+    ck = Checkpoint(tmp_path / "m", arrays="numpy")
+    pool = BufferPool()
+    name = "model.layers.{}.self_attn.q_proj.weight"
+    with reading_into(pool):
+        a = ck.get(name.format(0))
+        view = a.reshape(4, 128, 512)[1:].transpose(0, 2, 1)  # a view of a view: it alone keeps the buffer
+        del a
+        b = ck.get(name.format(1))
+    assert not np.shares_memory(view, b) and len(pool._bufs) == 2
+    np.testing.assert_array_equal(view, sd[name.format(0)].numpy().reshape(4, 128, 512)[1:].transpose(0, 2, 1))
+    del view
+    with reading_into(pool):
+        c = ck.get(name.format(0))
+    assert len(pool._bufs) == 2 and any(np.shares_memory(c, buf) for buf in pool._bufs)
+    np.testing.assert_array_equal(c, sd[name.format(0)].numpy())
+    np.testing.assert_array_equal(b, sd[name.format(1)].numpy())  # still intact
+    small = BufferPool(max_bytes=1 << 20)  # holds one buffer; more are fresh and freed with their arrays
+    with reading_into(small):
+        x, y = ck.get(name.format(0)), ck.get(name.format(1))
+    assert len(small._bufs) == 1 and not np.shares_memory(x, y)
+    ck.close()
+
+
+@pytest.mark.slow
+def test_cli_figures_are_drawn_in_two_halves_in_order(tmp_path):
+    """The figure process shares the figures with a fork of itself: the same files, in the
+    order draw_spectra writes them, as drawing in-process."""
+    from headrank.analysis import plots
+    from headrank.analysis.figproc import FigureProcess, figure_data
+
+    _write_llama(tmp_path / "m", n_layers=2, d=64, heads=4, kv=4)
+    res = analyze(tmp_path / "m", threads=1)
+    proc = FigureProcess()
+    (tmp_path / "child").mkdir()
+    assert proc.submit(figure_data(res), tmp_path / "child")
+    got = proc.wait()
+    want = plots.draw_spectra(figure_data(res), tmp_path / "here")
+    assert got is not None and [p.name for p in got] == [p.name for p in want] and len(want) >= 3
+
+
+def test_a_helper_process_counts_as_the_runs_own_cpu():
+    """IdleCores subtracts the CPU of the run's helper processes (the figure process importing
+    matplotlib beside the first layers) from other processes' load, as it does its own threads'."""
+    from headrank.util.threads import _pid_cpu_s, count_as_own
+
+    burn = ("import sys, time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n"
+            "print('done', flush=True)\nsys.stdin.readline()\n")
+    child = subprocess.Popen([sys.executable, "-c", burn], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "done"  # it has used 0.3 s of CPU, and now waits
+        used = _pid_cpu_s(child.pid)
+        assert 0.29 <= used <= 5.0
+        before = IdleCores._sample()[2]
+        count_as_own(child.pid)
+        try:
+            assert IdleCores._sample()[2] - before >= used - 0.02
+        finally:
+            count_as_own(child.pid, False)
+        assert IdleCores._sample()[2] - before < used - 0.02
+    finally:
+        child.stdin.close()
+        child.wait()
+    assert _pid_cpu_s(child.pid) == 0.0  # gone
+
+
+def test_the_cli_starts_the_figure_process_before_parsing_only_when_asked(tmp_path):
+    """``headrank spectra … --out DIR`` starts its figure process before typer is imported
+    (headrank.cli.early); nothing else does, and the command takes the one started."""
+    from headrank.analysis import figproc
+    from headrank.cli.early import start_figures, wants_figures
+
+    prog = ["/venv/bin/headrank", "spectra", "m"]
+    assert wants_figures([*prog, "--out", "o"]) and wants_figures([*prog, "--out=o", "-q"])
+    assert wants_figures(["/x/src/headrank/__main__.py", "spectra", "m", "--out", "o"])
+    for argv in ([*prog], [*prog, "--out", "o", "--no-plots"], [*prog, "--out", "o", "--help"],
+                 ["/venv/bin/headrank", "compress", "m", "--out", "o"], ["/venv/bin/pytest", "spectra", "m", "--out", "o"]):
+        assert not wants_figures(argv), argv
+    start_figures(["/venv/bin/pytest", "spectra", "m", "--out", "o"])
+    assert figproc.take_early() is None
+    start_figures([*prog, "--out", "o"])
+    proc = figproc.take_early()
+    assert proc is not None and proc.proc.poll() is None and figproc.take_early() is None
+    proc.close()
+    _write_llama(tmp_path / "m", n_layers=1)
+    out = subprocess.run([sys.executable, "-m", "headrank", "spectra", str(tmp_path / "m"), "--out", str(tmp_path / "o"),
+                          "-q"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert {"fig4_norms.png", "singular_values.png", "heads.csv"} <= {p.name for p in (tmp_path / "o").iterdir()}
+
+
+def test_the_first_interval_starts_at_the_commands_start_up(monkeypatch):
+    """IdleCores' first re-check covers the time since util.threads was imported when that was
+    recent (a command's start-up), not only the first read (too short for 10 ms accounting)."""
+    import headrank.util.threads as th
+
+    recent = IdleCores()
+    assert recent._mark is th._IMPORTED or recent._mark[0] - th._IMPORTED[0] > IdleCores.FRESH_S
+    monkeypatch.setattr(th, "_IMPORTED", (th._IMPORTED[0] - 2 * IdleCores.FRESH_S, *th._IMPORTED[1:]))
+    stale = IdleCores()
+    assert stale._mark is not th._IMPORTED and stale._mark[0] > th._IMPORTED[0] + IdleCores.FRESH_S
+    monkeypatch.setattr(th, "_IMPORTED", (stale._mark[0] - 1.0, *th._IMPORTED[1:]))
+    fresh = IdleCores()
+    assert fresh._mark is th._IMPORTED
+    assert 1 <= fresh.threads() <= fresh.budget and len(fresh.history) == 2  # a 1 s interval: re-measured

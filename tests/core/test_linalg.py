@@ -221,3 +221,37 @@ def test_gram_buffers_in_both_layouts_match_dense(layout):
         G = Xd[h].T @ Xd[h]
         np.testing.assert_allclose((R[h].mT @ R[h]).numpy(), G, rtol=0, atol=1e-13 * np.abs(G).max())
     torch.testing.assert_close(R, factor_root(X.contiguous()), rtol=1e-13, atol=1e-13 * float(R.abs().max()))
+
+
+@pytest.mark.parametrize("n", [1, 5, 32, 33, 100, 128, 200])
+def test_triangular_inverse_by_halves_against_lapack(n):
+    """``_triu_inv`` (the certificate's R⁻¹ on the numpy route, by halves) against numpy's LU
+    inverse and the identity, batched, with a badly scaled diagonal; an exactly singular R
+    raises as ``np.linalg.inv`` does."""
+    from headrank.core.linalg import _triu_inv
+
+    rng = np.random.default_rng(n)
+    R = np.triu(rng.standard_normal((3, n, n)))
+    R[:, np.arange(n), np.arange(n)] = np.logspace(0, -3, n) * rng.choice([-1, 1], n)
+    inv = _triu_inv(R)
+    ref = np.linalg.inv(R)
+    assert np.array_equal(np.tril(inv, -1), np.zeros_like(inv))  # upper triangular, exactly
+    assert np.abs(inv - ref).max() <= 1e-12 * np.abs(ref).max()
+    assert np.abs(inv @ R - np.eye(n)).max() <= 1e-12 * np.abs(ref).max() * np.abs(R).max()
+    R[1, n // 2, n // 2] = 0.0
+    with pytest.raises(np.linalg.LinAlgError):
+        _triu_inv(R)
+
+
+@pytest.mark.parametrize("decades, certified", [(0.0, True), (3.0, True), (4.5, False), (6.0, False)])
+def test_gram_condition_certificate_numpy(decades, certified):
+    """The numpy route's certificate (R⁻¹ by halves) proves what the torch route's does."""
+    from headrank.core.linalg import _gram_certified
+
+    rng = np.random.default_rng(10)
+    Q, _ = np.linalg.qr(rng.standard_normal((256, 64)))
+    X = Q * np.logspace(0, -decades, 64)
+    G = X.T @ X
+    R = np.linalg.cholesky(G, upper=True)
+    assert bool(_gram_certified(G[None], R[None])[0]) is certified
+    assert not _gram_certified(np.zeros((1, 64, 64)), np.zeros((1, 64, 64)))[0]

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from headrank.analysis.columns import Columns, concat, from_frame, group_agg, series_mean, to_frame
 from headrank.core.linalg import (
     DEFAULT_TOL,
     METRIC_COLUMNS,
@@ -279,19 +280,25 @@ class RotaryScan:
                 "band": -1, "dim_a": -1, "dim_b": -1, "theta": 0.0, "wavelength": np.inf,
                 "energy": rest, "share": rest / total, **{k: np.asarray(v) for k, v in m.columns().items()}})
 
+    def columns(self) -> Columns:
+        """:meth:`table` as numpy columns (rotary.csv is written from these without pandas)."""
+        t = concat(self.frames)
+        return {k: t[k] for k in [*list(t)[:11], *[c for c in METRIC_COLUMNS if c in t]]}
+
     def table(self) -> pd.DataFrame:
         """One row per (layer, head, band) and, for partial rotary, one ``pass`` row per head."""
-        import pandas as pd
+        return to_frame(self.columns())
 
-        t = pd.concat([pd.DataFrame(f) for f in self.frames], ignore_index=True)
-        return t.reindex(columns=[*t.columns[:11], *[c for c in METRIC_COLUMNS if c in t]])
-
-    def meta(self, table: pd.DataFrame) -> dict[str, Any]:
+    def meta(self, table: pd.DataFrame | Columns) -> dict[str, Any]:
         """meta.json's ``rotary_bands``: the layout read, the definitions, what commutes, and means."""
         s = self.spec
-        bands = table[table["part"] == "band"]
-        per_head = bands.groupby(["layer", "head"])["energy"].apply(lambda e: np.sort(e.to_numpy())[::-1])
-        k90 = float(_energy_rank(_sv(np.sqrt(np.stack(per_head.to_list()))), 0.9).astype(np.float64).mean())
+        cols = table if isinstance(table, dict) else from_frame(table)
+        bands = {k: np.asarray(v)[np.asarray(cols["part"]) == "band"] for k, v in cols.items()}
+        order = np.lexsort((bands["head"], bands["layer"]))  # stable: each head's bands in row order
+        energy = bands["energy"][order].reshape(-1, s.n_bands) if order.size else np.zeros((0, s.n_bands))
+        per_head = np.sort(energy, axis=-1)[:, ::-1]
+        k90 = float(_energy_rank(_sv(np.sqrt(per_head)), 0.9).astype(np.float64).mean())
+        share = group_agg(bands, ("layer", "head"), [("share", "share", "sum")])["share"]
         return {
             "head_dim": s.head_dim, "rotary_dim": s.rotary_dim, "bands": s.n_bands, "style": STYLES[s.style],
             "base": s.base, "rope_type": s.rope_type, "frequencies": s.frequencies,
@@ -303,7 +310,7 @@ class RotaryScan:
                      "x W_Q[p]^T W_K[p] y, u_j = W_Q[a_j] + i W_Q[b_j], v_j = W_K[a_j] + i W_K[b_j]",
             "pass_metrics": "rotary.csv's pass rows: the metric table of W_K[p]^T W_Q[p] (exact at every position)",
             "commutes_with_rotation": COMMUTES,
-            "mean_rotary_share": float(bands.groupby(["layer", "head"])["share"].sum().mean()),
+            "mean_rotary_share": series_mean(share),
             "mean_bands_for_90pct_of_band_energy": k90,
             "notes": self.notes,
         }

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from headrank.analysis.columns import Columns, concat, from_frame, group_agg, save_csv, to_frame
 from headrank.analysis.figproc import FigureProcess, figure_data
 from headrank.analysis.rotary import rotary_scan
 from headrank.core.linalg import (
@@ -34,8 +35,8 @@ from headrank.util.fileio import prepare_out_dir, write_atomic, write_json
 from headrank.util.result import ResultBase, plain, read_csv, read_json, records
 from headrank.util.threads import IdleCores, check_threads, resolve_device, torch_threads
 
-if TYPE_CHECKING:  # imported where used: a safetensors checkpoint is read and reduced without torch,
-    import pandas as pd  # and pandas (imported meanwhile, in a thread) is needed only for the tables
+if TYPE_CHECKING:  # imported where used: a safetensors checkpoint is read, reduced and saved without torch,
+    import pandas as pd  # and without pandas (the tables are numpy columns until a DataFrame is asked for)
 
 TABLE_COLUMNS = ("layer", "head", "kv_head", "product", *METRIC_COLUMNS, "head_dim", "finite")
 
@@ -59,7 +60,7 @@ class HeadSpectrum:
         return None if self.V is None else self.V.T
 
 
-@dataclass
+@dataclass(init=False)
 class SpectraResult(ResultBase):
     """Everything ``headrank spectra`` measures.
 
@@ -78,21 +79,59 @@ class SpectraResult(ResultBase):
 
     ``res[layer, head, "qk"]`` is one head's :class:`HeadSpectrum` (``layer`` as numbered in the
     model, not its position in the selection).
+
+    ``table`` and ``rotary`` are built as pandas DataFrames on first use: an analysis holds them
+    as numpy columns (:mod:`headrank.analysis.columns`), and ``save`` writes those without
+    importing pandas.
     """
 
     verb = "spectra"
 
-    table: pd.DataFrame
     sv: dict[str, np.ndarray]
     row_norms: dict[str, np.ndarray]
     meta: dict[str, Any]
-    rotary: pd.DataFrame | None = None
     vectors: dict[str, dict[str, np.ndarray]] | None = None
+
+    def __init__(self, table: pd.DataFrame | Columns | None = None, sv: dict[str, np.ndarray] | None = None,
+                 row_norms: dict[str, np.ndarray] | None = None, meta: dict[str, Any] | None = None,
+                 rotary: pd.DataFrame | Columns | None = None,
+                 vectors: dict[str, dict[str, np.ndarray]] | None = None) -> None:
+        self._frames = {"table": table, "rotary": rotary}  # a DataFrame, or numpy columns until asked for one
+        self.sv, self.row_norms, self.meta, self.vectors = sv or {}, row_norms or {}, meta or {}, vectors
+
+    def _frame(self, key: str) -> pd.DataFrame | None:
+        value = self._frames[key]
+        if isinstance(value, dict):
+            value = self._frames[key] = to_frame(value)
+        return value
+
+    def _columns(self, key: str) -> Columns | None:
+        """``table`` / ``rotary`` as numpy columns (no pandas unless it already is a DataFrame)."""
+        value = self._frames[key]
+        return value if value is None or isinstance(value, dict) else from_frame(value)
+
+    @property
+    def table(self) -> pd.DataFrame:
+        """One row per (layer, head, product), columns TABLE_COLUMNS."""
+        return self._frame("table")
+
+    @table.setter
+    def table(self, value: pd.DataFrame) -> None:
+        self._frames["table"] = value
+
+    @property
+    def rotary(self) -> pd.DataFrame | None:
+        """rotary.csv's rows (rotary models), else None."""
+        return self._frame("rotary")
+
+    @rotary.setter
+    def rotary(self, value: pd.DataFrame | None) -> None:
+        self._frames["rotary"] = value
 
     def summary(self) -> pd.DataFrame:
         """Per layer and product: heads, mean rank / dh and the means of every summary metric
         (:func:`summarize`; ``summary.csv``)."""
-        return summarize(self.table)
+        return to_frame(summary_columns(self._columns("table")))
 
     def save(self, out: str | os.PathLike, *, plots: bool = True) -> list[Path]:
         """Write the result into directory ``out`` (see :func:`save`)."""
@@ -237,14 +276,17 @@ def _stream(reader: AttentionReader, sel: list[int], tol: float, threads: int | 
     import time
     from concurrent.futures import ThreadPoolExecutor
 
+    from headrank.io.stfile import BufferPool, reading_into
     from headrank.util.memory import trim_heap
 
     t = {"read": 0.0, "compute": 0.0, "compute_waited_on_read": 0.0}
+    pool = BufferPool()  # a layer's read buffers reused by the layer after next: no fresh pages per read
 
     def read(i: int) -> HeadWeights:
         t0 = time.perf_counter()
         try:
-            hw = reader.read_layer(i)
+            with reading_into(pool):
+                hw = reader.read_layer(i)
             _fault_in(hw)
             return hw
         finally:
@@ -345,23 +387,6 @@ def _check_args(tol: Any, layers: Any, threads: Any, progress: Any) -> list[int]
     return [int(i) for i in sel]
 
 
-def _import_meanwhile(name: str):
-    """Import module ``name`` in a background thread (started now; ``.join()`` it before use):
-    its import overlaps the reading and the reductions, which release the GIL in LAPACK."""
-    import importlib
-    import threading
-
-    def run() -> None:
-        try:
-            importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - the import in the caller's thread reports it
-            pass
-
-    t = threading.Thread(target=run, name=f"headrank-import-{name}", daemon=True)
-    t.start()
-    return t
-
-
 def _compute_meta(device: str | None, threads: int | None, used: list[int]) -> dict[str, Any]:
     """meta.json's ``compute``: where the arithmetic ran and with how many worker threads."""
     return {
@@ -414,7 +439,6 @@ def analyze(
     """
     layers = _check_args(tol, layers, threads, progress)
     dev = resolve_device(device)
-    pandas = _import_meanwhile("pandas")  # needed for the tables only: imported while the layers stream
     reader = open_reader(source, config=config, layout=layout, revision=revision, base=base, delta=delta,
                          fold_norm=fold_norm, download=download, remote=remote, allow_full=allow_full,
                          arrays="numpy")
@@ -427,11 +451,10 @@ def analyze(
     rot, rot_why = rotary_scan(reader.ckpt.config, reader.position, dims.head_dim, reader.qk_norm, tol, rotary)
     used: list[int] = []
     frames, sv, norms, timing = _scan_layers(reader, sel, tol, threads, rot, vecs, progress, dev, used)
-    pandas.join()
-    table = _table(frames)
+    table = _table(frames)  # numpy columns: pandas only when a DataFrame is asked for (SpectraResult.table)
     meta = {**_meta(reader, sel, tol, table), "compute": _compute_meta(dev, threads, used),
             "timing_s": {k: round(v, 4) for k, v in timing.items()}}  # where the stream's time went
-    rotary = rot.table() if rot is not None else None
+    rotary = rot.columns() if rot is not None else None
     meta["conventions"]["rotary_bands"] = rot.meta(rotary) if rot is not None else rot_why
     return SpectraResult(table=table, sv={p: np.stack(v) for p, v in sv.items()},
                          row_norms={k: np.stack(v) for k, v in norms.items()}, meta=meta, rotary=rotary,
@@ -502,22 +525,24 @@ class _Vectors:
         return {p: {k: v[:self.done] for k, v in d.items()} for p, d in self.parts.items()}
 
 
-def _table(frames: list[dict[str, Any]]) -> pd.DataFrame:
-    """The layers' rows in one table; the metric table's counts (rank, k90, k99) as int64 unless a
-    non-finite head made them NaN."""
-    import pandas as pd
-
-    table = pd.concat([pd.DataFrame(f, columns=list(TABLE_COLUMNS)) for f in frames], ignore_index=True)
+def _table(frames: list[dict[str, Any]]) -> Columns:
+    """The layers' rows in one table (numpy columns, TABLE_COLUMNS); the metric table's counts
+    (rank, k90, k99) as int64 unless a non-finite head made them NaN."""
+    table = concat(frames, TABLE_COLUMNS)
+    table["finite"] = table["finite"].astype(bool)
     for m in METRICS:
         if m.integer:
-            table[m.name] = table[m.name].astype("float64" if table[m.name].isna().any() else "int64")
+            col = table[m.name]
+            table[m.name] = col.astype(np.float64 if col.dtype.kind == "f" and np.isnan(col).any() else np.int64)
     return table
 
 
-def _meta(reader: AttentionReader, sel: list[int], tol: float, table: pd.DataFrame) -> dict[str, Any]:
+def _meta(reader: AttentionReader, sel: list[int], tol: float, table: Columns) -> dict[str, Any]:
     """meta.json: the source, the config summary, dtypes, tolerance and conventions."""
     dims = reader.dims
-    bad = table.loc[~table["finite"], ["layer", "head", "product"]]
+    bad = ~table["finite"]
+    bad = [{"layer": int(la), "head": int(h), "product": str(p)}
+           for la, h, p in zip(table["layer"][bad], table["head"][bad], table["product"][bad], strict=True)]
     cfg = reader.ckpt.config
     return {
         **reader.origin,  # input kind, source, path, files (+ hub / gguf / adapter / live details)
@@ -553,7 +578,7 @@ def _meta(reader: AttentionReader, sel: list[int], tol: float, table: pd.DataFra
             **conventions(tol),
             "layer_head_index": "0-based",
         },
-        "nonfinite_heads": bad.to_dict("records"),
+        "nonfinite_heads": bad,
         "versions": versions(),
     }
 
@@ -583,11 +608,15 @@ def summarize(table: pd.DataFrame) -> pd.DataFrame:
     """Per layer and product: the number of heads, mean numerical rank / dh, and the mean over
     heads of every summary metric of the table (core.metrics.SUMMARY_METRICS: effective rank,
     k90, k99, gap / bound, relative balance …)."""
-    t = table.assign(rank_frac=table["rank"] / table["head_dim"])
-    g = t.groupby(["layer", "product"], sort=True)
-    out = g.agg(heads=("head", "size"), rank_frac=("rank_frac", "mean"),
-                **{k: (k, "mean") for k in SUMMARY_METRICS})
-    return out.reset_index()
+    return to_frame(summary_columns(from_frame(table)))
+
+
+def summary_columns(table: Columns) -> Columns:
+    """:func:`summarize` on numpy columns, without pandas (the same numbers: pandas' grouped
+    means, :func:`headrank.analysis.columns.group_agg`)."""
+    t = {**table, "rank_frac": np.asarray(table["rank"]) / np.asarray(table["head_dim"])}
+    return group_agg(t, ("layer", "product"), [("heads", "head", "size"), ("rank_frac", "rank_frac", "mean"),
+                                                *((k, k, "mean") for k in SUMMARY_METRICS)])
 
 
 def overall(table: pd.DataFrame) -> dict[str, dict[str, float]]:
@@ -606,18 +635,20 @@ def save(result: SpectraResult, out: str | os.PathLike, *, plots: bool = True,
     for it. Without one (or if it fails) the figures are drawn here.
     """
     out = prepare_out_dir(out)
-    data = figure_data(result) if plots and len(result.table) else None  # no rows: tables only, no figures
+    table = result._columns("table")  # numpy columns: written without pandas
+    data = figure_data(result) if plots and len(table["layer"]) else None  # no rows: tables only, no figures
     sent = figures is not None and data is not None and figures.submit(data, out)
     try:
+        heads = {**table, "source": np.full(len(table["layer"]), str(result.meta.get("source")))}
         written = [
-            write_atomic(out / "heads.csv", lambda p: result.table.assign(source=str(result.meta.get("source")))
-                         .to_csv(p, index=False)),
-            write_atomic(out / "summary.csv", lambda p: result.summary().to_csv(p, index=False)),
+            write_atomic(out / "heads.csv", lambda p: save_csv(p, heads)),
+            write_atomic(out / "summary.csv", lambda p: save_csv(p, summary_columns(table))),
             write_atomic(out / "spectra.npz", lambda p: _save_npz(p, result)),
             write_json(out / "meta.json", result.meta),
         ]
-        if result.rotary is not None:
-            written.append(write_atomic(out / "rotary.csv", lambda p: result.rotary.to_csv(p, index=False)))
+        rotary = result._columns("rotary")
+        if rotary is not None:
+            written.append(write_atomic(out / "rotary.csv", lambda p: save_csv(p, rotary)))
         if result.vectors is not None:
             written.append(write_atomic(out / "vectors.npz", lambda p: _save_vectors(p, result)))
     except BaseException:

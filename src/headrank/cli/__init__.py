@@ -13,6 +13,10 @@ from headrank.cli.errorpath import startup_interrupts
 
 _restore = startup_interrupts()  # a Ctrl-C while typer, rich and the verbs are imported: one line, exit 130
 
+from headrank.cli.early import start_figures
+
+start_figures()  # spectra --out: the figure process imports matplotlib while the rest is imported and parsed
+
 from headrank.cli.common import _state, app, print_error
 
 # importing a verb group registers its commands; --help lists them in this order

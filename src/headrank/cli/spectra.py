@@ -50,10 +50,11 @@ def spectra(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress, no table")] = False,
 ) -> None:
     """Exact per-head spectra of W_K^T W_Q and P W_V, with balance and nuclear-norm diagnostics."""
-    from headrank.analysis.figproc import FigureProcess  # neither torch nor matplotlib
+    from headrank.analysis.figproc import FigureProcess, take_early  # neither torch nor matplotlib
     from headrank.util.fileio import check_writable
     from headrank.util.memory import gc_paused
 
+    early = take_early()  # started before the options were parsed (headrank.cli.early); stopped if unused
     if fmt not in ("table", "csv", "json"):
         raise HeadRankError(f"--format must be table, csv or json; got {fmt!r}")
     as_json = as_json or fmt == "json"
@@ -61,7 +62,9 @@ def spectra(
         raise HeadRankError("--max-bytes applies with --allow-full (the most one whole file may hold)")
     if out is not None:
         check_writable(out)  # before the analysis, not after it
-    figures = FigureProcess() if out is not None and plots else None  # imports matplotlib beside torch
+    figures = (early or FigureProcess()) if out is not None and plots else None  # imports matplotlib meanwhile
+    if early is not None and figures is not early:
+        early.close()
     with gc_paused():  # torch's and pandas' import: no collections while ~1M objects are made
         from headrank.analysis.scan import analyze, save
     with progress_bar(quiet or as_json or fmt == "csv") as bar:

@@ -194,8 +194,7 @@ def _gram_certified(G, R):
     min(‖R⁻¹‖²_F, ‖R⁻¹‖₁‖R⁻¹‖_∞)``; ``R⁻¹`` is one triangular solve (dh³/3 multiply-adds,
     about 1/(3d) of the Gram's), where an eigendecomposition of G cost more than the Cholesky
     it guarded. Conservative: a head just inside the ratio may take the (exact) QR path too.
-    Torch tensors or numpy arrays (numpy: ``R⁻¹`` by LAPACK's LU inverse, whose pivots on an
-    upper-triangular ``R`` are its diagonal: the same back substitution).
+    Torch tensors or numpy arrays (numpy: ``R⁻¹`` by :func:`_triu_inv`).
     """
     if _is_torch(G):
         import torch
@@ -207,17 +206,41 @@ def _gram_certified(G, R):
 
     with np.errstate(all="ignore"):
         try:
-            Ri = np.abs(np.linalg.inv(R))
+            Ri = np.abs(_triu_inv(R))
         except np.linalg.LinAlgError:  # an exactly singular R (a batch): head by head
             Ri = np.stack([_inv_or_nan(r) for r in R.reshape(-1, *R.shape[-2:])]).reshape(R.shape)
         return _certified(G, Ri, np)
+
+
+TRIU_LEAF = 32  # _triu_inv: diagonal blocks this small are inverted by LAPACK's LU
+
+
+def _triu_inv(R):
+    """The inverses of a batch of upper-triangular ``R`` (numpy), by halves: with
+    ``R = [[A, B], [0, C]]``, ``R⁻¹ = [[A⁻¹, -A⁻¹ B C⁻¹], [0, C⁻¹]]``, down to TRIU_LEAF-sized
+    diagonal blocks inverted by LAPACK's LU (whose pivots on an upper-triangular block are its
+    diagonal: back substitution). numpy exposes no ``trtri``; its LU inverse of the whole
+    128 × 128 ``R`` cost four times this (benchmarks/PROFILE.md). Raises LinAlgError for an
+    exactly singular diagonal block, as ``np.linalg.inv`` does."""
+    import numpy as np
+
+    n = R.shape[-1]
+    if n <= TRIU_LEAF:
+        return np.linalg.inv(R)
+    h = n // 2
+    Ai, Ci = _triu_inv(R[..., :h, :h]), _triu_inv(R[..., h:, h:])
+    out = np.zeros_like(R)
+    out[..., :h, :h] = Ai
+    out[..., h:, h:] = Ci
+    out[..., :h, h:] = -((Ai @ R[..., :h, h:]) @ Ci)
+    return out
 
 
 def _inv_or_nan(r):
     import numpy as np
 
     try:
-        return np.abs(np.linalg.inv(r))
+        return np.abs(_triu_inv(r))
     except np.linalg.LinAlgError:
         return np.full_like(r, np.nan)
 

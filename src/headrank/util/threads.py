@@ -101,27 +101,56 @@ def _host_busy_s() -> float | None:
     return busy / os.sysconf("SC_CLK_TCK")
 
 
+_OWN_PIDS: set[int] = set()  # helper processes of this run (spectra's figure process): their CPU is the run's own
+
+
+def count_as_own(pid: int, own: bool = True) -> None:
+    """Count process ``pid``'s CPU as this run's own in :class:`IdleCores` (a helper process it
+    started, e.g. the figure process importing matplotlib beside the first layers), not as other
+    processes' load; ``own=False`` stops counting it."""
+    (_OWN_PIDS.add if own else _OWN_PIDS.discard)(pid)
+
+
+def _pid_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a live (or not yet reaped) process, 0 where unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()  # after "pid (comm)": state is field 3
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14, 15
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 class IdleCores:
     """Follows the idle cores during a run: :func:`default_threads` at the start, then, at each
     :meth:`threads` call (between layers), the budget minus what *other* processes used since the
-    last call (the machine's busy CPU time from ``/proc/stat`` less this process's own, over the
-    wall time), so that this run's own threads never count as load against it. ``pinned``: a
+    last call (the machine's busy CPU time from ``/proc/stat`` less this process's own and its
+    helpers' (:func:`count_as_own`), over the wall time), so that this run's own threads never
+    count as load against it. ``pinned``: a
     fixed count (``--threads N``), returned unchanged. Never fewer than 1 or more than the budget.
+    The first interval starts when this module was imported if that was at most FRESH_S ago (a
+    command's start-up: long enough for the kernel's 10 ms accounting by the first layer), else
+    at construction.
     """
 
     MIN_INTERVAL_S = 0.05  # shorter intervals are noise at the kernel's 10 ms accounting
+    FRESH_S = 5.0  # the module's import mark starts the first interval if it is at most this old
 
     def __init__(self, pinned: int | None = None):
         self.pinned = pinned
         self.budget = core_budget()
         self.current = pinned if pinned is not None else default_threads(self.budget)
         self.history: list[int] = [self.current]
-        self._mark = self._sample()
+        now = self._sample()
+        # the first interval: from this module's import (a command's start-up) when that was recent,
+        # so the first layer already follows what runs now, not the 1-minute load average
+        self._mark = _IMPORTED if _IMPORTED[1] is not None and now[0] - _IMPORTED[0] <= self.FRESH_S else now
 
     @staticmethod
     def _sample() -> tuple[float, float | None, float]:
-        t = os.times()
-        return time.monotonic(), _host_busy_s(), t.user + t.system
+        t = os.times()  # this process, and its children once reaped; helpers still running from /proc
+        own = t.user + t.system + t.children_user + t.children_system + sum(map(_pid_cpu_s, tuple(_OWN_PIDS)))
+        return time.monotonic(), _host_busy_s(), own
 
     def threads(self) -> int:
         """The count for the next layer (re-measured unless pinned)."""
@@ -213,3 +242,6 @@ def resolve_device(device: object) -> str | None:
         raise HeadRankError(f"`device` {device}: torch sees {torch.cuda.device_count()} CUDA GPU(s), "
                             f"numbered from 0")
     return "cuda" if device == "auto" else device
+
+
+_IMPORTED = IdleCores._sample()  # when this module was imported (IdleCores' first interval starts here)
