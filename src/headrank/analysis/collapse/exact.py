@@ -94,13 +94,13 @@ def _head(x: np.ndarray, Rh: np.ndarray, e: np.ndarray, M: np.ndarray) -> tuple[
     s = 2 * e
     with np.errstate(over="ignore"):
         big = np.abs(np.ldexp(np.abs(bh).max(axis=(1, 2)), np.clip(s, -2000, 2000))) > 1.0
-    rho, Fh = alpha.copy(), np.empty_like(bh)
+    rho, Fh, t = alpha.copy(), np.empty_like(bh), s.copy()
     if (~big).any():
         Fh[~big] = _small_logits(alpha[~big], bh[~big], s[~big])
     if big.any():
         logits = a[big][:, None, :] + np.ldexp(bh[big], np.clip(s[big], -2000, 2000)[:, None, None])
-        rho[big], Fh[big] = _large_logits(logits)
-    return rho, Fh, np.where(big, 0, s)
+        rho[big], Fh[big], t[big] = _large_logits(logits)
+    return rho, Fh, t
 
 
 def _small_logits(alpha: np.ndarray, bh: np.ndarray, s: np.ndarray) -> np.ndarray:
@@ -113,30 +113,65 @@ def _small_logits(alpha: np.ndarray, bh: np.ndarray, s: np.ndarray) -> np.ndarra
     return alpha[:, None, :] * num / (1.0 + np.ldexp(mean, np.clip(s, -2000, 2000)[:, None, None]))
 
 
-def _large_logits(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(ρ, F)`` with ρ the first row of ``A = softmax(logits)`` and ``F = A − 1ρᵀ``, entrywise
-    to relative precision ~ε·|logits| also where the softmax saturates (every row's weight on one
-    key j', the rows equal to many digits): with ``γ_ij = logit_ij − logit_ij'``,
-    ``ε_i = Σ_{k≠j'} e^{γ_ik}`` and ``L_i = log(1 + ε_i)``, ``log A_ij = γ_ij − L_i``, and
-    ``F_ij = A_0j expm1((γ_ij − γ_0j) − (L_i − L_0))``, where ``L_i − L_0 =
-    log1p(Σ_k e^{γ_0k} expm1(γ_ik − γ_0k) / (1 + ε_0))`` while the ε are below 1."""
+def _large_logits(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(ρ, F̂, k)`` with ρ the first row of ``A = softmax(logits)`` and ``F = A − 1ρᵀ = 2^k F̂``,
+    entrywise to relative precision ~ε·|logits| also where the softmax saturates (every row's
+    weight on one key j', the rows equal to many digits). With ``γ_ij = logit_ij − logit_ij'``,
+    ``ε_i = Σ_{k≠j'} e^{γ_ik}`` and ``L_i = log(1 + ε_i)``: ``log A_ij = γ_ij − L_i`` and
+    ``F_ij = A_0j expm1((γ_ij − γ_0j) − (L_i − L_0))``, the pivot column by
+    ``(ε_0 − ε_i) / ((1 + ε_i)(1 + ε_0))``; where every off-key weight is below the key's
+    (:func:`_saturated`) the off-key masses carry their own exponent, so a weight of e^{-1000}
+    is not lost."""
+    n = logits.shape[1]
     star = logits[:, 0, :].argmax(1)
     gam = logits - np.take_along_axis(logits, star[:, None, None], 2)  # γ_ij' = 0
+    off = np.arange(n)[None, None, :] != star[:, None, None]
     top = np.maximum(gam.max(2), 0.0)
     L = top + np.log(np.exp(gam - top[:, :, None]).sum(2))  # log Σ_k e^γ_ik = log(1 + ε_i)
-    dgam = gam - gam[:, :1, :]  # γ_ij − γ_0j
-    with np.errstate(over="ignore", invalid="ignore"):
-        eps0 = np.expm1(L[:, :1])
-        tail = np.einsum("bk,bik->bi", np.exp(np.minimum(gam[:, 0, :], 0.0)), np.expm1(np.minimum(dgam, 1.0)))
-        small = (L <= np.log(2.0)) & (L[:, :1] <= np.log(2.0)) & (dgam.max(2) <= 1.0)
-        dL = np.where(small, np.log1p(tail / (1.0 + eps0)), L - L[:, :1])
-    D = dgam - dL[:, :, None]  # log A_ij − log A_0j
     logA0 = gam[:, 0, :] - L[:, :1]
     A0 = np.exp(logA0)
+    m = np.where(off, gam, -np.inf).max(axis=(1, 2))
+    sat = m < 0
+    F, k = np.empty_like(logits), np.zeros(len(logits), dtype=np.int64)
+    if (~sat).any():
+        F[~sat] = _unsaturated(gam[~sat], L[~sat], logA0[~sat])
+    if sat.any():
+        F[sat], k[sat] = _saturated(gam[sat], off[sat], m[sat])
+    return A0, F, k
+
+
+def _unsaturated(gam: np.ndarray, L: np.ndarray, logA0: np.ndarray) -> np.ndarray:
+    """``F`` of :func:`_large_logits` where some row weighs another key at least as much as j'."""
+    dgam = gam - gam[:, :1, :]  # γ_ij − γ_0j
+    D = dgam - (L - L[:, :1])[:, :, None]  # log A_ij − log A_0j
+    A0 = np.exp(logA0)
     with np.errstate(over="ignore"):
-        F = np.where(D > 1.0, np.exp(np.minimum(logA0[:, None, :] + D, 0.0)) - A0[:, None, :],
-                     A0[:, None, :] * np.expm1(np.minimum(D, 1.0)))
-    return A0, F
+        return np.where(D > 1.0, np.exp(np.minimum(logA0[:, None, :] + D, 0.0)) - A0[:, None, :],
+                        A0[:, None, :] * np.expm1(np.minimum(D, 1.0)))
+
+
+def _saturated(gam: np.ndarray, off: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(F̂, k)`` of :func:`_large_logits` where every off-key logit gap is below 0 (m < 0 the
+    largest): the off-key weights scaled by e^{-m}, ``w_ik = e^{γ_ik − m}`` (≤ 1), ``ε_i = e^m Σ_k
+    w_ik``; ``F = e^m F̃`` with ``F̃_ij = w_0j expm1(γ_ij − γ_0j − (L_i − L_0)) / (1 + ε_0)`` and,
+    for the key, ``F̃_ij' = −Σ_k (w_ik − w_0k) / ((1 + ε_i)(1 + ε_0))``, the differences of the
+    weights formed by expm1."""
+    c = m[:, None, None]
+    w = np.exp(np.where(off, gam - c, -np.inf))
+    w0 = w[:, :1, :]
+    dgam = gam - gam[:, :1, :]
+    dw = np.where(off, np.where(dgam > 1.0, w - w0, w0 * np.expm1(np.minimum(dgam, 1.0))), 0.0)  # w_ik − w_0k
+    em = np.exp(m)[:, None]
+    eps = em * w.sum(2)  # (B, n), at most n
+    dE = dw.sum(2)  # ε̃_i − ε̃_0
+    dL = np.log1p(em * dE / (1.0 + eps[:, :1]))  # L_i − L_0
+    D = dgam - dL[:, :, None]
+    with np.errstate(over="ignore"):
+        Ft = np.where(D > 1.0, np.exp(np.minimum(gam - c - dL[:, :, None], 0.0)) - w0,
+                      w0 * np.expm1(np.minimum(D, 1.0))) / (1.0 + eps[:, :1, None])
+    Ft = np.where(off, Ft, -dE[:, :, None] / ((1.0 + eps[:, :, None]) * (1.0 + eps[:, :1, None])))
+    k = np.floor(m / math.log(2.0)).astype(np.int64)
+    return Ft * np.exp(m - k * math.log(2.0))[:, None, None], k
 
 
 def san_step(x: np.ndarray, Rh: np.ndarray, e: np.ndarray, layer: tuple[np.ndarray, np.ndarray]
