@@ -170,7 +170,7 @@ def _saturated(gam: np.ndarray, off: np.ndarray, m: np.ndarray) -> tuple[np.ndar
         Ft = np.where(D > 1.0, np.exp(np.minimum(gam - c - dL[:, :, None], 0.0)) - w0,
                       w0 * np.expm1(np.minimum(D, 1.0))) / (1.0 + eps[:, :1, None])
     Ft = np.where(off, Ft, -dE[:, :, None] / ((1.0 + eps[:, :, None]) * (1.0 + eps[:, :1, None])))
-    k = np.floor(m / math.log(2.0)).astype(np.int64)
+    k = np.floor(np.where(np.isfinite(m), m, 0.0) / math.log(2.0)).astype(np.int64)  # NaN logits: NaN F, not exact
     return Ft * np.exp(m - k * math.log(2.0))[:, None, None], k
 
 

@@ -106,11 +106,12 @@ def _init_ensembles(p: CollapseParams) -> dict[str, Any]:
 
 def _recall_ensembles(p: CollapseParams) -> dict[str, Any]:
     """The project's recall model trained ``p.recall_steps`` steps per seed by the project's
-    trainer (a temporary run directory), and its ensemble measures on fresh task sequences."""
+    trainer (a temporary run directory), and its accuracy and ensemble measures on fresh task
+    sequences."""
     import tempfile
     from pathlib import Path
 
-    from headrank.models.tasks import make_recall_batch
+    from headrank.models.tasks import make_recall_batch, recall_loss_and_accuracy
     from headrank.models.transformer import Transformer
     from headrank.training.config import recall_config
     from headrank.training.loop import train
@@ -120,9 +121,11 @@ def _recall_ensembles(p: CollapseParams) -> dict[str, Any]:
         for s in p.recall_seeds:
             cfg = recall_config(steps=p.recall_steps, seed=s, track_every=p.recall_steps, log_every=p.recall_steps)
             res = train(Path(tmp) / f"seed-{s}", cfg, tensorboard=False, threads=p.threads, log="none")
-            acc.append(res.final.get("acc"))
-            x, _ = make_recall_batch(cfg.task, p.recall_seqs, torch.Generator().manual_seed(1_000_003 + s))
-            rows.append(project_ensemble(Transformer.from_pretrained(res.checkpoint), x))
+            model = Transformer.from_pretrained(res.checkpoint).eval()
+            x, y = make_recall_batch(cfg.task, p.recall_seqs, torch.Generator().manual_seed(1_000_003 + s))
+            with torch.no_grad():
+                acc.append(float(recall_loss_and_accuracy(model(x), y)[1]))
+            rows.append(project_ensemble(model, x))
     m = cfg.model
     return {"n_layers": m.n_layers, "accuracy": acc, "measures": _pool(rows),
             "config": {"layers": m.n_layers, "d_model": m.d_model, "heads": m.n_heads, "mlp": m.mlp, "norm": m.norm,
