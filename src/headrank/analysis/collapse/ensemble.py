@@ -156,7 +156,7 @@ def ensemble_measures(parts: dict[tuple[int, tuple[int, ...]], torch.Tensor], n_
 
 def project_ensemble(model, ids: torch.Tensor) -> dict[str, Any]:
     """:func:`ensemble_measures` of the project's Transformer (skips, no MLP, no bias) on ``ids``
-    (B, T), float64."""
+    (B, T), float64 (the model is converted in place)."""
     model = model.double().eval()
     x0, maps, out = project_maps(model, ids)
     with torch.no_grad():

@@ -229,7 +229,8 @@ def san_residuals(model, ids: torch.Tensor) -> dict[str, Any]:
     on token ids (B, T), past the float64 floor: per sequence and depth 0..L, log10 of the
     absolute residual ``‖X_l − 1x̄ᵀ‖_{1,∞}`` (composite norm, mean row), of ``‖X_l‖_{1,∞}`` and
     of the relative residual (their difference); also the float64 forward pass's own relative
-    residual (log10), which stops at its rounding floor.
+    residual (log10), which stops at its rounding floor. The model is converted to float64 in
+    place.
 
     Every value is computed twice, the second time with the tokens and the features in reverse
     order (the exact result is the same; every sum is rounded differently). A depth where the two
