@@ -32,13 +32,13 @@ OUT = ROOT / "docs" / "preregistration.json"
 #: the commit whose code made each profile's stored run (docs/claims_{quick,full}.md), as the
 #: record shows it (README, commit messages). "at or before": the record gives only an upper bound.
 STORED_RUNS = {
-    "quick": {"collapse": ("2b98701", "ran with this code"), "decouple": ("2b98701", "ran with this code"),
+    "quick": {"collapse": ("ee3ec44", "ran with this code (docs/claims_collapse_quick.md)"), "decouple": ("2b98701", "ran with this code"),
               "fig3": ("16ea643", "at or before: the quick record names no commit; the full runs' commit"),
               "table1": ("16ea643", "at or before: as fig3"), "compress": ("16ea643", "at or before: as fig3"),
               "fig1": ("c3962e7", "at or before: runs made by earlier versions, last measured there"),
               "fig2": ("c3962e7", "at or before: as fig1"), "fig4": ("c3962e7", "at or before: as fig1"),
               "fig5": ("c3962e7", "at or before: as fig1"), "scale": ("c3962e7", "at or before: as fig1")},
-    "full": {"collapse": ("2b98701", "ran with this code"), "decouple": ("2b98701", "ran with this code"),
+    "full": {"collapse": ("ee3ec44", "ran with this code (docs/claims_collapse_full.md)"), "decouple": ("2b98701", "ran with this code"),
              "fig3": ("16ea643", "README: fig3, table1 and compress were run from commit 16ea643"),
              "table1": ("16ea643", "as fig3"), "compress": ("16ea643", "as fig3"),
              "fig1": ("c3962e7", "at or before: 'from earlier commits', last measured there"),

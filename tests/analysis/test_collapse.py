@@ -197,9 +197,22 @@ def test_fit_depth_recovers_forms():
 
 
 def test_depth_sweep_small():
-    sw = C.depth_sweep(n_layers=4, init_stds=(0.3,), seeds=(0,), n_seqs=3, length=16, d_model=16, n_heads=2)
+    """The sweep's curves are the exact residuals of each seed's network, averaged; the head-count
+    sweep holds the same networks' residuals per head count."""
+    from headrank.analysis.collapse.exact import san_residuals
+
+    sw = C.depth_sweep(n_layers=4, init_stds=(0.3,), seeds=(0, 1), n_seqs=3, length=16, d_model=16, n_heads=2)
     c = sw["curves"]["0.3"]
-    assert len(c["geo_mean"]) == 5 and c["geo_mean"][0] > c["geo_mean"][-1]
+    ids = C.byte_batch(3, 16)
+    runs = [san_residuals(C.san_model(4, 0.3, s, 16, d_model=16, n_heads=2), ids) for s in (0, 1)]
+    rel = np.concatenate([r["log10_rel"] for r in runs])
+    np.testing.assert_allclose(c["log10_rel_mean"], rel.mean(0), rtol=1e-12)
+    np.testing.assert_allclose(c["bound"]["log10_abs_res"], np.concatenate([r["log10_abs"] for r in runs]))
+    assert c["log10_rel_mean"][0] > c["log10_rel_mean"][-1] and c["bound"]["exact"] and c["exact_share"][-1] == 1.0
+    assert c["log10_rel_mean"][-1] < -16 < c["log10_rel_float64_mean"][-1]  # past the float64 floor
+    hs = C.heads_sweep((1, 2), (0.3,), (0,), n_layers=4, n_seqs=3, length=16, d_model=16)
+    np.testing.assert_allclose(hs["runs"]["0.3/2/0"]["log10_abs"], runs[0]["log10_abs"], rtol=1e-12)
+    assert hs["runs"]["0.3/1/0"]["d_qk"] == 16 and len(hs["runs"]["0.3/1/0"]["betas"]) == 4
 
 
 # --------------------------------------------------------------------------- surgery on real models

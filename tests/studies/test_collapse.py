@@ -9,6 +9,7 @@ import importlib
 import json
 import math
 
+import numpy as np
 import pytest
 
 from headrank.studies.collapse.params import CollapseParams
@@ -47,13 +48,6 @@ def _by_seq(pure=1e-16, mlp=1e-12, skip=0.7, full=0.85, spread=0.05):
     return out
 
 
-def _sweep_bound(rows=((0.0, -1.0, -4.0, -13.0),) * 2, beta=0.25):
-    """Two seeds x len(rows) sequences: log10 |res| (norm 1, so relative = absolute). With beta
-    0.25, H = 1, d_qk = 16: log10 c = log10(0.25) at gamma = 1; rhs -0.602, -2.41 at depths 1, 2."""
-    a = [list(r) for r in rows] * 2
-    return {"log10_abs_res": a, "log10_rel_res": a, "beta_by_seed": [[beta] * 3] * 2, "heads": 1, "d_qk": 16}
-
-
 def _minilm_bound(lips=(1.0, 2.0, 3.0, 4.0, 5.0, 6.0), shift=0.0):
     """log10 |res| of the pure variant (norm 1): with beta 0.5, H 1, d_qk 16 (log10 c = -0.301 at
     gamma = 1) the bound holds at depths 1-3 (rhs -0.30, -1.20, -3.91); depths 4-6 are at the floor."""
@@ -63,24 +57,66 @@ def _minilm_bound(lips=(1.0, 2.0, 3.0, 4.0, 5.0, 6.0), shift=0.0):
             "log10_norm_pure": [[0.0] * 7] * 3}
 
 
+def _cubic(rho0: float, kappa: float, depth: int = 5) -> list[float]:
+    """log10 residuals of an exact cubic recursion r_(l+1) = 10^kappa r_l^3 from 10^rho0."""
+    out = [rho0]
+    for _ in range(depth):
+        out.append(3 * out[-1] + kappa)
+    return out
+
+
+def _exact_curve(rows, beta=0.25):
+    """A depth-sweep curve as run stores it: exact log10 residuals per sequence (norm 1, so relative =
+    absolute; NaN where not exact), two seeds."""
+    a = [list(r) for r in rows] * 2
+    mean = [None if None in c else float(sum(c) / len(c)) for c in zip(*a, strict=True)]
+    return {"log10_rel_mean": mean, "log10_rel_float64_mean": [-16.0 if m is None else max(m, -16.0) for m in mean],
+            "bound": {"log10_abs_res": a, "log10_rel_res": a, "exact": True, "beta_by_seed": [[beta] * (len(a[0]) - 1)] * 2,
+                      "heads": 1, "d_qk": 16}}
+
+
+def _heads(kappas=None, noise=0.0, rho0=-0.5, seeds=(0, 1, 2, 3)):
+    """heads_sweep as run stores it: per (H, seed) two sequences on an exact cubic recursion whose
+    rate constant is kappas[H] + noise x a pattern in -2..2 that differs by H and seed."""
+    kappas = kappas or {1: -1.0, 2: -1.2, 4: -1.5, 8: -2.0}
+    runs = {}
+    for H, k in kappas.items():
+        for s in seeds:
+            rows = [_cubic(rho0, k + noise * ((7 * s + H) % 5 - 2), 6)] * 2
+            runs[f"0.2/{H}/{s}"] = {"log10_abs": rows, "log10_rel": rows, "betas": [0.5 * H] * 6, "d_qk": 64 // H}
+    return {"heads": list(kappas), "init_stds": [0.2], "seeds": list(seeds), "depths": list(range(7)), "d_model": 64,
+            "n_seqs": 2, "runs": runs}
+
+
+def _ens(short=(0.8, 0.85, 0.9), dep=(0.1, 0.12, 0.08), L=2):
+    """Ensemble measures of one network, per sequence."""
+    return {"short_share": list(short), "dependence": list(dep), "mean_abs_r": [x * 1.1 for x in dep],
+            "share_by_k": [[s / 2, s / 2] + [(1 - s) / (L - 1)] * (L - 1) for s in short], "n_members": 2**L,
+            "sum_rel_error": 1e-15}
+
+
+def _ensembles():
+    return {"init": {f"{std:g}": _ens() for std in P.short_init_stds},
+            "recall": {"n_layers": 2, "accuracy": [1.0], "config": {"layers": 2}, "measures": _ens()},
+            "pretrained": {"model": "minilm", **_ens(L=6)}}
+
+
 def _data():
     """Synthetic data shaped like experiment.run's, where every claim holds (the stated bound
     with gamma = 1; without a gamma it is inconclusive)."""
     seqs = 3
     by_seq = _by_seq()
-    curve = {"geo_mean": [1.0, 0.1, 1e-3], "n_fit": 6, "fit": _fit(0.8, 0.99, 0.97), "bound": _sweep_bound()}
     restricted = {"norm=none, init std 0.02": {"geo_mean": [1.0, 1e-5, 1e-11, 1e-16, 1e-16],
-                                               "sum_rel_error": 1e-15, "spearman_k_vs_log_residual": -1.0,
-                                               "norm_share_by_k": [[0.4, 0.3, 0.2, 0.07, 0.03],
-                                                                   [0.5, 0.3, 0.1, 0.07, 0.03],
-                                                                   [0.45, 0.3, 0.15, 0.07, 0.03]]},
+                                               "sum_rel_error": 1e-15, "spearman_k_vs_log_residual": -1.0},
                   "norm=pre, init std 0.02": {"geo_mean": [1.0, 0.9, 0.95, 0.9, 0.9],
                                               "sum_rel_error": 2e-15, "spearman_k_vs_log_residual": -0.2}}
     return {
         "summary": _summary(), "primary_by_seq": by_seq,
         "pure_fits": {"pretrained": {"n_fit": 6, "fit": _fit(0.7, 0.98, 0.96)},
                       "random": {"n_fit": 2, "fit": {"n_points": 2, "fitted": False}}},
-        "depth_sweep": {"seeds": [0, 1], "n_seqs": 8, "curves": {"0.3": curve}},
+        "depth_sweep": {"seeds": [0, 1], "n_seqs": 8, "depths": list(range(6)),
+                        "curves": {"0.3": _exact_curve([_cubic(-0.5, -1.0), _cubic(-0.6, -1.1)])}},
+        "heads_sweep": _heads(),
         "path_products": [{"length": k, "n_paths": 1, "mean": m, "std": 0.0, "samples": 1}
                           for k, m in enumerate([1.9, 0.6, 0.2, 0.09])],
         "path_restricted": restricted,
@@ -89,6 +125,7 @@ def _data():
         "minilm_meta": {"n_seqs": seqs},
         "bound": {"minilm": {"pretrained": _minilm_bound(), "random": _minilm_bound(shift=0.5)}},
         "mlp_dose": _dose(),
+        "ensembles": _ensembles(),
     }
 
 
@@ -115,8 +152,9 @@ def test_all_hold_on_collapsing_data():
     by = _by_name(_data(), P1)
     assert list(by) == ["collapse.pure_attention", "collapse.skip_prevents", "collapse.mlp_slows",
                         "collapse.mlp_does_not_prevent", "collapse.doubly_exponential", "collapse.stated_bound",
-                        "collapse.mlp_lipschitz", "collapse.path_products", "collapse.path_restricted",
-                        "collapse.short_paths", "collapse.path_sum_exact", "collapse.path_counts"]
+                        "collapse.heads_modulate", "collapse.mlp_lipschitz", "collapse.path_products",
+                        "collapse.path_restricted", "collapse.short_paths", "collapse.short_paths_init",
+                        "collapse.path_sum_exact", "collapse.path_counts"]
     assert all(c.verdict == "held" for c in by.values()), {n: c.measured for n, c in by.items() if not c.held}
     assert [n for n, c in by.items() if c.kind == "identity"] == ["collapse.path_sum_exact", "collapse.path_counts"]
 
@@ -140,13 +178,30 @@ def test_measured_values_are_those_of_the_data():
     assert mlp["mean log10(mlp/pure)"] == pytest.approx((math.log10(2) + 1 + 2) / 3)
     assert mlp["layer 1"] == pytest.approx(math.log10(2)) and mlp["spread over sentences"] == pytest.approx(0, abs=1e-12)
     assert by["collapse.mlp_does_not_prevent"].measured["pretrained/mlp"]["per-sentence last/first"] == pytest.approx(1e-12)
-    fits = by["collapse.doubly_exponential"].measured
-    assert fits["SAN init std 0.3"] == {"points": 6, "R2 exp": 0.8, "R2 dexp": 0.99, "kappa": 2.5, "R2 dexp kappa=3": 0.97}
-    assert fits["judged"] == ["MiniLM pretrained pure", "SAN init std 0.3"] and fits["not judged"] == {}
-    assert fits["MiniLM random pure"] == {"points": 2, "fitted": False}
+    fits = by["collapse.doubly_exponential"].measured  # an exact cubic: log r_L = a + b 3^L exactly
+    san = fits["SAN init std 0.3"]
+    assert san["window"] == [0, 5] and san["points"] == 6 and san["exact depths"] == 6
+    assert san["R2 dexp kappa=3"] == pytest.approx(1.0, abs=1e-12) and san["R2 exp"] < 0.95
+    L = np.arange(6.0)
+    y = np.mean([_cubic(-0.5, -1.0), _cubic(-0.6, -1.1)], 0)
+    A = np.stack([np.ones(6), 3.0**L], 1)
+    coef = np.linalg.lstsq(A, y, rcond=None)[0]
+    assert san["b (3^L)"] == pytest.approx(coef[1], rel=1e-9) and san["a (3^L)"] == pytest.approx(coef[0], rel=1e-9)
+    rss = ((y - np.stack([np.ones(6), L], 1) @ np.linalg.lstsq(np.stack([np.ones(6), L], 1), y, rcond=None)[0]) ** 2)
+    assert san["R2 exp"] == pytest.approx(1 - rss.sum() / ((y - y.mean()) ** 2).sum(), rel=1e-9)
+    assert fits["judged"] == ["SAN init std 0.3"] and fits["MiniLM pretrained pure"]["verdict"] is None
+    assert fits["MiniLM pretrained pure"]["R2 dexp kappa=3"] == 0.96 and fits["MiniLM random pure"]["points"] == 2
+    heads = by["collapse.heads_modulate"].measured["init std 0.2"]  # rates -1 (H = 1) and -2 (H = 8), +-0.01
+    assert heads["mean rate by H"]["H=1"] == pytest.approx(-1.0) and heads["mean rate by H"]["H=8"] == pytest.approx(-2.0)
+    assert heads["rate H=8 - H=1"] == pytest.approx(-1.0) and heads["spread"] == pytest.approx(0.0, abs=1e-12)
+    assert heads["bound's base log10(beta H / sqrt(d_qk)) by H"]["H=8"] == pytest.approx(math.log10(4 * 8 / math.sqrt(8)))
     assert by["collapse.path_products"].measured == {"k=0": 1.9, "k=1": 0.6, "k=2": 0.2, "k=3": 0.09}
-    short = by["collapse.short_paths"].measured["norm=none, init std 0.02"]  # k <= 2 carry 0.9 in each row
-    assert short["share of paths k <= L/2"] == pytest.approx(0.9) and short["spread"] == pytest.approx(0, abs=1e-12)
+    short = by["collapse.short_paths"].measured["recall model (2 layers, trained)"]
+    se = np.std([0.8, 0.85, 0.9], ddof=1) / math.sqrt(3)
+    assert short["share of paths k <= L/2"] == pytest.approx(0.85) and short["spread"] == pytest.approx(
+        stats.t.ppf(0.975, 2) * se, rel=1e-12)
+    assert short["dependence"] == pytest.approx(0.1) and short["members"] == 4
+    assert by["collapse.short_paths_init"].measured["largest init std where the short paths carry the share"] == 0.3
     assert by["collapse.path_sum_exact"].measured == 2e-15  # the larger of the two settings' errors
     counts = by["collapse.path_counts"].measured
     # path length of L=6, H=12: binomial(6, 12/13) (each layer: skip or one of 12 heads), mean 6 * 12/13
@@ -158,9 +213,10 @@ def test_stated_bound_is_inconclusive_without_gamma_and_reports_where_it_turns()
     c = _by_name(_data())["collapse.stated_bound"]
     assert c.verdict == "inconclusive" and "not defined" in c.reason
     san = c.measured["SAN init std 0.3"]
-    # depth 1: needs log10 c >= -1 (c = 0.25 gamma); depth 2: 4 log10 c >= -4; depth 3 is at the floor
-    assert san["judged depths"] == [1, 2] and san["log10 gamma needed"] == pytest.approx(-1 - math.log10(0.25))
-    assert san["log10 gamma vacuous (every input)"] == pytest.approx(-math.log10(0.25))
+    # an exact cubic r_(l+1) = 10^kappa r_l^3 needs log10 c >= kappa at every depth (c = 0.25 gamma); the larger
+    # kappa of the two sequences is -1; every depth is exact (no float64 floor)
+    assert san["judged depths"] == [1, 2, 3, 4, 5] and san["log10 gamma needed"] == pytest.approx(-1 - math.log10(0.25))
+    assert san["log10 gamma vacuous (every input)"] == pytest.approx(1.2 - math.log10(0.25))
     assert c.measured["MiniLM pretrained pure (LayerNorm kept)"]["judged depths"] == [1, 2, 3]
 
 
@@ -168,7 +224,7 @@ def test_stated_bound_holds_with_gamma_one_and_fails_on_a_counterexample():
     d = _data()
     c = _by_name(d, P1)["collapse.stated_bound"]
     assert c.verdict == "held" and "vacuous" not in c.reason
-    d["depth_sweep"]["curves"]["0.3"]["bound"] = _sweep_bound(rows=((0.0, -1.0, -2.0, -13.0),) * 2)  # -2 > -2.41
+    d["depth_sweep"]["curves"]["0.3"] = _exact_curve([[-0.5, -2.5, -2.0, -14.0, -50.0, -158.0]] * 2)  # depth 2
     c = _by_name(d, P1)["collapse.stated_bound"]
     assert c.verdict == "not held" and "SAN init std 0.3" in c.reason and "depths 2" in c.reason
     big = dataclasses.replace(P, bound_log10_gamma=3.0)  # c = 250 > 1: the bound is trivially true
@@ -205,13 +261,31 @@ def test_mlp_lipschitz_is_a_dose_response_judged_both_ways():
 
 def test_short_paths_both_ways_and_without_data():
     d = _data()
-    assert _by_name(d)["collapse.short_paths"].verdict == "held"  # k <= 2 carry 0.9 of the norm
-    d["path_restricted"]["norm=none, init std 0.02"]["norm_share_by_k"] = [[0.05, 0.05, 0.1, 0.3, 0.5]] * 2 + \
-        [[0.06, 0.05, 0.1, 0.3, 0.49]]
-    assert _by_name(d)["collapse.short_paths"].verdict == "not held"
-    del d["path_restricted"]["norm=none, init std 0.02"]["norm_share_by_k"]
+    assert _by_name(d)["collapse.short_paths"].verdict == "held"  # share 0.85, dependence 0.1
+    d["ensembles"]["pretrained"] = {"model": "minilm", **_ens(short=(0.1, 0.2, 0.15), L=6)}  # long paths dominate
+    c = _by_name(d)["collapse.short_paths"]
+    assert c.verdict == "not held" and "minilm pretrained, attention + skip" in c.reason
+    d["ensembles"]["pretrained"] = {"model": "minilm", **_ens(dep=(0.5, 0.6, 0.55), L=6)}  # strongly correlated
+    c = _by_name(d)["collapse.short_paths"]
+    assert c.verdict == "not held" and c.measured["minilm pretrained, attention + skip"]["weakly dependent"] == "not held"
+    d["ensembles"]["pretrained"] = {"model": "minilm", **_ens(dep=(0.1, 0.5, 0.3), L=6)}  # the spread straddles 0.3
+    assert _by_name(d)["collapse.short_paths"].verdict == "inconclusive"
+    d["ensembles"]["pretrained"] = {"model": "gpt2", "skipped": "not BERT-style"}  # judged on the recall model alone
+    c = _by_name(d)["collapse.short_paths"]
+    assert c.verdict == "held" and "not BERT-style" in c.reason and len(c.measured) == 1
+    del d["ensembles"]
     c = _by_name(d)["collapse.short_paths"]
     assert c.verdict == "inconclusive" and "older run" in c.reason
+
+
+def test_short_paths_init_supports_and_names_the_largest_scale_that_holds():
+    d = _data()
+    d["ensembles"]["init"]["0.2"] = _ens(short=(0.1, 0.12, 0.11))
+    d["ensembles"]["init"]["0.3"] = _ens(short=(0.01, 0.02, 0.03))
+    c = _by_name(d)["collapse.short_paths_init"]
+    assert c.supports == "collapse.short_paths" and c.verdict == "not held"
+    assert c.measured["largest init std where the short paths carry the share"] == 0.15
+    assert "init std 0.2" in c.reason and "init std 0.3" in c.reason
 
 
 def test_pure_attention_and_mlp_collapse_fail_without_collapse():
@@ -268,33 +342,75 @@ def test_mlp_slows_inconclusive_inside_the_spread_and_without_layers():
 
 def test_doubly_exponential_fails_when_the_exponential_fits_better():
     d = _data()
-    d["depth_sweep"]["curves"]["0.3"]["fit"] = _fit(0.99, 0.99, 0.90)
+    d["depth_sweep"]["curves"]["0.3"] = _exact_curve([[-0.5 - 2 * L for L in range(6)]] * 2)  # log r linear in L
     c = _by_name(d)["collapse.doubly_exponential"]
     assert c.verdict == "not held" and "SAN init std 0.3" in c.reason
-    d = _data()
-    d["pure_fits"]["pretrained"]["fit"] = _fit(0.5, 0.90, 0.89)  # R2 below 0.95
-    assert _by_name(d)["collapse.doubly_exponential"].verdict == "not held"
+    assert c.measured["SAN init std 0.3"]["R2 exp"] == pytest.approx(1.0)
+    d["pure_fits"]["pretrained"]["fit"] = _fit(0.5, 0.90, 0.89)  # MiniLM is reported, never judged
+    d["depth_sweep"]["curves"]["0.3"] = _exact_curve([_cubic(-0.5, -1.0)] * 2)
+    assert _by_name(d)["collapse.doubly_exponential"].verdict == "held"
 
 
-def test_doubly_exponential_is_judged_only_where_the_stated_bound_is_not_vacuous():
+def test_doubly_exponential_restarts_the_bound_where_it_is_vacuous():
+    # the residual first grows (the bound from X_0 is vacuous at depths 1, 2), then collapses cubically
+    # from depth 2: the window is [2, 5], where a + b 3^L fits exactly
+    rows = [[0.0, 1.0, 2.0, -2.0, -14.0, -50.0]] * 2
     d = _data()
-    d["depth_sweep"]["curves"]["0.3"]["fit"] = _fit(0.99, 0.99, 0.90)  # fails the 3^L rule ...
-    # ... but there the bound is vacuous: log10 gamma needed at depth L minus log10 gamma vacuous is
-    # 2 (r_L - r_0) / (3^L - 1) (log10 residuals), > 0 once a residual exceeds the input's (depth 1: 0.3 > 0)
-    d["depth_sweep"]["curves"]["0.3"]["bound"] = _sweep_bound(rows=((0.0, 0.3, -4.0, -13.0),) * 2)
+    d["depth_sweep"]["curves"]["0.3"] = _exact_curve(rows)
     c = _by_name(d)["collapse.doubly_exponential"]
-    assert c.measured["not judged"] == {"SAN init std 0.3": "bound vacuous"}
-    assert c.verdict == "held" and c.measured["judged"] == ["MiniLM pretrained pure"]
-    del d["depth_sweep"]["curves"]["0.3"]["bound"]  # an older run: no bound, the curve is not judged either
-    assert _by_name(d)["collapse.doubly_exponential"].measured["not judged"] == {"SAN init std 0.3": "no bound data"}
-
-
-def test_doubly_exponential_inconclusive_when_nothing_can_be_fitted():
-    d = _data()
-    d["depth_sweep"]["curves"]["0.3"]["fit"] = {"n_points": 2, "fitted": False}
-    d["pure_fits"]["pretrained"]["fit"] = {"n_points": 3, "fitted": False}
+    san = c.measured["SAN init std 0.3"]
+    assert san["window"] == [2, 5] and san["points"] == 4
+    assert c.verdict == "held" and san["R2 dexp kappa=3"] == pytest.approx(1.0, abs=1e-12)
+    d["depth_sweep"]["curves"]["0.3"] = _exact_curve([[0.0, 1.0, 2.0, 3.0, -14.0, -50.0]] * 2)  # window [3, 5]: 3 depths
     c = _by_name(d)["collapse.doubly_exponential"]
-    assert c.verdict == "inconclusive" and c.reason
+    assert c.verdict == "inconclusive" and "window" in c.measured["SAN init std 0.3"]["why"]
+
+
+def test_doubly_exponential_uses_only_depths_every_sequence_has_exactly():
+    d = _data()
+    rows = [_cubic(-0.5, -1.0), _cubic(-0.6, -1.1)[:4] + [None, None]]  # not exact from depth 4 (NaN read as None)
+    d["depth_sweep"]["curves"]["0.3"] = _exact_curve(rows)
+    san = _by_name(d)["collapse.doubly_exponential"].measured["SAN init std 0.3"]
+    assert san["exact depths"] == 4 and san["window"] == [0, 3]
+    rows[1][3] = None
+    d["depth_sweep"]["curves"]["0.3"] = _exact_curve(rows)
+    c = _by_name(d)["collapse.doubly_exponential"]
+    assert c.verdict == "inconclusive" and c.measured["judged"] == []
+    del d["depth_sweep"]["curves"]["0.3"]["bound"]  # an older run: no exact residuals, nothing judged
+    assert "older run" in _by_name(d)["collapse.doubly_exponential"].measured["SAN init std 0.3"]["why"]
+
+
+def test_heads_modulate_both_ways_and_not_judged():
+    from scipy import stats
+
+    d = _data()
+    assert _by_name(d)["collapse.heads_modulate"].verdict == "held"
+    d["heads_sweep"] = _heads({1: -1.0, 2: -1.0, 4: -1.02, 8: -1.03}, noise=0.01)  # 0.03 apart, spread 0.04
+    c = _by_name(d)["collapse.heads_modulate"]
+    part = c.measured["init std 0.2"]
+    diffs = np.array([3 - 1, 0 - 3, 2 - 0, 4 - 2]) * 0.01 - 0.03  # per seed: the noise patterns of H = 8 and 1
+    assert part["rate H=8 - H=1"] == pytest.approx(diffs.mean())
+    assert part["spread"] == pytest.approx(stats.t.ppf(0.975, 3) * diffs.std(ddof=1) / 2)
+    assert c.verdict == "not held" and abs(part["rate H=8 - H=1"]) + part["spread"] < 0.1
+    d["heads_sweep"] = _heads({1: -1.0, 8: -1.05}, noise=0.2)  # inside the spread, which reaches past 0.1
+    assert _by_name(d)["collapse.heads_modulate"].verdict == "inconclusive"
+    d["heads_sweep"] = _heads({1: -1.0, 8: -1.15}, noise=0.01)  # 0.15 apart: |d| - spread >= 0.1
+    assert _by_name(d)["collapse.heads_modulate"].verdict == "held"
+    d["heads_sweep"] = _heads({1: -1.0, 8: -1.08})  # beyond a spread of 0, but below the margin: not held
+    assert _by_name(d)["collapse.heads_modulate"].verdict == "not held"
+    d["heads_sweep"] = _heads(rho0=1.0, kappas={1: -0.1, 8: -0.1})  # the residual never gets small: not judged
+    c = _by_name(d)["collapse.heads_modulate"]
+    assert c.verdict == "inconclusive" and c.measured["judged"] == {} and "cubic regime" in c.reason
+    del d["heads_sweep"]
+    assert "older run" in _by_name(d)["collapse.heads_modulate"].reason
+
+
+def test_network_rate_reads_only_the_cubic_regime():
+    from headrank.studies.collapse.depth_claims import network_rate
+
+    rows = [[-1.0, -2.0, -7.0, -25.0]]  # relative residual <= 1e-4 only at depth 2: one step, -25 - 3 (-7)
+    assert network_rate(rows, rows, 1e-4) == pytest.approx(-4.0)
+    assert network_rate([[-1.0, -2.0]], [[-1.0, -2.0]], 1e-4) is None
 
 
 def test_path_products_fails_when_not_decreasing():
@@ -343,7 +459,7 @@ def test_params_profiles_are_frozen_tuples():
         q.n_seqs = 3  # type: ignore[misc]
 
 
-def measured_from_data(measured, data):
+def measured_from_data(measured, data, p=P):
     """The numbers a run's claims report, worked out here from its data.json with numpy."""
     import math
 
@@ -358,11 +474,37 @@ def measured_from_data(measured, data):
     assert measured["collapse.path_products"] == {f"k={r['length']}": r["mean"] for r in data["path_products"]}
     restricted = data["path_restricted"]
     assert measured["collapse.path_sum_exact"] == max(v["sum_rel_error"] for v in restricted.values())
-    for k, v in restricted.items():
-        if k.startswith("norm=none"):
-            share = np.asarray(v["norm_share_by_k"], dtype=float)
-            want = share[:, : (share.shape[1] - 1) // 2 + 1].sum(1).mean()
-            assert measured["collapse.short_paths"][k]["share of paths k <= L/2"] == pytest.approx(want, rel=1e-12)
+    ens = data["ensembles"]
+    rec = measured["collapse.short_paths"][f"recall model ({ens['recall']['n_layers']} layers, trained)"]
+    assert rec["share of paths k <= L/2"] == pytest.approx(np.mean(ens["recall"]["measures"]["short_share"]), rel=1e-12)
+    for std, m in ens["init"].items():  # the share from the per-k shares: k <= L/2 summed, here
+        share = np.asarray(m["share_by_k"], dtype=float)
+        got = measured["collapse.short_paths_init"][f"init std {std}"]["share of paths k <= L/2"]
+        assert got == pytest.approx(share[:, : (share.shape[1] - 1) // 2 + 1].sum(1).mean(), rel=1e-12)
+        assert m["sum_rel_error"] < 1e-12
+    for name, v in measured["collapse.doubly_exponential"].items():  # R2 of a + b 3^L over the window, here
+        if not isinstance(v, dict) or "window" not in v:
+            continue
+        rel = np.asarray(data["depth_sweep"]["curves"][name.split()[-1]]["bound"]["log10_rel_res"], dtype=float)
+        L = np.arange(v["window"][0], v["window"][1] + 1.0)
+        y = rel.mean(0)[L.astype(int)]
+        A = np.stack([np.ones_like(L), 3.0**L], 1)
+        rss = ((y - A @ np.linalg.lstsq(A, y, rcond=None)[0]) ** 2).sum()
+        assert v["R2 dexp kappa=3"] == pytest.approx(1 - rss / ((y - y.mean()) ** 2).sum(), rel=1e-9, abs=1e-12)
+    hs = data["heads_sweep"]
+    for part, v in measured["collapse.heads_modulate"].items():  # the rate: log10 r_(l+1) - 3 log10 r_l, here
+        if part == "judged" or v.get("verdict") is None:
+            continue
+        std = part.split()[-1]
+        for H in hs["heads"]:
+            rates = []
+            for s in hs["seeds"]:
+                a = np.asarray(hs["runs"][f"{std}/{H}/{s}"]["log10_abs"], dtype=float)
+                rel = np.asarray(hs["runs"][f"{std}/{H}/{s}"]["log10_rel"], dtype=float)
+                step = a[:, 1:] - 3 * a[:, :-1]
+                ok = np.isfinite(step) & (rel[:, :-1] <= math.log10(p.heads_regime))
+                rates.append(step[ok].mean())
+            assert v["mean rate by H"][f"H={H}"] == pytest.approx(np.mean(rates), rel=1e-9)
     for r in data["path_enumeration"]:  # C(L, k) H^k paths of length k: counted here, not by the package
         assert r["counts"] == [math.comb(r["layers"], k) * r["heads"] ** k for k in range(r["layers"] + 1)]
     geo = {k: np.exp(np.log(np.maximum(np.asarray(v, float), 1e-300)).mean(0)) for k, v in data["primary_by_seq"].items()}
@@ -379,8 +521,8 @@ def measured_from_data(measured, data):
         assert q["lipschitz bound"] == data["bound"]["minilm"][i]["mlp_lipschitz_by_layer"][L - 1]
     for std, c in data["depth_sweep"]["curves"].items():  # depth 1: (r1 - 3 r0) - log10(4 beta H / sqrt(d_qk))
         b = c["bound"]
-        a, n = np.asarray(b["log10_abs_res"]), len(b["log10_abs_res"]) // len(b["beta_by_seed"])
-        ok = np.asarray(b["log10_rel_res"])[:, 1] > -12
+        a, n = np.asarray(b["log10_abs_res"], dtype=float), len(b["log10_abs_res"]) // len(b["beta_by_seed"])
+        ok = np.isfinite(np.asarray(b["log10_rel_res"], dtype=float)[:, 1])  # exact residuals: every finite one
         need = [(a[j, 1] - 3 * a[j, 0]) - math.log10(4 * max(b["beta_by_seed"][j // n]) * b["heads"] / b["d_qk"] ** 0.5)
                 for j in range(a.shape[0]) if ok[j]]
         got = measured["collapse.stated_bound"][f"SAN init std {std}"]["log10 gamma needed by depth"][0]

@@ -5,39 +5,50 @@ import pytest
 
 from headrank.studies.collapse.figures import (
     collapse_depth_sweep,
+    collapse_heads,
     collapse_path_restricted,
     figures,
 )
 from headrank.studies.collapse.params import CollapseParams
-from tests.figcheck import assert_line, data_lines, ref_lines, scatters
+from tests.figcheck import assert_line, data_lines, scatters
 
 pytestmark = pytest.mark.usefixtures("quick_figures")  # tests/conftest.py
 
 
 def _sweep() -> dict:
-    """depth_sweep as run stores it: one fitted and one unfitted init scale; an exact 0 and a null."""
-    depths = [0, 1, 2, 3, 4]
-    fitted = {"n_points": 4, "fitted": True, "exp": {"a": 1.0, "b": -8.0, "r2": 0.8},
-              "dexp": {"a": 0.5, "b": -1.2, "kappa": 2.8, "r2": 0.99}}
-    return {"depths": depths, "floor": 1e-12, "curves": {
-        "0.2": {"geo_mean": [0.97, 0.14, 1.9e-4, 1e-12, 0.0], "n_fit": 4, "fit": fitted},
-        "0.5": {"geo_mean": [0.97, 0.89, None, 0.83, 0.8], "n_fit": 5, "fit": {"n_points": 5, "fitted": False}}}}
+    """depth_sweep as run stores it: exact means (a null where not exact) and the float64 means."""
+    return {"depths": [0, 1, 2, 3, 4], "floor": 1e-12, "curves": {
+        "0.2": {"log10_rel_mean": [-0.01, -0.9, -3.7, -12.0, -37.0],
+                "log10_rel_float64_mean": [-0.01, -0.9, -3.7, -12.0, -15.9]},
+        "0.5": {"log10_rel_mean": [-0.01, -0.05, None, -0.1, -0.3],
+                "log10_rel_float64_mean": [-0.01, -0.05, -0.08, -0.1, -0.3]}}}
 
 
-def test_depth_sweep_draws_each_curve_and_its_two_fits():
+def test_depth_sweep_draws_exact_and_float64_curves_and_the_fit_over_the_window():
     sweep = _sweep()
-    fig = collapse_depth_sweep(sweep)
+    fits = {"SAN init std 0.2": {"window": [1, 4], "a (3^L)": 0.5, "b (3^L)": -0.5}, "SAN init std 0.5": {}}
+    fig = collapse_depth_sweep(sweep, fits)
     ax = fig.axes[0]
     lines = data_lines(ax)
-    assert len(lines) == 3 + 1  # fitted: data, doubly exponential, exponential; unfitted: data
-    assert_line(lines[0], sweep["depths"], [0.97, 0.14, 1.9e-4, 1e-12, 1e-17])  # exact 0 at the floor
-    L = np.linspace(0, 3, 100)
-    assert_line(lines[1], L, np.exp(0.5 - 1.2 * 2.8**L))
-    assert_line(lines[2], L, np.exp(1.0 - 8.0 * L))
-    assert_line(lines[3], sweep["depths"], [0.97, 0.89, np.nan, 0.83, 0.8])  # null: a gap
-    assert ref_lines(ax) == [1e-12]
-    assert ax.get_yscale() == "log" and ax.get_ylim()[0] == 1e-17
+    assert len(lines) == 3 + 2  # 0.2: exact, float64, fit; 0.5: exact, float64 (no window)
+    assert_line(lines[0], sweep["depths"], [0.01, 0.9, 3.7, 12.0, 37.0])
+    assert_line(lines[1], sweep["depths"], [0.01, 0.9, 3.7, 12.0, 15.9])
+    L = np.linspace(1, 4, 100)
+    assert_line(lines[2], L, -(0.5 - 0.5 * 3.0**L))
+    assert_line(lines[3], sweep["depths"], [0.01, 0.05, np.nan, 0.1, 0.3])  # null: a gap
+    assert ax.get_yscale() == "log"
     assert [t.get_text() for t in ax.get_legend().get_texts()][:2] == ["init std 0.2", "init std 0.5"]
+
+
+def test_heads_draws_the_rate_and_the_bounds_base_per_init_scale():
+    measured = {"init std 0.2": {"mean rate by H": {"H=1": -1.0, "H=2": -1.2, "H=8": None},
+                                 "bound's base log10(beta H / sqrt(d_qk)) by H": {"H=1": 0.1, "H=2": 0.4, "H=8": 1.2}},
+                "judged": {}}
+    ax = collapse_heads(measured).axes[0]
+    rate, base = data_lines(ax)
+    assert_line(rate, [1, 2, 8], [-1.0, -1.2, np.nan])
+    assert_line(base, [1, 2, 8], [0.1, 0.4, 1.2])
+    assert ax.get_xscale() == "log"
 
 
 def test_path_restricted_draws_one_line_per_setting():
@@ -54,7 +65,7 @@ def test_figures_draw_the_stored_tables():
     layers = [dict(init=i, variant=v, layer=k, measure="res_composite", mean=0.5 ** (k + 1), std=0.01, n=8)
               for i in ("pretrained", "random") for v in ("pure", "full") for k in range(3)]
     data = {"minilm_meta": {"source": "toy", "n_layers": 2, "n_heads": 3, "n_seqs": 8}, "layers": layers,
-            "depth_sweep": _sweep(),
+            "depth_sweep": _sweep(), "pure_fits": {i: {"n_fit": 2, "fit": {"fitted": False}} for i in ("pretrained", "random")},
             "path_products": [{"length": k, "n_paths": n, "mean": m, "std": 0.1, "samples": 4}
                               for k, n, m in ((0, 1, 1.9), (1, 6, 0.5), (2, 9, 0.1))],
             "paths": {"length": [0, 1, 2], "residual": [1.9, 0.5, 0.1]},
@@ -69,3 +80,9 @@ def test_figures_draw_the_stored_tables():
     data["paths"] = {"length": [], "residual": []}
     out = figures(data, CollapseParams())
     assert not scatters(out[2].figure.axes[1])  # no samples: no dots
+    from tests.studies.test_collapse import _heads
+
+    data["heads_sweep"] = _heads()  # rates -1, -1.2, -1.5, -2 for H = 1, 2, 4, 8
+    out = figures(data, CollapseParams())
+    assert out[-1].name == "heads"
+    assert_line(data_lines(out[-1].figure.axes[0])[0], [1, 2, 4, 8], [-1.0, -1.2, -1.5, -2.0])

@@ -16,7 +16,13 @@ The package, by part (docs/methods/collapse.md):
   attention matrices along sampled head paths, the project's model restricted to paths of
   each length (:func:`path_restricted`).
 - :mod:`~headrank.analysis.collapse.depth`: the depth sweep of pure self-attention networks
-  and the exponential / doubly exponential fits of ``log r_L``.
+  (and the same networks with other head counts) and the exponential / doubly exponential
+  fits of ``log r_L``.
+- :mod:`~headrank.analysis.collapse.exact`: the residual of a pure self-attention network
+  carried through its layers without cancellation, past the float64 floor.
+- :mod:`~headrank.analysis.collapse.ensemble`: a network with skips as an ensemble of shallow
+  networks (one member per subset of layers): the short paths' share and the members'
+  dependence.
 - :mod:`~headrank.analysis.collapse.bound`: the stated bound as an inequality (β from the
   weights; γ given, or the γ where it turns), and MLP Lipschitz upper bounds.
 
@@ -32,9 +38,19 @@ from headrank.analysis.collapse.depth import (
     byte_batch,
     depth_sweep,
     fit_depth,
+    heads_sweep,
     mlp_dose_response,
     pure_attention_config,
+    san_model,
 )
+from headrank.analysis.collapse.ensemble import (
+    bert_ensemble,
+    ensemble_measures,
+    members,
+    pretrained_ensemble,
+    project_ensemble,
+)
+from headrank.analysis.collapse.exact import san_residuals
 from headrank.analysis.collapse.measures import (
     CENTERS,
     MEASURES,
@@ -72,8 +88,9 @@ from headrank.analysis.collapse.surgery import (
 __all__ = [
     "CENTERS", "FLOOR", "INITS", "MEASURES", "NORMS", "PRIMARY", "SURGERY_VARIANTS", "VARIANT_LABELS",
     "VARIANT_SWITCHES", "WELL_KNOWN", "CollapseResult", "HFAdapter", "ProjectAdapter", "analyze", "best_row", "collapse",
-    "byte_batch", "collapse_model_types", "cosine_similarity", "depth_sweep", "enumerate_paths", "fit_depth",
-    "linf_best_row", "make_adapter", "matrix_norm", "mlp_dose_response", "path_counts", "path_length_stats", "path_products",
-    "path_restricted", "path_table", "pure_attention_config", "residual", "run_variant", "save",
-    "surgery_modules", "token_measures",
+    "bert_ensemble", "byte_batch", "collapse_model_types", "cosine_similarity", "depth_sweep", "ensemble_measures",
+    "enumerate_paths", "fit_depth", "heads_sweep", "linf_best_row", "make_adapter", "matrix_norm", "members",
+    "mlp_dose_response", "path_counts", "path_length_stats", "path_products", "path_restricted", "path_table",
+    "pretrained_ensemble", "project_ensemble", "pure_attention_config", "residual", "run_variant", "san_model",
+    "san_residuals", "save", "surgery_modules", "token_measures",
 ]

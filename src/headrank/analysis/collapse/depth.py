@@ -1,7 +1,8 @@
 """Depth sweep: pure self-attention networks (the project's Transformer with skips, MLPs and
-norms switched off) at random initialisation, residual against depth, and fits of ``log r_L``
-to an exponential (``a + bL``) and a doubly exponential (``a + b κ^L``, the paper's bound has
-κ = 3) form.
+norms switched off) at random initialisation, residual against depth computed past the float64
+floor (:mod:`.exact`), the same networks with other head counts, and fits of ``log r_L`` to an
+exponential (``a + bL``) and a doubly exponential (``a + b κ^L``, the paper's bound has κ = 3)
+form.
 """
 
 from __future__ import annotations
@@ -84,50 +85,71 @@ FLOOR = 1e-12  # float64 residuals below this are rounding noise (they bottom ou
 
 def depth_sweep(n_layers: int = 12, init_stds: Sequence[float] = (0.02, 0.2, 0.3, 0.5), seeds: Sequence[int] = (0, 1, 2),
                 n_seqs: int = 16, length: int = 32, d_model: int = 64, n_heads: int = 4,
-                floor: float = FLOOR, skip: bool = False, mlp: bool = False, norm: str = "none") -> dict[str, Any]:
-    """Pure self-attention (the project's Transformer; by default no skip, no MLP, no norm),
-    randomly initialised (weights N(0, init_std²)), float64: residual ``res_composite`` after
-    every depth 0..n_layers for real byte sequences; per init scale, the geometric mean over
-    seeds × sequences and :func:`fit_depth` over the depths before the curve first drops below
-    ``floor``. ``bound`` holds what the stated bound needs: per sequence (seed-major) log10 of the
-    absolute and relative residual per depth, β per layer per seed, H and d_qk."""
+                floor: float = FLOOR) -> dict[str, Any]:
+    """Pure self-attention (the project's Transformer: no skip, no MLP, no norm, bidirectional),
+    randomly initialised (weights N(0, init_std²)), on real byte sequences: the relative residual
+    ``res_composite`` after every depth 0..n_layers computed exactly, past the float64 floor
+    (:func:`headrank.analysis.collapse.exact.san_residuals`). Per init scale: the mean over seeds
+    × sequences of log10 of the relative residual per depth (NaN at a depth where some sequence's
+    residual is not exact), its std, the same mean from the plain float64 forward pass (which
+    stops at its floor, about 1e-16), and under ``bound`` what the stated bound needs: per
+    sequence (seed-major) log10 of the absolute and relative residual (NaN where not exact), β
+    per layer per seed, H and d_qk."""
     ids = byte_batch(n_seqs, length)
     out: dict[str, Any] = {"depths": list(range(n_layers + 1)), "init_stds": list(init_stds), "seeds": list(seeds),
                            "n_seqs": n_seqs, "length": length, "d_model": d_model, "n_heads": n_heads,
-                           "floor": floor, "skip": skip, "mlp": mlp, "norm": norm, "curves": {}}
+                           "floor": floor, "exact": True, "curves": {}}
     for std in init_stds:
-        runs = [_sweep_seed(ids, seed, n_layers, std, d_model=d_model, n_heads=n_heads, skip=skip, mlp=mlp,
-                            norm=norm) for seed in seeds]
-        logr = np.concatenate([r["log_rel"] for r in runs])  # (seeds·seqs, L+1)
-        geo = np.exp(logr.mean(0))
-        above = geo > floor
-        n_fit = int(np.argmin(above)) if not above.all() else above.size
-        out["curves"][f"{std:g}"] = {"geo_mean": geo.tolist(), "log_mean": logr.mean(0).tolist(),
-                                     "log_std": logr.std(0).tolist(), "n_fit": n_fit,
-                                     "fit": fit_depth(np.arange(n_fit), logr.mean(0)[:n_fit]),
-                                     "bound": {"log10_abs_res": np.concatenate([r["log10_abs"] for r in runs]).tolist(),
-                                               "log10_rel_res": (logr / math.log(10)).tolist(),
-                                               "beta_by_seed": [r["betas"] for r in runs],
-                                               "heads": n_heads, "d_qk": d_model // n_heads}}
+        runs = [_sweep_seed(ids, seed, n_layers, std, d_model=d_model, n_heads=n_heads) for seed in seeds]
+        rel = np.concatenate([r["log10_rel"] for r in runs])  # (seeds·seqs, L+1), NaN where not exact
+        plain = np.concatenate([r["log10_rel_float64"] for r in runs])
+        out["curves"][f"{std:g}"] = {
+            "log10_rel_mean": rel.mean(0).tolist(), "log10_rel_std": rel.std(0).tolist(),
+            "log10_rel_float64_mean": np.maximum(plain, -300.0).mean(0).tolist(),
+            "exact_share": np.concatenate([r["exact"] for r in runs]).mean(0).tolist(),
+            "bound": {"log10_abs_res": np.concatenate([r["log10_abs"] for r in runs]).tolist(),
+                      "log10_rel_res": rel.tolist(), "exact": True,
+                      "beta_by_seed": [r["betas"] for r in runs], "heads": n_heads, "d_qk": d_model // n_heads}}
     return out
 
 
-def _sweep_seed(ids: torch.Tensor, seed: int, n_layers: int, std: float, **cfg) -> dict[str, Any]:
-    """One seed of the sweep: log relative residual and log10 absolute residual (composite, mean
-    row) per sequence and depth, and per layer β = max_h ‖W_QK,h‖_1‖W_h‖_{1,∞} (float64)."""
-    from headrank.analysis.collapse.bound import attention_weights, layer_beta, log10_abs_residual
+def san_model(n_layers: int, std: float, seed: int, length: int, **cfg):
+    """The sweep's network for one seed: the project's Transformer as a pure self-attention
+    network (:func:`pure_attention_config`), float64, eval mode, initialised under ``seed``."""
     from headrank.models.transformer import Transformer
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Transformer(pure_attention_config(n_layers, std, max_seq_len=max(64, ids.shape[1]), **cfg))
-    model = model.double().eval()
-    with torch.no_grad():
-        _, hidden = model(ids, return_hidden=True)
-    Hs = torch.stack(hidden, 1)  # (seqs, L+1, T, d)
-    r = residual(Hs, "composite")  # (seqs, L+1)
-    return {"log_rel": np.log(np.maximum(r, 1e-300)), "log10_abs": log10_abs_residual(Hs),
-            "betas": [layer_beta(*attention_weights(b.attn)) for b in model.blocks]}
+        model = Transformer(pure_attention_config(n_layers, std, max_seq_len=max(64, length), **cfg))
+    return model.double().eval()
+
+
+def _sweep_seed(ids: torch.Tensor, seed: int, n_layers: int, std: float, **cfg) -> dict[str, Any]:
+    """One seed of the sweep: :func:`~headrank.analysis.collapse.exact.san_residuals` per
+    sequence and depth, and per layer β = max_h ‖W_QK,h‖_1‖W_h‖_{1,∞} (float64)."""
+    from headrank.analysis.collapse.bound import attention_weights, layer_beta
+    from headrank.analysis.collapse.exact import san_residuals
+
+    model = san_model(n_layers, std, seed, ids.shape[1], **cfg)
+    return {**san_residuals(model, ids), "betas": [layer_beta(*attention_weights(b.attn)) for b in model.blocks]}
+
+
+def heads_sweep(heads: Sequence[int], init_stds: Sequence[float], seeds: Sequence[int], n_layers: int = 12,
+                n_seqs: int = 16, length: int = 32, d_model: int = 64) -> dict[str, Any]:
+    """The depth sweep's networks with each head count in ``heads`` at width ``d_model`` (d_qk =
+    d / H): per init scale, head count and seed, log10 of the exact absolute and relative
+    residual per sequence and depth (NaN where not exact) and β per layer."""
+    ids = byte_batch(n_seqs, length)
+    out: dict[str, Any] = {"heads": list(heads), "init_stds": list(init_stds), "seeds": list(seeds),
+                           "depths": list(range(n_layers + 1)), "d_model": d_model, "n_seqs": n_seqs, "runs": {}}
+    for std in init_stds:
+        for H in heads:
+            for seed in seeds:
+                r = _sweep_seed(ids, seed, n_layers, std, d_model=d_model, n_heads=H)
+                out["runs"][f"{std:g}/{H}/{seed}"] = {"log10_abs": r["log10_abs"].tolist(),
+                                                      "log10_rel": r["log10_rel"].tolist(), "betas": r["betas"],
+                                                      "d_qk": d_model // H}
+    return out
 
 
 def mlp_dose_response(scales: Sequence[float], init_stds: Sequence[float], n_layers: int, seeds: Sequence[int],

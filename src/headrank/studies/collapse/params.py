@@ -32,6 +32,23 @@ class CollapseParams:
     one-sided Spearman test at ``lipschitz_alpha``.
     ``bound_log10_gamma``: log10 of the γ of the stated bound; None, because no text we could read
     defines it (the bound claim then reports the γ at which the inequality turns).
+    ``dexp_r2``, ``dexp_min_points``: ``collapse.doubly_exponential`` holds on a curve when the
+    fit ``a + b·3^L`` over at least that many depths of its window reaches that R² and beats
+    ``a + b·L`` (the window: docs/METHODS.md §4, item 15).
+    ``heads_*``: the head-count sweep that judges ``collapse.heads_modulate`` (fixed before its
+    first run): the depth sweep's networks with ``heads_sweep`` heads at width ``sweep_d_model``
+    (d_qk = d / H), init scales ``heads_init_stds``, networks ``heads_seeds``; a layer l enters a
+    network's rate ``log10 r_{l+1} − 3 log10 r_l`` (absolute residuals) when X_l's relative
+    residual is at most ``heads_regime`` (the cubic regime); "modulated" when the rates of the
+    most and of the fewest heads differ by at least ``heads_margin`` decades beyond the seed
+    spread, "not modulated" when by less than that with the spread.
+    ``short_*``, ``weak_corr``, ``recall_*``: ``collapse.short_paths`` (docs/METHODS.md §4, item
+    16): on trained networks (the recall model, ``recall_steps`` steps of the project's trainer
+    per seed in ``recall_seeds``, ``recall_seqs`` task sequences; MiniLM's attention + skip
+    variant), paths through at most L/2 heads carry at least ``short_share`` of the output norm
+    and the ensemble members (the outputs through each subset of layers) have a norm-weighted
+    mean |Pearson correlation| of at most ``weak_corr``; the random-init sweep over
+    ``short_init_stds`` supports it.
     """
 
     model: str = "minilm"
@@ -60,13 +77,28 @@ class CollapseParams:
     dose_scales: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
     dose_init_stds: tuple[float, ...] = (0.1, 0.2, 0.3)
     dose_depths: tuple[int, ...] = (2, 3, 4, 6)
+    dexp_r2: float = 0.95
+    dexp_min_points: int = 4
+    heads_sweep: tuple[int, ...] = (1, 2, 4, 8)
+    heads_init_stds: tuple[float, ...] = (0.02, 0.2, 0.3, 0.5)
+    heads_seeds: tuple[int, ...] = tuple(range(8))
+    heads_regime: float = 1e-4
+    heads_margin: float = 0.1
+    short_init_stds: tuple[float, ...] = (0.05, 0.1, 0.125, 0.15, 0.2, 0.3)
+    weak_corr: float = 0.3
+    recall_steps: int = 400
+    recall_seeds: tuple[int, ...] = (0, 1, 2)
+    recall_seqs: int = 64
 
     @classmethod
     def quick(cls) -> CollapseParams:
-        """8 sentences of 32 tokens, 8 paths per length, 2 sweep seeds x 8 sequences (seconds)."""
-        return cls(n_seqs=8, max_tokens=32, path_samples=8, sweep_seeds=(0, 1), sweep_seqs=8)
+        """8 sentences of 32 tokens, 8 paths per length, 2 sweep seeds x 8 sequences, 4 networks
+        per head count, one trained recall model (under a minute)."""
+        return cls(n_seqs=8, max_tokens=32, path_samples=8, sweep_seeds=(0, 1), sweep_seqs=8,
+                   heads_seeds=(0, 1, 2, 3), recall_seeds=(0,), recall_seqs=32)
 
     @classmethod
     def full(cls) -> CollapseParams:
-        """32 sentences of 64 tokens, 32 paths per length, 3 sweep seeds x 16 sequences."""
+        """32 sentences of 64 tokens, 32 paths per length, 3 sweep seeds x 16 sequences, 8 networks
+        per head count, three trained recall models."""
         return cls()
