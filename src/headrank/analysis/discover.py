@@ -148,8 +148,10 @@ def _text(cfg: Any) -> Any:
         return get()
 
 
-def _shrink(obj: Any, overrides: dict[str, Any] | None) -> None:
+def _shrink(obj: Any, overrides: dict[str, Any] | None, text: bool = False) -> None:
     have = obj.to_dict()
+    overrides = dict(overrides or {})
+    keep_layers, add_head_dim = overrides.pop("_keep_layers", False), overrides.pop("_add_head_dim", True)
     default_heads = next((have[k] for k in _HEADS if isinstance(have.get(k), int)), None)
     default_kv = next((have[k] for k in _KV if isinstance(have.get(k), int)), None)
     sets: dict[str, Any] = {}
@@ -169,11 +171,14 @@ def _shrink(obj: Any, overrides: dict[str, Any] | None) -> None:
         sets["rotary_dim"] = 4
     if "head_dim" in have and have["head_dim"] is None:  # derived in __post_init__, not run again
         sets["head_dim"] = TINY["d"] // TINY["heads"]
+    elif text and add_head_dim and "head_dim" not in have and "kv_lora_rank" not in have and default_heads is not None:
+        # a module that reads getattr(config, "head_dim", width // heads) shows it, and its row then names
+        # the field (width / heads where a checkpoint's config has none): Qwen3-MoE's 128 is not 2048 / 32
+        sets["head_dim"] = TINY["head_dim"]
     if default_kv is not None:
         kv = 1 if default_kv == 1 else (TINY["heads"] if default_kv == default_heads else TINY["kv_heads"])
         sets.update({k: kv for k in _KV if isinstance(have.get(k), int)})
-    overrides = dict(overrides or {})
-    n = TINY["layers"] if not overrides.pop("_keep_layers", False) else 10**9
+    n = TINY["layers"] if not keep_layers else 10**9
     for k in _LAYERS:
         if isinstance(have.get(k), int) and have[k] > n:
             sets[k] = n
@@ -197,7 +202,7 @@ def _shrink(obj: Any, overrides: dict[str, Any] | None) -> None:
         sets.update({k: value for k in names if isinstance(have.get(k), int) and not isinstance(have.get(k), bool)})
     if isinstance(have.get("vocab_size"), int):
         sets.update(_small_vocab(have))
-    sets.update(overrides or {})
+    sets.update(overrides)
     for k, v in sets.items():
         try:
             setattr(obj, k, v)
@@ -206,14 +211,29 @@ def _shrink(obj: Any, overrides: dict[str, Any] | None) -> None:
 
 
 def tiny_config(model_type: str, overrides: dict[str, Any] | None = None) -> Any:
-    """transformers' default config of ``model_type`` with every size shrunk to :data:`TINY`."""
+    """transformers' default config of ``model_type`` with every size shrunk to :data:`TINY`.
+
+    A text config without a ``head_dim`` field gets one (:data:`TINY` ``head_dim``, not width /
+    heads) where the model's parameters read it (``getattr(config, "head_dim", width // heads)``,
+    as Qwen3-MoE does): its layout then names the field. Where no parameter's shape changes with
+    it, the config stays as transformers makes it."""
+    cfg = _shrunk(model_type, overrides)
+    if (overrides or {}).get("head_dim") is None and model_type in known_types():
+        auto = auto_class(model_type)
+        bare = _shrunk(model_type, {**(overrides or {}), "_add_head_dim": False})
+        if _meta_shapes(auto, bare)[1] == _meta_shapes(auto, cfg)[1]:
+            return bare
+    return cfg
+
+
+def _shrunk(model_type: str, overrides: dict[str, Any] | None) -> Any:
     from transformers import AutoConfig
 
     cfg = AutoConfig.for_model(model_type)
     t = _text(cfg)
     subs = [getattr(cfg, k, None) for k in getattr(cfg, "sub_configs", {}) or {}]
     for obj in {id(o): o for o in (cfg, t, *subs) if o is not None and hasattr(o, "to_dict")}.values():
-        _shrink(obj, overrides if obj is t or obj is cfg else None)
+        _shrink(obj, overrides if obj is t or obj is cfg else None, text=obj is t)
     return cfg
 
 
@@ -278,19 +298,27 @@ def build_tiny(model_type: str, overrides: dict[str, Any] | None = None, attn: s
     QK-norms left as built; raises with transformers' own message when it cannot be built."""
     _register()
     auto = auto_class(model_type)
-    cfg = tiny_config(model_type, overrides)
-    with torch.device("meta"):
-        try:
-            n = sum(p.numel() for p in auto.from_config(cfg, attn_implementation=attn).parameters())
-        except AttributeError:  # a causal-LM class that takes the text config of a composite type
-            cfg = _text(cfg)
-            n = sum(p.numel() for p in auto.from_config(cfg, attn_implementation=attn).parameters())
+    cfg, shapes = _meta_shapes(auto, tiny_config(model_type, overrides), attn)
+    n = sum(math.prod(s) for s in shapes)
     if n > MAX_TINY_PARAMS:
         raise HeadRankError(f"could not shrink {model_type}: its tiny instance still has {n / 1e6:.0f}M parameters")
     torch.manual_seed(0)
     with torch.device("cpu"):
         model = auto.from_config(cfg, attn_implementation=attn, experts_implementation="eager", dtype=torch.float64)
     return model.eval(), cfg
+
+
+def _meta_shapes(auto: Any, cfg: Any, attn: str = CAPTURE) -> tuple[Any, list[tuple[int, ...]]]:
+    """``cfg`` (or its text config, for a causal-LM class of a composite type) and the parameter
+    shapes of the model it builds on the meta device."""
+    _register()
+    with torch.device("meta"):
+        try:
+            model = auto.from_config(cfg, attn_implementation=attn)
+        except AttributeError:  # a causal-LM class that takes the text config of a composite type
+            cfg = _text(cfg)
+            model = auto.from_config(cfg, attn_implementation=attn)
+    return cfg, [tuple(p.shape) for p in model.parameters()]
 
 
 def auto_class(model_type: str) -> Any:
