@@ -178,3 +178,29 @@ def test_deepseek2_bad_files_are_one_line(change, needle, tmp_path):
     code, _, err = run_cli("spectra", str(f))
     check_outcome(code, err)
     assert code == 2 and len(err.strip().splitlines()) == 1 and needle in err, err
+
+
+def test_deepseek2_over_http_reads_only_the_latent_projections(tmp_path, monkeypatch):
+    """``--remote`` on a URL of a deepseek2 file: the same products as the local file, and only the
+    layout's tensors (attn_q_b, attn_k_b, attn_v_b, attn_output) fetched after the header."""
+    from headrank.io import remote
+    from tests.io.hubserver import HubServer
+
+    model = build(tmp_path / "hf")
+    quant = {k: Q.Q8_0 for k in ("attn_q_b.weight", "attn_k_b.weight", "attn_v_b.weight", "attn_output.weight")}
+    f = write(tmp_path / "m.gguf", "deepseek2", metadata(True, True), gguf_tensors(model, split=True), quant)
+    import huggingface_hub.constants as hc
+
+    for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_TOKEN"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setattr(hc, "HF_HUB_OFFLINE", False)  # (conftest set it before huggingface_hub was imported)
+    monkeypatch.setattr(remote, "BACKOFF_S", 0.0)
+    with HubServer(root=tmp_path) as srv:
+        got = analyze(f"{srv.url}/files/m.gguf")
+    local = analyze(f)
+    for p in ("qk", "ov"):
+        np.testing.assert_array_equal(got.sv[p], local.sv[p])
+    wanted = ("attn_q_b.weight", "attn_k_b.weight", "attn_v_b.weight", "attn_output.weight")
+    r = gguf.GGUFReader(str(f))
+    assert got.meta["remote"]["tensor_bytes"] == sum(t.n_bytes for t in r.tensors if t.name.endswith(wanted))
+    assert got.meta["input"] == "remote" and got.meta["gguf"]["quantization_types"] == {"Q8_0": 8}
