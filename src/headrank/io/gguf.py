@@ -101,7 +101,6 @@ _SEPARATE = {"q": "blk.{i}.attn_q.weight", "k": "blk.{i}.attn_k.weight", "v": "b
              "o": "blk.{i}.attn_output.weight"}
 _FUSED = {"qkv": "blk.{i}.attn_qkv.weight", "o": "blk.{i}.attn_output.weight"}
 _MLA = {"q": "blk.{i}.attn_q_b.weight", "kv_b": "blk.{i}.attn_kv_b.weight", "o": "blk.{i}.attn_output.weight"}
-_MLA_SPLIT = ("blk.{i}.attn_k_b.weight", "blk.{i}.attn_v_b.weight")
 
 
 @dataclass(frozen=True)
