@@ -4,15 +4,19 @@ installed transformers, and write the generated rows (src/headrank/io/layouts_ge
     PYTHONPATH=src python benchmarks/discover_all.py [TYPE ...] [--out FILE]
 
 Each type is built tiny, run, matched and verified in this process (at most 120 s each, else
-refused as too slow); the seconds each took are kept in the row (``seconds``), so the file also
-records how long discovery takes per type. See docs/architectures.md.
+refused as too slow); the wall seconds each took are kept in the row (``seconds``), so the file
+also records how long discovery takes per type; the CPU seconds and the load average are printed
+beside them (the machine is shared: CPU seconds are the fairer number). Before/after comparisons:
+``benchmarks/bench_discover.py``. See docs/architectures.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
+import time
 import warnings
 
 import transformers
@@ -37,6 +41,7 @@ def main() -> int:
     types = args.types or list(known_types())
     counts: dict[str, int] = {}
     for mt in types:
+        cpu = time.process_time()
         signal.alarm(120)
         try:
             row = discover(mt)
@@ -46,7 +51,9 @@ def main() -> int:
             signal.alarm(0)
         counts[row["status"]] = counts.get(row["status"], 0) + 1
         save_rows(__import__("pathlib").Path(args.out), {mt: row}, transformers.__version__)
-        print(f"{mt:30s} {row['status']:9s} {row.get('seconds', 0):6.1f}s {row.get('reason', '')[:110]}", flush=True)
+        cpu = time.process_time() - cpu
+        print(f"{mt:30s} {row['status']:9s} {row.get('seconds', 0):6.1f}s wall {cpu:6.1f}s cpu  load "
+              f"{os.getloadavg()[0]:5.2f}  {row.get('reason', '')[:90]}", flush=True)
     print(counts, file=sys.stderr)
     return 0
 

@@ -28,6 +28,7 @@ from headrank.analysis.discover import (
     known_types,
     match,
     now,
+    one_thread,
 )
 from headrank.analysis.verify_layout import discover_mla, verify_row
 from headrank.errors import HeadRankError, one_line
@@ -93,6 +94,7 @@ def check(model_type: str) -> dict[str, Any]:
     return row
 
 
+@one_thread
 def discover(model_type: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """Discover and verify ``model_type``'s attention layout: a generated row (``status`` verified)
     or a refusal (``status`` refused, ``reason`` one line). Never raises for a model's fault."""

@@ -26,16 +26,19 @@ fails is refused with one line. Definitions: ``docs/architectures.md``.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
 
 from headrank.errors import HeadRankError, one_line
 
+T = TypeVar("T")
 CAPTURE = "headrank_verify"
 #: relative error of a verified logit or projection: float64 throughout, but some modules compute the
 #: rotary embedding of q and k in float32 (round-off ~1e-7); a wrong layout misses by O(1)
@@ -93,7 +96,8 @@ def known_types() -> dict[str, tuple[str, str]]:
 
 
 # tiny sizes, pairwise distinct where a config could name them (a value found names its attribute)
-TINY = {"d": 48, "heads": 6, "kv_heads": 3, "head_dim": 16, "ffn": 40, "experts": 4, "layers": 8}
+TINY = {"d": 48, "heads": 6, "kv_heads": 3, "head_dim": 16, "ffn": 40, "experts": 4, "layers": 8, "linear_dim": 8,
+        "linear_heads": 2}
 MLA_TINY = {"qk_nope_head_dim": 12, "qk_rope_head_dim": 8, "v_head_dim": 10, "kv_lora_rank": 20, "q_lora_rank": 24}
 _WIDTH = ("emb_dim", "hidden_size", "d_model", "n_embd", "dim", "embed_dim", "n_embed", "model_dim", "hidden_dim_model")
 _HEADS = ("num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads",
@@ -105,9 +109,35 @@ _LAYERS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers", "decoder_la
 _FFN = ("intermediate_size", "ffn_dim", "n_inner", "d_ff", "moe_intermediate_size", "shared_expert_intermediate_size",
         "ffn_hidden_size", "encoder_ffn_dim", "decoder_ffn_dim", "expert_intermediate_size", "moe_ffn_hidden_size",
         "dense_intermediate_size", "intermediate_size_mlp", "ffn_config_hidden", "hidden_dim", "inner_hidden_size",
-        "feed_forward_proj_dim", "shared_intermediate_size")
+        "feed_forward_proj_dim", "shared_intermediate_size", "dff", "dim_ff")
+# the linear-attention layers of hybrids (Qwen3-Next, Qwen3.5, Kimi-Linear, ...): not measured, but at their
+# default sizes their float64 causal convolution alone took 30-70 s of a check
+_LINEAR_DIMS = ("linear_key_head_dim", "linear_value_head_dim", "linear_head_dim")
+_LINEAR_HEADS = ("linear_num_key_heads", "linear_num_heads")
+_LINEAR_VALUE_HEADS = ("linear_num_value_heads",)
 _EXPERTS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "num_routed_experts")
 _TOPK = ("num_experts_per_tok", "num_experts_per_token", "top_k", "moe_topk", "moe_k", "num_selected_experts")
+
+
+#: the inputs' token ids are drawn from 3 .. INPUT_IDS - 1; the tiny vocabulary has at least VOCAB ids
+INPUT_IDS, VOCAB = 100, 128
+
+
+def _small_vocab(have: dict[str, Any]) -> dict[str, Any]:
+    """Special token ids past the tiny vocabulary moved to ids no input holds (from
+    :data:`INPUT_IDS` up), so the vocabulary stays at :data:`VOCAB`: a default config's ids
+    (151329, 255001, ...) would otherwise keep the embedding, by far the largest tensor, at full
+    size (7–12 M float64 weights to initialise and multiply). No input holds either id."""
+    ids = {k: v for k, v in have.items() if k.endswith("token_id") and isinstance(v, int) and not isinstance(v, bool)}
+    keep = {v for v in ids.values() if v < VOCAB}
+    free = (i for i in range(INPUT_IDS, 1 << 31) if i not in keep)
+    moved: dict[int, int] = {}
+    sets: dict[str, Any] = {}
+    for k, v in sorted(ids.items()):
+        if v >= VOCAB:
+            sets[k] = moved.setdefault(v, next(free))
+    sets["vocab_size"] = max([VOCAB, *(i + 1 for i in (*keep, *moved.values()))])
+    return sets
 
 
 def _text(cfg: Any) -> Any:
@@ -118,8 +148,10 @@ def _text(cfg: Any) -> Any:
         return get()
 
 
-def _shrink(obj: Any, overrides: dict[str, Any] | None) -> None:
+def _shrink(obj: Any, overrides: dict[str, Any] | None, text: bool = False) -> None:
     have = obj.to_dict()
+    overrides = dict(overrides or {})
+    keep_layers, add_head_dim = overrides.pop("_keep_layers", False), overrides.pop("_add_head_dim", True)
     default_heads = next((have[k] for k in _HEADS if isinstance(have.get(k), int)), None)
     default_kv = next((have[k] for k in _KV if isinstance(have.get(k), int)), None)
     sets: dict[str, Any] = {}
@@ -139,11 +171,14 @@ def _shrink(obj: Any, overrides: dict[str, Any] | None) -> None:
         sets["rotary_dim"] = 4
     if "head_dim" in have and have["head_dim"] is None:  # derived in __post_init__, not run again
         sets["head_dim"] = TINY["d"] // TINY["heads"]
+    elif text and add_head_dim and "head_dim" not in have and "kv_lora_rank" not in have and default_heads is not None:
+        # a module that reads getattr(config, "head_dim", width // heads) shows it, and its row then names
+        # the field (width / heads where a checkpoint's config has none): Qwen3-MoE's 128 is not 2048 / 32
+        sets["head_dim"] = TINY["head_dim"]
     if default_kv is not None:
         kv = 1 if default_kv == 1 else (TINY["heads"] if default_kv == default_heads else TINY["kv_heads"])
         sets.update({k: kv for k in _KV if isinstance(have.get(k), int)})
-    overrides = dict(overrides or {})
-    n = TINY["layers"] if not overrides.pop("_keep_layers", False) else 10**9
+    n = TINY["layers"] if not keep_layers else 10**9
     for k in _LAYERS:
         if isinstance(have.get(k), int) and have[k] > n:
             sets[k] = n
@@ -162,10 +197,12 @@ def _shrink(obj: Any, overrides: dict[str, Any] | None) -> None:
             sets.pop("q_lora_rank")
         if "head_dim" in have:
             sets["head_dim"] = MLA_TINY["qk_rope_head_dim"]
+    for names, value in ((_LINEAR_DIMS, TINY["linear_dim"]), (_LINEAR_HEADS, TINY["linear_heads"]),
+                         (_LINEAR_VALUE_HEADS, 2 * TINY["linear_heads"])):
+        sets.update({k: value for k in names if isinstance(have.get(k), int) and not isinstance(have.get(k), bool)})
     if isinstance(have.get("vocab_size"), int):
-        ids = [v for k, v in have.items() if k.endswith("token_id") and isinstance(v, int)]
-        sets["vocab_size"] = max([128, *(i + 1 for i in ids)])
-    sets.update(overrides or {})
+        sets.update(_small_vocab(have))
+    sets.update(overrides)
     for k, v in sets.items():
         try:
             setattr(obj, k, v)
@@ -174,14 +211,33 @@ def _shrink(obj: Any, overrides: dict[str, Any] | None) -> None:
 
 
 def tiny_config(model_type: str, overrides: dict[str, Any] | None = None) -> Any:
-    """transformers' default config of ``model_type`` with every size shrunk to :data:`TINY`."""
+    """transformers' default config of ``model_type`` with every size shrunk to :data:`TINY`.
+
+    A text config without a ``head_dim`` field gets one (:data:`TINY` ``head_dim``, not width /
+    heads) where the model's parameters read it (``getattr(config, "head_dim", width // heads)``,
+    as Qwen3-MoE does): its layout then names the field. Where no parameter's shape changes with
+    it, the config stays as transformers makes it."""
+    cfg = _shrunk(model_type, overrides)
+    if (overrides or {}).get("head_dim") is None and model_type in known_types():
+        auto = auto_class(model_type)
+        bare = _shrunk(model_type, {**(overrides or {}), "_add_head_dim": False})
+        try:  # eager: every model takes it (some take no registered implementation)
+            same = _meta_shapes(auto, bare, "eager")[1] == _meta_shapes(auto, cfg, "eager")[1]
+        except Exception:  # noqa: BLE001 - a model that cannot be built: build_tiny says why
+            same = False
+        if same:
+            return bare
+    return cfg
+
+
+def _shrunk(model_type: str, overrides: dict[str, Any] | None) -> Any:
     from transformers import AutoConfig
 
     cfg = AutoConfig.for_model(model_type)
     t = _text(cfg)
     subs = [getattr(cfg, k, None) for k in getattr(cfg, "sub_configs", {}) or {}]
     for obj in {id(o): o for o in (cfg, t, *subs) if o is not None and hasattr(o, "to_dict")}.values():
-        _shrink(obj, overrides if obj is t or obj is cfg else None)
+        _shrink(obj, overrides if obj is t or obj is cfg else None, text=obj is t)
     return cfg
 
 
@@ -246,19 +302,27 @@ def build_tiny(model_type: str, overrides: dict[str, Any] | None = None, attn: s
     QK-norms left as built; raises with transformers' own message when it cannot be built."""
     _register()
     auto = auto_class(model_type)
-    cfg = tiny_config(model_type, overrides)
-    with torch.device("meta"):
-        try:
-            n = sum(p.numel() for p in auto.from_config(cfg, attn_implementation=attn).parameters())
-        except AttributeError:  # a causal-LM class that takes the text config of a composite type
-            cfg = _text(cfg)
-            n = sum(p.numel() for p in auto.from_config(cfg, attn_implementation=attn).parameters())
+    cfg, shapes = _meta_shapes(auto, tiny_config(model_type, overrides), attn)
+    n = sum(math.prod(s) for s in shapes)
     if n > MAX_TINY_PARAMS:
         raise HeadRankError(f"could not shrink {model_type}: its tiny instance still has {n / 1e6:.0f}M parameters")
     torch.manual_seed(0)
     with torch.device("cpu"):
         model = auto.from_config(cfg, attn_implementation=attn, experts_implementation="eager", dtype=torch.float64)
     return model.eval(), cfg
+
+
+def _meta_shapes(auto: Any, cfg: Any, attn: str = CAPTURE) -> tuple[Any, list[tuple[int, ...]]]:
+    """``cfg`` (or its text config, for a causal-LM class of a composite type) and the parameter
+    shapes of the model it builds on the meta device."""
+    _register()
+    with torch.device("meta"):
+        try:
+            model = auto.from_config(cfg, attn_implementation=attn)
+        except AttributeError:  # a causal-LM class that takes the text config of a composite type
+            cfg = _text(cfg)
+            model = auto.from_config(cfg, attn_implementation=attn)
+    return cfg, [tuple(p.shape) for p in model.parameters()]
 
 
 def auto_class(model_type: str) -> Any:
@@ -468,5 +532,20 @@ def now() -> float:
     return time.perf_counter()
 
 
+def one_thread(fn: Callable[..., T]) -> Callable[..., T]:
+    """``fn`` run with one torch (and BLAS) thread. A tiny model's operations are far smaller than
+    what a second thread saves, and on a shared machine each parallel region waits for a thread
+    that has no core: a 12 x 48 ``index_add_`` took 50 ms instead of 0.1 ms under load."""
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> T:
+        from headrank.util.threads import torch_threads
+
+        with torch_threads(1):
+            return fn(*args, **kwargs)
+
+    return run
+
+
 __all__ = ["CAPTURE", "Capture", "HeadRankError", "auto_class", "build_tiny", "forward_capture", "known_types", "now",
-           "one_line", "tiny_config"]
+           "one_line", "one_thread", "tiny_config"]

@@ -6,7 +6,20 @@ A GGUF file carries its configuration: ``general.architecture`` names the archit
 :data:`ARCHS` store attention as ``blk.{i}.attn_q / attn_k / attn_v / attn_output`` or a fused
 ``blk.{i}.attn_qkv`` whose rows are ``[q | k | v]`` (llama.cpp's converter reorders GPT-NeoX's,
 BLOOM's and Falcon's per-head layouts into that order), all in ``nn.Linear`` orientation
-(``out, in``; GPT-2's Conv1D weights are transposed by the converter).
+(``out, in``; GPT-2's Conv1D weights are transposed by the converter). Mixtures of experts
+(``qwen2moe``, ``qwen3moe``, ``gpt-oss``, ``minimax-m2``) keep dense attention under those names;
+gpt-oss adds a per-head sink logit (``attn_sinks``) and alternating sliding windows, which change
+the softmax and its mask, not the bilinear score, so its products are those of the same tensors.
+
+``deepseek2`` (DeepSeek-V2/V3/R1, Kimi-K2) is multi-head latent attention, measured in latent
+space as ``docs/mla.md`` defines it: W_Q,h from ``attn_q_b`` (``attn_q`` without a query latent),
+W_K,h and W_V,h from ``attn_kv_b``, P_h from ``attn_output``; the latent sizes come from
+``attention.kv_lora_rank``, ``q_lora_rank``, ``rope.dimension_count`` and
+``key_length_mla``/``value_length_mla`` (files before llama.cpp's MLA cache give ``key_length``
+and ``value_length`` per head instead). Newer converters store ``attn_kv_b`` split: ``attn_k_b``
+(per head ``W_UK,h`` transposed, ``(H, kv_lora_rank, qk_nope_head_dim)``) and ``attn_v_b``
+(``(H, v_head_dim, kv_lora_rank)``); the reader joins them back into ``attn_kv_b``'s rows, the same
+values in Hugging Face's ``kv_b_proj`` order.
 
 Tensors are read one at a time from the memory-mapped file and dequantized with the ``gguf``
 package (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, the K-quants, ... every type it can
@@ -17,7 +30,9 @@ llama.cpp's converter permutes the rows inside every Q and K head of ``llama`` m
 rotary implementation rotates adjacent pairs where Hugging Face rotates the two halves). The
 same permutation Π acts on W_Q,h and W_K,h, so ``W_Kᵀ Πᵀ Π W_Q = W_Kᵀ W_Q``: QK spectra do not
 change (tests/io/test_gguf.py checks it); the reader undoes it anyway, so row norms per head
-dimension line up with the Hugging Face checkpoint.
+dimension line up with the Hugging Face checkpoint. The other architectures here are stored
+unpermuted (their llama.cpp rotary pairs the dimensions as Hugging Face does; DeepSeek's rotary
+part is interleaved in the released weights themselves).
 """
 
 from __future__ import annotations
@@ -31,6 +46,7 @@ from typing import Any
 import torch
 
 from headrank.errors import HeadRankError, one_line
+from headrank.io.gguf_header import check_structure
 from headrank.io.layouts import Dims, Layout, NormSpec
 from headrank.io.tensor_source import BaseCheckpoint, TensorMeta
 from headrank.io.validate import (
@@ -48,11 +64,13 @@ from headrank.io.validate import (
 class Arch:
     """What the metadata does not say about a llama.cpp architecture."""
 
-    position: str  # absolute | rotary | alibi
+    position: str  # absolute | rotary | alibi | rotary (decoupled, MLA)
     norm: str  # layernorm | rmsnorm (the attn_norm in front of attention)
     rotary_permuted: bool = False  # the converter permuted Q/K rows (llama)
+    mla: bool = False  # multi-head latent attention (deepseek2)
 
 
+MLA_POSITION = "rotary (decoupled, MLA)"  # as the generated MLA rows say (docs/mla.md)
 ARCHS: dict[str, Arch] = {
     "llama": Arch("rotary", "rmsnorm", rotary_permuted=True),
     "qwen2": Arch("rotary", "rmsnorm"),
@@ -69,12 +87,29 @@ ARCHS: dict[str, Arch] = {
     "gptneox": Arch("rotary", "layernorm"),
     "bloom": Arch("alibi", "layernorm"),
     "stablelm": Arch("rotary", "layernorm"),
+    "qwen2moe": Arch("rotary", "rmsnorm"),
+    "qwen3moe": Arch("rotary", "rmsnorm"),
+    "gpt-oss": Arch("rotary", "rmsnorm"),
+    "minimax-m2": Arch("rotary", "rmsnorm"),
+    "nemotron": Arch("rotary", "layernorm"),  # the converter stores LayerNorm1P's 1 + w
+    "deepseek2": Arch(MLA_POSITION, "rmsnorm", mla=True),
 }
-# architectures the test suite writes and reads back (README lists these)
-TESTED = ("llama", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "falcon", "gpt2", "starcoder2")
+# architectures the test suite writes and reads back (docs/verbs/spectra.md lists these)
+TESTED = ("llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "falcon", "gpt2", "starcoder2", "qwen2moe",
+          "qwen3moe", "gpt-oss", "minimax-m2", "nemotron", "deepseek2")
 _SEPARATE = {"q": "blk.{i}.attn_q.weight", "k": "blk.{i}.attn_k.weight", "v": "blk.{i}.attn_v.weight",
              "o": "blk.{i}.attn_output.weight"}
 _FUSED = {"qkv": "blk.{i}.attn_qkv.weight", "o": "blk.{i}.attn_output.weight"}
+_MLA = {"q": "blk.{i}.attn_q_b.weight", "kv_b": "blk.{i}.attn_kv_b.weight", "o": "blk.{i}.attn_output.weight"}
+
+
+@dataclass(frozen=True)
+class Joined:
+    """``attn_kv_b`` as newer converters store it, split in two: ``attn_k_b`` (per head W_UK,h
+    transposed) and ``attn_v_b``; read back as the one ``attn_kv_b`` tensor (:func:`join_kv_b`)."""
+
+    k_b: Any
+    v_b: Any
 
 
 def is_gguf(path: str | os.PathLike) -> bool:
@@ -133,13 +168,13 @@ class GGUFCheckpoint(BaseCheckpoint):
         if self.arch is None:
             raise HeadRankError(f"{self._where}: GGUF architecture {self.arch_name!r} is not supported; supported: "
                                 f"{', '.join(sorted(ARCHS))}")
-        self.dims = self._dims()
+        if self.arch.mla:
+            self._join_kv_b()
+        self.dims = self._mla_dims() if self.arch.mla else self._dims()
         config = {"model_type": f"gguf:{self.arch_name}", "gguf_architecture": self.arch_name,
                   "name": self._field("general.name", None), **_dims_dict(self.dims)}
-        rope = {"rope_theta": self._field(f"{self.arch_name}.rope.freq_base", None),  # for the rotary bands
-                "rotary_dim": self._field(f"{self.arch_name}.rope.dimension_count", None)}
-        config.update({k: v for k, v in rope.items() if v is not None})
-        self.layout = self._layout()
+        config.update(self._rope_config())
+        self.layout = self._mla_layout() if self.arch.mla else self._layout()
         self._check_types()
         super().__init__(self._tensors, source=label if label is not None else str(source), path=self._where,
                          config=config, config_path=self._where)
@@ -162,32 +197,66 @@ class GGUFCheckpoint(BaseCheckpoint):
             value = value[0]
         return value
 
+    def _size(self, key: str, hi: int, default: Any = ..., lo: int = 1) -> int | None:
+        """Metadata ``{arch}.key`` as a checked size (None: absent, with ``default`` None)."""
+        v = self._field(f"{self.arch_name}.{key}", default)
+        return None if v is None else as_int(v, f"{self.arch_name}.{key}", str(self._where), lo=lo, hi=hi)
+
+    def _sizes(self) -> tuple[int, int, int]:
+        """(block_count, embedding_length, head_count)."""
+        return (self._size("block_count", MAX_LAYERS), self._size("embedding_length", MAX_WIDTH),
+                self._size("attention.head_count", MAX_HEADS))
+
     def _dims(self) -> Dims:
-        a, where = self.arch_name, f"{self._where}"
-
-        def size(key: str, hi: int, default: Any = ...) -> int | None:
-            v = self._field(key, default)
-            return None if v is None else as_int(v, key, where, hi=hi)
-
-        d = size(f"{a}.embedding_length", MAX_WIDTH)
-        H = size(f"{a}.attention.head_count", MAX_HEADS)
-        Hkv = size(f"{a}.attention.head_count_kv", MAX_HEADS, H)
-        dk = size(f"{a}.attention.key_length", MAX_HEAD_DIM, None)
-        dv = size(f"{a}.attention.value_length", MAX_HEAD_DIM, None)
+        L, d, H = self._sizes()
+        Hkv = self._size("attention.head_count_kv", MAX_HEADS, H)
+        dk = self._size("attention.key_length", MAX_HEAD_DIM, None)
+        dv = self._size("attention.value_length", MAX_HEAD_DIM, None)
         if dk is not None and dv is not None and dk != dv:
             raise HeadRankError(f"{self._where}: key length {dk} differs from value length {dv}: not supported")
         dh = dk if dk is not None else dv if dv is not None else max(d // H, 1)
         try:
-            return Dims(size(f"{a}.block_count", MAX_LAYERS), d, H, Hkv, dh)
+            return Dims(L, d, H, Hkv, dh)
         except HeadRankError as e:
             raise HeadRankError(f"{self._where}: {e}") from None
+
+    def _mla_dims(self) -> Dims:
+        """Multi-head latent attention's sizes (docs/mla.md): per-head key and value lengths from
+        ``key_length_mla``/``value_length_mla`` (llama.cpp's MLA cache files, whose
+        ``key_length``/``value_length`` are the latent's) or else ``key_length``/``value_length``."""
+        L, d, H = self._sizes()
+        rope = self._size("rope.dimension_count", MAX_HEAD_DIM)
+        kv = self._size("attention.kv_lora_rank", MAX_WIDTH)
+        q_lora = self._size("attention.q_lora_rank", MAX_WIDTH, None, lo=0)  # 0 or absent: no query latent
+        if self._field(f"{self.arch_name}.attention.key_length_mla", None) is not None:
+            qk, v = self._size("attention.key_length_mla", 2 * MAX_HEAD_DIM), self._size(
+                "attention.value_length_mla", MAX_HEAD_DIM)
+        else:
+            qk, v = self._size("attention.key_length", 2 * MAX_HEAD_DIM), self._size(
+                "attention.value_length", MAX_HEAD_DIM)
+        if not 1 <= rope < qk:
+            raise HeadRankError(f"{self._where}: key length {qk} leaves no non-rotary part beside rotary dimension "
+                                f"count {rope}")
+        try:
+            return Dims(L, d, H, H, qk - rope, mla=(qk - rope, rope, v, q_lora or d, kv))
+        except HeadRankError as e:
+            raise HeadRankError(f"{self._where}: {e}") from None
+
+    def _rope_config(self) -> dict[str, Any]:
+        """The rotary fields the rotary bands read (``rope_scaling`` named, never applied here)."""
+        a = self.arch_name
+        rope = {"rope_theta": self._field(f"{a}.rope.freq_base", None),
+                "rotary_dim": None if self.arch.mla else self._field(f"{a}.rope.dimension_count", None)}
+        scaling = self._field(f"{a}.rope.scaling.type", None)
+        if scaling not in (None, "none"):
+            rope["rope_scaling"] = {"rope_type": str(scaling)[:40],
+                                    "factor": self._field(f"{a}.rope.scaling.factor", None)}
+        return {k: v for k, v in rope.items() if v is not None}
 
     def _layout(self) -> Layout:
         fused = "blk.0.attn_qkv.weight" in self._tensors
         tensors = _FUSED if fused else _SEPARATE
-        missing = [t.format(i=0) for t in tensors.values() if t.format(i=0) not in self._tensors]
-        if missing:
-            raise HeadRankError(f"{self._where}: no attention tensor {missing[0]} (architecture {self.arch_name!r})")
+        self._require(tensors)
         dims, arch = self.dims, self.arch
         qk_norm = "blk.0.attn_q_norm.weight" in self._tensors
         norm = NormSpec("blk.{i}.attn_norm.weight", arch.norm) if "blk.0.attn_norm.weight" in self._tensors else None
@@ -196,6 +265,35 @@ class GGUFCheckpoint(BaseCheckpoint):
                       biases=tuple(t.replace(".weight", ".bias") for t in tensors.values()),
                       position=lambda c: arch.position, qk_norm=lambda c: qk_norm, norm=lambda c: norm)
 
+    def _mla_layout(self) -> Layout:
+        """The ``mla`` split over llama.cpp's names; ``--fold-norm`` folds ``attn_q_a_norm`` and
+        ``attn_kv_a_norm`` as it folds ``q_a_layernorm`` and ``kv_a_layernorm`` (docs/mla.md)."""
+        tensors = dict(_MLA)
+        if self.dims.mla is not None and self.dims.mla[3] == self.dims.d and "blk.0.attn_q_b.weight" not in self._tensors:
+            tensors["q"] = "blk.{i}.attn_q.weight"  # no query latent
+        self._require(tensors)
+        dims, norm = self.dims, NormSpec("blk.{i}.attn_kv_a_norm.weight", "rmsnorm")
+        return Layout(model_types=(f"gguf:{self.arch_name}",), tensors=tensors, dims=lambda c: dims, split="mla",
+                      biases=(), position=lambda c: MLA_POSITION, norm=lambda c: norm)
+
+    def _require(self, tensors: dict[str, str]) -> None:
+        missing = [t.format(i=0) for t in tensors.values() if t.format(i=0) not in self._tensors]
+        if missing:
+            raise HeadRankError(f"{self._where}: no attention tensor {missing[0]} (architecture {self.arch_name!r})")
+
+    def _join_kv_b(self) -> None:
+        """Each layer's ``attn_k_b`` and ``attn_v_b`` (newer converters) as one ``attn_kv_b`` entry."""
+        for name in [n for n in self._tensors if n.endswith(".attn_k_b.weight")]:
+            base = name[: -len("attn_k_b.weight")]
+            v_b = self._tensors.get(base + "attn_v_b.weight")
+            if v_b is not None and base + "attn_kv_b.weight" not in self._tensors:
+                self._tensors[base + "attn_kv_b.weight"] = Joined(self._tensors[name], v_b)
+
+    def _stored(self, name: str) -> list[Any]:
+        """The file's tensors behind an entry (two for a joined ``attn_kv_b``)."""
+        t = self._tensors[name]
+        return [t.k_b, t.v_b] if isinstance(t, Joined) else [t]
+
     def _check_types(self) -> None:
         ok = dequantizable()
         for i in range(self.dims.n_layers):
@@ -203,19 +301,31 @@ class GGUFCheckpoint(BaseCheckpoint):
                 name = t.format(i=i)
                 if name not in self._tensors:
                     raise HeadRankError(f"{self._where}: no attention tensor {name}")
-                kind = self._tensors[name].tensor_type.name
-                if kind not in ok:
-                    raise HeadRankError(f"{self._where}: tensor {name} has quantization type {kind}, which the "
-                                        f"installed gguf package cannot dequantize")
+                for stored in self._stored(name):
+                    kind = stored.tensor_type.name
+                    if kind not in ok:
+                        raise HeadRankError(f"{self._where}: tensor {stored.name} has quantization type {kind}, "
+                                            "which the installed gguf package cannot dequantize")
 
     def quant_types(self) -> dict[str, int]:
         """How many attention tensors of each GGML type the file holds."""
-        return dict(Counter(self._tensors[t.format(i=i)].tensor_type.name
-                            for i in range(self.dims.n_layers) for t in self.layout.tensors.values()))
+        return dict(Counter(s.tensor_type.name for i in range(self.dims.n_layers) for t in self.layout.tensors.values()
+                            for s in self._stored(t.format(i=i))))
 
     # -- access ------------------------------------------------------------------------------
     def _read(self, name: str, t: Any) -> torch.Tensor:
-        """Dequantize one tensor to float32 (llama's Q/K rows back in Hugging Face order)."""
+        """Dequantize one tensor to float32 (llama's Q/K rows back in Hugging Face order; a split
+        ``attn_kv_b`` joined)."""
+        if isinstance(t, Joined):
+            return join_kv_b(self._dequantize(t.k_b.name, t.k_b), self._dequantize(t.v_b.name, t.v_b),
+                             f"{name} in {self._where}")
+        w = self._dequantize(name, t)
+        if self.arch.rotary_permuted and name.endswith((".attn_q.weight", ".attn_k.weight")):
+            heads = self.dims.n_heads if name.endswith(".attn_q.weight") else self.dims.n_kv_heads
+            w = unpermute_rotary(w, heads, f"{name} in {self._where}")
+        return w
+
+    def _dequantize(self, name: str, t: Any) -> torch.Tensor:
         import numpy as np
         from gguf import GGMLQuantizationType
         from gguf.quants import dequantize
@@ -233,11 +343,7 @@ class GGUFCheckpoint(BaseCheckpoint):
         except Exception as e:  # truncated data
             raise HeadRankError(f"cannot read tensor {name!r} from {self._where}: {one_line(e, 200)}"
                                 ) from None
-        w = torch.from_numpy(arr)
-        if self.arch.rotary_permuted and name.endswith((".attn_q.weight", ".attn_k.weight")):
-            heads = self.dims.n_heads if name.endswith(".attn_q.weight") else self.dims.n_kv_heads
-            w = unpermute_rotary(w, heads, f"{name} in {self._where}")
-        return w
+        return torch.from_numpy(arr)
 
     def _tensor_data(self, t: Any) -> Any:
         """A tensor's stored bytes, read with ``pread`` (never through the reader's memory map,
@@ -254,8 +360,12 @@ class GGUFCheckpoint(BaseCheckpoint):
 
     def _meta(self, name: str, t: Any) -> TensorMeta:
         # the gguf reader lists dimensions innermost first (ggml's ne); torch's order is the reverse
-        return TensorMeta(t.tensor_type.name, tuple(int(n) for n in reversed(t.shape)), int(t.n_bytes),
-                          Path(str(self.files[0])).name)
+        file = Path(str(self.files[0])).name
+        if isinstance(t, Joined):
+            (H, kv, nope), v = _shape(t.k_b), _shape(t.v_b)[1]
+            kinds = sorted({t.k_b.tensor_type.name, t.v_b.tensor_type.name})
+            return TensorMeta("+".join(kinds), (H * (nope + v), kv), int(t.k_b.n_bytes) + int(t.v_b.n_bytes), file)
+        return TensorMeta(t.tensor_type.name, _shape(t), int(t.n_bytes), file)
 
     @property
     def files(self) -> list[Any]:
@@ -281,176 +391,44 @@ def unpermute_rotary(w: torch.Tensor, heads: int, name: str = "a Q/K tensor") ->
     return w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-# -- structure, checked before the gguf package reads the file ----------------------------------
-_SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # GGUFValueType
-_STRING, _ARRAY = 8, 9
-GGML_MAX_DIMS = 4
-# caps on a header, far above released models (llama 3: 29 metadata keys, 128k tokens + 280k merges,
-# about 10 MB of header; the largest MoE files: a few thousand tensors); the gguf package's reader
-# allocates a few hundred bytes of Python objects per entry and per array element
-MAX_GGUF_KEYS = 1 << 14  # metadata entries
-MAX_GGUF_TENSORS = 1 << 17
-MAX_GGUF_ITEMS = 1 << 20  # array elements over all metadata arrays (Gemma 3: 786k)
-ITEM_COST = 1600  # bytes gguf.GGUFReader allocates per metadata entry or array element (measured: 1.5 KB
-# per string, 0.7 KB per number)
-MAX_GGUF_HEADER = 64 << 20  # bytes of magic, metadata and tensor infos
-_UTF8_KEYS = ("general.architecture", "general.name")
+def join_kv_b(k_b: torch.Tensor, v_b: torch.Tensor, name: str = "attn_kv_b") -> torch.Tensor:
+    """``attn_k_b`` ``(H, kv_lora_rank, qk_nope_head_dim)`` and ``attn_v_b`` ``(H, v_head_dim,
+    kv_lora_rank)`` back into ``kv_b_proj``'s rows ``(H · (qk_nope_head_dim + v_head_dim),
+    kv_lora_rank)``: per head its W_UK,h rows, then its W_UV,h rows (the converter's split undone)."""
+    if k_b.ndim != 3 or v_b.ndim != 3 or k_b.shape[0] != v_b.shape[0] or k_b.shape[1] != v_b.shape[2]:
+        raise HeadRankError(f"GGUF tensor {name}: attn_k_b {tuple(k_b.shape)} and attn_v_b {tuple(v_b.shape)} are "
+                            "not (heads, kv_lora_rank, qk_nope_head_dim) and (heads, v_head_dim, kv_lora_rank) "
+                            "(corrupt file or metadata)")
+    joined = torch.cat([k_b.transpose(1, 2), v_b], dim=1)
+    return joined.reshape(-1, k_b.shape[1]).contiguous()
 
 
-class TooLarge(HeadRankError):
-    """A GGUF header beyond the caps (:data:`MAX_GGUF_KEYS` …): refused whatever follows."""
-
-
-class _Walk:
-    """A bounds-checked walk over a GGUF file's header, metadata and tensor infos: every count
-    and length is checked against the bytes left before anything is read or allocated (the
-    gguf package's reader loops past the end of a 120-byte file that declares 2^62 values)."""
-
-    def __init__(self, buf: Any, path: Path):
-        self.buf, self.path, self.pos, self.fmt = buf, path, 0, "<"
-        self.items = self.keys = self.tensors = 0
-
-    def cap(self, count: int, most: int, what: str) -> None:
-        if count > most:
-            raise TooLarge(f"cannot read GGUF file {self.path}: {what} ({count:,}) exceed the {most:,} a "
-                           "GGUF header may hold here")
-
-    def fail(self, what: str) -> HeadRankError:
-        return HeadRankError(f"cannot read GGUF file {self.path}: {what} (truncated or corrupt)")
-
-    def need(self, n: int, what: str) -> int:
-        left = len(self.buf) - self.pos
-        if n > left:
-            raise self.fail(f"{what} at byte {self.pos} needs {n} bytes, {left} left")
-        start, self.pos = self.pos, self.pos + n
-        return start
-
-    def num(self, code: str, what: str) -> int:
-        import struct
-
-        return struct.unpack_from(self.fmt + code, self.buf, self.need(struct.calcsize(code), what))[0]
-
-    def string(self, what: str) -> bytes:
-        n = self.num("Q", f"the length of {what}")
-        start = self.need(n, what)
-        return bytes(self.buf[start:start + n])
-
-    def value(self, vtype: int, what: str, depth: int = 0) -> bytes | None:
-        if vtype in _SCALAR_SIZES:
-            self.need(_SCALAR_SIZES[vtype], what)
-        elif vtype == _STRING:
-            return self.string(what)
-        elif vtype == _ARRAY and depth < 2:
-            etype, count = self.num("I", f"the type of {what}"), self.num("Q", f"the count of {what}")
-            self.items += count
-            if self.items > MAX_GGUF_ITEMS:
-                raise TooLarge(f"cannot read GGUF file {self.path}: {what} declares {count} values; a GGUF header may "
-                               f"hold at most {MAX_GGUF_ITEMS:,} array elements here")
-            least = _SCALAR_SIZES.get(etype, 8 if etype == _STRING else 12 if etype == _ARRAY else None)
-            if least is None:
-                raise self.fail(f"{what} is an array of unknown value type {etype}")
-            left = len(self.buf) - self.pos
-            if count * least > left:
-                raise self.fail(f"{what} declares {count} values of at least {least} bytes; {left} bytes are left")
-            if etype in _SCALAR_SIZES:
-                self.need(count * least, what)
-            else:
-                for _ in range(count):
-                    self.value(etype, what, depth + 1)
-        else:
-            raise self.fail(f"{what} has unknown value type {vtype}")
-        return None
-
-    def run(self) -> None:
-        if bytes(self.buf[0:4]) != b"GGUF":
-            raise self.fail("no GGUF magic")
-        self.need(4, "the magic")
-        version = self.num("I", "the version")
-        if version & 0xFFFF == 0:  # written on a machine of the other byte order
-            self.fmt, self.pos = ">", self.pos - 4
-            version = self.num("I", "the version")
-        if version not in (2, 3):
-            return  # the gguf package names the versions it reads
-        n_tensors, n_kv = self.num("Q", "the tensor count"), self.num("Q", "the metadata count")
-        if n_kv > MAX_GGUF_KEYS or n_tensors > MAX_GGUF_TENSORS:
-            raise TooLarge(f"cannot read GGUF file {self.path}: {n_kv} metadata entries and {n_tensors} tensors cannot "
-                           f"fit in a GGUF header here (a GGUF header may hold at most {MAX_GGUF_KEYS:,} entries and "
-                           f"{MAX_GGUF_TENSORS:,} tensors)")
-        self.keys, self.tensors = n_kv, n_tensors
-        left = len(self.buf) - self.pos
-        if n_kv * 13 > left or n_tensors * 24 > left:
-            raise self.fail(f"{n_kv} metadata entries and {n_tensors} tensors cannot fit in {left} bytes")
-        for k in range(n_kv):
-            self.past(f"metadata entry {k}")
-            key = self.string(f"metadata key {k}")
-            name = key.decode("utf-8", "replace")[:80]
-            v = self.value(self.num("I", f"the type of {name}"), f"metadata {name}")
-            _utf8(key, f"key {k} ({name})", self)
-            if name in _UTF8_KEYS and v is not None:
-                _utf8(v, name, self)
-        for k in range(n_tensors):
-            self.past(f"tensor info {k}")
-            name = self.string(f"the name of tensor {k}").decode("utf-8", "replace")[:80]
-            ndim = self.num("I", f"the dimension count of tensor {name}")
-            if not 1 <= ndim <= GGML_MAX_DIMS:
-                raise self.fail(f"tensor {name} has {ndim} dimensions (GGUF allows 1 to {GGML_MAX_DIMS})")
-            dims = [self.num("Q", f"the shape of tensor {name}") for _ in range(ndim)]
-            if any(d < 1 or d > 1 << 40 for d in dims):
-                raise self.fail(f"tensor {name} has shape {dims}")
-            self.num("I", f"the type of tensor {name}")
-            self.num("Q", f"the offset of tensor {name}")
-        self.cap(self.pos, MAX_GGUF_HEADER, "its header bytes")
-
-    def past(self, what: str) -> None:
-        """Stop a walk whose header already runs past :data:`MAX_GGUF_HEADER`."""
-        self.cap(self.pos, MAX_GGUF_HEADER, f"its header bytes (at {what})")
-
-
-def _utf8(text: bytes, key: str, walk: _Walk) -> None:
-    try:
-        text.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise walk.fail(f"metadata {key} is not UTF-8 text ({e.reason} at byte {e.start})") from None
-
-
-def check_structure(path: Path) -> None:
-    """Refuse a GGUF file whose metadata or tensor infos run past its end, declare counts or
-    lengths its bytes cannot hold, or hold ``general.architecture``/``general.name`` (or any key)
-    that is not UTF-8 — one line each, before the gguf package allocates anything."""
-    import mmap
-
-    try:
-        with open(path, "rb") as fh:
-            if os.fstat(fh.fileno()).st_size < 8:
-                raise HeadRankError(f"cannot read GGUF file {path}: {os.fstat(fh.fileno()).st_size} bytes is "
-                                    "too short for a GGUF header")
-            with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-                walk = _Walk(buf, path)
-                walk.run()
-    except OSError as e:
-        raise HeadRankError(f"cannot read GGUF file {path}: {e.strerror or e}") from None
-    from headrank.io.validate import memory_available
-
-    cost, have = ITEM_COST * (walk.items + walk.keys + walk.tensors), memory_available() // 2
-    if cost > have:
-        raise TooLarge(f"cannot read GGUF file {path}: reading its header ({walk.keys:,} entries, {walk.items:,} "
-                       f"array elements, {walk.tensors:,} tensors) would take about {cost / (1 << 30):.3g} GiB of "
-                       f"memory; {have / (1 << 30):.3g} GiB may be used")
+def _shape(t: Any) -> tuple[int, ...]:
+    return tuple(int(n) for n in reversed(t.shape))
 
 
 def gguf_origin(ckpt: GGUFCheckpoint) -> dict[str, Any]:
     """What meta.json says about a GGUF source."""
-    return {
-        "input": "gguf",
-        "gguf": {
-            "architecture": ckpt.arch_name,
-            "name": ckpt.config.get("name"),
-            "quantization_types": ckpt.quant_types(),
-            "dequantized": "spectra of the dequantized weights (gguf package), float32",
-            "rotary_rows": ("llama.cpp's per-head Q/K row permutation undone (QK products are invariant to it)"
-                            if ckpt.arch.rotary_permuted else "not permuted by the converter"),
-        },
+    info: dict[str, Any] = {
+        "architecture": ckpt.arch_name,
+        "name": ckpt.config.get("name"),
+        "quantization_types": ckpt.quant_types(),
+        "dequantized": "spectra of the dequantized weights (gguf package), float32",
+        "rotary_rows": ("llama.cpp's per-head Q/K row permutation undone (QK products are invariant to it)"
+                        if ckpt.arch.rotary_permuted else "not permuted by the converter"),
     }
+    if ckpt.arch.mla:
+        joined = isinstance(ckpt._tensors.get(ckpt.layout.tensors["kv_b"].format(i=0)), Joined)
+        info["mla"] = ("latent-space products (docs/mla.md); attn_kv_b joined from the file's attn_k_b and "
+                       "attn_v_b" if joined else "latent-space products (docs/mla.md) from attn_kv_b")
+    if "blk.0.attn_sinks.weight" in ckpt:
+        info["attention_sinks"] = ("per-head sink logits (attn_sinks) present: they add a column to each "
+                                   "head's softmax, not a term of its bilinear score, and are not measured")
+    window = ckpt._field(f"{ckpt.arch_name}.attention.sliding_window", None)
+    if window is not None:
+        info["sliding_window"] = {"tokens": window, "note": "a mask on which keys a query sees: the per-head "
+                                  "products do not depend on it"}
+    return {"input": "gguf", "gguf": info}
 
 
 def _dims_dict(d: Dims) -> dict[str, int]:

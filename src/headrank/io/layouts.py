@@ -413,6 +413,20 @@ def _rms_input(c: dict[str, Any]) -> NormSpec:
     return NormSpec(_INPUT_LN, "rmsnorm", 1.0 if str(c.get("model_type", "")).startswith("gemma") else 0.0)
 
 
+#: MLA's latent norms beside its up-projections: Hugging Face's names, then llama.cpp's (GGUF)
+MLA_NORMS = (("q_b_proj.weight", "q_a_layernorm.weight"), ("kv_b_proj.weight", "kv_a_layernorm.weight"),
+             ("attn_q_b.weight", "attn_q_a_norm.weight"), ("attn_kv_b.weight", "attn_kv_a_norm.weight"))
+
+
+def latent_norm(name: str) -> str | None:
+    """The gain of the latent norm in front of MLA up-projection ``name`` (None: no latent, e.g.
+    ``q_proj`` without ``q_lora_rank``)."""
+    for proj, norm in MLA_NORMS:
+        if name.endswith(proj):
+            return name[: -len(proj)] + norm
+    return None
+
+
 def _const(spec: NormSpec | None) -> Callable[[dict[str, Any]], NormSpec | None]:
     return lambda c: spec
 
@@ -507,7 +521,7 @@ def layout_from_row(row: dict[str, Any]) -> Any:
     norm = row.get("norm")
     spec = NormSpec(norm["name"], norm["kind"], float(norm.get("offset", 0.0))) if isinstance(norm, dict) else None
     if split == "mla":  # the latent norms (q_a_layernorm, kv_a_layernorm), folded by AttentionReader
-        spec = NormSpec(tensors["kv_b"].replace("kv_b_proj.weight", "kv_a_layernorm.weight"), "rmsnorm")
+        spec = NormSpec(latent_norm(tensors["kv_b"]) or tensors["kv_b"], "rmsnorm")
     position = str(row.get("position", "none"))
     return Layout(model_types=(row["model_type"],), tensors=tensors, dims=dims, split=split,
                   biases=_bias_names(tensors), position=lambda c: position,
@@ -650,14 +664,15 @@ class AttentionReader:
         """MLA: the latent norms' gains, ``q_a_layernorm`` into W_Q (with a query latent) and
         ``kv_a_layernorm`` into W_K and W_V (docs/mla.md)."""
         names = self.tensor_names(i)
-        gq = names["q"].replace("q_b_proj.weight", "q_a_layernorm.weight")
-        gkv = names["kv_b"].replace("kv_b_proj.weight", "kv_a_layernorm.weight")
+        gq, gkv = latent_norm(names["q"]), latent_norm(names["kv_b"])
         def f64(x: Any) -> Any:  # torch or numpy (bfloat16 bits converted exactly), as numpy float64
             return _as_numpy(_float64(x))
 
         wq = f64(hw.wq)
-        if gq != names["q"] and gq in self.ckpt:
+        if gq is not None and gq in self.ckpt:
             wq = wq * f64(self.ckpt.get(gq))
+        if gkv is None or gkv not in self.ckpt:
+            raise HeadRankError(f"`fold_norm`: the checkpoint has no latent norm gain beside {names['kv_b']!r}")
         g = f64(self.ckpt.get(gkv))
         return HeadWeights(wq, f64(hw.wk) * g, f64(hw.wv) * g, hw.p)
 

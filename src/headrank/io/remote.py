@@ -543,9 +543,9 @@ def _gguf_class():
 
 def _gguf_header_file(f: RemoteFile) -> str:
     """A sparse temporary file of the remote file's size holding only its header bytes, fetched
-    in growing chunks until the header (checked by :func:`headrank.io.gguf.check_structure`,
+    in growing chunks until the header (checked by :func:`headrank.io.gguf_header.check_structure`,
     bounded by what was fetched) ends inside them."""
-    from headrank.io import gguf as ag
+    from headrank.io import gguf_header as ag
 
     sweep_temp()
     magic = f.read(0, 4, "metadata", clip=True)
