@@ -448,3 +448,59 @@ def test_table_of_torch_file_still_reads(tmp_path):
     m.save_pretrained(tmp_path / "bin", safe_serialization=False)
     m.save_pretrained(tmp_path / "st", safe_serialization=True)
     same(analyze(tmp_path / "bin"), analyze(tmp_path / "st"))
+
+
+# -- a stopped track run keeps what it had, and --resume continues it ------------------------------
+def test_a_killed_track_resumes_to_the_table_of_an_uninterrupted_run(srv, ckpts, tmp_path):  # noqa: F811
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    revs = ["--revisions", "step0,step100,step200", "--remote", "--workers", "1", "--no-plots"]
+    out = tmp_path / "killed run"
+    last = srv.commits[("org/pythia", "step200")]
+    reached, release = threading.Event(), threading.Event()
+
+    def hold_the_last(path, start, end):  # step200's first tensor waits until the test has killed the run
+        if last in path and start > 4096:
+            reached.set()
+            release.wait(120)
+        return None
+
+    srv.fault = hold_the_last
+    p = subprocess.Popen([sys.executable, "-m", "headrank", "track", "org/pythia", *revs, "--out", str(out), "-q"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert reached.wait(300), p.stderr.read() if p.poll() is not None else "the run never reached step200"
+        partial = pd.read_csv(out / "table.partial.csv")  # the rows of what finished, on disk while it runs
+        assert sorted(partial["checkpoint"].unique()) == ["step0", "step100"]
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.communicate()
+        release.set()
+    srv.fault = None
+    assert not (out / "table.csv").exists() and (out / "started.json").is_file()
+    # a plain re-run, another series and other options are refused with one line
+    other = ["--revisions", "step0,step200", *revs[2:]]
+    for args, needle in (([*revs], "stopped before it finished .* pass --resume"),
+                         ([*revs, "--resume", "--tol", "0.01"], r"other settings \(--tol 0.001 there, 0.01 here\)"),
+                         ([*other, "--resume"], r"other settings \(--revisions step0,step100,step200 there"),
+                         ([*revs, "--resume", "--force"], "--resume continues a stopped run")):
+        res = CliRunner().invoke(app, ["track", "org/pythia", *args, "--out", str(out), "-q"])
+        assert re.search(needle, one_line_exit_2(res)), (args, res.output)
+    stamps = {f.name: f.stat().st_mtime_ns for f in (out / "checkpoints").iterdir()}
+    srv.reset()
+    res = CliRunner().invoke(app, ["track", "org/pythia", *revs, "--out", str(out), "--resume", "--json"])
+    assert res.exit_code == 0, res.output
+    done = json.loads(res.output)
+    assert done["computed"] == ["step200"] and done["skipped"] == ["step0", "step100"]
+    asked = {p for _, p, _ in srv.log}
+    assert asked and all(last in p for p in asked), asked  # nothing asked of the finished revisions
+    assert all((out / "checkpoints" / n).stat().st_mtime_ns == t for n, t in stamps.items())
+    assert not (out / "table.partial.csv").exists()
+    whole = track("org/pythia", tmp_path / "whole", revisions="step0,step100,step200", remote=True, workers=1,
+                  plots=False)
+    pd.testing.assert_frame_equal(pd.read_csv(out / "table.csv"), pd.read_csv(whole.out / "table.csv"),
+                                  check_exact=True)
+    assert (out / "summary.csv").read_bytes() == (whole.out / "summary.csv").read_bytes()
