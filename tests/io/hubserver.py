@@ -23,7 +23,8 @@ state a Content-Length of 100 GB before the file's own bytes), or None. ``head_f
 start, end)`` sees every request (redirects and the refs API included; ``start``, ``end``: the
 Range asked for, -1 without one) and may return ``"drip-status"`` / ``"drip-headers"``: the
 status line's reason phrase, or a header's value, one byte per ``drip_s`` seconds, so that the
-answer never gets to its body. ``dripping``: the
+answer never gets to its body; or ``"endless-error"``: a 500 whose body (no Content-Length)
+runs on at full speed, up to 256 MiB. ``dripping``: the
 ``time.monotonic()`` when the last drip began; ``hung_up`` (an Event, ``hung_up_at``) is set
 when a client closes a dripping connection.
 ``loop`` makes every resolve URL redirect to itself. ``bandwidth`` (bytes/s) limits all bodies
@@ -182,6 +183,8 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
                 if server.head_fault is not None else None
             if early in ("drip-status", "drip-headers"):
                 return self._drip_head(early)
+            if early == "endless-error":
+                return self._endless_error()
             if m := _REFS.match(path):
                 return self._refs(m["repo"])
             if path.startswith("/files/") and server.root is not None:
@@ -312,6 +315,19 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(b"HTTP/1.1 200 " if kind == "drip-status" else b"HTTP/1.1 200 OK\r\nX-Pad: ")
             self.wfile.flush()
             self._dripped(b"O" * server.drip_bytes)
+
+        def _endless_error(self) -> None:
+            self.send_response(500)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.close_connection = True
+            try:
+                for _ in range(256 * 16):
+                    self.wfile.write(b"e" * CHUNK)
+                    server.count(CHUNK)
+            except OSError:  # the client read what it wanted and hung up
+                pass
 
         def _dripped(self, data: bytes) -> None:
             """``data`` one byte per ``drip_s`` seconds, until the client hangs up."""

@@ -407,6 +407,14 @@ def test_a_drip_anywhere_in_an_answer_ends_at_the_deadline(srv, tmp_path, monkey
     assert not (tmp_path / "o").exists() and not (tmp_path / "t" / "table.csv").exists()
 
 
+def test_an_endless_error_answer_is_read_for_its_first_bytes_only(srv, tmp_path):  # noqa: F811
+    srv.head_fault = lambda path, start, end: "endless-error" if path.endswith("config.json") else None
+    srv.reset()
+    res = CliRunner().invoke(app, ["spectra", "org/llama", "--remote", "--out", str(tmp_path / "o"), "-q"])
+    assert re.search(r"cannot read config.json .* HTTP 500 \(4 tries\)", one_line_exit_2(res))
+    assert srv.sent < 64 << 20, srv.sent  # 4 answers of 256 MiB offered: each read for 64 KiB (and socket buffers)
+
+
 def test_architecture_checks_run_on_a_bounded_pool_with_progress(srv, monkeypatch):  # noqa: F811
     import threading
 
