@@ -408,6 +408,17 @@ def test_a_drip_anywhere_in_an_answer_ends_at_the_deadline(srv, tmp_path, monkey
     assert not (tmp_path / "o").exists() and not (tmp_path / "t" / "table.csv").exists()
 
 
+def test_a_proxy_in_the_environment_is_used(srv, ckpts, monkeypatch):  # noqa: F811
+    with HubServer(root=ckpts["root"]) as proxy:  # answers "GET http://host/files/..." from the same files
+        monkeypatch.setenv("HTTP_PROXY", proxy.url)
+        same(analyze(f"{srv.url}/files/gpt2/"), analyze(ckpts["gpt2"]))
+        assert proxy.log and not srv.log
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+        proxy.reset()
+        analyze(f"{srv.url}/files/gpt2/")
+        assert srv.log and not proxy.log
+
+
 def test_an_endless_error_answer_is_read_for_its_first_bytes_only(srv, tmp_path):  # noqa: F811
     srv.head_fault = lambda path, start, end: "endless-error" if path.endswith("config.json") else None
     srv.reset()

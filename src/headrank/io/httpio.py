@@ -189,8 +189,11 @@ _ENV = ("SSL_CERT_FILE", "SSL_CERT_DIR", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY
 def session() -> Any:
     """The HTTP client of remote reading: huggingface_hub's settings (redirects followed, no
     client-wide timeout), over :func:`_transport`, made anew in a forked process or when the
-    certificate or proxy variables change. Through a proxy (``HTTPS_PROXY``), httpx2's own
-    transport is used: there the deadline is checked as body bytes arrive only."""
+    certificate or proxy variables change. Where a proxy is set (``HTTP_PROXY``, ``HTTPS_PROXY``,
+    ``ALL_PROXY``), httpx2's own transport goes through it (``NO_PROXY`` honoured): there the
+    deadline is checked as body bytes arrive only."""
+    import urllib.request
+
     import httpx2
 
     global _session
@@ -198,7 +201,9 @@ def session() -> Any:
     with _session_lock:
         if _session is None or _session[0] != key:
             old = _session
-            _session = (key, httpx2.Client(transport=_transport(), follow_redirects=True, timeout=None))
+            proxied = any(urllib.request.getproxies().get(k) for k in ("http", "https", "all"))
+            _session = (key, httpx2.Client(follow_redirects=True, timeout=None) if proxied else
+                        httpx2.Client(transport=_transport(), follow_redirects=True, timeout=None))
             if old is not None and old[0][0] == os.getpid():
                 old[1].close()
         return _session[1]
