@@ -413,9 +413,8 @@ def track(series: str | os.PathLike | Sequence[str | os.PathLike], out: str | os
     """``headrank track SERIES --out OUT``: measure every checkpoint of ``series`` into ``out``
     (see the module docstring and ``docs/verbs/track.md``).
 
-    A checkpoint whose analysis fails is tried :data:`CHECKPOINT_TRIES` times, then recorded as
-    failed (``result.failed``, ``series.json``'s ``failed``) while the others go on; the next run
-    tries it again.
+    A checkpoint whose analysis fails is tried :data:`CHECKPOINT_TRIES` times, then recorded as failed
+    (``result.failed``, ``series.json``'s ``failed``) while the others go on; a re-run tries it again.
 
     Parameters
     ----------
@@ -446,9 +445,8 @@ def track(series: str | os.PathLike | Sequence[str | os.PathLike], out: str | os
         ``commit`` column of the table and ``series.json``): a branch that moves meanwhile cannot
         mix two models.
     resume
-        Continue the run that stopped in ``out`` (``out/started.json``): its checkpoints, at the
-        commits it checked, those it measured left alone (no request, no computation); another
-        series or other options, or a checkpoint changed since, are refused with one line.
+        Continue the run that stopped in ``out`` at the commits it checked, measuring only what it
+        had not (another series or options, or a checkpoint changed since: one line).
     progress, checking
         ``f(done, total)`` callbacks: the checkpoints measured; the architecture checks before them.
 
@@ -456,18 +454,10 @@ def track(series: str | os.PathLike | Sequence[str | os.PathLike], out: str | os
     -------
     SeriesResult
     """
-    out = _check_args(tol, workers, out)
+    out = _check_args(tol, workers, out, resume and force)
     asked = series_out.request(series, revisions, remote, tol, metrics)
-    if resume and force:
-        raise HeadRankError("`resume` continues a stopped run as it was started; `force` measures anew: give one")
-    if resume:
-        items, ids, arch, gone = _resumed(out, asked, tol, checking)
-    else:
-        items = resolve_series(series, revisions, remote=remote)
-        ids, commits = {}, {}
-        arch = check_architectures(items, ids, checking, commits)
-        gone = [it.label for it in items if it.label not in ids]  # local checkpoints rotated away meanwhile
-        items = [replace(it, commit=commits.get(it.label)) for it in items if it.label in ids]  # the commit checked
+    items, ids, arch, gone = (_resumed(out, asked, tol, checking) if resume else
+                              _checked(resolve_series(series, revisions, remote=remote), checking))
     spec = {"kind": "headrank-series", "tol": tol, "architecture": arch,
             "items": [{**asdict(i), "identity": ids[i.label]} for i in items]}
     series_out.check_out(out, spec, force, resume)
@@ -475,6 +465,17 @@ def track(series: str | os.PathLike | Sequence[str | os.PathLike], out: str | os
     extra = _tracker_rows(series, revisions, items, arch, tol) if metrics else None
     done, todo, failed = _measure(items, ids, out / "checkpoints", tol, workers, ray, progress, gone)
     return _finish(out, items, arch, [t["label"] for t in todo], sorted(done), failed, gone, plots, spec, extra)
+
+
+def _checked(items: list[SeriesItem], checking: Callable[[int, int], None] | None
+             ) -> tuple[list[SeriesItem], dict[str, str], dict[str, Any], list[str]]:
+    """(the items there, each at the commit its architecture check read; their identities; the
+    architecture; the labels of local checkpoints rotated away meanwhile)."""
+    ids: dict[str, str] = {}
+    commits: dict[str, str] = {}
+    arch = check_architectures(items, ids, checking, commits)
+    gone = [it.label for it in items if it.label not in ids]
+    return [replace(it, commit=commits.get(it.label)) for it in items if it.label in ids], ids, arch, gone
 
 
 def _resumed(out: Path, asked: dict[str, Any], tol: float, checking: Callable[[int, int], None] | None
@@ -555,8 +556,11 @@ def _finish(out: Path, items: list[SeriesItem], arch: dict[str, Any], todo: list
     return res
 
 
-def _check_args(tol: float, workers: int | None, out: str | os.PathLike) -> Path:
-    """``track``'s options, before anything is read: the tolerance, the worker count, ``--out``."""
+def _check_args(tol: float, workers: int | None, out: str | os.PathLike, both: bool = False) -> Path:
+    """``track``'s options, before anything is read: the tolerance, the worker count, ``--out``;
+    ``both``: ``resume`` and ``force`` were given together."""
+    if both:
+        raise HeadRankError("`resume` continues a stopped run as it was started; `force` measures anew: give one")
     if not 0 < tol < 1:
         raise HeadRankError(f"tolerance must lie in (0, 1); got {tol}")
     if workers is not None:
