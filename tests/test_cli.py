@@ -350,6 +350,30 @@ def test_sigint_to_a_running_command(tmp_path, when):
     assert p.returncode == 130 and err.strip() == "error: interrupted", (p.returncode, err[-2000:])
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("after", ["headrank.cli.common", "headrank.cli.train"])
+def test_sigint_while_the_command_line_starts(tmp_path, after):
+    """A real SIGINT while the command-line modules are imported (the event: ``-X importtime``'s
+    line for a module, printed as its import ends): one line, exit 130, no traceback."""
+    import re
+    import signal
+
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    p = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "headrank", "train", "recall", "--out",
+                          str(tmp_path / "r"), "--steps", "100000", "--quiet", "--log", "none"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    seen = False
+    for line in p.stderr:
+        if re.search(rf"\|\s+{re.escape(after)}$", line.rstrip()):
+            seen = True
+            break
+    assert seen and p.poll() is None, "the import of the milestone was not seen while the command ran"
+    p.send_signal(signal.SIGINT)
+    out, rest = p.communicate(timeout=60)
+    lines = [ln for ln in rest.splitlines() if ln.strip() and not ln.startswith("import time:")]
+    assert p.returncode == 130 and lines == ["error: interrupted"], (p.returncode, rest[-2000:])
+
+
 def test_interrupts_watchdog_ends_a_command_that_swallows_ctrl_c():
     """A KeyboardInterrupt swallowed (raised inside a __del__, which Python only prints): the
     watchdog reports and exits 130 after the grace period; the line is printed once."""
@@ -568,10 +592,13 @@ def test_heartbeat_lines_for_a_long_call_without_progress():
     from headrank.util.progress import Heartbeat
 
     con = Console(file=io.StringIO(), width=200)
+    began = time.monotonic()
     with Heartbeat(con, "reproducing fig3", every_s=0.2):
-        time.sleep(0.75)
-    lines = con.file.getvalue().splitlines()
-    assert 2 <= len(lines) <= 4 and all(ln.startswith("reproducing fig3 ... (") for ln in lines), lines
+        while len(con.file.getvalue().splitlines()) < 2 and time.monotonic() - began < 120:  # waits on the beats
+            time.sleep(0.01)
+    took = time.monotonic() - began
+    lines = con.file.getvalue().splitlines()  # the block's end stopped the thread: no more lines come
+    assert 2 <= len(lines) <= took / 0.2 + 1 and all(ln.startswith("reproducing fig3 ... (") for ln in lines), lines
     con = Console(file=io.StringIO(), width=200)
     with Heartbeat(con, "quick", every_s=5):
         pass

@@ -13,11 +13,14 @@ returning a result with one contract (``table``, ``meta``, ``summary()``, ``save
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 from headrank.errors import HeadRankError
 
+# `import headrank` stays light (no typing, no importlib.metadata: __version__ is loaded on first
+# use), so that the command line's Ctrl-C handler is in place a few milliseconds after start-up
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
+    from typing import Any
+
     from headrank.analysis.collapse.analyze import CollapseResult
     from headrank.analysis.collapse.analyze import collapse as collapse
     from headrank.analysis.compress import CompressResult, load_compressed
@@ -47,6 +50,7 @@ __all__ = ["CollapseResult", "CompressResult", "HeadRankError", "HeadSpectrum", 
 # public name -> (module that defines it, its name there), imported on first use (importing
 # headrank stays cheap: no torch, pandas or matplotlib until one of these is touched)
 _LAZY = {
+    "__version__": ("headrank.util.env", "__version__"),
     "spectra": ("headrank.analysis.scan", "spectra"),
     "analyze": ("headrank.analysis.scan", "analyze"),
     "save": ("headrank.analysis.scan", "save"),

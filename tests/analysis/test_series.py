@@ -227,3 +227,45 @@ def test_figure_drops_flat_panels_and_names_the_model(run, tmp_path):
     assert "rank" in [c for c, _ in moving_panels(s.assign(rank=s["step"]))]
     title = _title(resolve_series(run), res.architecture)
     assert title.startswith("run: ") and str(run.parent) not in title
+
+
+def test_a_stopped_series_keeps_its_rows_and_resumes(run, tmp_path, monkeypatch):
+    """A run stopped after its first checkpoint keeps that checkpoint's rows (table.partial.csv);
+    a plain re-run is refused, ``resume`` continues it from another working directory (relative
+    path) without redoing the finished one, and gives the table of an uninterrupted run; a
+    finished checkpoint changed since is refused."""
+    src = tmp_path / "my run"
+    shutil.copytree(run, src)
+    out = tmp_path / "t"
+
+    class Stop(Exception):
+        pass
+
+    def stop_after_the_first(done, total):
+        if done == 1:
+            raise Stop
+
+    with pytest.raises(Stop):
+        track(src, out, workers=1, plots=False, progress=stop_after_the_first)
+    assert set(pd.read_csv(out / "table.partial.csv")["checkpoint"]) == {"step-00000004"}
+    assert not (out / "table.csv").exists()
+    with pytest.raises(HeadRankError, match="stopped before it finished .* pass `resume`"):
+        track(src, out, workers=1, plots=False)
+    with pytest.raises(HeadRankError, match=r"other settings \(`metrics`"):
+        track(src, out, workers=1, plots=False, metrics=False, resume=True)
+    first = src / "checkpoints" / "step-00000004" / "model.safetensors"
+    st = first.stat()
+    os.utime(first, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # rewritten since it was measured
+    with pytest.raises(HeadRankError, match="checkpoint step-00000004 .* changed since the run started"):
+        track(src, out, workers=1, plots=False, resume=True)
+    os.utime(first, ns=(st.st_atime_ns, st.st_mtime_ns))
+    stamp = (out / "checkpoints" / "step-00000004.csv").stat().st_mtime_ns
+    monkeypatch.chdir(tmp_path / "t")
+    res = track(os.path.join("..", "my run"), ".", workers=1, plots=False, resume=True)
+    assert res.computed == ["step-00000008", "step-00000012"] and res.skipped == ["step-00000004"]
+    assert (out / "checkpoints" / "step-00000004.csv").stat().st_mtime_ns == stamp
+    assert not (out / "table.partial.csv").exists()
+    whole = track(src, tmp_path / "whole", workers=1, plots=False)
+    pd.testing.assert_frame_equal(pd.read_csv(out / "table.csv"), pd.read_csv(whole.out / "table.csv"),
+                                  check_exact=True)
+    same_as_tracker(res.table, src)

@@ -17,7 +17,16 @@ Serves checkpoints the caller wrote, laid out as the Hugging Face Hub lays them 
 Faults, for the tests of bad servers: ``fault(path, start, end)`` may return ``"drop"`` (send
 the headers and half the body, then close the connection), ``"norange"`` (ignore Range: 200
 and the whole file), ``"short"`` (a 206 whose Content-Range and body are shorter than asked),
-``"drip"`` (send the body one byte per ``drip_s`` seconds, bounded by ``drip_bytes``), or None.
+``"drip"`` (send the body one byte per ``drip_s`` seconds, bounded by ``drip_bytes``),
+``"drip-full"`` (ignore Range and drip the whole file), ``"biglength"`` (ignore Range, and
+state a Content-Length of 100 GB before the file's own bytes), or None. ``head_fault(path,
+start, end)`` sees every request (redirects and the refs API included; ``start``, ``end``: the
+Range asked for, -1 without one) and may return ``"drip-status"`` / ``"drip-headers"``: the
+status line's reason phrase, or a header's value, one byte per ``drip_s`` seconds, so that the
+answer never gets to its body; or ``"endless-error"``: a 500 whose body (no Content-Length)
+runs on at full speed, up to 256 MiB. ``dripping``: the
+``time.monotonic()`` when the last drip began; ``hung_up`` (an Event, ``hung_up_at``) is set
+when a client closes a dripping connection.
 ``loop`` makes every resolve URL redirect to itself. ``bandwidth`` (bytes/s) limits all bodies
 together. ``sent`` counts body bytes sent, ``log`` every request, ``auth`` the Authorization
 header of every request (None when absent). ``move(repo, branch, directory)`` points a branch
@@ -54,10 +63,13 @@ class HubServer:
         self.auth: list[str | None] = []
         self.before_read: Callable[[str, str, str], None] | None = None
         self.drip_s, self.drip_bytes = 1.0, 1 << 20
+        self.dripping: float | None = None
+        self.hung_up, self.hung_up_at = threading.Event(), None
         self.token: str | None = None
         self.gated: set[str] = set()
         self.loop = False
         self.fault: Callable[[str, int, int], str | None] | None = None
+        self.head_fault: Callable[[str, int, int], str | None] | None = None
         self.bandwidth = bandwidth
         self.sent = 0
         self.log: list[tuple[str, str, str | None]] = []
@@ -166,6 +178,13 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
             path = unquote(urlsplit(self.path).path)
             server.log.append((self.command, path, self.headers.get("Range")))
             server.auth.append(self.headers.get("Authorization"))
+            asked = re.fullmatch(r"bytes=(\d+)-(\d+)", self.headers.get("Range") or "")
+            early = server.head_fault(path, *(int(asked[1]), int(asked[2]) + 1) if asked else (-1, -1)) \
+                if server.head_fault is not None else None
+            if early in ("drip-status", "drip-headers"):
+                return self._drip_head(early)
+            if early == "endless-error":
+                return self._endless_error()
             if m := _REFS.match(path):
                 return self._refs(m["repo"])
             if path.startswith("/files/") and server.root is not None:
@@ -248,7 +267,7 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
                 fault = None
             else:
                 fault = server.fault(path, *(rng if rng is not None else (-1, -1)))
-            if rng is None or fault == "norange":
+            if rng is None or fault in ("norange", "drip-full", "biglength"):
                 start, end, code = 0, size, 200
             elif rng == "unsatisfiable":
                 return self._send(416, {"Content-Range": f"bytes */{size}", "Content-Length": "0"}, b"")
@@ -257,8 +276,8 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
                 if fault == "short":
                     end = start + max((end - start) // 2, 1)
                 headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
-            headers["Content-Length"] = str(end - start)
-            if fault == "drip":
+            headers["Content-Length"] = str(end - start) if fault != "biglength" else str(100 * 10**9)
+            if fault in ("drip", "drip-full"):
                 return self._drip(code, headers, f, start, end)
             self.send_response(code)
             for k, v in headers.items():
@@ -286,22 +305,45 @@ def _handler(server: HubServer) -> type[BaseHTTPRequestHandler]:
             for k, v in headers.items():
                 self.send_header(k, v)
             self.end_headers()
+            self.wfile.flush()
+            with open(f, "rb") as fh:
+                fh.seek(start)
+                self._dripped(fh.read(min(end - start, server.drip_bytes)))
+
+        def _drip_head(self, kind: str) -> None:
+            """A status line whose reason phrase never ends, or a header whose value never ends."""
+            self.wfile.write(b"HTTP/1.1 200 " if kind == "drip-status" else b"HTTP/1.1 200 OK\r\nX-Pad: ")
+            self.wfile.flush()
+            self._dripped(b"O" * server.drip_bytes)
+
+        def _endless_error(self) -> None:
+            self.send_response(500)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.close_connection = True
             try:
-                _drip_body(self, server, f, start, end)
+                for _ in range(256 * 16):
+                    self.wfile.write(b"e" * CHUNK)
+                    server.count(CHUNK)
+            except OSError:  # the client read what it wanted and hung up
+                pass
+
+        def _dripped(self, data: bytes) -> None:
+            """``data`` one byte per ``drip_s`` seconds, until the client hangs up."""
+            server.dripping = time.monotonic()
+            try:
+                for i in range(len(data)):
+                    self.wfile.write(data[i:i + 1])
+                    self.wfile.flush()
+                    server.count(1)
+                    time.sleep(server.drip_s)
             except OSError:  # the client gave up
-                self.close_connection = True
+                server.hung_up_at = time.monotonic()
+                server.hung_up.set()
+            self.close_connection = True
 
     return Handler
-
-
-def _drip_body(handler: Any, server: HubServer, f: Path, start: int, end: int) -> None:
-    with open(f, "rb") as fh:
-        fh.seek(start)
-        for _ in range(min(end - start, server.drip_bytes)):
-            handler.wfile.write(fh.read(1))
-            handler.wfile.flush()
-            server.count(1)
-            time.sleep(server.drip_s)
 
 
 def _parse_range(value: str | None, size: int) -> tuple[int, int] | str | None:

@@ -189,7 +189,7 @@ def test_server_ignoring_range_is_refused_unless_allow_full(srv, ckpts):
     with pytest.raises(HeadRankError, match="ignores HTTP range requests.*`allow_full`"):
         analyze("org/llama", remote=True)
     srv.reset()
-    got = analyze("org/llama", remote=True, allow_full=True)
+    got = analyze("org/llama", remote=True, allow_full=10 << 20)  # the default: tests/io/test_remote_hostile.py
     same(got, analyze(ckpts["sharded"]))
     shards = sorted(p.name for p in ckpts["sharded"].glob("*.safetensors"))
     meta = got.meta["remote"]

@@ -306,27 +306,125 @@ def test_json_caps_and_budget(srv, ckpts, monkeypatch, tmp_path):  # noqa: F811
         validate.parse_json(blob, "safetensors header", "x.safetensors")
 
 
-def test_allow_full_checks_content_length_before_writing(srv, ckpts, monkeypatch):  # noqa: F811
-    srv.fault = lambda path, start, end: "norange"
+def _no_temp_file(monkeypatch):
     made = []
     real = remote.tempfile.TemporaryFile
     monkeypatch.setattr(remote.tempfile, "TemporaryFile", lambda *a, **k: made.append(1) or real(*a, **k))
+    return made
+
+
+def test_allow_full_checks_content_length_before_writing(srv, ckpts, monkeypatch):  # noqa: F811
+    srv.fault = lambda path, start, end: "norange"
+    made = _no_temp_file(monkeypatch)
     with pytest.raises(HeadRankError, match=r"more than `max_bytes`"):
         analyze("org/llama", remote=True, allow_full=1000)
     assert not made
     res = CliRunner().invoke(app, ["spectra", "org/llama", "--remote", "--allow-full", "--max-bytes", "1000", "-q"])
     assert "more than --max-bytes" in one_line_exit_2(res)
+    # a Content-Length of 100 GB: refused by the default (twice the attention bytes its header lists) at once
+    srv.fault = lambda path, start, end: "biglength" if path.endswith(".safetensors") else None
+    srv.reset()
+    res = CliRunner().invoke(app, ["spectra", "org/llama", "--remote", "--allow-full", "-q"])
+    line = one_line_exit_2(res)
+    assert re.search(r"is 100,000.0 MB, more than twice the [\d,]+ bytes of attention tensors its header lists", line)
+    assert not made and srv.sent < 3 * (1 << 20)  # the server stopped at the header, nothing written
 
 
-def test_a_slow_drip_ends_at_the_deadline(srv, monkeypatch):  # noqa: F811
-    monkeypatch.setenv("HF_HUB_DOWNLOAD_TIMEOUT", "0.2")
-    srv.drip_s = 0.05  # each byte well within the read timeout: only a total deadline ends it
-    srv.fault = lambda path, start, end: "drip" if path.endswith("config.json") else None
-    with pytest.raises(HeadRankError, match="too slow"):
-        analyze("org/llama", remote=True)
-    srv.fault = lambda path, start, end: "drip" if start > 4096 else None
-    with pytest.raises(HeadRankError, match="too slow"):
-        analyze("org/llama", remote=True)
+def _attention_apart(ckpts, name):  # noqa: F811
+    """The llama of step 0 in two shards: every attention tensor in one, everything else in the other."""
+    from safetensors.torch import load_file, save_file
+
+    d = ckpts["root"] / name
+    d.mkdir(exist_ok=True)
+    tensors = load_file(str(ckpts["steps"][0] / "model.safetensors"))
+    attn = {k: v for k, v in tensors.items() if ".self_attn." in k}
+    save_file(attn, str(d / "attn.safetensors"), metadata={"format": "pt"})
+    save_file({k: v for k, v in tensors.items() if k not in attn}, str(d / "rest.safetensors"),
+              metadata={"format": "pt"})
+    (d / "config.json").write_bytes((ckpts["steps"][0] / "config.json").read_bytes())
+    index = {"metadata": {}, "weight_map": {k: "attn.safetensors" if k in attn else "rest.safetensors" for k in tensors}}
+    (d / "model.safetensors.index.json").write_text(json.dumps(index))
+    return d
+
+
+def test_allow_full_default_is_twice_the_attention_bytes(srv, ckpts, monkeypatch):  # noqa: F811
+    """``allow_full`` without ``max_bytes``: a file is downloaded whole when it holds at most twice
+    the attention bytes its header lists; one that holds none keeps its header only; one whose
+    attention is less than half of it is refused before a byte is written."""
+    srv.fault = lambda path, start, end: "norange"
+    made = _no_temp_file(monkeypatch)
+    with pytest.raises(HeadRankError, match=r"model-00001-of-00003.safetensors is 50,432 bytes, more than twice "
+                                            r"the 24,576 bytes of attention tensors its header lists"):
+        analyze("org/llama", remote=True, allow_full=True)  # about 49 % attention: refused
+    assert not made
+    d = _attention_apart(ckpts, "apart")
+    srv.reset()
+    got = analyze(f"{srv.url}/files/apart/", allow_full=True)
+    same(got, analyze(ckpts["steps"][0]))
+    assert len(made) == 1 and sorted(got.meta["remote"]["full_downloads"]) == ["attn.safetensors", "rest.safetensors"]
+    rest = (d / "rest.safetensors").stat().st_size
+    received = got.meta["remote"]["bytes_fetched"]  # rest: its header read, not its tensors
+    assert received < (d / "attn.safetensors").stat().st_size + rest // 2, received
+    with pytest.raises(HeadRankError, match=r"rest.safetensors holds no attention tensor, so only its header was "
+                                            r"downloaded .* pass `max_bytes`"):
+        analyze(f"{srv.url}/files/apart/", allow_full=True, fold_norm=True)  # the norm gains lie in rest
+    same(analyze(f"{srv.url}/files/apart/", allow_full=10 << 20, fold_norm=True),
+         analyze(ckpts["steps"][0], fold_norm=True))
+
+
+# every request (config, shard index, safetensors header, tensor range, refs API, a whole download),
+# and every part of its answer: status line, headers, body
+DRIPS = [("config", "drip-status"), ("tensor", "drip-headers"), ("tensor", "drip"),
+         *(pytest.param(*c, marks=pytest.mark.slow) for c in (
+             ("config", "drip-headers"), ("config", "drip"), ("tensor", "drip-status"), ("index", "drip-headers"),
+             ("header", "drip-status"), ("refs", "drip-status"), ("full", "drip-full")))]
+
+
+@pytest.mark.parametrize(("target", "how"), DRIPS)
+def test_a_drip_anywhere_in_an_answer_ends_at_the_deadline(srv, tmp_path, monkeypatch, target, how):  # noqa: F811
+    import time
+
+    monkeypatch.setenv("HF_HUB_DOWNLOAD_TIMEOUT", "0.5")  # a deadline of 1.5 s plus the bytes at 64 KiB/s
+    srv.drip_s, srv.drip_bytes = 0.05, 400  # a byte 10x within the read timeout: 20 s a try unless cut short
+    hit = {"config": lambda p, a: p.endswith("/config.json"), "index": lambda p, a: p.endswith(".index.json"),
+           "header": lambda p, a: p.endswith(".safetensors") and a == 0, "tensor": lambda p, a: a > 4096,
+           "refs": lambda p, a: p.endswith("/refs"), "full": lambda p, a: p.endswith(".safetensors")}[target]
+
+    def hook(path, start, end):
+        return how if hit(path, start) else None
+
+    if how in ("drip-status", "drip-headers"):
+        srv.head_fault = hook
+    else:
+        srv.fault = hook
+    args = (["track", "org/pythia", "--remote", "--revisions", "all", "--out", str(tmp_path / "t")]
+            if target == "refs" else ["spectra", "org/llama", "--remote", "--out", str(tmp_path / "o")])
+    began = time.monotonic()
+    res = CliRunner().invoke(app, [*args, *(["--allow-full"] if target == "full" else []), "-q"])
+    took = time.monotonic() - began
+    assert re.search(r"the server is too slow: .* more than a request may take", one_line_exit_2(res))
+    assert srv.hung_up.wait(30), "the client never closed the dripping connection"
+    assert srv.hung_up_at - srv.dripping < 20 and took < 45, (srv.hung_up_at - srv.dripping, took)
+    assert not (tmp_path / "o").exists() and not (tmp_path / "t" / "table.csv").exists()
+
+
+def test_a_proxy_in_the_environment_is_used(srv, ckpts, monkeypatch):  # noqa: F811
+    with HubServer(root=ckpts["root"]) as proxy:  # answers "GET http://host/files/..." from the same files
+        monkeypatch.setenv("HTTP_PROXY", proxy.url)
+        same(analyze(f"{srv.url}/files/gpt2/"), analyze(ckpts["gpt2"]))
+        assert proxy.log and not srv.log
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+        proxy.reset()
+        analyze(f"{srv.url}/files/gpt2/")
+        assert srv.log and not proxy.log
+
+
+def test_an_endless_error_answer_is_read_for_its_first_bytes_only(srv, tmp_path):  # noqa: F811
+    srv.head_fault = lambda path, start, end: "endless-error" if path.endswith("config.json") else None
+    srv.reset()
+    res = CliRunner().invoke(app, ["spectra", "org/llama", "--remote", "--out", str(tmp_path / "o"), "-q"])
+    assert re.search(r"cannot read config.json .* HTTP 500 \(4 tries\)", one_line_exit_2(res))
+    assert srv.sent < 64 << 20, srv.sent  # 4 answers of 256 MiB offered: each read for 64 KiB (and socket buffers)
 
 
 def test_architecture_checks_run_on_a_bounded_pool_with_progress(srv, monkeypatch):  # noqa: F811
@@ -370,3 +468,59 @@ def test_table_of_torch_file_still_reads(tmp_path):
     m.save_pretrained(tmp_path / "bin", safe_serialization=False)
     m.save_pretrained(tmp_path / "st", safe_serialization=True)
     same(analyze(tmp_path / "bin"), analyze(tmp_path / "st"))
+
+
+# -- a stopped track run keeps what it had, and --resume continues it ------------------------------
+def test_a_killed_track_resumes_to_the_table_of_an_uninterrupted_run(srv, ckpts, tmp_path):  # noqa: F811
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    revs = ["--revisions", "step0,step100,step200", "--remote", "--workers", "1", "--no-plots"]
+    out = tmp_path / "killed run"
+    last = srv.commits[("org/pythia", "step200")]
+    reached, release = threading.Event(), threading.Event()
+
+    def hold_the_last(path, start, end):  # step200's first tensor waits until the test has killed the run
+        if last in path and start > 4096:
+            reached.set()
+            release.wait(120)
+        return None
+
+    srv.fault = hold_the_last
+    p = subprocess.Popen([sys.executable, "-m", "headrank", "track", "org/pythia", *revs, "--out", str(out), "-q"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert reached.wait(300), p.stderr.read() if p.poll() is not None else "the run never reached step200"
+        partial = pd.read_csv(out / "table.partial.csv")  # the rows of what finished, on disk while it runs
+        assert sorted(partial["checkpoint"].unique()) == ["step0", "step100"]
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.communicate()
+        release.set()
+    srv.fault = None
+    assert not (out / "table.csv").exists() and (out / "started.json").is_file()
+    # a plain re-run, another series and other options are refused with one line
+    other = ["--revisions", "step0,step200", *revs[2:]]
+    for args, needle in (([*revs], "stopped before it finished .* pass --resume"),
+                         ([*revs, "--resume", "--tol", "0.01"], r"other settings \(--tol 0.001 there, 0.01 here\)"),
+                         ([*other, "--resume"], r"other settings \(--revisions step0,step100,step200 there"),
+                         ([*revs, "--resume", "--force"], "--resume continues a stopped run")):
+        res = CliRunner().invoke(app, ["track", "org/pythia", *args, "--out", str(out), "-q"])
+        assert re.search(needle, one_line_exit_2(res)), (args, res.output)
+    stamps = {f.name: f.stat().st_mtime_ns for f in (out / "checkpoints").iterdir()}
+    srv.reset()
+    res = CliRunner().invoke(app, ["track", "org/pythia", *revs, "--out", str(out), "--resume", "--json"])
+    assert res.exit_code == 0, res.output
+    done = json.loads(res.output)
+    assert done["computed"] == ["step200"] and done["skipped"] == ["step0", "step100"]
+    asked = {p for _, p, _ in srv.log}
+    assert asked and all(last in p for p in asked), asked  # nothing asked of the finished revisions
+    assert all((out / "checkpoints" / n).stat().st_mtime_ns == t for n, t in stamps.items())
+    assert not (out / "table.partial.csv").exists()
+    whole = track("org/pythia", tmp_path / "whole", revisions="step0,step100,step200", remote=True, workers=1,
+                  plots=False)
+    pd.testing.assert_frame_equal(pd.read_csv(out / "table.csv"), pd.read_csv(whole.out / "table.csv"),
+                                  check_exact=True)
+    assert (out / "summary.csv").read_bytes() == (whole.out / "summary.csv").read_bytes()

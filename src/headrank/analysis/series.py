@@ -33,8 +33,12 @@ after ``track runA --out O``, or the same run retrained) or with another toleran
 unless ``force``, which measures it anew)::
 
     OUT/series.json            the resolved series (label, step, source, revision, identity) and tol
+    OUT/started.json           what a run asked for and the series it measures, written before the
+                               first checkpoint (``resume`` continues it: :mod:`.series_out`)
     OUT/checkpoints/LABEL.csv  one checkpoint's rows (written atomically when it finishes), with
     OUT/checkpoints/LABEL.json its identity and tolerance (a table is reused only when they match)
+    OUT/table.partial.csv      the rows of each checkpoint appended as it finishes (a stopped run
+                               keeps a table of what it had); removed when table.csv moves in
     OUT/table.csv              every row: checkpoint, step, layer, head, product, metrics
     OUT/summary.csv            per (checkpoint, step, layer, product): means over heads
     OUT/over_training.png      effective rank (and k90), gap/bound, balance, numerical rank vs step
@@ -57,6 +61,7 @@ from typing import Any
 
 import pandas as pd
 
+from headrank.analysis import series_out
 from headrank.analysis.series_plots import plot_series, series_figure
 from headrank.core.linalg import DEFAULT_TOL
 from headrank.core.metrics import SUMMARY_METRICS
@@ -403,14 +408,13 @@ class SeriesResult(ResultBase):
 def track(series: str | os.PathLike | Sequence[str | os.PathLike], out: str | os.PathLike, *,
           revisions: str | Sequence[str] | None = None, tol: float = DEFAULT_TOL, workers: int | None = None,
           ray: str | None = None, plots: bool = True, force: bool = False, metrics: bool = True,
-          remote: bool = False, progress: Callable[[int, int], None] | None = None,
+          remote: bool = False, resume: bool = False, progress: Callable[[int, int], None] | None = None,
           checking: Callable[[int, int], None] | None = None) -> SeriesResult:
     """``headrank track SERIES --out OUT``: measure every checkpoint of ``series`` into ``out``
     (see the module docstring and ``docs/verbs/track.md``).
 
-    A checkpoint whose analysis fails is tried :data:`CHECKPOINT_TRIES` times, then recorded as
-    failed (``result.failed``, ``series.json``'s ``failed``) while the others go on; the next run
-    tries it again.
+    A checkpoint whose analysis fails is tried :data:`CHECKPOINT_TRIES` times, then recorded as failed
+    (``result.failed``, ``series.json``'s ``failed``) while the others go on; a re-run tries it again.
 
     Parameters
     ----------
@@ -440,6 +444,9 @@ def track(series: str | os.PathLike | Sequence[str | os.PathLike], out: str | os
         Hub revisions read over HTTP ranges, each at the commit its architecture check read (the
         ``commit`` column of the table and ``series.json``): a branch that moves meanwhile cannot
         mix two models.
+    resume
+        Continue the run that stopped in ``out`` at the commits it checked, measuring only what it
+        had not (another series or options, or a checkpoint changed since: one line).
     progress, checking
         ``f(done, total)`` callbacks: the checkpoints measured; the architecture checks before them.
 
@@ -447,19 +454,50 @@ def track(series: str | os.PathLike | Sequence[str | os.PathLike], out: str | os
     -------
     SeriesResult
     """
-    out = _check_args(tol, workers, out)
-    items = resolve_series(series, revisions, remote=remote)
-    ids: dict[str, str] = {}
-    commits: dict[str, str] = {}
-    arch = check_architectures(items, ids, checking, commits)
-    gone = [it.label for it in items if it.label not in ids]  # local checkpoints rotated away meanwhile
-    items = [replace(it, commit=commits.get(it.label)) for it in items if it.label in ids]  # read at the commit checked
+    out = _check_args(tol, workers, out, resume and force)
+    asked = series_out.request(series, revisions, remote, tol, metrics)
+    items, ids, arch, gone = (_resumed(out, asked, tol, checking) if resume else
+                              _checked(resolve_series(series, revisions, remote=remote), checking))
     spec = {"kind": "headrank-series", "tol": tol, "architecture": arch,
             "items": [{**asdict(i), "identity": ids[i.label]} for i in items]}
-    _check_out(out, spec, force)
+    series_out.check_out(out, spec, force, resume)
+    series_out.write_plan(out, asked, spec)
     extra = _tracker_rows(series, revisions, items, arch, tol) if metrics else None
     done, todo, failed = _measure(items, ids, out / "checkpoints", tol, workers, ray, progress, gone)
     return _finish(out, items, arch, [t["label"] for t in todo], sorted(done), failed, gone, plots, spec, extra)
+
+
+def _checked(items: list[SeriesItem], checking: Callable[[int, int], None] | None
+             ) -> tuple[list[SeriesItem], dict[str, str], dict[str, Any], list[str]]:
+    """(the items there, each at the commit its architecture check read; their identities; the
+    architecture; the labels of local checkpoints rotated away meanwhile)."""
+    ids: dict[str, str] = {}
+    commits: dict[str, str] = {}
+    arch = check_architectures(items, ids, checking, commits)
+    gone = [it.label for it in items if it.label not in ids]
+    return [replace(it, commit=commits.get(it.label)) for it in items if it.label in ids], ids, arch, gone
+
+
+def _resumed(out: Path, asked: dict[str, Any], tol: float, checking: Callable[[int, int], None] | None
+             ) -> tuple[list[SeriesItem], dict[str, str], dict[str, Any], list[str]]:
+    """The checkpoints of the run that stopped in ``out`` (``started.json``), made by the same
+    request: (items at the commits checked then, identities, architecture, labels vanished). A
+    remote revision already measured is not asked again; the others are checked anew, and must
+    be what they were (:func:`headrank.analysis.series_out.changed`)."""
+    plan = series_out.read_plan(out, asked)
+    fields = set(SeriesItem.__dataclass_fields__)
+    items = [SeriesItem(**{k: v for k, v in it.items() if k in fields}) for it in plan["items"]]
+    planned = {it["label"]: it.get("identity") for it in plan["items"]}
+    finished = {it.label for it in items if _reusable(out / "checkpoints", it.label, planned[it.label], tol)}
+    ids: dict[str, str] = {}
+    arch = plan["architecture"]
+    check = [it for it in items if not (it.remote and it.label in finished)]  # a local one: changed since?
+    if check:
+        arch = check_architectures(check, ids, checking, {})
+    series_out.changed(plan, arch, ids)
+    ids.update({label: planned[label] for label in finished if label not in ids})  # kept, even if rotated away
+    gone = [it.label for it in check if it.label not in ids]
+    return [it for it in items if it.label in ids], ids, arch, gone
 
 
 def _measure(items: Sequence[SeriesItem], ids: dict[str, str], ckdir: Path, tol: float, workers: int | None,
@@ -486,6 +524,7 @@ def _measure(items: Sequence[SeriesItem], ids: dict[str, str], ckdir: Path, tol:
             return
         write_atomic(ckdir / f"{label}.csv", lambda p: table.to_csv(p, index=False))
         write_json(ckdir / f"{label}.json", {"identity": ids[label], "tol": tol})
+        series_out.append_rows(ckdir.parent, table)  # a stopped run keeps a table of what it had
         count += 1
         if progress:
             progress(count, len(items))
@@ -517,8 +556,11 @@ def _finish(out: Path, items: list[SeriesItem], arch: dict[str, Any], todo: list
     return res
 
 
-def _check_args(tol: float, workers: int | None, out: str | os.PathLike) -> Path:
-    """``track``'s options, before anything is read: the tolerance, the worker count, ``--out``."""
+def _check_args(tol: float, workers: int | None, out: str | os.PathLike, both: bool = False) -> Path:
+    """``track``'s options, before anything is read: the tolerance, the worker count, ``--out``;
+    ``both``: ``resume`` and ``force`` were given together."""
+    if both:
+        raise HeadRankError("`resume` continues a stopped run as it was started; `force` measures anew: give one")
     if not 0 < tol < 1:
         raise HeadRankError(f"tolerance must lie in (0, 1); got {tol}")
     if workers is not None:
@@ -558,50 +600,6 @@ def _reusable(ckdir: Path, label: str, identity: str, tol: float) -> bool:
         return False
     return (isinstance(rec, dict) and rec.get("identity") == identity and rec.get("tol") == tol
             and (ckdir / f"{label}.csv").is_file())
-
-
-def _same_item(old: dict[str, Any], new: dict[str, Any]) -> bool:
-    if old.get("identity") is not None:
-        return old["identity"] == new["identity"]
-    try:  # a series.json written before identities were recorded: compare where it came from
-        return (Path(str(old.get("source"))).resolve() == Path(new["source"]).resolve()
-                and old.get("revision") == new["revision"])
-    except (OSError, RuntimeError):
-        return False
-
-
-def _check_out(out: Path, spec: dict[str, Any], force: bool = False) -> None:
-    """Refuse an ``out`` that holds a series of other checkpoints, another architecture or another
-    tolerance (unless ``force``), and a non-empty directory that holds no series."""
-    p = out / "series.json"
-    if p.is_file():
-        if force:
-            return
-        try:
-            old = json.loads(p.read_text())
-        except (OSError, ValueError):
-            old = {}
-        old = upgrade(old) if isinstance(old, dict) else {}
-        if old.get("tol") != spec["tol"]:
-            raise HeadRankError(f"{out} holds a series measured with other settings (tol {old.get('tol')}); "
-                                "use the same `tol`, `force` to measure anew, or another `out`")
-        if old.get("architecture") != spec["architecture"]:
-            raise HeadRankError(f"{out} holds a series of another architecture ({old.get('architecture')}); "
-                                "use `force` to measure anew, or another `out`")
-        olds = {it.get("label"): it for it in old.get("items", []) if isinstance(it, dict)}
-        common = [it for it in spec["items"] if it["label"] in olds]
-        for it in common:
-            o = olds[it["label"]]
-            if not _same_item(o, it):
-                raise HeadRankError(f"{out} was made from other checkpoints ({it['label']}: {o.get('source')} there, "
-                                    f"{it['source']} here, or changed since); pass `force` to measure this series "
-                                    "into it anew, or choose another `out`")
-        if olds and not common:
-            src = next(iter(olds.values())).get("source")
-            raise HeadRankError(f"{out} was made from other checkpoints ({src}, none of them in this series); "
-                                "pass `force` to measure this series into it anew, or choose another `out`")
-    elif out.is_dir() and any(out.iterdir()):
-        raise HeadRankError(f"`out` {out} is a non-empty directory that holds no series; choose another `out`")
 
 
 def _tracker_rows(series: Any, revisions: Any, items: list[SeriesItem], arch: dict[str, Any],
@@ -721,6 +719,7 @@ def _combine(out: Path, items: list[SeriesItem], arch: dict[str, Any], computed:
         if plots:
             more = 0 if extra is None else extra["step"].nunique()
             files.append(plot_series(summary, stage / "over_training.png", title=_title(items, arch, more)))
+    (out / series_out.PARTIAL).unlink(missing_ok=True)  # the whole table is in: the partial one goes
     return SeriesResult(out=out, table=table, layer_means=summary, architecture=arch, computed=computed,
                         skipped=skipped, files=moved(files, stage, out))
 

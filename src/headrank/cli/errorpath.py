@@ -21,10 +21,13 @@ from __future__ import annotations
 import os
 import select
 import sys
-from collections.abc import Callable
-from typing import Any, NoReturn
 
 from headrank.errors import one_line
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover - imported before the start-up Ctrl-C handler: kept light
+    from collections.abc import Callable
+    from typing import Any, NoReturn
 
 DEBUG_ENV = "HEADRANK_DEBUG"
 INTERRUPTED = 130

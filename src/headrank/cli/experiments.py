@@ -158,6 +158,7 @@ def track(
     ray: Annotated[str | None, typer.Option("--ray", help="analyse the checkpoints as Ray tasks: a cluster ADDRESS, 'auto', or 'local' (start one here)")] = None,
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="draw over_training.png")] = True,
     force: Annotated[bool, typer.Option("--force", help="measure into an --out made from other checkpoints or another --tol (refused otherwise)")] = False,
+    resume: Annotated[bool, typer.Option("--resume", help="continue the run that stopped in --out: the same checkpoints at the same commits, those measured left alone (the same series and options, or one line)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the per-checkpoint means as JSON on stdout")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress, no table")] = False,
 ) -> None:
@@ -168,7 +169,7 @@ def track(
     with progress_bar(quiet or as_json) as bar:
         task = bar.add_task("checkpoints", total=None)
         res = run_track(series if len(series) > 1 else series[0], out, revisions=revisions, tol=tol,
-                        workers=workers, ray=ray, plots=plots, force=force, remote=remote,
+                        workers=workers, ray=ray, plots=plots, force=force, remote=remote, resume=resume,
                         progress=lambda done, total: bar.update(task, completed=done, total=total,
                                                                 description="checkpoints"),
                         checking=lambda done, total: bar.update(task, completed=done, total=total,

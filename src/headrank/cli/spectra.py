@@ -33,7 +33,7 @@ def spectra(
     download: Annotated[bool, typer.Option("--download", help="Hub id: fetch config and weights into the Hugging Face cache first (needs the network; not with HF_HUB_OFFLINE)")] = False,
     remote: Annotated[bool, typer.Option("--remote", help="Hub id: read over HTTP range requests, only config, headers and the attention tensors (HF_ENDPOINT, HF_TOKEN); an http(s):// URL always is")] = False,
     allow_full: Annotated[bool, typer.Option("--allow-full", help="remote: accept a server that ignores range requests by downloading whole files (refused otherwise)")] = False,
-    max_bytes: Annotated[int | None, typer.Option("--max-bytes", min=1, help="--allow-full: the most bytes one whole file may hold, checked against its Content-Length before anything is written (default 4 GiB)")] = None,
+    max_bytes: Annotated[int | None, typer.Option("--max-bytes", min=1, help="--allow-full: the most bytes one whole file may hold, checked against its Content-Length before anything is written (default: twice the attention bytes its safetensors header lists, 4 GiB when not known)")] = None,
     base: Annotated[str | None, typer.Option("--base", help="LoRA adapter: base model path or Hub id (default: the adapter's base_model_name_or_path)")] = None,
     delta: Annotated[bool, typer.Option("--delta", help="LoRA adapter: spectra of the change of the products (adapted minus base)")] = False,
     fold_norm: Annotated[bool, typer.Option("--fold-norm", help="fold the norm before attention into W_Q, W_K, W_V (TransformerLens' fold_ln)")] = False,

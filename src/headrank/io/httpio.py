@@ -1,5 +1,7 @@
 """HTTP plumbing of :mod:`headrank.io.remote`: the endpoint, timeouts and the total deadline of
-a request, what travelled (:class:`Transfer`), when the Hub token may go with a request
+a request (:func:`stream`: every socket operation of a request, from the connection to the last
+byte, ends at its deadline), the client (:func:`session`), the HTTP layer's errors as one line,
+what travelled (:class:`Transfer`), when the Hub token may go with a request
 (:func:`sends_token`: only over https to the endpoint's exact scheme, host and port), and the
 sweep of temporary files a killed run left (docs/remote-security.md)."""
 
@@ -10,10 +12,11 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit
 
-from headrank.errors import HeadRankError
+from headrank.errors import HeadRankError, one_line
 from headrank.util.redact import redact_url
 
 MIN_RATE = 64 << 10  # bytes/s: a request may take DEADLINE_READS read timeouts plus its bytes at this rate
@@ -42,16 +45,259 @@ def deadline_s(nbytes: int = 0) -> float:
 
 class _Clock:
     """The deadline of one request (:func:`deadline_s` of the bytes expected; of the bytes
-    received so far when the size is unknown), checked as bytes arrive."""
+    received so far when the size is unknown). Every socket operation of the request, from the
+    connection to the last byte of the body (the status line and headers included), waits at
+    most until it (:func:`stream`); :meth:`check` also checks it as body bytes arrive."""
 
     def __init__(self, url: str, nbytes: int | None = None):
-        self.url, self.nbytes, self.start = url, nbytes, time.monotonic()
+        self.url, self.nbytes, self.start, self.got = url, nbytes, time.monotonic(), 0
+
+    def left(self) -> float:
+        """Seconds left before the deadline (negative: past it)."""
+        limit = deadline_s(self.nbytes if self.nbytes is not None else self.got)
+        return self.start + limit - time.monotonic()
+
+    def error(self) -> HeadRankError:
+        took = time.monotonic() - self.start
+        return HeadRankError(f"{redact_url(self.url)}: the server is too slow: {self.got:,} bytes in {took:.0f} s, "
+                             f"more than a request may take (HF_HUB_DOWNLOAD_TIMEOUT={timeout_s():g} s per read)")
 
     def check(self, got: int) -> None:
-        took, limit = time.monotonic() - self.start, deadline_s(self.nbytes if self.nbytes is not None else got)
-        if took > limit:
-            raise HeadRankError(f"{redact_url(self.url)}: the server is too slow: {got:,} bytes in {took:.0f} s, "
-                                f"more than a request may take (HF_HUB_DOWNLOAD_TIMEOUT={timeout_s():g} s per read)")
+        self.got = got
+        if self.left() < 0:
+            raise self.error()
+
+
+_local = threading.local()  # .clock: the _Clock of the request this thread is making (stream())
+
+
+def _bounded(timeout: float | None, expired: type[Exception]) -> float | None:
+    """A socket operation's timeout cut to what is left of this thread's request deadline."""
+    clock = getattr(_local, "clock", None)
+    if clock is None:
+        return timeout
+    left = clock.left()
+    if left <= 0:
+        raise expired("the request's total deadline passed")
+    return left if timeout is None else min(timeout, left)
+
+
+def _backend() -> Any:
+    """A network backend (httpcore2's public interface) whose every connect, read and write
+    waits at most until the deadline of the request the calling thread makes: a server that
+    drips its status line or headers a byte at a time ends there, as one that drips a body does."""
+    import httpcore2
+
+    class Stream(httpcore2.NetworkStream):
+        def __init__(self, inner: Any):
+            self._inner = inner
+
+        def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+            return self._inner.read(max_bytes, _bounded(timeout, httpcore2.ReadTimeout))
+
+        def write(self, buffer: bytes, timeout: float | None = None) -> None:
+            self._inner.write(buffer, _bounded(timeout, httpcore2.WriteTimeout))
+
+        def close(self) -> None:
+            self._inner.close()
+
+        def start_tls(self, ssl_context: Any, server_hostname: str | None = None,
+                      timeout: float | None = None) -> Any:
+            return Stream(self._inner.start_tls(ssl_context, server_hostname,
+                                                _bounded(timeout, httpcore2.ConnectTimeout)))
+
+        def get_extra_info(self, info: str) -> Any:
+            return self._inner.get_extra_info(info)
+
+    class Backend(httpcore2.NetworkBackend):
+        def __init__(self) -> None:
+            self._inner = httpcore2.SyncBackend()
+
+        def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
+                        socket_options: Any = None) -> Any:
+            return Stream(self._inner.connect_tcp(host, port, _bounded(timeout, httpcore2.ConnectTimeout),
+                                                  local_address, socket_options))
+
+        def connect_unix_socket(self, path: str, timeout: float | None = None, socket_options: Any = None) -> Any:
+            return Stream(self._inner.connect_unix_socket(path, _bounded(timeout, httpcore2.ConnectTimeout),
+                                                          socket_options))
+
+        def sleep(self, seconds: float) -> None:
+            self._inner.sleep(seconds)
+
+    return Backend()
+
+
+@contextmanager
+def _mapped() -> Any:
+    """httpcore2's exceptions as httpx2's of the same name (what callers catch)."""
+    import httpx2
+
+    try:
+        yield
+    except Exception as e:
+        if not type(e).__module__.startswith("httpcore2"):
+            raise
+        raise getattr(httpx2, type(e).__name__, httpx2.TransportError)(str(e)) from e
+
+
+def _transport() -> Any:
+    """An httpx2 transport over an httpcore2 connection pool that uses :func:`_backend`."""
+    import httpcore2
+    import httpx2
+
+    class Body(httpx2.SyncByteStream):
+        def __init__(self, inner: Any):
+            self._inner = inner
+
+        def __iter__(self) -> Any:
+            with _mapped():
+                yield from self._inner
+
+        def close(self) -> None:
+            with _mapped():
+                self._inner.close()
+
+    class Transport(httpx2.BaseTransport):
+        def __init__(self) -> None:
+            self._pool = httpcore2.ConnectionPool(ssl_context=httpx2.create_ssl_context(), max_connections=100,
+                                                  max_keepalive_connections=20, keepalive_expiry=5.0,
+                                                  network_backend=_backend())
+
+        def handle_request(self, request: Any) -> Any:
+            url = httpcore2.URL(scheme=request.url.raw_scheme, host=request.url.raw_host, port=request.url.port,
+                                target=request.url.raw_path)
+            req = httpcore2.Request(method=request.method, url=url, headers=request.headers.raw,
+                                    content=request.stream, extensions=request.extensions)
+            with _mapped():
+                resp = self._pool.handle_request(req)
+            return httpx2.Response(status_code=resp.status, headers=resp.headers, stream=Body(resp.stream),
+                                   extensions=resp.extensions)
+
+        def close(self) -> None:
+            self._pool.close()
+
+    return Transport()
+
+
+_session: tuple[tuple[Any, ...], Any] | None = None
+_session_lock = threading.Lock()
+_ENV = ("SSL_CERT_FILE", "SSL_CERT_DIR", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY",
+        "http_proxy", "https_proxy", "all_proxy", "no_proxy")
+
+
+def session() -> Any:
+    """The HTTP client of remote reading: huggingface_hub's settings (redirects followed, no
+    client-wide timeout), over :func:`_transport`, made anew in a forked process or when the
+    certificate or proxy variables change. Where a proxy is set (``HTTP_PROXY``, ``HTTPS_PROXY``,
+    ``ALL_PROXY``), httpx2's own transport goes through it (``NO_PROXY`` honoured): there the
+    deadline is checked as body bytes arrive only."""
+    import urllib.request
+
+    import httpx2
+
+    global _session
+    key = (os.getpid(), *(os.environ.get(k) for k in _ENV))
+    with _session_lock:
+        if _session is None or _session[0] != key:
+            old = _session
+            proxied = any(urllib.request.getproxies().get(k) for k in ("http", "https", "all"))
+            _session = (key, httpx2.Client(follow_redirects=True, timeout=None) if proxied else
+                        httpx2.Client(transport=_transport(), follow_redirects=True, timeout=None))
+            if old is not None and old[0][0] == os.getpid():
+                old[1].close()
+        return _session[1]
+
+
+@contextmanager
+def stream(url: str, headers: dict[str, str], clock: _Clock) -> Any:
+    """A GET of ``url`` with its response streamed, every socket operation (connection, status
+    line, headers, body; redirects followed) within ``clock``'s deadline besides the read
+    timeout: past it, one line (:meth:`_Clock.error`)."""
+    import httpx2
+
+    before, _local.clock = getattr(_local, "clock", None), clock
+    try:
+        with session().stream("GET", url, headers=headers, timeout=timeout_s()) as r:
+            yield r
+    except httpx2.TimeoutException:
+        if clock.left() <= 0:
+            raise clock.error() from None
+        raise
+    finally:
+        _local.clock = before
+
+
+class _Retry(Exception):
+    """A failure worth another try (connection dropped, timeout, short body, 5xx)."""
+
+
+@contextmanager
+def _http_errors(loc: Any, url: str, what: str):
+    """Errors of the HTTP layer as one line each (``loc``: a :class:`headrank.io.remote.Location`);
+    transient ones as :class:`_Retry`."""
+    import httpx2
+    from huggingface_hub import errors as hfe
+
+    try:
+        yield
+    except HeadRankError:
+        raise
+    except hfe.OfflineModeIsEnabled:
+        raise HeadRankError("reading remotely needs the network, but HF_HUB_OFFLINE is set (unset it)") from None
+    except httpx2.TooManyRedirects:
+        raise HeadRankError(f"redirect loop reading {what}: {url} redirects more than 20 times") from None
+    except (httpx2.TimeoutException, httpx2.NetworkError, httpx2.RemoteProtocolError) as e:
+        raise _Retry(one_line(e, 160, typed=True)) from None
+    except (httpx2.InvalidURL, httpx2.UnsupportedProtocol) as e:
+        raise HeadRankError(f"not a URL that can be read: {url} ({e})") from None
+    except hfe.RevisionNotFoundError:
+        raise HeadRankError(f"{loc.repo_id} has no revision {loc.revision!r} at {loc.endpoint}") from None
+    except hfe.GatedRepoError:
+        raise HeadRankError(f"{loc.repo_id} is gated: accept its terms on the Hub and set HF_TOKEN") from None
+    except hfe.RepositoryNotFoundError as e:
+        code = getattr(getattr(e, "response", None), "status_code", "?")
+        raise HeadRankError(f"no repository {loc.repo_id} at {loc.endpoint} (HTTP {code}; a private one needs "
+                            "HF_TOKEN)") from None
+    except hfe.HfHubHTTPError as e:
+        code = getattr(getattr(e, "response", None), "status_code", None)
+        if code in (401, 403):
+            raise HeadRankError(f"access refused (HTTP {code}) to {what}: {url} (set HF_TOKEN to a token "
+                                "with access)") from None
+        if code == 404 or isinstance(e, hfe.EntryNotFoundError):
+            raise HeadRankError(f"not found (HTTP 404): {what} at {url}") from None
+        if code is not None and (code >= 500 or code in (408, 429)):
+            raise _Retry(f"HTTP {code}") from None
+        raise HeadRankError(f"HTTP {code} reading {what}: {url}") from None
+
+
+MAX_ERROR_BODY = 64 << 10  # bytes of an error answer read for its message (an endless one ends there)
+
+
+def _check_status(r) -> None:
+    """huggingface_hub's error for an answer of 400 or more, from its first :data:`MAX_ERROR_BODY` bytes."""
+    if r.status_code >= 400:
+        import httpx2
+        from huggingface_hub.utils import hf_raise_for_status
+
+        body = bytearray()
+        for chunk in r.iter_bytes():
+            body += chunk
+            if len(body) >= MAX_ERROR_BODY:
+                break
+        hf_raise_for_status(httpx2.Response(r.status_code, headers=r.headers, content=bytes(body[:MAX_ERROR_BODY]),
+                                            request=r.request))
+
+
+def _content_range(value: str | None) -> tuple[int, int, int | None] | None:
+    """``bytes a-b/total`` → (a, b, total or None)."""
+    try:
+        unit, rest = (value or "").split(" ", 1)
+        span, total = rest.split("/", 1)
+        a, b = span.split("-", 1)
+        return int(a), int(b), None if total.strip() == "*" else int(total)
+    except ValueError:
+        return None
 
 
 def _mb(n: int | None) -> str:

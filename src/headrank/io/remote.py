@@ -25,17 +25,23 @@ temporary file that only ``gguf.GGUFReader`` parses
 (metadata, never tensor data; deleted at once) until the parsed header ends inside what was
 fetched.
 
-HTTP goes through ``huggingface_hub``'s shared client (``get_session()``: redirects followed,
-``HF_HUB_OFFLINE`` honoured) and its ``hf_raise_for_status`` (missing repo, revision or file,
-gated repo, authentication). Every answer is checked: a ranged GET must come back ``206`` with
-the ``Content-Range`` asked for and exactly that many bytes. A dropped connection, a timeout, a
-short body or a 5xx answer is retried (:data:`RETRIES` more tries, waits from
-:data:`BACKOFF_S` doubling), then fails with one line; wrong numbers are never returned. A
-server that ignores ``Range`` (``200`` with the whole file) is refused unless ``allow_full``:
-then each such file is downloaded whole, once, into a temporary file deleted on close, if its
-``Content-Length`` is within ``--max-bytes``. Every request has a total deadline besides the read
-timeout (:func:`headrank.io.httpio.deadline_s`). JSON (config, index, headers) is bounded per kind
-and parsed within a memory budget (:func:`headrank.io.validate.parse_json`).
+HTTP goes through the client of :func:`headrank.io.httpio.session` (httpx2, as
+``huggingface_hub``'s own: redirects followed; ``HF_HUB_OFFLINE`` checked first) and
+``huggingface_hub``'s ``hf_raise_for_status`` (missing repo, revision or file, gated repo,
+authentication; an error answer is read to :data:`headrank.io.httpio.MAX_ERROR_BODY` bytes at
+most). Every answer is checked: a ranged GET must come back ``206`` with the ``Content-Range``
+asked for and exactly that many bytes. A dropped connection, a timeout, a short body or a 5xx
+answer is retried (:data:`RETRIES` more tries, waits from :data:`BACKOFF_S` doubling), then
+fails with one line; wrong numbers are never returned. Every request has a total deadline
+besides the read timeout (:func:`headrank.io.httpio.deadline_s`), and every socket operation of
+it (the connection, the status line, the headers, the body) ends there: a server that drips
+any part of its answer a byte at a time is one line. A server that ignores ``Range`` (``200``
+with the whole file) is refused unless ``allow_full``: then each such file is downloaded whole,
+once, into a temporary file deleted on close, if its ``Content-Length`` is within ``max_bytes``
+(by default twice the attention bytes that the safetensors header at the file's start lists,
+read before any byte is written; 4 GiB when that is not known; a file with no attention tensor
+keeps its header only). JSON (config, index, headers) is bounded per kind and parsed within a
+memory budget (:func:`headrank.io.validate.parse_json`).
 
 ``Transfer.stats`` (``meta.json``'s ``remote``) counts every byte received: tensors, metadata,
 requests, retries, and the share of the checkpoint's weight files that was fetched.
@@ -62,12 +68,16 @@ from headrank.io.checkpoint import HF_WEIGHTS
 from headrank.io.httpio import (
     TMP_PREFIX,
     Transfer,
+    _check_status,
     _Clock,
+    _content_range,
+    _http_errors,
     _mb,
+    _Retry,
     endpoint,
     sends_token,
+    stream,
     sweep_temp,
-    timeout_s,
     transfer_line,  # noqa: F401 - the CLI's import
 )
 from headrank.io.tensor_source import ST_DTYPES, BaseCheckpoint, TensorMeta, dtype_name
@@ -144,56 +154,6 @@ def redacted():
         raise type(e)(text) from None
 
 
-class _Retry(Exception):
-    """A failure worth another try (connection dropped, timeout, short body, 5xx)."""
-
-
-@contextmanager
-def _http_errors(loc: Location, url: str, what: str):
-    """Errors of the HTTP layer as one line each; transient ones as :class:`_Retry`."""
-    import httpx2
-    from huggingface_hub import errors as hfe
-
-    try:
-        yield
-    except HeadRankError:
-        raise
-    except hfe.OfflineModeIsEnabled:
-        raise HeadRankError("reading remotely needs the network, but HF_HUB_OFFLINE is set (unset it)") from None
-    except httpx2.TooManyRedirects:
-        raise HeadRankError(f"redirect loop reading {what}: {url} redirects more than 20 times") from None
-    except (httpx2.TimeoutException, httpx2.NetworkError, httpx2.RemoteProtocolError) as e:
-        raise _Retry(one_line(e, 160, typed=True)) from None
-    except (httpx2.InvalidURL, httpx2.UnsupportedProtocol) as e:
-        raise HeadRankError(f"not a URL that can be read: {url} ({e})") from None
-    except hfe.RevisionNotFoundError:
-        raise HeadRankError(f"{loc.repo_id} has no revision {loc.revision!r} at {loc.endpoint}") from None
-    except hfe.GatedRepoError:
-        raise HeadRankError(f"{loc.repo_id} is gated: accept its terms on the Hub and set HF_TOKEN") from None
-    except hfe.RepositoryNotFoundError as e:
-        code = getattr(getattr(e, "response", None), "status_code", "?")
-        raise HeadRankError(f"no repository {loc.repo_id} at {loc.endpoint} (HTTP {code}; a private one needs "
-                            "HF_TOKEN)") from None
-    except hfe.HfHubHTTPError as e:
-        code = getattr(getattr(e, "response", None), "status_code", None)
-        if code in (401, 403):
-            raise HeadRankError(f"access refused (HTTP {code}) to {what}: {url} (set HF_TOKEN to a token "
-                                "with access)") from None
-        if code == 404 or isinstance(e, hfe.EntryNotFoundError):
-            raise HeadRankError(f"not found (HTTP 404): {what} at {url}") from None
-        if code is not None and (code >= 500 or code in (408, 429)):
-            raise _Retry(f"HTTP {code}") from None
-        raise HeadRankError(f"HTTP {code} reading {what}: {url}") from None
-
-
-def _check_status(r) -> None:
-    if r.status_code >= 400:
-        from huggingface_hub.utils import hf_raise_for_status
-
-        r.read()
-        hf_raise_for_status(r)
-
-
 def _retrying(fn, transfer: Transfer, what: str, url: str):
     """``fn()`` with :data:`RETRIES` more tries on :class:`_Retry`, then one line."""
     for attempt in range(RETRIES + 1):
@@ -207,17 +167,6 @@ def _retrying(fn, transfer: Transfer, what: str, url: str):
     raise HeadRankError(f"cannot read {what} from {url}: {last} ({RETRIES + 1} tries)")
 
 
-def _content_range(value: str | None) -> tuple[int, int, int | None] | None:
-    """``bytes a-b/total`` → (a, b, total or None)."""
-    try:
-        unit, rest = (value or "").split(" ", 1)
-        span, total = rest.split("/", 1)
-        a, b = span.split("-", 1)
-        return int(a), int(b), None if total.strip() == "*" else int(total)
-    except ValueError:
-        return None
-
-
 class RemoteFile:
     """One file on a server, read by byte ranges (``read``) or whole (``read_all``, small files)."""
 
@@ -226,7 +175,8 @@ class RemoteFile:
         self.loc, self.name, self.transfer, self.allow_full = loc, name, transfer, allow_full
         self.what = what or name  # how errors name it
         self.size: int | None = None
-        self.max_full = MAX_FULL_BYTES  # allow_full: the most a whole file may hold (--max-bytes)
+        self.max_full: int | None = None  # allow_full: the most a whole file may hold (None: :meth:`_most`)
+        self.attention: Any = None  # name -> whether the analysis reads that tensor (None: not known)
         self._full: Any = None  # the temporary file of a server that ignores Range (allow_full)
         self._full_lock = threading.Lock()
 
@@ -244,19 +194,19 @@ class RemoteFile:
             return bytearray()
         if self._full is not None:
             self.transfer.local(end - start, kind)
+            if isinstance(self._full, _Prefix):
+                return self._full.read(start, end, self)
             return bytearray(os.pread(self._full.fileno(), end - start, start))
         what = f"bytes {start}-{end - 1} of {self.name}"
         return _retrying(lambda: self._try_range(start, end, kind, clip), self.transfer, what, self.url)
 
     def _try_range(self, start: int, end: int, kind: str, clip: bool) -> bytearray:
-        from huggingface_hub import get_session
-
         url = self.url
         headers = {**self.loc.headers(url), "Range": f"bytes={start}-{end - 1}"}
         clock = _Clock(url, end - start)
         with _http_errors(self.loc, url, self.what):
             self.transfer.count("requests")
-            with get_session().stream("GET", url, headers=headers, timeout=timeout_s()) as r:
+            with stream(url, headers, clock) as r:
                 if r.status_code == 416:
                     raise HeadRankError(f"{url}: bytes {start}-{end - 1} lie outside the file (HTTP 416)")
                 _check_status(r)
@@ -292,8 +242,9 @@ class RemoteFile:
 
     def _whole(self, r, start: int, end: int, kind: str, clock: _Clock) -> bytearray:
         """A 200 to a range request: the server sends the whole file. Refused unless allow_full;
-        then refused before any byte is written when its Content-Length exceeds ``max_full``
-        (and stopped when a body without one runs past it)."""
+        then refused before any byte is written when its Content-Length exceeds the most a whole
+        file may hold (:meth:`_most`), and stopped when a body without one runs past it. A
+        safetensors file that holds no attention tensor keeps its header only."""
         total = r.headers.get("Content-Length")
         size = int(total) if total and total.isdigit() else None
         if not self.allow_full:
@@ -301,36 +252,69 @@ class RemoteFile:
                 f"{urlsplit(self.url).hostname} ignores HTTP range requests (answered 200 with the whole "
                 f"{self.name}, {_mb(size) if size is not None else 'size unknown'}): reading only "
                 "the attention tensors is impossible there; pass `allow_full` to download whole files instead")
-        most = self.max_full
-        if size is not None and size > most:
-            raise HeadRankError(f"{redact_url(self.url)} ignores HTTP range requests and its whole {self.name} is "
-                                f"{_mb(size)}, more than `max_bytes` ({_mb(most)}): refusing to download it")
         with self._full_lock:
             if self._full is not None:  # another thread downloaded it meanwhile
                 return self.read(start, end, kind)
-            clock = _Clock(self.url, size)
-            tmp = tempfile.TemporaryFile(prefix=f"{TMP_PREFIX}{os.getpid()}-full-")  # unlinked at once
-            n = 0
-            try:
-                for chunk in r.iter_bytes():
-                    n += len(chunk)
-                    if n > (size if size is not None else most):
-                        raise HeadRankError(f"{redact_url(self.url)}: the server sent more than "
-                                            f"{_mb(size if size is not None else most)} for {self.name}")
-                    tmp.write(chunk)
-                    clock.check(n)
-            except BaseException:
-                tmp.close()
-                raise
-            finally:
-                self.transfer.add(n, "full")
-            if size is not None and n != size:
-                tmp.close()
-                raise _Retry(f"response truncated: {n:,} of {size:,} bytes")
-            tmp.flush()
-            self._full, self.size = tmp, n
+            clock.nbytes = size  # the deadline of the whole file (of the bytes received, size unknown)
+            chunks = iter(r.iter_bytes())
+            head, most, why = self._most(chunks, size, clock)
+            if most == 0 and size is not None and head is not None:  # nothing to read beyond the header
+                self._full, self.size = _Prefix(bytes(head)), size
+                self.transfer.whole_file(self.name)
+                return self.read(start, end, kind)
+            if size is not None and size > most:
+                raise HeadRankError(f"{redact_url(self.url)} ignores HTTP range requests and its whole {self.name} is "
+                                    f"{_mb(size)}, more than {why} ({_mb(most)}): refusing to download it")
+            self._full = self._download(head or b"", chunks, size, most, clock)
+            self.size = os.fstat(self._full.fileno()).st_size
             self.transfer.whole_file(self.name)
         return self.read(start, end, kind)
+
+    def _most(self, chunks, size: int | None, clock: _Clock) -> tuple[bytearray | None, int, str]:
+        """(the bytes read ahead, the most the whole file may hold, what sets it): ``max_bytes``
+        as given; else twice the attention tensors' bytes that the safetensors header at the
+        file's start lists (read ahead from ``chunks``, checked as a ranged header is); else
+        :data:`MAX_FULL_BYTES` (not a safetensors file, a model type without a layout, no size)."""
+        if self.max_full is not None:
+            return None, self.max_full, "`max_bytes`"
+        unknown = None, MAX_FULL_BYTES, "the default `max_bytes`"
+        if self.attention is None or size is None or not self.name.endswith(".safetensors"):
+            return unknown
+        head, need = bytearray(), 8
+        for chunk in chunks:
+            head += chunk
+            self.transfer.add(len(chunk), "full")
+            clock.check(len(head))
+            if len(head) >= 8:
+                need = 8 + _header_length(bytes(head[:8]), size, redact_url(self.url))
+            if len(head) >= need:
+                break
+        entries = _header_entries(bytes(head[:need]), size, redact_url(self.url))
+        promised = sum(e - b for name, (_, _, b, e) in entries.items() if self.attention(name))
+        return head, 2 * promised, (f"twice the {_mb(promised)} of attention tensors its header lists (the default "
+                                    "`max_bytes`)")
+
+    def _download(self, head: bytes, chunks, size: int | None, most: int, clock: _Clock) -> Any:
+        """The whole file (``head``, then the rest of ``chunks``) in a temporary file deleted on close."""
+        tmp = tempfile.TemporaryFile(prefix=f"{TMP_PREFIX}{os.getpid()}-full-")  # unlinked at once
+        n, cap = len(head), size if size is not None else most
+        try:
+            tmp.write(head)
+            for chunk in chunks:
+                n += len(chunk)
+                self.transfer.add(len(chunk), "full")
+                if n > cap:
+                    raise HeadRankError(f"{redact_url(self.url)}: the server sent more than {_mb(cap)} for "
+                                        f"{self.name}")
+                tmp.write(chunk)
+                clock.check(n)
+            if size is not None and n != size:
+                raise _Retry(f"response truncated: {n:,} of {size:,} bytes")
+            tmp.flush()
+        except BaseException:
+            tmp.close()
+            raise
+        return tmp
 
     def read_all(self, kind: str = "metadata", *, missing_ok: bool = False, what: str = "config") -> bytes | None:
         """The whole (small) file, at most :data:`headrank.io.validate.JSON_CAPS` of ``what``;
@@ -338,13 +322,11 @@ class RemoteFile:
         cap = JSON_CAPS.get(what, MAX_JSON_BYTES)
 
         def once() -> bytes | None:
-            from huggingface_hub import get_session
-
             url = self.url
             clock = _Clock(url)
             with _http_errors(self.loc, url, self.what):
                 self.transfer.count("requests")
-                with get_session().stream("GET", url, headers=self.loc.headers(url), timeout=timeout_s()) as r:
+                with stream(url, self.loc.headers(url), clock) as r:
                     if r.status_code == 404 and missing_ok:
                         return None
                     _check_status(r)
@@ -397,24 +379,54 @@ class _At:
     end: int
 
 
-def read_safetensors_header(f: RemoteFile) -> dict[str, _At]:
-    """Two ranged GETs: the 8-byte length, then the JSON header; every entry checked as a local
-    file's is (:func:`headrank.io.validate.safetensors_entries`: dtype, shape, span, inside the
-    file, no overlaps)."""
-    head = f.read(0, 8, "metadata", clip=True)
-    shown = redact_url(f.url)
+class _Prefix:
+    """The start of a file whose header lists no attention tensor, kept instead of the whole file."""
+
+    def __init__(self, data: bytes):
+        self.data = data
+
+    def read(self, start: int, end: int, f: RemoteFile) -> bytearray:
+        if end > len(self.data):
+            raise HeadRankError(f"{redact_url(f.url)}: {f.name} holds no attention tensor, so only its header was "
+                                f"downloaded (the default `max_bytes`); bytes {start}-{end - 1} lie beyond it: pass "
+                                "`max_bytes` to download it whole")
+        return bytearray(self.data[start:end])
+
+    def close(self) -> None:
+        self.data = b""
+
+
+def _header_length(head: bytes, size: int, shown: str) -> int:
+    """The header length that a safetensors file of ``size`` bytes states in its first 8 bytes."""
     if len(head) < 8:
         raise HeadRankError(f"{shown}: not a safetensors file ({len(head)} bytes)")
-    n = int.from_bytes(head, "little")
-    size = f.size or 0
+    n = int.from_bytes(head[:8], "little")
     if n > size - 8:
         raise HeadRankError(f"{shown}: corrupt safetensors header: it claims {n:,} bytes but the file holds "
                             f"{size:,}")
     if n > MAX_HEADER:
         raise HeadRankError(f"{shown}: a safetensors header of {n:,} bytes exceeds the {MAX_HEADER >> 20} MiB a "
                             "header may have")
-    header = parse_json(f.read(8, 8 + n, "metadata"), "safetensors header", shown)
-    entries = safetensors_entries(header, size - 8 - n, shown)
+    return n
+
+
+def _header_entries(raw: bytes, size: int, shown: str) -> dict[str, tuple[str, tuple[int, ...], int, int]]:
+    """The entries of the safetensors header that starts ``raw`` (8 length bytes, then the JSON),
+    checked as a local file's are (:func:`headrank.io.validate.safetensors_entries`: dtype,
+    shape, span, inside the file of ``size`` bytes, no overlaps); offsets from the data start."""
+    n = _header_length(raw, size, shown)
+    if len(raw) < 8 + n:
+        raise HeadRankError(f"{shown}: the file ends inside its safetensors header ({len(raw) - 8:,} of {n:,} bytes)")
+    header = parse_json(raw[8:8 + n], "safetensors header", shown)
+    return safetensors_entries(header, size - 8 - n, shown)
+
+
+def read_safetensors_header(f: RemoteFile) -> dict[str, _At]:
+    """Two ranged GETs: the 8-byte length, then the JSON header (:func:`_header_entries`)."""
+    head = bytes(f.read(0, 8, "metadata", clip=True))
+    shown, size = redact_url(f.url), f.size or 0
+    n = _header_length(head, size, shown)
+    entries = _header_entries(head + bytes(f.read(8, 8 + n, "metadata")), size, shown)
     return {name: _At(f, dtype, shape, 8 + n + b, 8 + n + end) for name, (dtype, shape, b, end) in entries.items()}
 
 
@@ -423,7 +435,7 @@ class RemoteCheckpoint(BaseCheckpoint):
     ``get`` fetches one tensor with one ranged GET."""
 
     def __init__(self, loc: Location, transfer: Transfer, *, weights: str | None = None,
-                 config: dict[str, Any] | None = None, allow_full: bool = False, max_full: int = MAX_FULL_BYTES):
+                 config: dict[str, Any] | None = None, allow_full: bool = False, max_full: int | None = None):
         self.loc, self.transfer, self.allow_full = loc, transfer, allow_full
         cfg_file = RemoteFile(loc, "config.json", transfer, what="config.json (for a GGUF file, pass its URL: "
                               ".../resolve/REVISION/FILE.gguf on the Hub)" if loc.repo_id else None)
@@ -438,8 +450,9 @@ class RemoteCheckpoint(BaseCheckpoint):
             "model.safetensors (reading remotely needs safetensors weights, model.safetensors or "
             "model.safetensors.index.json, or the URL of a .gguf file)")
         self._files = {n: RemoteFile(loc, n, transfer, allow_full=allow_full, what=hint) for n in self.weight_names}
+        reads = _attention_names(config)
         for f in self._files.values():
-            f.max_full = max_full
+            f.max_full, f.attention = max_full, reads
         with ThreadPoolExecutor(min(HEADER_THREADS, len(self._files))) as pool:
             headers = dict(zip(self._files, pool.map(read_safetensors_header, self._files.values()),
                                strict=True))
@@ -503,6 +516,25 @@ class RemoteCheckpoint(BaseCheckpoint):
     def close(self) -> None:
         for f in self._files.values():
             f.close()
+
+
+def _attention_names(config: dict[str, Any]) -> Any:
+    """``name -> bool``: whether a tensor is one that the analysis of a model of ``config`` reads
+    (attention projections and biases of its layout, under any prefix); None for a model type
+    without a layout in the table (then the default `max_bytes` is 4 GiB)."""
+    import re
+
+    from headrank.io.layouts import layout_for
+
+    try:
+        lay = layout_for(config)
+    except HeadRankError:
+        return None
+    names = {*lay.tensors.values(), *lay.biases, *(t for alt in lay.aliases for t in alt.values())}
+    names |= {t.replace(".weight", ".bias") for alt in lay.aliases for t in alt.values()}
+    pattern = re.compile("(?:.*\\.)?(?:" + "|".join(re.escape(t).replace(re.escape("{i}"), r"\d+")
+                                                      for t in sorted(names)) + ")")
+    return lambda name: pattern.fullmatch(name) is not None
 
 
 def _gguf_class():
@@ -623,7 +655,8 @@ def open_remote(source: str, *, revision: str | None = None, allow_full: bool | 
     """``(checkpoint, origin, layout)`` of a Hub id or URL read over HTTP (module docstring);
     ``layout`` is the GGUF file's own, else None. ``origin['remote']`` is the live
     :attr:`Transfer.stats`, complete once the analysis has read its layers. ``allow_full``: True,
-    or the most bytes one whole file may hold (``--max-bytes``; True: :data:`MAX_FULL_BYTES`).
+    or the most bytes one whole file may hold (``--max-bytes``; True: twice the attention bytes each
+    safetensors header lists, else :data:`MAX_FULL_BYTES`).
     Every URL in ``origin`` and in the messages is redacted (:mod:`headrank.util.redact`)."""
     from headrank.io import hub
 
@@ -641,8 +674,8 @@ def _open_remote(source: str, revision: str | None, allow_full: bool | int, conf
         from headrank.io.checkpoint import read_config
 
         config = read_config(Path(config))
-    most = MAX_FULL_BYTES if allow_full is True or not allow_full else int(allow_full)
-    if allow_full is not False and most < 1:
+    most = None if allow_full is True or not allow_full else int(allow_full)  # None: RemoteFile._most
+    if most is not None and most < 1:
         raise HeadRankError(f"`max_bytes` must be a positive number of bytes; got {most}")
     origin: dict[str, Any] = {"input": "remote", "source": redact_url(source), "path": loc.where}
     if name is not None and name.endswith(".gguf"):
