@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import functools
 import gc
 from collections.abc import Iterator
@@ -20,9 +19,8 @@ from collections.abc import Iterator
 
 @functools.cache
 def _malloc_trim():
-    name = ctypes.util.find_library("c")
-    try:
-        return ctypes.CDLL(name).malloc_trim if name else None
+    try:  # the process's own symbols, the C library's among them (find_library runs ldconfig -p)
+        return ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim
         return None
 
