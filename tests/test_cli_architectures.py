@@ -31,7 +31,7 @@ def test_architectures_counts_every_type(tmp_path):
 
 def test_architectures_check_unknown_type_is_one_line(tmp_path):
     r = run("architectures", "--check", "no_such_model", env={"HEADRANK_CACHE": str(tmp_path)})
-    assert r.returncode == 2 and "knows no causal-LM or masked-LM model type 'no_such_model'" in r.stderr
+    assert r.returncode == 2 and "knows no causal-LM, masked-LM or sequence-to-sequence model type 'no_such_model'" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
 
 

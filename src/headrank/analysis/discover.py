@@ -203,8 +203,10 @@ def _is_norm(m: nn.Module) -> bool:
     return "norm" in type(m).__name__.lower() and isinstance(getattr(m, "weight", None), torch.Tensor)
 
 
-def forward_capture(model: nn.Module, ids: torch.Tensor, positions: torch.Tensor | None) -> Capture:
-    """Run ``model`` once on ``ids`` and record what its attention and linear maps saw."""
+def forward_capture(model: nn.Module, ids: torch.Tensor | None, positions: torch.Tensor | None,
+                    inputs: dict[str, torch.Tensor] | None = None) -> Capture:
+    """Run ``model`` once on ``ids`` (or on ``inputs``, the keyword inputs of an encoder-decoder)
+    and record what its attention and linear maps saw."""
     _LOG.clear()
     cap = Capture([])
     hooks = []
@@ -216,7 +218,7 @@ def forward_capture(model: nn.Module, ids: torch.Tensor, positions: torch.Tensor
                 if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
                     cap.io[name] = (x.detach(), y.detach())
             hooks.append(m.register_forward_hook(hook, with_kwargs=True))
-    kw: dict[str, Any] = {"input_ids": ids, "use_cache": False}
+    kw: dict[str, Any] = {**(inputs if inputs is not None else {"input_ids": ids}), "use_cache": False}
     if positions is not None:
         kw["position_ids"] = positions
     try:
@@ -240,12 +242,13 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 # -- build --------------------------------------------------------------------------------------
-def build_tiny(model_type: str, overrides: dict[str, Any] | None = None, attn: str = CAPTURE
-               ) -> tuple[nn.Module, Any]:
-    """A tiny random float64 model of ``model_type`` (its causal-LM or masked-LM class), biases and
-    QK-norms left as built; raises with transformers' own message when it cannot be built."""
+def build_tiny(model_type: str, overrides: dict[str, Any] | None = None, attn: str = CAPTURE,
+               auto: Any = None) -> tuple[nn.Module, Any]:
+    """A tiny random float64 model of ``model_type`` (its causal-LM or masked-LM class, or the
+    auto class ``auto``), biases and QK-norms left as built; raises with transformers' own message
+    when it cannot be built."""
     _register()
-    auto = auto_class(model_type)
+    auto = auto or auto_class(model_type)
     cfg = tiny_config(model_type, overrides)
     with torch.device("meta"):
         try:
