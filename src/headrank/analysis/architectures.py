@@ -130,7 +130,7 @@ def discover(model_type: str, overrides: dict[str, Any] | None = None) -> dict[s
         try:
             row.update(discover_seq2seq(model_type))
         except Exception as e:  # noqa: BLE001 - whatever the model does wrong becomes its reason
-            row.update(status="refused", reason=one_line(f"{type(e).__name__}: {e}", 200))
+            row.update(status="refused", reason=_reason(e))
         if row["status"] == "verified" or model_type not in known_types():
             row["seconds"] = round(now() - t0, 2)
             return row
@@ -150,11 +150,16 @@ def discover(model_type: str, overrides: dict[str, Any] | None = None) -> dict[s
                 ids = torch.randint(3, 100, (2, 6), generator=torch.Generator().manual_seed(1))
                 row.update(_discover_inline(model, cfg, ids))
             except Exception as e2:  # noqa: BLE001 - whatever the model does wrong becomes its reason
-                row.update(status="refused", reason=one_line(f"{type(e2).__name__}: {e2}", 200))
+                row.update(status="refused", reason=_reason(e2))
     except Exception as e:  # noqa: BLE001 - whatever the model does wrong becomes its reason
-        row.update(status="refused", reason=one_line(f"{type(e).__name__}: {e}", 200))
+        row.update(status="refused", reason=_reason(e))
     row["seconds"] = round(now() - t0, 2)
     return row
+
+
+def _reason(e: Exception) -> str:
+    """A refusal's reason from what the model raised (one line; headrank's own errors by their base name)."""
+    return one_line(f"{'HeadRankError' if isinstance(e, HeadRankError) else type(e).__name__}: {e}", 200)
 
 
 def _discover(model_type: str, overrides: dict[str, Any] | None) -> dict[str, Any]:

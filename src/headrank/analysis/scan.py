@@ -433,13 +433,11 @@ def analyze(
     reader = open_reader(source, config=config, layout=layout, revision=revision, base=base, delta=delta,
                          fold_norm=fold_norm, download=download, remote=remote, allow_full=allow_full,
                          arrays="numpy")
-    dims = reader.dims
+    dims, tol = reader.dims, float(tol)
     spec = layers if layers is None or isinstance(layers, str) else ",".join(str(i) for i in layers)
-    tol = float(tol)
     if reader.parts:  # an encoder-decoder: encoder, decoder and cross-attention layers
         return _analyze_parts(reader, spec, tol, threads, vectors, progress, dev, pandas)
     sel = attention_layers(reader, parse_layers(spec, dims.n_layers), spec is None)
-
     vecs = _Vectors(dims, len(sel)) if vectors else None
     rot, rot_why = rotary_scan(reader.ckpt.config, reader.position, dims.head_dim, reader.qk_norm, tol, rotary)
     used: list[int] = []
