@@ -40,7 +40,7 @@ from headrank.io.live import LiveCheckpoint
 SCALE_IS_ONE = {"t5", "mt5", "umt5", "longt5", "switch_transformers", "pop2piano"}
 FAST = ["t5", "whisper"]
 MORE = ["bart", "marian", "mbart", "pegasus", "m2m_100", "mt5", "umt5", "switch_transformers", "blenderbot",
-        "blenderbot-small", "plbart", "speech_to_text", "nllb-moe", "pegasus_x", "bigbird_pegasus"]
+        "blenderbot-small", "plbart", "speech_to_text", "nllb-moe", "pop2piano", "seamless_m4t"]
 
 
 def _tiny(mt: str):
@@ -82,6 +82,17 @@ def _modules(model: nn.Module, pattern: str) -> dict[int, nn.Module]:
     return out
 
 
+def _bias(mod: nn.Module, out: tuple, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
+    """The relative position bias the module added to its scores: T5 returns it (zeros where it has
+    none); UMT5 computes its own in every layer (``compute_bias``); the others have none."""
+    if isinstance(out, tuple) and len(out) == 3:
+        return out[1]
+    if getattr(mod, "has_relative_attention_bias", False):
+        with torch.no_grad():
+            return mod.compute_bias(x.shape[1], y.shape[1])
+    return None
+
+
 def _check(mt: str) -> dict[str, float]:
     row = generated_rows()[mt]
     assert row["status"] == "verified" and row.get("parts"), row.get("reason")
@@ -94,8 +105,8 @@ def _check(mt: str) -> dict[str, float]:
         for i, m in _modules(model, part["modules"]["q"]).items():
             def hook(mod, args, kw, out, key=(part["attention"], i)):
                 x = kw.get("hidden_states", args[0] if args else None)
-                seen[key] = {"x": x, "y": kw.get("key_value_states", x), "out": out[0], "p": out[-1],
-                             "bias": out[1] if isinstance(out, tuple) and len(out) == 3 else None}
+                y = next((kw[k] for k in ("key_value_states", "encoder_hidden_states") if kw.get(k) is not None), x)
+                seen[key] = {"x": x, "y": y, "out": out[0], "p": out[-1], "bias": _bias(mod, out, x, y)}
             hooks.append(m.register_forward_hook(hook, with_kwargs=True))
     with torch.no_grad():
         model(**_inputs(model, cfg), output_attentions=True, use_cache=False)
@@ -167,7 +178,7 @@ def t5_dirs(tmp_path_factory):
 
 
 def _dense(w_k: torch.Tensor, w_q: torch.Tensor) -> np.ndarray:
-    return np.linalg.svd(w_k.double().numpy().T @ w_q.double().numpy(), compute_uv=False)
+    return np.linalg.svd(w_k.detach().double().numpy().T @ w_q.detach().double().numpy(), compute_uv=False)
 
 
 def test_spectra_of_a_saved_t5_against_dense_svd(t5_dirs):
@@ -188,7 +199,8 @@ def test_spectra_of_a_saved_t5_against_dense_svd(t5_dirs):
         for h in (0, 4):
             rows = slice(h * dh, (h + 1) * dh)
             qk = _dense(att.k.weight[rows], att.q.weight[rows])[:dh]
-            ov = np.linalg.svd(att.o.weight[:, rows].numpy() @ att.v.weight[rows].numpy(), compute_uv=False)[:dh]
+            ov = np.linalg.svd(att.o.weight[:, rows].detach().numpy() @ att.v.weight[rows].detach().numpy(),
+                               compute_uv=False)[:dh]
             np.testing.assert_allclose(res[kind, layer, h, "qk"].S, qk, rtol=1e-10, atol=1e-14)
             np.testing.assert_allclose(res[kind, layer, h, "ov"].S, ov, rtol=1e-10, atol=1e-14)
     # cross-attention's queries were cut to 8 input dims: rank 8, while its keys kept theirs

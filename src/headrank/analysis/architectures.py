@@ -60,7 +60,7 @@ def architectures() -> list[dict[str, Any]]:
         kinds = ", ".join(p["attention"] for p in row.get("parts", ())) or ("self" if status in ("table", "verified")
                                                                             else "")
         if mt in s2s and status == "verified" and not row.get("parts"):
-            detail += f" (decoder only; as an encoder-decoder: {row.get('seq2seq_reason', 'not checked')})"
+            detail += f" (its causal-LM class; as an encoder-decoder: {row.get('seq2seq_reason', 'not checked')})"
         out.append({"model_type": mt, "task": task, "status": status, "detail": detail,
                     "transformers": row.get("transformers", ""), "seq2seq": mt in s2s, "kinds": kinds})
     return out
@@ -81,8 +81,8 @@ def _summary(row: dict[str, Any]) -> str:
 def counts(records: list[dict[str, Any]]) -> dict[str, int]:
     """How many causal-LM and masked-LM types are in each status (and measured = table + verified);
     and, counted apart (``seq2seq_*``), the sequence-to-sequence types: measured as encoder,
-    decoder and cross-attention, measured through their decoder only (a causal-LM class), refused,
-    unchecked."""
+    decoder and cross-attention, measured through their causal-LM class only (``decoder_only``: a
+    decoder, or a decoder-only language model listed with them), refused, unchecked."""
     c: dict[str, int] = {"types": 0, "measured": 0, "table": 0, "verified": 0, "refused": 0, "unchecked": 0,
                          "seq2seq_types": 0, "seq2seq_measured": 0, "seq2seq_decoder_only": 0, "seq2seq_refused": 0,
                          "seq2seq_unchecked": 0}
@@ -227,7 +227,7 @@ def _discover_inline(model: Any, cfg: Any, ids: torch.Tensor) -> dict[str, Any]:
     if isinstance(spec, str):
         return {"status": "refused", "reason": spec}
     path = [k for k in ("text_config", "decoder") if getattr(cfg, k, None) is found["_text"]]
-    row = {"model_type": cfg.model_type, "status": "verified", "split": "separate", "modules": found["modules"],
+    row = {"model_type": cfg.model_type, "status": "verified", "split": found["split"], "modules": found["modules"],
            "config_path": path, "dims": spec, "position": _position(model, found["_text"].to_dict()),
            "qk_norm": False, "kind": "inline (output_attentions)", "scale_fit": round(found["scale_fit"], 9),
            "scale_times_sqrt_head_dim": round(found["scale_fit"] * math.sqrt(m.dh), 6)}

@@ -306,6 +306,10 @@ def discover_seq2seq(model_type: str) -> dict[str, Any]:
         return {"status": "refused", "reason": kinds}
     if "cross" not in kinds:
         return {"status": "refused", "reason": "no cross-attention found: not an encoder-decoder of this kind"}
+    missing = [k for k in KINDS if k not in kinds]
+    if missing:  # e.g. a block-sparse or local encoder attention computed inline (BigBird-Pegasus, LongT5)
+        return {"status": "refused", "reason": f"no {missing[0]} attention through transformers' attention interface "
+                "(computed inline): layout not confirmed"}
     parts = []
     for kind, (pattern, calls) in kinds.items():
         part = _part(model, cfg, cap, kind, pattern, calls)

@@ -59,4 +59,4 @@ def architectures(
                       f"{c['refused']} refused, {c['unchecked']} unchecked")
     out_console.print(f"and {c['seq2seq_types']} sequence-to-sequence types (counted apart): {c['seq2seq_measured']} "
                       f"measured as encoder, decoder and cross-attention, {c['seq2seq_decoder_only']} through their "
-                      f"decoder only, {c['seq2seq_refused']} refused, {c['seq2seq_unchecked']} unchecked")
+                      f"causal-LM class only, {c['seq2seq_refused']} refused, {c['seq2seq_unchecked']} unchecked")

@@ -519,8 +519,15 @@ def layout_from_row(row: dict[str, Any]) -> Any:
     if split == "mla":  # the latent norms (q_a_layernorm, kv_a_layernorm), folded by AttentionReader
         spec = NormSpec(tensors["kv_b"].replace("kv_b_proj.weight", "kv_a_layernorm.weight"), "rmsnorm")
     position = str(row.get("position", "none"))
+
+    def where(c: dict[str, Any]) -> str:  # a config that names its position encoding (ESM: absolute or rotary)
+        from headrank.io.generated import row_config
+
+        named = row_config(row, c).get("position_embedding_type") if position == "absolute" else None
+        return named if isinstance(named, str) else position
+
     return Layout(model_types=(row["model_type"],), tensors=tensors, dims=dims, split=split,
-                  biases=_bias_names(tensors), position=lambda c: position,
+                  biases=_bias_names(tensors), position=where,
                   qk_norm=lambda c: bool(row.get("qk_norm")), norm=lambda c: spec,
                   present_layers=bool(row.get("sparse", True)), aliases=aliases)
 
