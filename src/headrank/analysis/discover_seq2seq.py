@@ -19,7 +19,8 @@ products, read back through :class:`headrank.io.layouts.AttentionReader`, must p
 module's ``q_h k_hᵀ`` (times the constant the module folds into q and k, e.g. Whisper's
 ``1/√dh`` on the query), its value states and its output projection, to float round-off
 (:func:`headrank.analysis.verify_layout._check_fixed`). What passes is one generated row with
-``parts``; the first failure refuses the type with its reason.
+``parts``; the first failure refuses the type with its reason, and so does a kind that never calls
+the attention interface (an encoder whose attention is computed inline is not measured silently).
 """
 
 from __future__ import annotations
