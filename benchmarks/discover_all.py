@@ -1,5 +1,6 @@
-"""Discover and verify the attention layout of every causal-LM and masked-LM model type of the
-installed transformers, and write the generated rows (src/headrank/io/layouts_generated.json).
+"""Discover and verify the attention layout of every causal-LM, masked-LM and sequence-to-sequence
+model type of the installed transformers, and write the generated rows
+(src/headrank/io/layouts_generated.json).
 
     PYTHONPATH=src python benchmarks/discover_all.py [TYPE ...] [--out FILE]
 
@@ -23,6 +24,7 @@ import transformers
 
 from headrank.analysis.architectures import discover
 from headrank.analysis.discover import known_types
+from headrank.analysis.discover_seq2seq import seq2seq_types
 from headrank.io.generated import GENERATED, save_rows
 
 
@@ -38,7 +40,7 @@ def main() -> int:
     warnings.filterwarnings("ignore")
     transformers.logging.set_verbosity_error()
     signal.signal(signal.SIGALRM, _alarm)
-    types = args.types or list(known_types())
+    types = args.types or sorted({*known_types(), *seq2seq_types()})
     counts: dict[str, int] = {}
     for mt in types:
         cpu = time.process_time()

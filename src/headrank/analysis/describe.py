@@ -16,27 +16,34 @@ LEAD = ("effective_rank", "k90", "k99", "stable_rank", "gap_rel", "balance_rel",
 
 
 def describe(table: pd.DataFrame, meta: dict[str, Any]) -> pd.DataFrame:
-    """One row per layer: ``layer``, ``source`` (what was analysed), ``model_type``, ``heads``,
+    """One row per layer (an encoder-decoder: per ``attention`` kind and layer): ``layer``,
+    ``source`` (what was analysed), ``model_type``, ``heads``,
     ``head_dim``, then ``qk_METRIC`` and ``ov_METRIC`` for every numeric metric of the table
     (mean over the layer's heads; what moves first: effective rank, k90, k99, stable rank,
     gap/bound, balance, numerical rank, then the norms)."""
+    keys = ["attention", "layer"] if "attention" in table.columns else ["layer"]  # an encoder-decoder: per kind
     if table.empty or not {"layer", "product", "head", "head_dim"} <= set(table.columns):  # no rows: no layers
-        return pd.DataFrame(columns=["layer", "source", "model_type", "heads", "head_dim"])
-    skip = {"layer", "head", "kv_head", "product", "head_dim", "finite"}
+        return pd.DataFrame(columns=[*keys, "source", "model_type", "heads", "head_dim"])
+    skip = {"attention", "layer", "head", "kv_head", "product", "head_dim", "finite"}
     metrics = [c for c in table.columns if c not in skip and pd.api.types.is_numeric_dtype(table[c])]
     metrics = [m for m in LEAD if m in metrics] + [m for m in metrics if m not in LEAD]
-    g = table.groupby(["layer", "product"], sort=True)
+    if "attention" in keys:  # its kinds in the model's order (encoder, decoder, cross)
+        table = table.assign(attention=pd.Categorical(table["attention"], list(dict.fromkeys(table["attention"]))))
+    g = table.groupby([*keys, "product"], sort=True, observed=True)
     means = g[metrics].mean()
     wide = means.unstack("product")
     products = [p for p in ("qk", "ov") if p in table["product"].unique()]
     cols = {f"{p}_{m}": wide[(m, p)] for p in products for m in metrics}
     out = pd.DataFrame(cols)
-    first = g.agg(heads=("head", "size"), head_dim=("head_dim", "first")).groupby(level="layer").first()
+    first = g.agg(heads=("head", "size"), head_dim=("head_dim", "first")).groupby(level=keys, observed=True).first()
     out.insert(0, "head_dim", first["head_dim"])
     out.insert(0, "heads", first["heads"])
     out.insert(0, "model_type", meta.get("model_type"))
     out.insert(0, "source", str(meta.get("source")))
-    return out.reset_index()
+    out = out.reset_index()
+    if "attention" in keys:
+        out["attention"] = out["attention"].astype(str)
+    return out
 
 
 def model_name(meta: dict[str, Any]) -> str:
@@ -63,6 +70,11 @@ def plot(table: pd.DataFrame, sv: dict[str, np.ndarray], meta: dict[str, Any],
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     ax = axes[0]
+    span = ""
+    if meta.get("attention") is not None:  # an encoder-decoder: its kinds' layers in turn on one axis
+        from headrank.analysis.figproc import kinds_span, unit_positions
+
+        table, span = table.assign(layer=unit_positions(table, meta)), f" ({kinds_span(meta)})"
     for p, color in (("qk", "tab:blue"), ("ov", "tab:orange")):
         t = table[table["product"] == p]
         if t.empty:
@@ -73,7 +85,7 @@ def plot(table: pd.DataFrame, sv: dict[str, np.ndarray], meta: dict[str, Any],
         if "k90" in t:
             k = t.groupby("layer")["k90"].mean()
             ax.plot(k.index, k.to_numpy(), ls="--", color=color, label=f"{p.upper()} k90")
-    ax.set_xlabel("layer")
+    ax.set_xlabel("layer" + span)
     ax.set_ylabel("mean over heads (band: min to max)")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)

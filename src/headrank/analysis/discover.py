@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
+from headrank.analysis.discover_tiny import layer_list_field, more_sets, prepare
 from headrank.errors import HeadRankError, one_line
 
 T = TypeVar("T")
@@ -99,12 +100,13 @@ def known_types() -> dict[str, tuple[str, str]]:
 TINY = {"d": 48, "heads": 6, "kv_heads": 3, "head_dim": 16, "ffn": 40, "experts": 4, "layers": 8, "linear_dim": 8,
         "linear_heads": 2}
 MLA_TINY = {"qk_nope_head_dim": 12, "qk_rope_head_dim": 8, "v_head_dim": 10, "kv_lora_rank": 20, "q_lora_rank": 24}
-_WIDTH = ("emb_dim", "hidden_size", "d_model", "n_embd", "dim", "embed_dim", "n_embed", "model_dim", "hidden_dim_model")
+_WIDTH = ("emb_dim", "hidden_size", "d_model", "n_embd", "dim", "embed_dim", "n_embed", "model_dim", "hidden_dim_model",
+          "attention_hidden_size")
 _HEADS = ("num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads",
           "decoder_attention_heads", "attention_heads")
 _KV = ("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num", "n_kv_heads",
        "num_key_value_groups_heads")
-_HEAD_DIM = ("head_dim", "kv_channels", "attention_head_size", "d_head", "d_kv", "head_size")
+_HEAD_DIM = ("head_dim", "kv_channels", "attention_head_size", "d_head", "d_kv", "head_size", "attention_head_dim")
 _LAYERS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers", "decoder_layers", "encoder_layers")
 _FFN = ("intermediate_size", "ffn_dim", "n_inner", "d_ff", "moe_intermediate_size", "shared_expert_intermediate_size",
         "ffn_hidden_size", "encoder_ffn_dim", "decoder_ffn_dim", "expert_intermediate_size", "moe_ffn_hidden_size",
@@ -191,6 +193,7 @@ def _shrink(obj: Any, overrides: dict[str, Any] | None, text: bool = False) -> N
     for k in _TOPK:
         if k in have and have[k] is None:
             sets[k] = 2
+    sets.update(more_sets(obj, have, TINY["d"]))
     if isinstance(have.get("kv_lora_rank"), int):  # multi-head latent attention: distinct latent sizes
         sets.update(MLA_TINY)
         if have.get("q_lora_rank") is None:
@@ -259,8 +262,10 @@ def _is_norm(m: nn.Module) -> bool:
     return "norm" in type(m).__name__.lower() and isinstance(getattr(m, "weight", None), torch.Tensor)
 
 
-def forward_capture(model: nn.Module, ids: torch.Tensor, positions: torch.Tensor | None) -> Capture:
-    """Run ``model`` once on ``ids`` and record what its attention and linear maps saw."""
+def forward_capture(model: nn.Module, ids: torch.Tensor | None, positions: torch.Tensor | None,
+                    inputs: dict[str, torch.Tensor] | None = None) -> Capture:
+    """Run ``model`` once on ``ids`` (or on ``inputs``, the keyword inputs of an encoder-decoder)
+    and record what its attention and linear maps saw."""
     _LOG.clear()
     cap = Capture([])
     hooks = []
@@ -272,7 +277,7 @@ def forward_capture(model: nn.Module, ids: torch.Tensor, positions: torch.Tensor
                 if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
                     cap.io[name] = (x.detach(), y.detach())
             hooks.append(m.register_forward_hook(hook, with_kwargs=True))
-    kw: dict[str, Any] = {"input_ids": ids, "use_cache": False}
+    kw: dict[str, Any] = {**(inputs if inputs is not None else {"input_ids": ids}), "use_cache": False}
     if positions is not None:
         kw["position_ids"] = positions
     try:
@@ -296,12 +301,13 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 # -- build --------------------------------------------------------------------------------------
-def build_tiny(model_type: str, overrides: dict[str, Any] | None = None, attn: str = CAPTURE
-               ) -> tuple[nn.Module, Any]:
-    """A tiny random float64 model of ``model_type`` (its causal-LM or masked-LM class), biases and
-    QK-norms left as built; raises with transformers' own message when it cannot be built."""
+def build_tiny(model_type: str, overrides: dict[str, Any] | None = None, attn: str = CAPTURE,
+               auto: Any = None) -> tuple[nn.Module, Any]:
+    """A tiny random float64 model of ``model_type`` (its causal-LM or masked-LM class, or the
+    auto class ``auto``), biases and QK-norms left as built; raises with transformers' own message
+    when it cannot be built."""
     _register()
-    auto = auto_class(model_type)
+    auto = auto or auto_class(model_type)
     cfg, shapes = _meta_shapes(auto, tiny_config(model_type, overrides), attn)
     n = sum(math.prod(s) for s in shapes)
     if n > MAX_TINY_PARAMS:
@@ -309,6 +315,7 @@ def build_tiny(model_type: str, overrides: dict[str, Any] | None = None, attn: s
     torch.manual_seed(0)
     with torch.device("cpu"):
         model = auto.from_config(cfg, attn_implementation=attn, experts_implementation="eager", dtype=torch.float64)
+    prepare(model, cfg)
     return model.eval(), cfg
 
 
@@ -476,6 +483,8 @@ def _dims_spec(m: Match, n_layers: int, have: dict[str, Any]) -> dict[str, str] 
     spec["head_dim"] = _attr(have, _HEAD_DIM, m.dh) or ("=d/n_heads" if m.d // m.H == m.dh else None)
     if spec["n_layers"] is None and n_layers == 1:  # one layer shared by all (ALBERT): measured once
         spec["n_layers"] = "=1"
+    if spec["n_layers"] is None:  # a hybrid whose config lists its layers' kinds instead (Nemotron-H)
+        spec["n_layers"] = layer_list_field(have, n_layers)
     missing = [k for k, v in spec.items() if v is None]
     if missing:
         return f"no config field gives {missing[0]} ({m.H} heads of {m.dh} dims, width {m.d}, {n_layers} layers)"

@@ -7,7 +7,8 @@ output width is tried as (query, key): the row-centred log-probabilities ``log p
 must equal a constant times the logit differences that the pair's per-head product predicts; the
 value map and output projection are then those for which ``Σ_j p_hij W_V,h x_j`` is exactly the
 output projection's input. The layout found is read back through the reader and checked again.
-Separate projections with as many key/value heads as query heads only.
+Separate projections (or GPT's fused ``Conv1D``, openai-gpt) with as many key/value heads as
+query heads only.
 """
 
 from __future__ import annotations
@@ -43,11 +44,12 @@ def _logit_fit(s: torch.Tensor, p: torch.Tensor) -> tuple[float, float]:
 
 
 def _layer_linears(model: nn.Module, n_layers: int) -> dict[int, dict[str, nn.Module]]:
-    """The linear maps of each layer of the layer list that has ``n_layers`` entries."""
+    """The linear maps (``Linear``, GPT's ``Conv1D``) of each layer of the layer list that has
+    ``n_layers`` entries."""
     groups: dict[str, dict[int, dict[str, nn.Module]]] = {}
     for name, m in model.named_modules():
         where = _layer_prefix(name)
-        if where is None or not _is_linear(m) or not isinstance(m, nn.Linear):
+        if where is None or not _is_linear(m):
             continue
         layer, i = where
         base = layer[: layer.rfind(".")]
@@ -58,21 +60,48 @@ def _layer_linears(model: nn.Module, n_layers: int) -> dict[int, dict[str, nn.Mo
     return {}
 
 
-def _find(lin: dict[str, nn.Module], io: dict, p: torch.Tensor) -> tuple[dict[str, str], float, float] | str:
-    H = p.shape[1]
-    cands = [n for n, m in lin.items() if m.out_features % H == 0 and n in io]
-    for nq, nk in itertools.permutations(cands, 2):
-        if lin[nq].out_features != lin[nk].out_features:
+def _views(lin: dict[str, nn.Module], io: dict, H: int) -> dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]]:
+    """``(name, part) → (input, weight (out, in))`` of every map whose output splits into heads:
+    a ``Linear`` whole (part -1); a GPT ``Conv1D`` (weight stored (in, out)) whole, and where its
+    output is three equal blocks each block (parts 0, 1, 2: a fused ``[q | k | v]``)."""
+    out = {}
+    for n, m in lin.items():
+        if n not in io:
             continue
-        q = _heads_out(io[nq][0], lin[nq].weight, H)
-        k = _heads_out(io[nk][0], lin[nk].weight, H)
-        e, c = _logit_fit(q @ k.transpose(-1, -2), p)
+        w = m.weight.T if type(m).__name__ == "Conv1D" else m.weight
+        if w.shape[0] % H == 0:
+            out[(n, -1)] = (io[n][0], w)
+        if type(m).__name__ == "Conv1D" and w.shape[0] % (3 * H) == 0:
+            third = w.shape[0] // 3
+            out.update({(n, j): (io[n][0], w[j * third:(j + 1) * third]) for j in range(3)})
+    return out
+
+
+def _roles(q: tuple[str, int], k: tuple[str, int], v: tuple[str, int], o: str) -> tuple[str, dict[str, str]] | None:
+    """The split and role → module of a (q, k, v, o) found, or None when it is no split of the table."""
+    if q[1] == k[1] == v[1] == -1:
+        return "separate", {"q": q[0], "k": k[0], "v": v[0], "o": o}
+    if q[0] == k[0] == v[0] and (q[1], k[1], v[1]) == (0, 1, 2):
+        return "conv1d_fused", {"qkv": q[0], "o": o}
+    return None
+
+
+def _find(lin: dict[str, nn.Module], io: dict, p: torch.Tensor) -> tuple[str, dict[str, str], float, float] | str:
+    H = p.shape[1]
+    views = _views(lin, io, H)
+    for vq, vk in itertools.permutations(views, 2):
+        (xq, wq), (xk, wk) = views[vq], views[vk]
+        if wq.shape[0] != wk.shape[0]:
+            continue
+        e, c = _logit_fit(_heads_out(xq, wq, H) @ _heads_out(xk, wk, H).transpose(-1, -2), p)
         if e < TOL_P:
-            for nv in (n for n in cands if n not in (nq, nk)):
-                ctx = (p @ _heads_out(io[nv][0], lin[nv].weight, H)).transpose(1, 2).reshape(p.shape[0], p.shape[2], -1)
+            for vv in (v for v in views if v not in (vq, vk)):
+                ctx = (p @ _heads_out(*views[vv], H)).transpose(1, 2).reshape(p.shape[0], p.shape[2], -1)
                 for no in lin:
                     if no in io and io[no][0].shape == ctx.shape and _rel(io[no][0], ctx) < 1e-6:
-                        return {"q": nq, "k": nk, "v": nv, "o": no}, e, c
+                        found = _roles(vq, vk, vv, no)
+                        if found is not None:
+                            return (*found, e, c)
             return "the heads' output reaches no linear map as it is: layout not confirmed"
     return "no pair of linear maps predicts the module's attention probabilities: layout not confirmed"
 
@@ -83,7 +112,7 @@ def discover_inline(model: nn.Module, cfg: Any, ids: torch.Tensor) -> dict[str, 
 
     cap = Capture([])
     hooks = [m.register_forward_hook(lambda mod, a, o, n=n: cap.io.__setitem__(n, (a[0].detach(), o.detach())))
-             for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+             for n, m in model.named_modules() if _is_linear(m)]
     try:
         with torch.no_grad():
             out = model(input_ids=ids, output_attentions=True)
@@ -100,13 +129,15 @@ def discover_inline(model: nn.Module, cfg: Any, ids: torch.Tensor) -> dict[str, 
     found = _find(layers[len(atts) - 1], cap.io, atts[-1].double())
     if isinstance(found, str):
         return {"status": "refused", "reason": found}
-    roles, err, c = found
-    last = _layer_prefix(roles["q"])[0]
+    split, roles, err, c = found
+    first = roles.get("q", roles.get("qkv", ""))
+    last = _layer_prefix(first)[0]
     pattern = last[: last.rfind(".") + 1] + "{i}"
     mods = _strip_prefix(model, {r: pattern + n[len(last):] for r, n in roles.items()})
-    H, dh = atts[-1].shape[1], layers[len(atts) - 1][roles["q"]].out_features // atts[-1].shape[1]
-    return {"status": "verified", "split": "separate", "modules": mods, "_H": H, "_dh": dh,
-            "_d": layers[len(atts) - 1][roles["q"]].in_features, "_n_layers": len(atts),
+    q_in, q_out = cap.io[first][0].shape[-1], cap.io[first][1].shape[-1] // (3 if split == "conv1d_fused" else 1)
+    H = atts[-1].shape[1]
+    return {"status": "verified", "split": split, "modules": mods, "_H": H, "_dh": q_out // H,
+            "_d": q_in, "_n_layers": len(atts),
             "_io": cap.io, "_atts": atts, "scale_fit": c, "max_probability_fit_error_last_layer": err,
             "_text": _text(cfg)}
 
@@ -119,7 +150,7 @@ def check_inline(reader: Any, row: dict[str, Any]) -> dict[str, float]:
     for i in reader.layer_ids:
         hw, p = reader.read_layer(i), atts[i].double()
         names = {r: n.removesuffix(".weight") for r, n in reader.tensor_names(i).items()}
-        xq, xk, xv = (io[names[r]][0] for r in "qkv")
+        xq, xk, xv = (io[names.get(r, names.get("qkv"))][0] for r in "qkv")
         a, b = hw.qk_factors()
         s = torch.einsum("bmd,hde,hfe,bnf->bhmn", xq, b.to(xq.dtype), a.to(xq.dtype), xk)
         e, c = _logit_fit(s, p)

@@ -46,9 +46,13 @@ def figure_data(result) -> dict[str, Any]:
 
     t = result._columns("table")  # numpy columns (no pandas for a fresh analysis)
     layers = np.asarray(result.meta["layers"])
+    name = display_name(result.meta)
+    if result.meta.get("attention") is not None:  # an encoder-decoder: its kinds' layers in turn, numbered 0..
+        t, layers, name = t.assign(layer=unit_positions(t, result.meta)), np.arange(len(layers)), \
+            f"{name} ({kinds_span(result.meta)})"
     data: dict[str, Any] = {
         "layers": layers,
-        "name": display_name(result.meta),
+        "name": name,
         "tol": float(result.meta["tolerance"]),
         "head_dim": int(result.meta["config"]["head_dim"]),
     }
@@ -68,6 +72,22 @@ def figure_data(result) -> dict[str, Any]:
     for k, v in result.row_norms.items():
         data[f"rows_{k}"] = np.asarray(v, dtype=np.float64)[:, 0, :]  # head 0 of each layer
     return data
+
+
+def unit_positions(table: Any, meta: dict[str, Any]) -> Any:
+    """An encoder-decoder's rows: each row's position in ``meta["attention"]`` / ``meta["layers"]``
+    (its kinds' layers in turn: encoder, decoder, cross), for figures with one axis of layers."""
+    pos = {u: j for j, u in enumerate(zip(meta["attention"], meta["layers"], strict=True))}
+    return [pos[(a, int(i))] for a, i in zip(table["attention"], table["layer"], strict=True)]
+
+
+def kinds_span(meta: dict[str, Any]) -> str:
+    """Where each kind of an encoder-decoder's attention lies on such an axis, e.g.
+    ``encoder 0-5, decoder 6-11, cross 12-17``."""
+    spans: dict[str, list[int]] = {}
+    for j, a in enumerate(meta["attention"]):
+        spans.setdefault(a, []).append(j)
+    return ", ".join(f"{a} {v[0]}-{v[-1]}" if len(v) > 1 else f"{a} {v[0]}" for a, v in spans.items())
 
 
 def _package_root() -> str:

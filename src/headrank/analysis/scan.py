@@ -83,6 +83,10 @@ class SpectraResult(ResultBase):
     ``table`` and ``rotary`` are built as pandas DataFrames on first use: an analysis holds them
     as numpy columns (:mod:`headrank.analysis.columns`), and ``save`` writes those without
     importing pandas.
+
+    An encoder-decoder's table has an ``attention`` column (``encoder``, ``decoder``, ``cross``;
+    ``meta["attention"]`` names each entry of ``meta["layers"]`` and of the arrays' first axis,
+    NaN-padded where kinds differ in heads or head dim), and ``res[attention, layer, head, "qk"]``.
     """
 
     verb = "spectra"
@@ -159,24 +163,35 @@ class SpectraResult(ResultBase):
         per product) and ``layers`` (the summary's rows)."""
         return plain({"meta": self.meta, "overall": overall(self.table), "layers": records(self.summary())})
 
-    def __getitem__(self, key: tuple[int, int, str]) -> HeadSpectrum:
+    def __getitem__(self, key: tuple[Any, ...]) -> HeadSpectrum:
         """``res[layer, head, product]``: one head's singular values (and vectors, when the
-        analysis kept them)."""
-        if not (isinstance(key, tuple) and len(key) == 3):
-            raise HeadRankError("index a spectra result as res[layer, head, product], e.g. res[0, 3, 'qk']")
-        layer, head, product = key
+        analysis kept them); an encoder-decoder's ``res[attention, layer, head, product]``
+        (``attention``: encoder, decoder or cross)."""
+        kinds = self.meta.get("attention")
+        want = 4 if kinds is not None else 3
+        if not (isinstance(key, tuple) and len(key) == want):
+            raise HeadRankError("index a spectra result as res[layer, head, product], e.g. res[0, 3, 'qk']" if want == 3
+                                else "index an encoder-decoder's result as res[attention, layer, head, product], "
+                                     "e.g. res['encoder', 0, 3, 'qk']")
+        kind, (layer, head, product) = (key[0] if want == 4 else None), key[-3:]
         if product not in PRODUCTS:
             raise HeadRankError(f"product must be one of {', '.join(PRODUCTS)}; got {product!r}")
-        layers = list(self.meta["layers"])
-        if layer not in layers:
-            raise HeadRankError(f"layer {layer!r} was not analysed; analysed: {layers}")
-        i = layers.index(layer)
-        n = self.sv[product].shape[1]
+        units = list(zip(kinds, self.meta["layers"], strict=True)) if kinds is not None else list(self.meta["layers"])
+        unit = (kind, layer) if kinds is not None else layer
+        if unit not in units:
+            if kinds is not None and kind not in kinds:
+                raise HeadRankError(f"attention {kind!r} was not analysed; analysed: {list(dict.fromkeys(kinds))}")
+            have = [u[1] for u in units if u[0] == kind] if kinds is not None else units
+            raise HeadRankError(f"layer {layer!r} was not analysed; analysed: {have}")
+        i = units.index(unit)
+        n = self.meta["parts"][kind]["config"]["n_heads"] if kinds is not None else self.sv[product].shape[1]
         if isinstance(head, bool) or not isinstance(head, (int, np.integer)) or not 0 <= head < n:
             raise HeadRankError(f"head must be an integer in 0..{n - 1}; got {head!r}")
         vec = (self.vectors or {}).get(product)
-        return HeadSpectrum(int(layer), int(head), product, self.sv[product][i, head],
-                            None if vec is None else vec["u"][i, head], None if vec is None else vec["v"][i, head])
+        S = self.sv[product][i, head]
+        k = int(np.count_nonzero(~np.isnan(S)))  # an encoder-decoder's kinds may be NaN-padded
+        return HeadSpectrum(int(layer), int(head), product, S[:k],
+                            None if vec is None else vec["u"][i, head][:, :k], None if vec is None else vec["v"][i, head][:, :k])
 
     def describe(self) -> pd.DataFrame:
         """One wide row per layer (WeightWatcher style): ``layer``, ``source``, ``model_type``,
@@ -442,11 +457,11 @@ def analyze(
     reader = open_reader(source, config=config, layout=layout, revision=revision, base=base, delta=delta,
                          fold_norm=fold_norm, download=download, remote=remote, allow_full=allow_full,
                          arrays="numpy")
-    dims = reader.dims
+    dims, tol = reader.dims, float(tol)
     spec = layers if layers is None or isinstance(layers, str) else ",".join(str(i) for i in layers)
+    if reader.parts:  # an encoder-decoder: encoder, decoder and cross-attention layers
+        return _analyze_parts(reader, spec, tol, threads, vectors, progress, dev)
     sel = attention_layers(reader, parse_layers(spec, dims.n_layers), spec is None)
-    tol = float(tol)
-
     vecs = _Vectors(dims, len(sel)) if vectors else None
     rot, rot_why = rotary_scan(reader.ckpt.config, reader.position, dims.head_dim, reader.qk_norm, tol, rotary)
     used: list[int] = []
@@ -489,6 +504,76 @@ def _scan_layers(reader: AttentionReader, sel: list[int], tol: float, threads: i
     return frames, sv, norms, timing
 
 
+#: what each value of the ``attention`` column means (an encoder-decoder's table; meta.json's conventions)
+ATTENTION_KINDS = {
+    "encoder": "encoder self-attention: queries and keys from the encoder's hidden states",
+    "decoder": "decoder self-attention (causal): queries and keys from the decoder's hidden states",
+    "cross": ("cross-attention: queries from the decoder (W_Q on the decoder side), keys and values from the "
+              "encoder's output (W_K, W_V on the encoder side); QK = W_K,h^T W_Q,h reads a decoder state against "
+              "an encoder state, OV = P_h W_V,h writes what it reads from the encoder into the decoder"),
+}
+
+
+def part_layers(reader: AttentionReader, spec: str | None) -> list[tuple[AttentionReader, list[int]]]:
+    """An encoder-decoder's selection: ``spec`` (layer indices) read against every kind of
+    attention, each kind keeping the selected layers it has."""
+    sel = parse_layers(spec, max(p.dims.n_layers for p in reader.parts))
+    out = [(p, [i for i in sel if i in set(p.layer_ids)]) for p in reader.parts]
+    return [(p, s) for p, s in out if s]
+
+
+def _padded(arrays: list[np.ndarray]) -> np.ndarray:
+    """Per-layer arrays stacked, NaN-padded to the largest shape (kinds with other head counts)."""
+    shape = tuple(max(a.shape[j] for a in arrays) for j in range(arrays[0].ndim))
+    out = np.full((len(arrays), *shape), np.nan, dtype=np.result_type(*arrays, np.float32))
+    for j, a in enumerate(arrays):
+        out[(j, *map(slice, a.shape))] = a
+    return out
+
+
+def _analyze_parts(reader: AttentionReader, spec: str | None, tol: float, threads: int | None, vectors: bool,
+                   progress: Callable[[int, int], None] | None, device: Any) -> SpectraResult:
+    """:func:`analyze` of an encoder-decoder: every kind's layers in turn (encoder, decoder,
+    cross), one table with an ``attention`` column; arrays stacked over (kind, layer)."""
+    sels = part_layers(reader, spec)
+    total = sum(len(s) for _, s in sels)
+    frames: list[dict[str, Any]] = []
+    sv: dict[str, list[np.ndarray]] = {p: [] for p in PRODUCTS}
+    norms: dict[str, list[np.ndarray]] = {k: [] for k in ("q", "k", "v", "p")}
+    vecs: dict[str, dict[str, list[np.ndarray]]] = {p: {} for p in PRODUCTS}
+    timing: dict[str, float] = {}
+    used: list[int] = []
+    for part, sel in sels:
+        vec = _Vectors(part.dims, len(sel)) if vectors else None
+        offset = len(sv["qk"])
+        step = (lambda done, _t, o=offset: progress(o + done, total)) if progress else None
+        f, s, n, t = _scan_layers(part, sel, tol, threads, None, vec, step, device, used)
+        frames += [{"attention": part.layout.attention, **x} for x in f]
+        for k, v in (*s.items(), *n.items()):
+            (sv if k in sv else norms)[k] += v
+        timing = {k: timing.get(k, 0.0) + v for k, v in t.items()}
+        for p, arrs in (vec.arrays() if vec is not None else {}).items():
+            for k, a in arrs.items():
+                vecs[p].setdefault(k, []).extend(a)
+    table = _table(frames, ("attention", *TABLE_COLUMNS))
+    meta = {**_meta(reader, [i for _, sel in sels for i in sel], tol, table),
+            "attention": [p.layout.attention for p, sel in sels for _ in sel],
+            "parts": {p.layout.attention: {"layers": sel, "layout": {"split": p.split, "prefix": p.prefix,
+                                                                     "tensors": p.tensor_names(p.layer_ids[0])},
+                                           "config": {"n_layers": p.dims.n_layers, "d_model": p.dims.d,
+                                                      "n_heads": p.dims.n_heads, "n_kv_heads": p.dims.n_kv_heads,
+                                                      "head_dim": p.dims.head_dim},
+                                           "position_encoding": p.position, "qk_norm": p.qk_norm}
+                      for p, sel in sels},
+            "compute": _compute_meta(device, threads, used), "timing_s": {k: round(v, 4) for k, v in timing.items()}}
+    meta["conventions"].update(attention_kinds={p.layout.attention: ATTENTION_KINDS[p.layout.attention]
+                                                for p, _ in sels}, rotary_bands=None,
+                               position_encoding={p.layout.attention: p.position for p, _ in sels})
+    return SpectraResult(table=table, sv={p: _padded(v) for p, v in sv.items()},
+                         row_norms={k: _padded(v) for k, v in norms.items()}, meta=meta,
+                         vectors={p: {k: _padded(v) for k, v in d.items()} for p, d in vecs.items()} if vectors else None)
+
+
 class _Vectors:
     """Each selected layer's exact per-head singular vectors (core.linalg.product_svd), float32."""
 
@@ -525,10 +610,11 @@ class _Vectors:
         return {p: {k: v[:self.done] for k, v in d.items()} for p, d in self.parts.items()}
 
 
-def _table(frames: list[dict[str, Any]]) -> Columns:
-    """The layers' rows in one table (numpy columns, TABLE_COLUMNS); the metric table's counts
-    (rank, k90, k99) as int64 unless a non-finite head made them NaN."""
-    table = concat(frames, TABLE_COLUMNS)
+def _table(frames: list[dict[str, Any]], columns: tuple[str, ...] = TABLE_COLUMNS) -> Columns:
+    """The layers' rows in one table (numpy columns, ``columns``: TABLE_COLUMNS, an encoder-decoder's
+    with ``attention`` first); the metric table's counts (rank, k90, k99) as int64 unless a
+    non-finite head made them NaN."""
+    table = concat(frames, columns)
     table["finite"] = table["finite"].astype(bool)
     for m in METRICS:
         if m.integer:
@@ -540,9 +626,9 @@ def _table(frames: list[dict[str, Any]]) -> Columns:
 def _meta(reader: AttentionReader, sel: list[int], tol: float, table: Columns) -> dict[str, Any]:
     """meta.json: the source, the config summary, dtypes, tolerance and conventions."""
     dims = reader.dims
-    bad = ~table["finite"]
-    bad = [{"layer": int(la), "head": int(h), "product": str(p)}
-           for la, h, p in zip(table["layer"][bad], table["head"][bad], table["product"][bad], strict=True)]
+    keys = [c for c in ("attention", "layer", "head", "product") if c in table]
+    bad = [{k: str(table[k][i]) if k in ("attention", "product") else int(table[k][i]) for k in keys}
+           for i in np.flatnonzero(~np.asarray(table["finite"], dtype=bool)).tolist()]
     cfg = reader.ckpt.config
     return {
         **reader.origin,  # input kind, source, path, files (+ hub / gguf / adapter / live details)
@@ -605,18 +691,32 @@ def spectra(source: str | os.PathLike | BaseCheckpoint | Any, **kwargs: Any) -> 
 
 
 def summarize(table: pd.DataFrame) -> pd.DataFrame:
-    """Per layer and product: the number of heads, mean numerical rank / dh, and the mean over
-    heads of every summary metric of the table (core.metrics.SUMMARY_METRICS: effective rank,
-    k90, k99, gap / bound, relative balance …)."""
+    """Per layer (an encoder-decoder: per kind of attention and layer) and product: the number of
+    heads, mean numerical rank / dh, and the mean over heads of every summary metric of the table
+    (core.metrics.SUMMARY_METRICS: effective rank, k90, k99, gap / bound, relative balance …)."""
     return to_frame(summary_columns(from_frame(table)))
 
 
 def summary_columns(table: Columns) -> Columns:
     """:func:`summarize` on numpy columns, without pandas (the same numbers: pandas' grouped
-    means, :func:`headrank.analysis.columns.group_agg`)."""
+    means, :func:`headrank.analysis.columns.group_agg`). An encoder-decoder's kinds come in the
+    model's order (encoder, decoder, cross), not the alphabet's."""
     t = {**table, "rank_frac": np.asarray(table["rank"]) / np.asarray(table["head_dim"])}
-    return group_agg(t, ("layer", "product"), [("heads", "head", "size"), ("rank_frac", "rank_frac", "mean"),
-                                                *((k, k, "mean") for k in SUMMARY_METRICS)])
+    keys = unit_columns(t)
+    kinds = list(dict.fromkeys(np.asarray(t["attention"]).tolist())) if "attention" in keys else []
+    if kinds:
+        t["attention"] = np.asarray([kinds.index(k) for k in np.asarray(t["attention"]).tolist()], dtype=np.int64)
+    out = group_agg(t, (*keys, "product"), [("heads", "head", "size"), ("rank_frac", "rank_frac", "mean"),
+                                             *((k, k, "mean") for k in SUMMARY_METRICS)])
+    if kinds:
+        out["attention"] = np.asarray([kinds[i] for i in out["attention"].tolist()], dtype=object)
+    return out
+
+
+def unit_columns(table: Any) -> list[str]:
+    """The columns that name one attention layer: ``layer``, and for an encoder-decoder first
+    ``attention`` (encoder, decoder or cross). ``table``: numpy columns or a DataFrame."""
+    return ["attention", "layer"] if "attention" in table else ["layer"]
 
 
 def overall(table: pd.DataFrame) -> dict[str, dict[str, float]]:
@@ -670,6 +770,8 @@ def save(result: SpectraResult, out: str | os.PathLike, *, plots: bool = True,
 def _save_npz(p: Path, result: SpectraResult) -> None:
     arrays = {**result.sv, **{f"row_norms_{k}": v for k, v in result.row_norms.items()},
               "layers": np.asarray(result.meta["layers"])}
+    if result.meta.get("attention") is not None:  # an encoder-decoder: each entry's kind (encoder, decoder, cross)
+        arrays["attention"] = np.asarray(result.meta["attention"], dtype=str)
     with open(p, "wb") as fh:
         np.savez_compressed(fh, **arrays)
 

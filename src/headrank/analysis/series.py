@@ -695,10 +695,16 @@ def summarize_series(table: pd.DataFrame) -> pd.DataFrame:
     """Per (checkpoint, step, layer, product): means over heads of every summary metric of the
     table (core.metrics.SUMMARY_METRICS: effective rank, k90, k99, numerical rank, gap / bound,
     relative balance …) that ``table`` holds (tables written before a metric existed lack it)."""
-    g = table.groupby([*KEY, "layer", "product"], sort=False)
+    unit = ["attention", "layer"] if "attention" in table.columns else ["layer"]  # an encoder-decoder: per kind
+    g = table.groupby([*KEY, *unit, "product"], sort=False)
     out = g.agg(heads=("head", "size"), head_dim=("head_dim", "first"),
                 **{k: (k, "mean") for k in SUMMARY_METRICS if k in table})
-    return out.reset_index().sort_values(["step", "checkpoint", "layer", "product"], ignore_index=True)
+    return out.reset_index().sort_values(["step", "checkpoint", *unit, "product"], ignore_index=True, key=_kind_rank)
+
+
+def _kind_rank(col: pd.Series) -> pd.Series:
+    """Sort key: an encoder-decoder's kinds in the model's order (encoder, decoder, cross)."""
+    return col.map({"encoder": 0, "decoder": 1, "cross": 2}) if col.name == "attention" else col
 
 
 def _combine(out: Path, items: list[SeriesItem], arch: dict[str, Any], computed: list[str],
@@ -709,7 +715,8 @@ def _combine(out: Path, items: list[SeriesItem], arch: dict[str, Any], computed:
         frames.append(extra.reindex(columns=frames[0].columns))
     table = pd.concat(frames, ignore_index=True)
     table["checkpoint"] = table["checkpoint"].astype(str)
-    table = table.sort_values(["step", "checkpoint", "layer", "product", "head"], ignore_index=True)
+    unit = ["attention", "layer"] if "attention" in table.columns else ["layer"]
+    table = table.sort_values(["step", "checkpoint", *unit, "product", "head"], ignore_index=True, key=_kind_rank)
     summary = summarize_series(table)
     with staged_output(out) as stage:  # the set moves in whole, or the previous set stays
         files = [write_atomic(stage / "table.csv", lambda p: table.to_csv(p, index=False)),

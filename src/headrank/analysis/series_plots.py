@@ -22,11 +22,23 @@ def moving_panels(summary: pd.DataFrame) -> list[tuple[str, str]]:
     for col, name in PANELS:
         if col not in summary:
             continue
-        spread = summary.groupby(["layer", "product"])[col].agg(lambda v: v.max() - v.min() if v.notna().any() else 0)
+        spread = summary.groupby([*_keys(summary), "product"])[col].agg(lambda v: v.max() - v.min() if v.notna().any() else 0)
         scale = max(float(summary[col].abs().max()), 1e-300)
         if (spread > 1e-9 * scale).any():
             keep.append((col, name))
     return keep or [PANELS[0]]
+
+
+def _keys(summary: pd.DataFrame) -> list[str]:
+    """The columns naming one attention layer (an encoder-decoder's: its kind, then the layer)."""
+    return ["attention", "layer"] if "attention" in summary.columns else ["layer"]
+
+
+def _units(summary: pd.DataFrame) -> list[tuple]:
+    """Every attention layer of the summary, in the model's order (encoder, decoder, cross)."""
+    order = {"encoder": 0, "decoder": 1, "cross": 2}
+    units = {tuple(u) for u in summary[_keys(summary)].itertuples(index=False)}
+    return sorted(units, key=lambda u: (order.get(u[0], 3), u[1]) if len(u) == 2 else u)
 
 
 def plot_series(summary: pd.DataFrame, path: Path, title: str = "") -> Path:
@@ -48,7 +60,7 @@ def series_figure(summary: pd.DataFrame, title: str = ""):
     import matplotlib.pyplot as plt
 
     panels = moving_panels(summary)
-    layers = sorted(summary["layer"].unique())
+    keys, layers = _keys(summary), _units(summary)
     cmap = plt.get_cmap("viridis")
     fig, axes = plt.subplots(2, len(panels), figsize=(4 * len(panels) + 1, 6.4), squeeze=False, sharex=True)
     steps = summary["step"].to_numpy()
@@ -57,10 +69,11 @@ def series_figure(summary: pd.DataFrame, title: str = ""):
         s = summary[summary["product"] == product]
         for c, (col, name) in enumerate(panels):
             ax = axes[r][c]
-            for j, layer in enumerate(layers):
-                d = s[s["layer"] == layer].sort_values("step")
+            for j, unit in enumerate(layers):
+                d = s[(s[keys] == pd.Series(unit, index=keys)).all(axis=1)].sort_values("step")
                 ax.plot(d["step"], d[col], color=cmap(j / max(len(layers) - 1, 1)), lw=1, alpha=0.8,
-                        label=f"layer {layer}" if r == 0 and c == 0 and len(layers) <= 8 else None)
+                        label=("layer " if len(unit) == 1 else "") + " ".join(map(str, unit))
+                        if r == 0 and c == 0 and len(layers) <= 8 else None)
             m = s.groupby("step")[col].mean()
             ax.plot(m.index, m.to_numpy(), color="black", lw=2, marker="o", ms=3,
                     label="mean" if r == 0 and c == 0 else None)
@@ -75,8 +88,15 @@ def series_figure(summary: pd.DataFrame, title: str = ""):
         from matplotlib.cm import ScalarMappable
         from matplotlib.colors import Normalize
 
-        sm = ScalarMappable(norm=Normalize(min(layers), max(layers)), cmap=cmap)
-        fig.colorbar(sm, ax=axes, label="layer", fraction=0.02, pad=0.01)
+        if len(keys) == 1:
+            sm, label = ScalarMappable(norm=Normalize(min(layers)[0], max(layers)[0]), cmap=cmap), "layer"
+        else:  # an encoder-decoder: its kinds' layers in turn
+            spans: dict[str, list[int]] = {}
+            for j, (kind, _) in enumerate(layers):
+                spans.setdefault(kind, []).append(j)
+            sm = ScalarMappable(norm=Normalize(0, len(layers) - 1), cmap=cmap)
+            label = "layer (" + ", ".join(f"{k} {v[0]}-{v[-1]}" for k, v in spans.items()) + ")"
+        fig.colorbar(sm, ax=axes, label=label, fraction=0.02, pad=0.01)
     if title:
         fig.suptitle(title, fontsize=10)
     if len(layers) <= 8:

@@ -43,6 +43,9 @@ class RankTracker:
             raise HeadRankError(f"tolerance must lie in (0, 1); got {tol}")
         self.every, self.tol = every, tol
         self.reader = AttentionReader(LiveCheckpoint(model, config))
+        if self.reader.parts:
+            raise HeadRankError(f"the live tracker reads one kind of attention; {self.reader.layout.model_types[0]!r} "
+                                "is an encoder-decoder: measure its checkpoints with spectra or track")
         self.n_layers = self.reader.dims.n_layers
 
     def due(self, step: int) -> bool:

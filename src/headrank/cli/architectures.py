@@ -19,8 +19,9 @@ def architectures(
     status: Annotated[str | None, typer.Option("--status", help="list only types with this status: table, verified, refused, unchecked")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the records as JSON")] = False,
 ) -> None:
-    """Every causal-LM and masked-LM model type of the installed transformers: measured (layout table,
-    or discovered and verified against the module's forward) or refused, with the reason."""
+    """Every causal-LM, masked-LM and sequence-to-sequence model type of the installed transformers:
+    measured (layout table, or discovered and verified against the module's forward; an
+    encoder-decoder as encoder, decoder and cross-attention) or refused, with the reason."""
     import transformers
 
     from headrank.analysis.architectures import architectures as records
@@ -31,11 +32,13 @@ def architectures(
     if check is not None:
         row = run_check(check)
         keys = ("model_type", "status", "split", "modules", "position", "qk_norm", "max_logits_error",
-                "max_values_error", "max_output_error", "rotary_style", "max_band_error", "seconds", "transformers")
+                "max_values_error", "max_output_error", "rotary_style", "max_band_error", "parts", "seconds",
+                "transformers")
         if as_json:
             sys.stdout.write(json.dumps({k: row.get(k) for k in keys}, indent=1) + "\n")
             return
-        out_console.print(f"{check}: verified ({row['split']}, {row['position']}, max logit error "
+        kinds = f"{'/'.join(p['attention'] for p in row['parts'])} attention, " if row.get("parts") else ""
+        out_console.print(f"{check}: verified ({kinds}{row['split']}, {row['position']}, max logit error "
                           f"{row['max_logits_error']:.2g}, {row['seconds']:.1f} s, transformers {row['transformers']})")
         return
     if status not in (None, "table", "verified", "refused", "unchecked"):
@@ -46,10 +49,14 @@ def architectures(
     if as_json:
         sys.stdout.write(json.dumps({"transformers": transformers.__version__, "counts": c, "types": shown}) + "\n")
         return
-    t = Table("model_type", "task", "status", "detail")
+    t = Table("model_type", "task", "status", "attention", "detail")
     for r in shown:
-        t.add_row(r["model_type"], r["task"], r["status"], r["detail"])
+        task = r["task"] + (" + seq2seq" if r["seq2seq"] and "seq2seq" not in r["task"] else "")
+        t.add_row(r["model_type"], task, r["status"], r["kinds"], r["detail"])
     out_console.print(t)
     out_console.print(f"transformers {transformers.__version__}: {c['types']} causal-LM and masked-LM types; "
                       f"{c['measured']} measured ({c['table']} layout table, {c['verified']} verified), "
                       f"{c['refused']} refused, {c['unchecked']} unchecked")
+    out_console.print(f"and {c['seq2seq_types']} sequence-to-sequence types (counted apart): {c['seq2seq_measured']} "
+                      f"measured as encoder, decoder and cross-attention, {c['seq2seq_decoder_only']} through their "
+                      f"causal-LM class only, {c['seq2seq_refused']} refused, {c['seq2seq_unchecked']} unchecked")

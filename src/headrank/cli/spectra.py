@@ -111,8 +111,10 @@ def _print_table(result, summary) -> None:
     from headrank.core.metrics import CONSOLE_CAPTION, CONSOLE_METRICS
 
     c = result.meta["config"]
+    parts = result.meta.get("parts")  # an encoder-decoder: layers per kind of attention
+    n_layers = "/".join(f"{k} {v['config']['n_layers']}" for k, v in parts.items()) if parts else c["n_layers"]
     out_console.print(styled(
-        "bold", str(result.meta["source"]), f"  model_type={result.meta['model_type']}  layers={c['n_layers']}  "
+        "bold", str(result.meta["source"]), f"  model_type={result.meta['model_type']}  layers={n_layers}  "
         f"d={c['d_model']}  heads={c['n_heads']} (kv {c['n_kv_heads']})  dh={c['head_dim']}  "
         f"dtype={','.join(result.meta['dtype_read'])}  tau={result.meta['tolerance']:g}"), highlight=False)
     table = Table(title="mean over heads per layer", caption=CONSOLE_CAPTION)
@@ -120,11 +122,13 @@ def _print_table(result, summary) -> None:
     for p in ("qk", "ov"):
         for _, head, _ in CONSOLE_METRICS:
             table.add_column(f"{p.upper()} {head}", justify="right")
-    piv = summary.set_index(["layer", "product"])
-    for layer in result.meta["layers"]:
-        row = [str(layer)]
+    kinds = result.meta.get("attention")  # an encoder-decoder: (kind, layer) per row
+    units = list(zip(kinds, result.meta["layers"], strict=True)) if kinds else [(layer,) for layer in result.meta["layers"]]
+    piv = summary.set_index([*(["attention"] if kinds else []), "layer", "product"])
+    for unit in units:
+        row = [" ".join(map(str, unit))]
         for p in ("qk", "ov"):
-            row += [format(piv.loc[(layer, p)][k], f) for k, _, f in CONSOLE_METRICS]
+            row += [format(piv.loc[(*unit, p)][k], f) for k, _, f in CONSOLE_METRICS]
         table.add_row(*row)
     out_console.print(table)
     if line := rotary_line(result.meta):

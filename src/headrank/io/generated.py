@@ -95,6 +95,24 @@ def row_config(row: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
     return {**base, **sub}  # a null in config.json stays null (MLA: q_lora_rank null)
 
 
+#: older config.json names of a per-layer list (transformers converts them on load)
+_LIST_ALIASES = {"layers_block_type": ("hybrid_override_pattern", "layer_types"),
+                 "layer_types": ("layers_block_type", "hybrid_override_pattern")}
+
+
+def _layer_count(field: str, row: dict[str, Any], config: dict[str, Any], merged: dict[str, Any]) -> int:
+    """The length of the per-layer list ``field`` (or an older name of it) as the config file gives
+    it, before transformers' default: a default would count the default's layers."""
+    raw = config
+    for k in row.get("config_path", ()):
+        raw = raw.get(k) if isinstance(raw.get(k), dict) else raw
+    for src in (raw, merged):
+        for name in (field, *_LIST_ALIASES.get(field, ())):
+            if isinstance(src.get(name), (list, str)) and src[name]:
+                return len(src[name])
+    raise HeadRankError(f"config lacks {field!r} (n_layers) for model type {row.get('model_type')!r}")
+
+
 def row_sizes(row: dict[str, Any], config: dict[str, Any]) -> dict[str, int]:
     """n_layers, d, n_heads, n_kv_heads, head_dim of a row for ``config`` (a config.json dict)."""
     c = row_config(row, config)
@@ -108,6 +126,8 @@ def row_sizes(row: dict[str, Any], config: dict[str, Any]) -> dict[str, int]:
             val = out["n_heads"]
         elif how == "=d/n_heads":
             val = out["d"] // out["n_heads"]
+        elif how.startswith("=len:"):  # one entry per layer (Nemotron-H's layer kinds or its older pattern string)
+            val = _layer_count(how[5:], row, config, c)
         else:
             val = c.get(how)
             if val is None and key == "head_dim":

@@ -368,6 +368,11 @@ class Layout:
     modules: Modules | None = None
     norm: Callable[[dict[str, Any]], NormSpec | None] = field(default=lambda c: None)
     present_layers: bool = False  # generated rows: only the layers whose tensors exist (hybrids)
+    #: which attention this is: ``self`` (a decoder-only or encoder-only model), or in an
+    #: encoder-decoder ``encoder``, ``decoder`` (self-attention) or ``cross`` (decoder queries, encoder keys)
+    attention: str = "self"
+    #: an encoder-decoder: one layout per kind of attention (this row is then the first of them)
+    parts: tuple[Layout, ...] = ()
 
     def split_for(self, config: dict[str, Any]) -> str:
         return self.split(config) if callable(self.split) else self.split
@@ -506,7 +511,12 @@ def layout_for(config: dict[str, Any]) -> Layout:
 
 
 def layout_from_row(row: dict[str, Any]) -> Any:
-    """A :class:`Layout` for a verified row of the generated table (:mod:`headrank.io.generated`)."""
+    """A :class:`Layout` for a verified row of the generated table (:mod:`headrank.io.generated`);
+    an encoder-decoder's row (``parts``) gives the first part's layout with every part in ``parts``."""
+    if row.get("parts"):
+        parts = tuple(replace(layout_from_row({**part, "model_type": row["model_type"]}), attention=part["attention"])
+                      for part in row["parts"])
+        return replace(parts[0], parts=parts)
     mods = row["modules"]
     suffix = ".weight"
     tensors = {r: m + suffix for r, m in mods.items()}
@@ -523,8 +533,15 @@ def layout_from_row(row: dict[str, Any]) -> Any:
     if split == "mla":  # the latent norms (q_a_layernorm, kv_a_layernorm), folded by AttentionReader
         spec = NormSpec(latent_norm(tensors["kv_b"]) or tensors["kv_b"], "rmsnorm")
     position = str(row.get("position", "none"))
+
+    def where(c: dict[str, Any]) -> str:  # a config that names its position encoding (ESM: absolute or rotary)
+        from headrank.io.generated import row_config
+
+        named = row_config(row, c).get("position_embedding_type") if position == "absolute" else None
+        return named if isinstance(named, str) else position
+
     return Layout(model_types=(row["model_type"],), tensors=tensors, dims=dims, split=split,
-                  biases=_bias_names(tensors), position=lambda c: position,
+                  biases=_bias_names(tensors), position=where,
                   qk_norm=lambda c: bool(row.get("qk_norm")), norm=lambda c: spec,
                   present_layers=bool(row.get("sparse", True)), aliases=aliases)
 
@@ -544,6 +561,10 @@ def generated_layout(config: dict[str, Any]) -> Any | None:
     return layout_from_row(row)
 
 
+class _NoTensors(HeadRankError):
+    """No tensor of the layout's names is in the checkpoint."""
+
+
 class AttentionReader:
     """Reads one layer at a time from a checkpoint and splits it into per-head weights.
 
@@ -561,6 +582,12 @@ class AttentionReader:
         self.ckpt = ckpt
         self.origin: dict[str, Any] = dict(origin or {})
         self.layout = layout or layout_for(ckpt.config)
+        #: an encoder-decoder: one reader per kind of attention present in the checkpoint (this
+        #: reader is then the first of them); empty for a model with one kind
+        self.parts: tuple[AttentionReader, ...] = ()
+        if self.layout.parts:
+            self._open_parts(fold_norm)
+            return
         try:
             self.dims = self.layout.dims(ckpt.config)
         except HeadRankError as e:
@@ -580,6 +607,21 @@ class AttentionReader:
                 raise HeadRankError(f"`fold_norm`: no norm precedes attention in {self.layout.model_types[0]!r} "
                                     "(post-norm, no norm, or not described in its layout)")
             self.norm_name(0)  # fails now, before any work, when the tensor is missing
+
+    def _open_parts(self, fold_norm: bool) -> None:
+        """One reader per kind of attention whose tensors the checkpoint holds (an encoder-decoder's
+        decoder alone, e.g. a ``*ForCausalLM`` file, has no encoder part); this reader becomes the
+        first of them, so a caller that reads one kind reads that one."""
+        readers, absent = [], []
+        for part in self.layout.parts:
+            try:
+                readers.append(type(self)(self.ckpt, part, fold_norm=fold_norm, origin=self.origin))
+            except _NoTensors as e:
+                absent.append(str(e))
+        if not readers:
+            raise HeadRankError(absent[0])
+        self.__dict__.update({k: v for k, v in vars(readers[0]).items() if k != "parts"})
+        self.parts = tuple(readers)
 
     def _check_memory(self) -> None:
         """One layer's attention weights in float64 (stored, split and reduced copies) must fit."""
@@ -620,7 +662,7 @@ class AttentionReader:
                 if tensors is not self.layout.tensors:
                     self.layout = self.layout.with_tensors(tensors)
                 return prefixes[0]  # shortest: the base model's own weights
-        raise HeadRankError(
+        raise _NoTensors(
             f"checkpoint has no tensor named like {' or '.join(map(repr, firsts))}: weights do not match "
             f"the layout of {self.layout.model_types[0]!r}"
         )

@@ -81,6 +81,9 @@ def open_source(source: Any, verbose: bool = False, **kw: Any) -> tuple[Attentio
     compressed checkpoint is written as safetensors with Hugging Face names. transformers' own
     progress bars (its GGUF reader's among them) are silenced unless ``verbose``."""
     reader = open_reader(source, **kw)
+    if reader.parts:
+        raise HeadRankError(f"compress: {reader.layout.model_types[0]!r} is an encoder-decoder (encoder, decoder and "
+                            "cross-attention): cutting it is not supported (spectra and track measure it)")
     if reader.split == "mla":
         raise HeadRankError(f"compress: {reader.layout.model_types[0]!r} uses multi-head latent attention, whose heads "
                             "share the latent projections: cutting one head's product is not supported (spectra "
