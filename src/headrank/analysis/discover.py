@@ -150,6 +150,19 @@ def _text(cfg: Any) -> Any:
         return get()
 
 
+def _head_dim_sets(have: dict[str, Any], add: bool) -> dict[str, Any]:
+    """``head_dim`` of the tiny config: set where the config derives it (``None``, filled in
+    ``__post_init__``, not run again), and added (``add``: a text config with heads) where the
+    config has none, so that a module that reads ``getattr(config, "head_dim", width // heads)``
+    shows it and its row names the field (width / heads where a checkpoint's config has none:
+    Qwen3-MoE's 128 is not 2048 / 32)."""
+    if "head_dim" in have and have["head_dim"] is None:
+        return {"head_dim": TINY["d"] // TINY["heads"]}
+    if add and "head_dim" not in have and "kv_lora_rank" not in have:
+        return {"head_dim": TINY["head_dim"]}
+    return {}
+
+
 def _shrink(obj: Any, overrides: dict[str, Any] | None, text: bool = False) -> None:
     have = obj.to_dict()
     overrides = dict(overrides or {})
@@ -171,12 +184,7 @@ def _shrink(obj: Any, overrides: dict[str, Any] | None, text: bool = False) -> N
             sets.update({heads: expand * TINY["d"] // 8, dim: 8})
     if isinstance(have.get("rotary_dim"), int):
         sets["rotary_dim"] = 4
-    if "head_dim" in have and have["head_dim"] is None:  # derived in __post_init__, not run again
-        sets["head_dim"] = TINY["d"] // TINY["heads"]
-    elif text and add_head_dim and "head_dim" not in have and "kv_lora_rank" not in have and default_heads is not None:
-        # a module that reads getattr(config, "head_dim", width // heads) shows it, and its row then names
-        # the field (width / heads where a checkpoint's config has none): Qwen3-MoE's 128 is not 2048 / 32
-        sets["head_dim"] = TINY["head_dim"]
+    sets.update(_head_dim_sets(have, text and add_head_dim and default_heads is not None))
     if default_kv is not None:
         kv = 1 if default_kv == 1 else (TINY["heads"] if default_kv == default_heads else TINY["kv_heads"])
         sets.update({k: kv for k in _KV if isinstance(have.get(k), int)})
