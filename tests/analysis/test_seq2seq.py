@@ -243,6 +243,25 @@ def test_cli_spectra_track_and_compress_of_t5(t5_dirs):
     assert "encoder-decoder" in r.stderr and not (root / "cut").exists()
 
 
+def test_cli_spectra_of_t5_with_figures_and_its_summary(t5_dirs):
+    """The figures of an encoder-decoder (its kinds' layers on one axis), and summary.csv against
+    pandas' own grouped means of heads.csv, kinds in the model's order."""
+    root, _ = t5_dirs
+    r = run_cli("spectra", "t5 run/checkpoint-20", "--out", "fig t5", cwd=root)
+    assert r.returncode == 0, r.stderr
+    out = root / "fig t5"
+    assert all((out / f).stat().st_size > 0 for f in ("singular_values.png", "fig4_norms.png", "fig4_rows.png"))
+    heads = pd.read_csv(out / "heads.csv")
+    summary = pd.read_csv(out / "summary.csv")
+    heads["rank_frac"] = heads["rank"] / heads["head_dim"]
+    kinds = pd.Categorical(heads["attention"], categories=["encoder", "decoder", "cross"])
+    ref = heads.assign(attention=kinds).groupby(["attention", "layer", "product"], observed=True, sort=True)
+    ref = ref[["rank_frac", "effective_rank"]].mean().reset_index()
+    assert summary["attention"].tolist() == ref["attention"].astype(str).tolist()
+    np.testing.assert_allclose(summary[["rank_frac", "effective_rank"]].to_numpy(),
+                               ref[["rank_frac", "effective_rank"]].to_numpy(), rtol=1e-15)
+
+
 def test_remote_t5_equals_local(t5_dirs, monkeypatch):
     import huggingface_hub.constants as hc
 

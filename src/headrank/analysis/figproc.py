@@ -48,7 +48,7 @@ def figure_data(result) -> dict[str, Any]:
     layers = np.asarray(result.meta["layers"])
     name = display_name(result.meta)
     if result.meta.get("attention") is not None:  # an encoder-decoder: its kinds' layers in turn, numbered 0..
-        t, layers, name = t.assign(layer=unit_positions(t, result.meta)), np.arange(len(layers)), \
+        t, layers, name = {**t, "layer": np.asarray(unit_positions(t, result.meta))}, np.arange(len(layers)), \
             f"{name} ({kinds_span(result.meta)})"
     data: dict[str, Any] = {
         "layers": layers,
