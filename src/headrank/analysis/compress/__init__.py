@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from headrank.analysis.compress.allocate import annotate, reallocate
 from headrank.analysis.compress.api import (
     Plan,
     cut_layers,
@@ -39,6 +40,7 @@ from headrank.analysis.compress.factored import (
     factor_layer,
     load_compressed,
 )
+from headrank.analysis.compress.latent import kv_measure
 from headrank.analysis.compress.options import (
     baseline_key,
     cached_baseline,
@@ -48,7 +50,7 @@ from headrank.analysis.compress.options import (
     text_spec,
 )
 from headrank.analysis.compress.plan import Rule, choose
-from headrank.analysis.compress.report import report_lines, summary
+from headrank.analysis.compress.report import kv_block, report_lines, summary
 from headrank.analysis.compress.result import CompressResult
 from headrank.analysis.compress.write import ShardWriter, copy_side_files, save_hf_side
 from headrank.errors import HeadRankError
@@ -113,7 +115,7 @@ def compress(source: Any, out: str | os.PathLike, *, keep: float | None = None, 
     """
     rule = Rule.of(keep=keep, rank=rank, params=params)
     opts = check_options(format=format, threads=threads, n_eval=n_eval, n_calib=n_calib, seq_len=seq_len,
-                         text=text, dataset=dataset, allocate=allocate, products=products)
+                         text=text, dataset=dataset, allocate=allocate, products=products, rule=rule)
     out = Path(out)
     tell = progress or (lambda *a: None)
     tell(0, None, "loading")
@@ -131,16 +133,18 @@ def compress(source: Any, out: str | os.PathLike, *, keep: float | None = None, 
     with torch_threads(opts["threads"]), _locked(out):
         old = _check_out(out)
         orig = tok = None
-        if whiten or evaluate:
+        if whiten or evaluate or opts["allocate"] == "loss":
             orig, tok = _original(reader, live)
             check_context(orig, spec)
         Ls = (calibration(orig, tok, reader.layout.modules, spec, reader.dims.n_layers,
                           lambda d, t: tell(d, t, "calibrating")) if whiten else None)
         plan = make_plan(reader, rule, prods, Ls, lambda d, t: tell(d, t, "spectra"), todo, opts["threads"])
+        plan, alloc = reallocate(plan, opts["allocate"], orig, tok, reader if live is not None else None, spec,
+                                 cut_in_place, lambda d, t: tell(d, t, "allocating"))
         with staged_output(out) as stage:
             result = _write(reader, live, plan, stage, opts, notes, tell)
-            if evaluate:
-                result["eval"] = _evaluate(orig, tok, stage, spec, opts["format"], reader, tell)
+            annotate(result, alloc, plan)
+            kv_block(result, _evaluate(orig, tok, stage, spec, opts["format"], reader, result, tell) if evaluate else None)
             write_json(stage / "compress.json", dict(result))
         _drop_stale(out, old, result["files"])
     return result
@@ -280,7 +284,11 @@ def _drop_stale(out: Path, old: dict[str, Any] | None, files: list[str]) -> None
             shutil.rmtree(p)
 
 
-def _evaluate(orig, tok, stage: Path, spec: TextSpec, fmt: str, reader, tell) -> dict[str, Any]:
+def _evaluate(orig, tok, stage: Path, spec: TextSpec, fmt: str, reader, result: dict[str, Any], tell
+              ) -> dict[str, Any] | None:
+    """``result["eval"]``: the cost measured on the written checkpoint; returns the KV cache's
+    measurement (factored: :func:`~.latent.kv_measure`)."""
+    write_json(stage / "compress.json", dict(result))  # the head layout load_compressed reads
     scorer = Scorer(orig, tok, spec)
     key = baseline_key(reader, scorer)
     before = cached_baseline(key)
@@ -288,11 +296,14 @@ def _evaluate(orig, tok, stage: Path, spec: TextSpec, fmt: str, reader, tell) ->
     if before is None:
         before = scorer(orig, lambda d, t: tell(d, t, "evaluating uncut"))
         store_baseline(key, before)
-    after_model = load_compressed(stage, dtype=torch.float32) if fmt == "factored" else load(stage)[0]
+    factored = fmt == "factored"
+    after_model = load_compressed(stage, dtype=torch.float32, latent_kv=True) if factored else load(stage)[0]
     after = scorer(after_model, lambda d, t: tell(d, t, "evaluating cut"))
-    how = "headrank.load_compressed" if fmt == "factored" else "transformers"
-    return {"metric": scorer.metric, "before": before, "after": after, "before_cached": cached, "text": scorer.note,
-            "note": f"after: measured on the written checkpoint, loaded back with {how} (float32)"}
+    how = "headrank.load_compressed, latent_kv=True" if factored else "transformers"
+    result["eval"] = {"metric": scorer.metric, "before": before, "after": after, "before_cached": cached,
+                      "text": scorer.note, "note": f"after: measured on the written checkpoint, loaded back with {how} "
+                                                   "(float32)"}
+    return kv_measure(after_model, scorer) if factored else None
 
 
 def kept_fraction(plan: Plan, head_dim: int) -> float:
