@@ -4,6 +4,9 @@
 - :mod:`.cut`: the exact best rank-k cut of every unit (a head, or a kv head's query group),
   balanced factors, biases kept exact at full rank, activation whitening (SVD-LLM);
 - :mod:`.factored`: the factored checkpoint (only the kept dimensions) and :func:`load_compressed`;
+- :mod:`.latent`: its latent KV cache (:func:`latent_cache`), through transformers' attention
+  and cache interfaces;
+- :mod:`.allocate`: ``allocate="loss"``, ranks from measured loss sensitivities (ASVD);
 - :mod:`.write`: safetensors shards and side files;
 - :mod:`.evaluate`: perplexity or embedding drift with the real Hugging Face forward;
 - :mod:`.options`: the options' checks, the text protocol, the cached uncut baseline;
@@ -40,7 +43,7 @@ from headrank.analysis.compress.factored import (
     factor_layer,
     load_compressed,
 )
-from headrank.analysis.compress.latent import kv_measure
+from headrank.analysis.compress.latent import cache_kwarg, kv_measure, latent_cache
 from headrank.analysis.compress.options import (
     baseline_key,
     cached_baseline,
@@ -57,8 +60,8 @@ from headrank.errors import HeadRankError
 from headrank.util.fileio import check_writable, staged_output, write_json
 from headrank.util.threads import torch_threads
 
-__all__ = ["CompressResult", "Plan", "Rule", "TextSpec", "compress", "cost_curve", "cut_in_place", "kept_fraction",
-           "load_compressed", "make_plan", "report_lines"]
+__all__ = ["CompressResult", "Plan", "Rule", "TextSpec", "cache_kwarg", "compress", "cost_curve", "cut_in_place",
+           "kept_fraction", "latent_cache", "load_compressed", "make_plan", "report_lines"]
 
 
 def _check_out(out: Path) -> dict[str, Any] | None:
