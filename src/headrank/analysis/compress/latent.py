@@ -235,7 +235,8 @@ def _rotary_pairs(config: Any, info: dict[str, Any]):
 def enable(model, modules: dict[str, dict[str, Any]], info: dict[str, Any]) -> bool | str:
     """Switch a model built by :func:`~.factored.load_compressed` to the latent cache.
     ``modules``: the manifest's entries by the model's module names, each with its ``kept``
-    indices decoded; ``info``: compress.json's ``config`` block. Returns True, or why not (the model is then left as it was)."""
+    indices decoded; ``info``: compress.json's ``config`` block. Returns True, or why not (the
+    model is then left as it was)."""
     from headrank.analysis.compress.evaluate import is_causal
 
     base = getattr(model.config, "_attn_implementation", None)
@@ -253,7 +254,7 @@ def enable(model, modules: dict[str, dict[str, Any]], info: dict[str, Any]) -> b
             return "factored.json names no projection roles (written by an older headrank)"
         roles.setdefault(name.rpartition(".")[0], {})[entry["role"]] = (name, entry)
     pairs = _rotary_pairs(model.config, info)
-    done: list[tuple[torch.nn.Module, str, torch.nn.Module]] = []
+    done: list[tuple[torch.nn.Module, str, Any]] = []
     named = dict(model.named_modules())
     for parent, r in roles.items():
         attn = named[parent]
@@ -264,8 +265,8 @@ def enable(model, modules: dict[str, dict[str, Any]], info: dict[str, Any]) -> b
             return f"{type(attn).__name__} has no layer_idx: its cache layer is unknown"
         k_dims = [torch.arange(dh)] * n_kv
         if "k" in r and pairs != "unknown":
-            k_dims = _close_pairs(_per_head(_index(r["k"][1]), n_kv, dh), pairs)
-        v_dims = _per_head(_index(r["v"][1]), n_kv, dh) if "v" in r else [torch.arange(dh)] * n_kv
+            k_dims = _close_pairs(_per_head(r["k"][1]["kept"], n_kv, dh), pairs)
+        v_dims = _per_head(r["v"][1]["kept"], n_kv, dh) if "v" in r else [torch.arange(dh)] * n_kv
         if "v" in r:
             o = named.get(r["o"][0]) if "o" in r else None
             if o is None or not hasattr(o, "index"):
@@ -282,10 +283,6 @@ def enable(model, modules: dict[str, dict[str, Any]], info: dict[str, Any]) -> b
         model.set_attn_implementation(base)
         return why
     return True
-
-
-def _index(entry: dict[str, Any]) -> torch.Tensor:
-    return entry["kept"]
 
 
 def _undo(done: list[tuple[torch.nn.Module, str, Any]]) -> None:
