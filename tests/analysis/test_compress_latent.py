@@ -145,3 +145,26 @@ def test_compress_eval_measures_the_kv_cache_of_a_generate(tmp_path):
     assert dense["totals"]["kv_cache_measured"] == "factored deployment, not measured"
     plain = compress(str(tmp_path / "lm"), tmp_path / "p", params=0.5, products="ov")
     assert "not tried here" in plain["kv_cache"]["latent"]
+
+
+def test_an_attention_that_bypasses_the_interface_leaves_the_model_as_it_was(tmp_path, monkeypatch):
+    """A module that does not call transformers' attention interface (simulated: LLaMA's lookup
+    always answers its own eager function): the probe finds it, the model is put back and still
+    gives the dense output's logits."""
+    from transformers.models.llama import modeling_llama
+
+    class Fixed:
+        def get_interface(self, name, default):
+            return modeling_llama.eager_attention_forward
+
+    _save("llama", tmp_path / "src")
+    compress(str(tmp_path / "src"), tmp_path / "f", params=0.5, products="ov")
+    compress(str(tmp_path / "src"), tmp_path / "d", params=0.5, products="ov", format="dense")
+    monkeypatch.setattr(modeling_llama, "ALL_ATTENTION_FUNCTIONS", Fixed())
+    got = load_compressed(tmp_path / "f", latent_kv=True, attn_implementation="eager")
+    assert isinstance(getattr(got, STATUS), str) and got.config._attn_implementation == "eager"
+    assert not any(hasattr(m, "headrank_latent") for m in got.modules())
+    ref = tf.AutoModelForCausalLM.from_pretrained(tmp_path / "d", dtype=torch.float64, attn_implementation="eager")
+    with torch.no_grad():
+        a, b = ref(input_ids=IDS).logits, got(input_ids=IDS).logits
+    assert torch.allclose(b, a, rtol=0, atol=1e-12 * a.abs().max())

@@ -168,8 +168,8 @@ def latent_cache(model):
 
 
 def cache_kwarg(model) -> str:
-    """The name ``generate`` and ``forward`` take a cache under (``cache`` in transformers ≥ 5.2x,
-    ``past_key_values`` before)."""
+    """The name ``generate`` and ``forward`` take a cache under (``cache`` in transformers 5.24,
+    ``past_key_values`` in earlier releases)."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
