@@ -35,18 +35,21 @@ def _baseline_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("HEADRANK_CACHE", str(tmp_path / "headrank-cache"))
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """One torch thread: a tiny model's forwards on a loaded shared machine (compress sets its own)."""
+    from headrank.util.threads import torch_threads
+
+    with torch_threads(1):
+        yield
+
+
 def tiny_llama(path, **cfg) -> None:
     """A small LLaMA (GQA, rotary) with a word-level tokenizer of the corpus' words (no download)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    words = sorted({w for s in corpus.sentences("train", 400) for w in s.split()})[:300]
-    vocab = {"[UNK]": 0, "[PAD]": 1, **{w: i + 2 for i, w in enumerate(words)}}
-    t = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    t.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tf.PreTrainedTokenizerFast(tokenizer_object=t, unk_token="[UNK]", pad_token="[PAD]").save_pretrained(path)
+    n = _word_tokenizer(path)
     torch.manual_seed(0)
     c = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, intermediate_size=48,
-             vocab_size=len(vocab), head_dim=8, max_position_embeddings=64)
+             vocab_size=n, head_dim=8, max_position_embeddings=64)
     tf.LlamaForCausalLM(tf.LlamaConfig(**{**c, **cfg})).to(torch.float64).save_pretrained(path)
 
 
@@ -105,6 +108,43 @@ def test_measured_sensitivity_is_transformers_loss_with_that_unit_cut(lm_dir):
         assert float(losses["ov"][layer, unit, c]) == pytest.approx(ref, rel=1e-10)
     # the model is left as it was
     assert _loss(model, windows) == ref_base
+
+
+def _word_tokenizer(path) -> int:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = sorted({w for s in corpus.sentences("train", 400) for w in s.split()})[:300]
+    vocab = {"[UNK]": 0, "[PAD]": 1, **{w: i + 2 for i, w in enumerate(words)}}
+    t = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    t.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tf.PreTrainedTokenizerFast(tokenizer_object=t, unk_token="[UNK]", pad_token="[PAD]").save_pretrained(path)
+    return len(vocab)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["bert", "gpt2"])
+def test_replayed_layers_give_the_full_forwards_losses(name, tmp_path):
+    """Encoders (drift, tuple layer outputs) and GPT-2 (fused projections, tuple outputs): the
+    sensitivities with the earlier layers replayed equal those of whole forwards."""
+    n = _word_tokenizer(tmp_path)
+    torch.manual_seed(0)
+    if name == "bert":
+        model = tf.BertModel(tf.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                           intermediate_size=48, vocab_size=n, max_position_embeddings=64))
+    else:
+        model = tf.GPT2LMHeadModel(tf.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=n, n_positions=64))
+    model = model.to(torch.float64).eval()
+    tok = tf.AutoTokenizer.from_pretrained(tmp_path)
+    reader = open_reader(model)
+    products = ("ov", "qk") if name == "bert" else ("qk",)
+    plan = make_plan(reader, Rule("params", 0.5), products)
+    score = CalibrationLoss(model, tok, TextSpec(n=6, seq_len=24))
+    assert score.metric == ("cosine drift" if name == "bert" else "mean next-token NLL")
+    a, base_a = measure(model, reader, plan, score, cut_in_place, reader.layout.modules)
+    b, base_b = measure(model, reader, plan, score, cut_in_place, None)
+    assert base_a == base_b and (name == "gpt2" or base_a == pytest.approx(0, abs=1e-12))
+    for p in products:
+        assert torch.equal(a[p], b[p]) and bool(torch.isfinite(a[p]).all())
 
 
 def _brute(losses, cands, cost, dh, fraction):

@@ -36,6 +36,15 @@ def _baseline_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("HEADRANK_CACHE", str(tmp_path / "headrank-cache"))
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """One torch thread: a tiny model's forwards on a loaded shared machine (compress sets its own)."""
+    from headrank.util.threads import torch_threads
+
+    with torch_threads(1):
+        yield
+
+
 def _save(name: str, path) -> None:
     cfg_cls, cls, extra = MODELS[name]
     torch.manual_seed(0)

@@ -80,7 +80,6 @@ class CalibrationLoss:
             self.data = sentence_batch(tok, spec, CALIB_SPLIT)
             self.text = f"{self.data['input_ids'].shape[0]} sentences (calibration split)"
             self.ref = embeddings(model, self.data)
-        self.calls = len(self.data) if self.causal else 1
 
     @torch.no_grad()
     def __call__(self, model) -> float:
