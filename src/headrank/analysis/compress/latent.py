@@ -46,7 +46,14 @@ STATUS = "headrank_latent_kv"  # on the model: True, or why the latent cache is 
 
 @dataclass
 class LatentSpec:
-    """The kept dimensions (indices in ``0 … dh-1``) of each kv head's keys and values."""
+    """The kept dimensions (indices in ``0 … dh-1``) of each kv head's keys and values.
+
+    The cache holds them packed, ``Σ_u k_u`` numbers per token; attention runs once per layer on
+    each kv head's kept dimensions laid side by side and padded with zeros to the layer's largest
+    ``k`` (for the computation only: a zero key dimension adds nothing to a score, a zero value
+    dimension is not read back). Under ``sdpa`` the values are padded to the keys' width: with a
+    value width other than the key's, torch's CPU SDPA leaves its fused kernel for the math path
+    (3x slower at SmolLM2's decode shapes, benchmarks/COMPRESS_MODEL.md)."""
 
     base: str
     n_kv: int
@@ -56,17 +63,19 @@ class LatentSpec:
     v_dims: list[torch.Tensor]
     calls: int = 0
     flat: dict[str, torch.Tensor] = field(default_factory=dict)
+    width: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self.sizes = {"k": [len(d) for d in self.k_dims], "v": [len(d) for d in self.v_dims]}
+        kmax = max(self.sizes["k"])
+        self.width = {"k": kmax, "v": kmax if self.base == "sdpa" else max(self.sizes["v"])}
         for name, dims in (("k", self.k_dims), ("v", self.v_dims)):
             self.flat[name] = torch.cat([u * self.head_dim + d for u, d in enumerate(dims)])
-        self.k_sizes = [len(d) for d in self.k_dims]
-        self.v_sizes = [len(d) for d in self.v_dims]
-        self.k_full = all(s == self.head_dim for s in self.k_sizes)
-        self.uniform = len(set(self.k_sizes)) == 1 and len(set(self.v_sizes)) == 1
-        # per query head, the key dimensions of its kv head (uniform sizes: one gather)
-        self.q_index = (torch.stack([self.k_dims[h // self.group] for h in range(self.n_kv * self.group)])
-                        if self.uniform and not self.k_full else None)
+        self.k_full = all(s == self.head_dim for s in self.sizes["k"])
+        # per query head, its kv head's kept key dimensions (padding: any dimension, the key is zero there)
+        self.q_index = None if self.k_full else torch.stack(
+            [torch.nn.functional.pad(self.k_dims[h // self.group], (0, kmax - len(self.k_dims[h // self.group])))
+             for h in range(self.n_kv * self.group)])
 
     def pack(self, x: torch.Tensor, which: str) -> torch.Tensor:
         """``(B, Hkv, T, dh)`` → ``(B, 1, T, Σ_u k_u)`` (a tensor already packed is returned)."""
@@ -79,31 +88,38 @@ class LatentSpec:
             flat = flat.index_select(-1, self.flat[which].to(x.device))
         return flat[:, None]
 
+    def heads(self, packed: torch.Tensor, which: str) -> torch.Tensor:
+        """Packed ``(B, 1, T, Σ)`` → ``(B, Hkv, T, width)``, each kv head zero-padded to the width
+        (a view where every size is the width)."""
+        x, sizes, width = packed[:, 0], self.sizes[which], self.width[which]
+        if all(n == width for n in sizes):
+            return x.view(*x.shape[:-1], self.n_kv, width).transpose(1, 2)
+        out = x.new_zeros(x.shape[0], self.n_kv, x.shape[1], width)
+        at = 0
+        for u, n in enumerate(sizes):
+            out[:, u, :, :n] = x[..., at:at + n]
+            at += n
+        return out
+
+    def unpad(self, out: torch.Tensor) -> torch.Tensor:
+        """The attention's ``(B, T, H, width)`` output → ``(B, T, Σ_h k_v(h))``, head-major (the
+        layout ``o_proj`` reads)."""
+        sizes, width = self.sizes["v"], self.width["v"]
+        if all(n == width for n in sizes):
+            return out
+        B, T = out.shape[:2]
+        heads = out.view(B, T, self.n_kv, self.group, width)
+        return torch.cat([heads[:, :, u, :, :n].reshape(B, T, -1) for u, n in enumerate(sizes)], -1)
+
     def attend(self, base, module, query, key, value, attention_mask, **kwargs):
-        """Attention on the packed keys and values; output ``(B, T, Σ_h k_v(h))`` (head-major)."""
+        """Attention on the kept dimensions; output ``(B, T, Σ_h k_v(h))`` (head-major)."""
         self.calls += 1
-        key, value = self.pack(key, "k"), self.pack(value, "v")
-        B, _, Tk, _ = key.shape
-        if self.uniform:
-            kk, vv = key[:, 0].view(B, Tk, self.n_kv, -1).transpose(1, 2), value[:, 0].view(B, Tk, self.n_kv, -1).transpose(1, 2)
-            if self.q_index is not None:
-                idx = self.q_index.to(query.device)[None, :, None, :].expand(B, -1, query.shape[2], -1)
-                query = query.gather(-1, idx)
-            return base(module, query, kk, vv, attention_mask, **kwargs)
-        outs, weights = [], []
-        ko = vo = 0
-        g = self.group
-        for u in range(self.n_kv):
-            q = query[:, u * g:(u + 1) * g]
-            if not self.k_full:
-                q = q.index_select(-1, self.k_dims[u].to(query.device))
-            o, w = base(module, q, key[..., ko:ko + self.k_sizes[u]], value[..., vo:vo + self.v_sizes[u]],
-                        attention_mask, **kwargs)
-            outs.append(o.reshape(*o.shape[:2], -1))
-            weights.append(w)
-            ko, vo = ko + self.k_sizes[u], vo + self.v_sizes[u]
-        w = torch.cat(weights, 1) if all(x is not None for x in weights) else None
-        return torch.cat(outs, -1), w
+        kk, vv = self.heads(self.pack(key, "k"), "k"), self.heads(self.pack(value, "v"), "v")
+        if self.q_index is not None:
+            idx = self.q_index.to(query.device)[None, :, None, :].expand(query.shape[0], -1, query.shape[2], -1)
+            query = query.gather(-1, idx)
+        out, weights = base(module, query, kk, vv, attention_mask, **kwargs)
+        return self.unpad(out), weights
 
 
 def _base_function(name: str, module):
