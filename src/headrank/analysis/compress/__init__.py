@@ -147,7 +147,8 @@ def compress(source: Any, out: str | os.PathLike, *, keep: float | None = None, 
         with staged_output(out) as stage:
             result = _write(reader, live, plan, stage, opts, notes, tell)
             annotate(result, alloc, plan)
-            kv_block(result, _evaluate(orig, tok, stage, spec, opts["format"], reader, result, tell) if evaluate else None)
+            kv = _evaluate(orig, tok, stage, spec, opts["format"], reader, result, tell) if evaluate else None
+            kv_block(result, kv)
             write_json(stage / "compress.json", dict(result))
         _drop_stale(out, old, result["files"])
     return result
