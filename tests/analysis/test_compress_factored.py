@@ -111,7 +111,7 @@ def test_tied_embeddings_stay_tied_and_from_pretrained_finds_no_weights(llama_di
         tf.LlamaForCausalLM.from_pretrained(tmp_path / "f")
     manifest = json.loads((tmp_path / "f" / "factored.json").read_text())
     assert manifest["modules"]["model.layers.1.self_attn.v_proj"] == {"keep": "rows", "features": 16,
-                                                                       "index": [[0, 4], [8, 12]]}
+                                                                       "index": [[0, 4], [8, 12]], "role": "v"}
 
 
 def test_layers_cuts_only_those_and_copies_the_rest(llama_dir, tmp_path):

@@ -73,7 +73,7 @@ def compress(
     dataset: Annotated[str | None, typer.Option("--dataset", help="wikitext2 or c4 for --eval/--whiten, through the datasets library (network, or its copy in the Hugging Face cache)")] = None,
     curve: Annotated[str | None, typer.Option("--curve", help="draw cost against size instead of writing a checkpoint: --params budgets, e.g. 1,0.75,0.5,0.25; weight-only against whitened (compress_curve.json/.png in --out)")] = None,
     layers: Annotated[str | None, typer.Option("--layers", help="cut only these layers, e.g. 0,3,5-7 (0-based); the rest are copied")] = None,
-    allocate: Annotated[str, typer.Option("--allocate", help="how --params spends its budget: energy (the largest shares of each unit's energy)")] = "energy",
+    allocate: Annotated[str, typer.Option("--allocate", help="how --params spends its budget: energy (the largest shares of each unit's energy) or loss (ASVD: each unit's measured calibration loss when cut alone, at 9 candidate ranks; slower)")] = "energy",
     threads: Annotated[int, typer.Option("--threads", min=1, max=256, help="torch threads (1 by default, kind to a shared machine)")] = 1,
     device: Annotated[str, typer.Option("--device", help="auto (a CUDA GPU when torch sees one, else the CPU), cpu or cuda[:N] (roots, SVDs and cut GEMMs in float64 on that GPU)")] = "auto",
     config: Annotated[Path | None, typer.Option("--config", help="config.json for a single weights file")] = None,

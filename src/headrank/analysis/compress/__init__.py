@@ -4,6 +4,9 @@
 - :mod:`.cut`: the exact best rank-k cut of every unit (a head, or a kv head's query group),
   balanced factors, biases kept exact at full rank, activation whitening (SVD-LLM);
 - :mod:`.factored`: the factored checkpoint (only the kept dimensions) and :func:`load_compressed`;
+- :mod:`.latent`: its latent KV cache (:func:`latent_cache`), through transformers' attention
+  and cache interfaces;
+- :mod:`.allocate`: ``allocate="loss"``, ranks from measured loss sensitivities (ASVD);
 - :mod:`.write`: safetensors shards and side files;
 - :mod:`.evaluate`: perplexity or embedding drift with the real Hugging Face forward;
 - :mod:`.options`: the options' checks, the text protocol, the cached uncut baseline;
@@ -25,6 +28,7 @@ from typing import Any
 
 import torch
 
+from headrank.analysis.compress.allocate import annotate, reallocate
 from headrank.analysis.compress.api import (
     Plan,
     cut_layers,
@@ -40,6 +44,7 @@ from headrank.analysis.compress.factored import (
     STEM,
     load_compressed,
 )
+from headrank.analysis.compress.latent import cache_kwarg, kv_measure, latent_cache
 from headrank.analysis.compress.options import (
     baseline_key,
     cached_baseline,
@@ -49,15 +54,15 @@ from headrank.analysis.compress.options import (
     text_spec,
 )
 from headrank.analysis.compress.plan import Rule, choose
-from headrank.analysis.compress.report import report_lines, summary
+from headrank.analysis.compress.report import kv_block, report_lines, summary
 from headrank.analysis.compress.result import CompressResult
 from headrank.analysis.compress.write import ShardWriter, copy_side_files, save_hf_side
 from headrank.errors import HeadRankError
 from headrank.util.fileio import check_writable, staged_output, write_json
 from headrank.util.threads import resolve_device, torch_threads
 
-__all__ = ["CompressResult", "Plan", "Rule", "TextSpec", "compress", "cost_curve", "cut_in_place", "kept_fraction",
-           "load_compressed", "make_plan", "report_lines"]
+__all__ = ["CompressResult", "Plan", "Rule", "TextSpec", "cache_kwarg", "compress", "cost_curve", "cut_in_place",
+           "kept_fraction", "latent_cache", "load_compressed", "make_plan", "report_lines"]
 
 
 def _check_out(out: Path) -> dict[str, Any] | None:
@@ -116,17 +121,13 @@ def compress(source: Any, out: str | os.PathLike, *, keep: float | None = None, 
     """
     rule = Rule.of(keep=keep, rank=rank, params=params)
     opts = check_options(format=format, threads=threads, n_eval=n_eval, n_calib=n_calib, seq_len=seq_len,
-                         text=text, dataset=dataset, allocate=allocate, products=products)
+                         text=text, dataset=dataset, allocate=allocate, products=products, rule=rule)
     out = Path(out)
     tell = progress or (lambda *a: None)
     tell(0, None, "loading")
     reader, live, gguf_note = open_source(source, config=config, layout=layout, revision=revision, verbose=verbose)
-    if reader.origin.get("input") == "adapter":
-        raise HeadRankError("a LoRA adapter: merge it into its base first (peft's merge_and_unload, then "
-                            "save_pretrained) and compress the merged checkpoint")
+    _check_source(reader, rule)
     prods, note = parse_products(opts["products"], reader)
-    if rule.kind == "rank" and rule.value > reader.dims.head_dim:
-        raise HeadRankError(f"`rank` {int(rule.value)} exceeds the head dimension {reader.dims.head_dim}")
     fmt = _Format(opts, reader.split, _model_type(reader, live))
     todo = _layers(layers, reader.dims.n_layers)
     dev = resolve_device(device)
@@ -135,20 +136,32 @@ def compress(source: Any, out: str | os.PathLike, *, keep: float | None = None, 
     with torch_threads(opts["threads"]), _locked(out):
         old = _check_out(out)
         orig = tok = None
-        if whiten or evaluate:
+        if whiten or evaluate or opts["allocate"] == "loss":
             orig, tok = _original(reader, live)
             check_context(orig, spec)
         Ls = (calibration(orig, tok, reader.layout.modules, spec, reader.dims.n_layers,
                           lambda d, t: tell(d, t, "calibrating")) if whiten else None)
         plan = make_plan(reader, rule, prods, Ls, lambda d, t: tell(d, t, "spectra"), todo, opts["threads"], dev,
                          stream=opts["allocate"] == "energy")
+        plan, alloc = reallocate(plan, opts["allocate"], orig, tok, reader if live is not None else None, spec,
+                                 cut_in_place, lambda d, t: tell(d, t, "allocating"))
         with staged_output(out) as stage:
             result = _write(reader, live, plan, stage, opts, fmt, notes, tell)
-            if evaluate:
-                result["eval"] = _evaluate(orig, tok, stage, spec, opts["format"], reader, tell)
+            annotate(result, alloc, plan)
+            kv = _evaluate(orig, tok, stage, spec, opts["format"], reader, result, tell) if evaluate else None
+            kv_block(result, kv)
             write_json(stage / "compress.json", dict(result))
         _drop_stale(out, old, result["files"])
     return result
+
+
+def _check_source(reader, rule: Rule) -> None:
+    """What no cut of ``reader`` can do: an adapter (merge it first), a rank above the head dim."""
+    if reader.origin.get("input") == "adapter":
+        raise HeadRankError("a LoRA adapter: merge it into its base first (peft's merge_and_unload, then "
+                            "save_pretrained) and compress the merged checkpoint")
+    if rule.kind == "rank" and rule.value > reader.dims.head_dim:
+        raise HeadRankError(f"`rank` {int(rule.value)} exceeds the head dimension {reader.dims.head_dim}")
 
 
 def _model_type(reader, live) -> str | None:
@@ -344,7 +357,11 @@ def _drop_stale(out: Path, old: dict[str, Any] | None, files: list[str]) -> None
             shutil.rmtree(p)
 
 
-def _evaluate(orig, tok, stage: Path, spec: TextSpec, fmt: str, reader, tell) -> dict[str, Any]:
+def _evaluate(orig, tok, stage: Path, spec: TextSpec, fmt: str, reader, result: dict[str, Any], tell
+              ) -> dict[str, Any] | None:
+    """``result["eval"]``: the cost measured on the written checkpoint; returns the KV cache's
+    measurement (factored: :func:`~.latent.kv_measure`)."""
+    write_json(stage / "compress.json", dict(result))  # the head layout load_compressed reads
     scorer = Scorer(orig, tok, spec)
     key = baseline_key(reader, scorer)
     before = cached_baseline(key)
@@ -352,11 +369,14 @@ def _evaluate(orig, tok, stage: Path, spec: TextSpec, fmt: str, reader, tell) ->
     if before is None:
         before = scorer(orig, lambda d, t: tell(d, t, "evaluating uncut"))
         store_baseline(key, before)
-    after_model = load_compressed(stage, dtype=torch.float32) if fmt == "factored" else load(stage)[0]
+    factored = fmt == "factored"
+    after_model = load_compressed(stage, dtype=torch.float32, latent_kv=True) if factored else load(stage)[0]
     after = scorer(after_model, lambda d, t: tell(d, t, "evaluating cut"))
-    how = "headrank.load_compressed" if fmt == "factored" else "transformers"
-    return {"metric": scorer.metric, "before": before, "after": after, "before_cached": cached, "text": scorer.note,
-            "note": f"after: measured on the written checkpoint, loaded back with {how} (float32)"}
+    how = "headrank.load_compressed, latent_kv=True" if factored else "transformers"
+    result["eval"] = {"metric": scorer.metric, "before": before, "after": after, "before_cached": cached,
+                      "text": scorer.note, "note": f"after: measured on the written checkpoint, loaded back with {how} "
+                                                   "(float32)"}
+    return kv_measure(after_model, scorer) if factored else None
 
 
 def kept_fraction(plan: Plan, head_dim: int) -> float:

@@ -200,16 +200,24 @@ def sentence_batch(tok, spec: TextSpec, split: str) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
-def perplexity(model, windows: torch.Tensor, progress: Callable[[int, int], None] | None = None) -> float:
-    """exp(mean next-token negative log-likelihood) over the windows (float64 reduction)."""
+def mean_nll(model, windows: torch.Tensor, progress: Callable[[int, int], None] | None = None,
+             upcast: bool = True) -> float:
+    """Mean next-token negative log-likelihood over the windows, one window per forward; the
+    cross-entropy in float64 (``upcast=False``: in the logits' dtype, summed in float64)."""
     nll, count = 0.0, 0
     for j, w in enumerate(windows):
-        logits = model(input_ids=w[None]).logits[0, :-1].to(torch.float64)
+        logits = model(input_ids=w[None]).logits[0, :-1]
+        logits = logits.to(torch.float64) if upcast else logits
         nll += float(torch.nn.functional.cross_entropy(logits, w[1:], reduction="sum"))
         count += w.numel() - 1
         if progress:
             progress(j + 1, len(windows))
-    return math.exp(nll / count)
+    return nll / count
+
+
+def perplexity(model, windows: torch.Tensor, progress: Callable[[int, int], None] | None = None) -> float:
+    """exp(:func:`mean_nll`) over the windows."""
+    return math.exp(mean_nll(model, windows, progress))
 
 
 @torch.no_grad()

@@ -81,7 +81,8 @@ def factor_layer(tensors: dict[str, torch.Tensor], names: dict[str, str], produc
         out[w] = t.index_select(1 if mode == "cols" else 0, idx).contiguous()
         if mode == "rows" and b in tensors:
             out[b] = tensors[b].index_select(0, idx).contiguous()
-        entries[w[: -len(".weight")]] = {"keep": mode, "features": int(live.numel()), "index": ranges(idx)}
+        entries[w[: -len(".weight")]] = {"keep": mode, "features": int(live.numel()), "index": ranges(idx),
+                                         "role": role}
     return out, entries
 
 
@@ -103,7 +104,8 @@ class LatentLinear(torch.nn.Module):
 
 
 class LatentOutput(torch.nn.Module):
-    """The output projection reading only the kept dimensions of the heads' outputs."""
+    """The output projection reading only the kept dimensions of the heads' outputs (an input
+    already holding only those, the latent attention's output, is read as it is)."""
 
     def __init__(self, index: torch.Tensor, in_features: int, out_features: int, bias: bool):
         super().__init__()
@@ -113,7 +115,9 @@ class LatentOutput(torch.nn.Module):
         self.register_buffer("index", index, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.linear(x.index_select(-1, self.index), self.weight, self.bias)
+        if x.shape[-1] != self.weight.shape[1]:
+            x = x.index_select(-1, self.index)
+        return torch.nn.functional.linear(x, self.weight, self.bias)
 
 
 def _latent(old: torch.nn.Module, spec: dict[str, Any]) -> torch.nn.Module:
@@ -164,9 +168,14 @@ def _state_dict(path: Path) -> dict[str, torch.Tensor]:
     return sd
 
 
-def load_compressed(path: str | Path, *, dtype: torch.dtype | None = None, attn_implementation: str | None = None):
+def load_compressed(path: str | Path, *, dtype: torch.dtype | None = None, attn_implementation: str | None = None,
+                    latent_kv: bool = False):
     """The Hugging Face model of a factored ``compress`` output, with its cut projections
-    replaced by :class:`LatentLinear` / :class:`LatentOutput` (``dtype``: default the stored one)."""
+    replaced by :class:`LatentLinear` / :class:`LatentOutput` (``dtype``: default the stored one).
+
+    ``latent_kv``: attention on the kept key and value dimensions only, and a KV cache that holds
+    only those (:mod:`.latent`; ``generate`` with ``latent_cache(model)``); where the architecture
+    does not allow it the model is the plain one and ``model.headrank_latent_kv`` says why."""
     from headrank.analysis.compress.evaluate import is_causal
     from headrank.models.opener import quiet_transformers
 
@@ -199,7 +208,22 @@ def load_compressed(path: str | Path, *, dtype: torch.dtype | None = None, attn_
     from headrank.util.memory import trim_heap
 
     trim_heap()  # the random initialisation's buffers go back to the system
-    return model.eval()
+    model.eval()
+    if latent_kv:
+        from headrank.analysis.compress.latent import STATUS, enable
+
+        names = {k: {**spec, "kept": index[k]} for k, spec in zip(latent, manifest["modules"].values(), strict=True)}
+        setattr(model, STATUS, enable(model, names, _config_info(path)))
+    return model
+
+
+def _config_info(path: Path) -> dict[str, Any]:
+    """compress.json's ``config`` block (head layout, position encoding), or nothing."""
+    try:
+        info = json.loads((path / "compress.json").read_text()).get("config")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return info if isinstance(info, dict) else {}
 
 
 def _load(model: torch.nn.Module, sd: dict[str, torch.Tensor], prefix: str) -> None:

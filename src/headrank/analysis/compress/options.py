@@ -22,7 +22,7 @@ from headrank.analysis.compress.evaluate import (
 from headrank.errors import HeadRankError
 
 FORMATS = ("factored", "dense")
-ALLOCATE = ("energy",)
+ALLOCATE = ("energy", "loss")
 
 
 def _count(value: Any, name: str, low: int) -> int | None:
@@ -36,14 +36,18 @@ def _count(value: Any, name: str, low: int) -> int | None:
 
 
 def check_options(*, format: Any, threads: Any, n_eval: Any, n_calib: Any, seq_len: Any, text: Any,
-                  dataset: Any, allocate: Any, products: Any) -> dict[str, Any]:
-    """The options as the CLI would accept them, or HeadRankError with one line."""
+                  dataset: Any, allocate: Any, products: Any, rule: Any = None) -> dict[str, Any]:
+    """The options as the CLI would accept them, or HeadRankError with one line (``rule``: the
+    :class:`~.plan.Rule`, which ``allocate`` loss needs to be a budget)."""
     from headrank.util.threads import check_threads
 
     if format is not None and format not in FORMATS:
         raise HeadRankError(f"`format` must be one of {', '.join(FORMATS)}; got {str(format)[:40]!r}")
     if allocate not in ALLOCATE:
         raise HeadRankError(f"`allocate` must be one of {', '.join(ALLOCATE)}; got {str(allocate)[:40]!r}")
+    if allocate == "loss" and rule is not None and rule.kind != "params":
+        raise HeadRankError(f"`allocate` loss spends a global budget: give `params` (with `{rule.kind}` every "
+                            "unit's rank is set by that rule)")
     if dataset is not None and dataset not in DATASETS:
         raise HeadRankError(f"`dataset` must be one of {', '.join(DATASETS)}; got {str(dataset)[:40]!r}")
     if dataset is not None and text is not None:

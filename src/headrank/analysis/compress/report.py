@@ -21,9 +21,10 @@ CONVENTIONS = {
     "kept_energy": "sum_{i<=k} s_i^2 / sum s_i^2 of the spectrum the cut was chosen on",
     "frob_error": "||M - M_k||_F of the unit's weight product (unwhitened)",
     "params_saved": "(head_dim - k) * (g*d + d) per unit: what the factored checkpoint stores less",
-    "kv_cache": f"{KV_BYTES} bytes per cached number (float16/bfloat16); keys shrink with the QK rank, "
-                "values with the OV rank, per kv head: the saving of a latent cache (Palu), factored deployment, "
-                "not measured (load_compressed keeps transformers' own cache of head_dim numbers per head)",
+    "kv_cache": f"totals: {KV_BYTES} bytes per cached number (float16/bfloat16); keys shrink with the QK rank, "
+                "values with the OV rank, per kv head: what a latent cache (Palu) saves. kv_cache: whether "
+                "load_compressed(DIR, latent_kv=True) caches only the kept dimensions for this architecture and, "
+                "with evaluate, the bytes its cache holds after a real generate against transformers' DynamicCache",
     "biases": "value bias moved into the output bias (or refitted), query/key biases refitted: exact at "
               "full rank; at rank k their terms are projected onto the kept subspaces",
     "not_cut": "norms, MLPs, embeddings, positions: copied unchanged (tied embeddings stay tied)",
@@ -81,12 +82,34 @@ def eval_line(e: dict[str, Any]) -> str:
     return f"{e['metric']}: {a} -> {b} ({change:+.4g}{rel}){cached} on {e['text']}"
 
 
+def _kv_measured(res: dict[str, Any]) -> str:
+    m = (res.get("kv_cache") or {}).get("measured")
+    if not isinstance(m, dict):
+        return " (not measured)"
+    return (f"; measured by a generate with the latent cache: {m['bytes_per_token']:,.0f} of "
+            f"{m['uncut_bytes_per_token']:,.0f} bytes/token ({m['dtype']}), {m['share_saved']:.1%} saved")
+
+
 def _mb(n: float) -> str:
     return f"{n / 1e6:.1f} MB"
 
 
 #: the parts of compress.json that ``headrank compress --json`` prints (``CompressResult.to_json``)
-JSON_KEYS = ("rule", "products", "notes", "totals", "checkpoint", "files", "eval")
+JSON_KEYS = ("rule", "products", "notes", "totals", "checkpoint", "files", "eval", "kv_cache", "allocation")
+
+NOT_MEASURED = "factored deployment, not measured"
+
+
+def kv_block(res: dict[str, Any], kv: dict[str, Any] | None) -> None:
+    """compress.json's ``kv_cache`` block (and ``totals.kv_cache_measured``) from what
+    :func:`~.latent.kv_measure` found (None: not tried)."""
+    fmt = (res.get("checkpoint") or {}).get("format")
+    if kv is None:
+        kv = {"latent": "format dense: the cut dimensions are stored as zeros and cached as such" if fmt == "dense"
+              else "load_compressed(DIR, latent_kv=True); not tried here (with evaluate: measured by a generate)"}
+    measured = kv.get("measured")
+    res["kv_cache"] = {"latent": kv["latent"], "measured": measured or NOT_MEASURED}
+    res["totals"]["kv_cache_measured"] = "measured: see kv_cache" if measured else NOT_MEASURED
 
 
 def json_view(res: dict[str, Any]) -> dict[str, Any]:
@@ -101,7 +124,11 @@ def report_lines(res: dict[str, Any], out: Any = None) -> list[str]:
     lines = [f"mean k ({ks}) of {res['config']['head_dim']}; {t['params_saved_factored']:,} parameters "
              f"saved ({1 - t['kept_fraction_of_cut_products']:.1%} of the cut products); KV cache "
              f"{sum(t['kv_cache_bytes_saved_per_token'].values())} of {t['kv_cache_bytes_per_token']} bytes/token "
-             "saved in a factored deployment (not measured)"]
+             "saved in a factored deployment" + _kv_measured(res)]
+    if res.get("allocation"):
+        a = res["allocation"]
+        lines.append(f"ranks allocated by measured loss (ASVD): {a['metric']} uncut {a['baseline']:.6g}, threshold "
+                     f"{a['threshold']:.6g} on {a['calibration']}")
     c = res.get("checkpoint")
     if c:
         lines.append(f"checkpoint ({c['format']}, {', '.join(c['dtypes'])}): weights {_mb(c['bytes_uncut'])} uncut -> "
