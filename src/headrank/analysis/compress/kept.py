@@ -53,7 +53,8 @@ def kept_tensors(names: dict[str, str], raw: dict[str, torch.Tensor], cuts: dict
         out[w] = F.permute(0, 2, 1)[head, dim] if mode == "rows" else _columns(F, live, head, dim)
         if bias is not None:
             out[b] = bias.index_select(0, idx)
-        entries[w[: -len(".weight")]] = {"keep": mode, "features": int(live.numel()), "index": ranges(idx)}
+        entries[w[: -len(".weight")]] = {"keep": mode, "features": int(live.numel()), "index": ranges(idx),
+                                         "role": role}  # the latent KV cache pairs v with o by it
     return out, entries
 
 
