@@ -28,6 +28,9 @@ def _error_strings(tree: ast.AST):
                     for sub in ast.walk(arg):
                         if isinstance(sub, ast.Constant) and isinstance(sub.value, str):
                             yield node.lineno, sub.value
+                        elif isinstance(sub, ast.JoinedStr):  # an f-string: its text, "x" for each field
+                            yield node.lineno, "".join(v.value if isinstance(v, ast.Constant) else "x"
+                                                       for v in sub.values)
 
 
 @pytest.mark.parametrize("path", LIBRARY, ids=lambda p: str(p.relative_to(ROOT)))

@@ -135,10 +135,10 @@ def test_fused_projections_default_to_dense_and_refuse_factored(tmp_path):
 
 
 @pytest.mark.parametrize("kw, msg", [
-    ({"rank": "2"}, "--rank must be a whole number"),
+    ({"rank": "2"}, "`rank` must be a whole number"),
     ({"rank": 2, "products": 5}, "`products` must name"),
-    ({"rank": 2, "n_eval": 0}, "--eval-n must be >= 1"),
-    ({"rank": 2, "seq_len": -1}, "--seq-len must be >= 2"),
+    ({"rank": 2, "n_eval": 0}, "`n_eval` must be >= 1"),
+    ({"rank": 2, "seq_len": -1}, "`seq_len` must be >= 2"),
     ({"rank": 2, "format": "gguf"}, "`format` must be one of"),
     ({"rank": 2, "threads": 0}, "`threads` must lie in"),
     ({"rank": 2, "dataset": "pile"}, "`dataset` must be one of"),
@@ -148,6 +148,14 @@ def test_api_arguments_follow_the_cli_rules(llama_dir, tmp_path, kw, msg):
     with pytest.raises(HeadRankError, match=msg.replace("(", r"\(")) as e:
         compress(str(llama_dir), tmp_path / "o", **kw)
     assert "\n" not in str(e.value)
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("args, msg", [(["--keep", "2"], "--keep must be in (0, 1]"),
+                                       (["--params", "1.5"], "--params must be in (0, 1]")])
+def test_the_cli_names_its_flags_where_the_library_names_parameters(llama_dir, tmp_path, args, msg):
+    r = CliRunner().invoke(app, ["compress", str(llama_dir), "--out", str(tmp_path / "o"), *args])
+    assert r.exit_code == 2 and msg in r.output and r.output.count("\n") == 1, r.output
     assert not (tmp_path / "o").exists()
 
 
@@ -260,22 +268,26 @@ def test_smollm2_factored_is_bfloat16_tied_and_smaller_by_the_reported_share(tmp
 
 def test_a_phase_that_reports_nothing_still_prints_a_line():
     """The beat: a line at least every every_s seconds while a phase is silent (loading a model)."""
-    import time
+    import threading
 
     from headrank.cli.compress import Phases
     from headrank.util.progress import LineProgress
+
+    two = threading.Event()
 
     class Console:
         lines: list[str] = []
 
         def print(self, s, highlight=False):
             self.lines.append(str(s))
+            if len(self.lines) >= 2:
+                two.set()
 
     con = Console()
     bar = LineProgress(con, every_s=0.2)
     with Phases(bar, every_s=0.2) as ph:
         ph(0, None, "loading")
-        time.sleep(0.9)
+        assert two.wait(60), "no second beat line within 60 s"  # an event, not a sleep: load does not matter
     assert len(con.lines) >= 2 and all(line.startswith("loading 0") for line in con.lines)
 
 

@@ -69,7 +69,7 @@ def print_error(message: str) -> None:
 #: Python parameter names whose flag is not ``--`` + the name with dashes
 FLAG_ALIASES = {"attn_weight_decay": "--attn-wd", "weight_decay": "--wd", "evaluate": "--eval", "n_seqs": "--seqs",
                 "tolerance": "--tol", "sets": "--set", "set": "--set", "groups": "--group", "with_eps": "--with-eps",
-                "format": "--format"}
+                "format": "--format", "n_eval": "--eval-n", "n_calib": "--calib-n"}
 
 
 def cli_flags() -> dict[str, str]:

@@ -181,7 +181,7 @@ def _protocol_windows(tok, spec: TextSpec, split: str) -> torch.Tensor:
     joiner = " " if spec.dataset == "c4" else "\n\n"
     ids = torch.tensor(tok(joiner.join(texts))["input_ids"], dtype=torch.long)
     L = spec.seq_len
-    what = "--text FILE's " + ("second" if split == EVAL_SPLIT else "first") + " half" if spec.text_file else split
+    what = "`text` file's " + ("second" if split == EVAL_SPLIT else "first") + " half" if spec.text_file else split
     if split == EVAL_SPLIT:
         n = min(len(ids) // L, spec.n)
         if n < 1:

@@ -29,9 +29,9 @@ def _count(value: Any, name: str, low: int) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise HeadRankError(f"--{name} must be a whole number >= {low}, got {str(value)[:40]!r}")
+        raise HeadRankError(f"`{name}` must be a whole number >= {low}, got {str(value)[:40]!r}")
     if value < low:
-        raise HeadRankError(f"--{name} must be >= {low}, got {value}")
+        raise HeadRankError(f"`{name}` must be >= {low}, got {value}")
     return int(value)
 
 
@@ -60,8 +60,8 @@ def check_options(*, format: Any, threads: Any, n_eval: Any, n_calib: Any, seq_l
             raise HeadRankError(f"`products` must name ov and/or qk (comma-separated); got {str(products)[:40]!r}")
         products = ",".join(items)
     return {"format": format, "threads": check_threads(threads), "allocate": allocate,
-            "n_eval": _count(n_eval, "eval-n", 1), "n_calib": _count(n_calib, "calib-n", 1),
-            "seq_len": _count(seq_len, "seq-len", 2), "text": None if text is None else str(text),
+            "n_eval": _count(n_eval, "n_eval", 1), "n_calib": _count(n_calib, "n_calib", 1),
+            "seq_len": _count(seq_len, "seq_len", 2), "text": None if text is None else str(text),
             "dataset": dataset, "products": products}
 
 

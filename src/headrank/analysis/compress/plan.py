@@ -35,14 +35,14 @@ class Rule:
 
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             what = "a whole number >= 1" if kind == "rank" else "a number in (0, 1]"
-            raise HeadRankError(f"--{kind} must be {what}, got {str(value)[:40]!r}")
+            raise HeadRankError(f"`{kind}` must be {what}, got {str(value)[:40]!r}")
         if value != value:  # NaN
-            raise HeadRankError(f"--{kind} must be a number, got nan")
+            raise HeadRankError(f"`{kind}` must be a number, got nan")
         if kind == "rank":
             if not float(value).is_integer() or value < 1:
                 raise HeadRankError(f"`rank` must be a whole number >= 1, got {value!r}")
         elif not (0 < float(value) <= 1):
-            raise HeadRankError(f"--{kind} must be in (0, 1], got {value!r}")
+            raise HeadRankError(f"`{kind}` must be in (0, 1], got {value!r}")
         return cls(kind, float(value))
 
     def label(self) -> str:
