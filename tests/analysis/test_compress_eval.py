@@ -64,7 +64,7 @@ def test_minilm_drift_is_the_one_sentence_transformers_measures(minilm_dir, tmp_
     assert 0 < e["after"] < 1
 
 
-def _tiny_lm(path, n_positions: int = 64):
+def _tiny_lm(path, n_positions: int = 64, n_layer: int = 2, n_head: int = 4):
     """A small GPT-2 with a word-level tokenizer of the corpus' own words (no download)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
@@ -74,7 +74,8 @@ def _tiny_lm(path, n_positions: int = 64):
     t.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tf.PreTrainedTokenizerFast(tokenizer_object=t, unk_token="[UNK]", pad_token="[PAD]").save_pretrained(path)
     torch.manual_seed(0)
-    m = tf.GPT2LMHeadModel(tf.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=len(vocab), n_positions=n_positions))
+    m = tf.GPT2LMHeadModel(tf.GPT2Config(n_embd=32, n_layer=n_layer, n_head=n_head, vocab_size=len(vocab),
+                                           n_positions=n_positions))
     m.save_pretrained(path)
 
 
@@ -154,8 +155,9 @@ def test_protocol_windows_progress_and_cached_baseline(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_the_papers_protocol_sizes_run_with_a_small_text(tmp_path):
     """--seq-len 2048 --eval-n 64 --calib-n 256 with --text: as many evaluation windows as the text
-    holds, 256 calibration windows at random offsets."""
-    _tiny_lm(tmp_path / "lm", n_positions=2048)
+    holds, 256 calibration windows at random offsets. One layer of one head: the sizes are what is
+    tested, and eager attention over 256 windows of 2048 tokens costs 8x more with 2 layers of 4."""
+    _tiny_lm(tmp_path / "lm", n_positions=2048, n_layer=1, n_head=1)
     text = _text_file(tmp_path / "t.txt", lines=1200)
     r = CliRunner().invoke(app, ["compress", str(tmp_path / "lm"), "--out", str(tmp_path / "o"), "--rank", "2",
                                  "--whiten", "--eval", "--text", text, "--seq-len", "2048", "--eval-n", "64",
