@@ -3,6 +3,8 @@ plain forward pass (q, k, v, softmax, output projection) at high precision."""
 
 from __future__ import annotations
 
+import warnings
+
 import mpmath as mp
 import numpy as np
 import pytest
@@ -141,3 +143,21 @@ def test_only_pure_bidirectional_attention_is_accepted():
     cfg.causal = True
     with pytest.raises(HeadRankError, match="causal=False"):
         san_residuals(Transformer(cfg), _ids())
+
+
+def test_a_logit_gap_past_int64_exponents_is_not_exact_never_a_wrapped_exponent():
+    """Logits 1e30 apart: e^(-1e30) = 2^(-1.4e30) has no int64 exponent, so F is NaN (not exact,
+    left out of every fit) instead of a k wrapped by the cast; moderate gaps stay exact."""
+    from headrank.analysis.collapse.exact import _large_logits
+
+    logits = np.array([[[0.0, -1e30, -2e30], [0.0, -1e30, -1e30], [0.0, -2e30, -1e30]],
+                       [[0.0, -50.0, -60.0], [0.0, -51.0, -60.0], [0.0, -50.0, -61.0]]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # the cast's "invalid value" was one
+        _, F, k = _large_logits(logits)
+    assert np.isnan(F[0]).all() and k[0] == 0
+    with mp.workdps(60):
+        A = [[mp.exp(x) / mp.fsum(mp.exp(y) for y in row) for x in row] for row in logits[1].tolist()]
+        exact = np.array([[float(a - b) for a, b in zip(r, A[0], strict=True)] for r in A])
+    assert np.isfinite(F[1]).all()
+    assert np.allclose(np.ldexp(F[1], int(k[1])), exact, rtol=1e-9, atol=0)

@@ -170,8 +170,12 @@ def _saturated(gam: np.ndarray, off: np.ndarray, m: np.ndarray) -> tuple[np.ndar
         Ft = np.where(D > 1.0, np.exp(np.minimum(gam - c - dL[:, :, None], 0.0)) - w0,
                       w0 * np.expm1(np.minimum(D, 1.0))) / (1.0 + eps[:, :1, None])
     Ft = np.where(off, Ft, -dE[:, :, None] / ((1.0 + eps[:, :, None]) * (1.0 + eps[:, :1, None])))
-    k = np.floor(np.where(np.isfinite(m), m, 0.0) / math.log(2.0)).astype(np.int64)  # NaN logits: NaN F, not exact
-    return Ft * np.exp(m - k * math.log(2.0))[:, None, None], k
+    # F = 2^k (F̃ e^(m - k ln 2)); NaN logits, or a gap whose power of two int64 cannot hold (past
+    # 2^(±2^62), a doubly exponential rate's ~40th layer): NaN F, not exact, never a wrapped k
+    q = m / math.log(2.0)
+    ok = np.isfinite(q) & (np.abs(q) < 2.0 ** 62)
+    k = np.floor(np.where(ok, q, 0.0)).astype(np.int64)
+    return Ft * np.where(ok, np.exp(m - k * math.log(2.0)), np.nan)[:, None, None], k
 
 
 def san_step(x: np.ndarray, Rh: np.ndarray, e: np.ndarray, layer: tuple[np.ndarray, np.ndarray]
