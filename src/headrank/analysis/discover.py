@@ -71,12 +71,14 @@ def _eager(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: tor
     return out, p
 
 
-def _register() -> None:
+def _register(name: str = CAPTURE, fn=None) -> None:
+    """Register ``fn`` (this module's capturing eager attention by default) as transformers'
+    attention implementation ``name``, with the eager mask."""
     import transformers
 
-    transformers.AttentionInterface.register(CAPTURE, _eager)
+    transformers.AttentionInterface.register(name, fn or _eager)
     try:
-        transformers.AttentionMaskInterface.register(CAPTURE, transformers.masking_utils.eager_mask)
+        transformers.AttentionMaskInterface.register(name, transformers.masking_utils.eager_mask)
     except Exception:  # noqa: BLE001 - older releases: the eager mask is chosen anyway
         pass
 

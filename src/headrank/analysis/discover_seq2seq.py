@@ -37,6 +37,7 @@ from headrank.analysis.discover import (
     _eager,
     _find_roles,
     _position,
+    _register,
     _strip_prefix,
     _strip_qk_norms,
     _zero_biases,
@@ -92,16 +93,6 @@ def _eager_bias(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value
     return out
 
 
-def _register() -> None:
-    import transformers
-
-    transformers.AttentionInterface.register(CAPTURE_S2S, _eager_bias)
-    try:
-        transformers.AttentionMaskInterface.register(CAPTURE_S2S, transformers.masking_utils.eager_mask)
-    except Exception:  # noqa: BLE001 - older releases: the eager mask is chosen anyway
-        pass
-
-
 def auto_class_seq2seq(model_type: str) -> Any:
     import transformers
 
@@ -114,7 +105,7 @@ def build_tiny_seq2seq(model_type: str, attn: str = CAPTURE_S2S) -> tuple[nn.Mod
     has the fields; a speech encoder's input shortened to 14 frames)."""
     from transformers import AutoConfig
 
-    _register()
+    _register(CAPTURE_S2S, _eager_bias)
     have = AutoConfig.for_model(model_type).to_dict()
     over = {k: v for k, v in TINY_S2S.items() if isinstance(have.get(k), int)}
     if isinstance(have.get("max_source_positions"), int) and "num_mel_bins" in have:
