@@ -71,6 +71,26 @@ def test_cli_all_exit_codes(tmp_path, probes):
     assert r.exit_code == 2
 
 
+def test_a_part_that_cannot_be_replotted_is_recorded_and_the_others_replotted(tmp_path, probes, monkeypatch):
+    """`reproduce all --replot`: one stored part whose figures raise (an older run's data) is
+    recorded with its error, as a failing run is; the parts after it are still replotted."""
+    rep.run_all(tmp_path, quick=True)
+    (tmp_path / "boom").mkdir(exist_ok=True)
+    for f in ("data.json", "run.json", "claims.json"):  # boom, stored as ok's run
+        (tmp_path / "boom" / f).write_bytes((tmp_path / "ok" / f).read_bytes())
+    real = rep.run
+
+    def run(n, sub, **kw):
+        if n == "boom":
+            raise KeyError("log10_rel_mean")
+        return real(n, sub, **kw)
+
+    monkeypatch.setattr(rep, "run", run)
+    entries = rep.run_all(tmp_path, replot=True)
+    assert [(e.name, e.error) for e in entries] == [("boom", "KeyError: 'log10_rel_mean'"), ("ok", None)]
+    assert "log10_rel_mean" in (tmp_path / "report.html").read_text()
+
+
 # -- staleness: a finished part is reused only while its params, version and experiment source match
 
 

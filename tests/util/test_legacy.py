@@ -98,3 +98,17 @@ def test_a_corrupt_old_checkpoint_is_one_line(old):
     res = _headrank("spectra", "run", "--out", "sp", "-q", cwd=old)
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert not (old / "sp").exists()
+
+
+def test_a_collapse_run_of_headrank_0_1_replots(tmp_path):
+    """``tests/fixtures/collapse_86fd8c9``: `reproduce collapse --quick` written by 86fd8c9, before
+    the exact residuals (its depth curves hold only the float64 forward's ``geo_mean``). Today's
+    replot re-judges and redraws it (it died on KeyError 'log10_rel_mean'); the claims that need
+    the new data are inconclusive, each saying why."""
+    shutil.copytree(FIXTURE.parent / "collapse_86fd8c9", tmp_path / "old collapse")
+    r = _headrank("reproduce", "collapse", "--replot", "--out", "old collapse", "-q", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    claims = {c["name"]: c for c in json.loads((tmp_path / "old collapse" / "claims.json").read_text())}
+    assert claims["collapse.heads_modulate"]["verdict"] == "inconclusive"
+    assert "older run" in claims["collapse.heads_modulate"]["reason"]
+    assert (tmp_path / "old collapse" / "depth_sweep.png").stat().st_size > 0

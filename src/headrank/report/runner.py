@@ -388,7 +388,15 @@ def _replot_part(n: str, sub: Path, progress: Callable[[str, str], None] | None)
         if progress:
             progress(n, "no stored run")
         return None
-    run(n, sub, replot=True)
+    try:
+        run(n, sub, replot=True)
+    except HeadRankError:
+        raise
+    except Exception as e:  # noqa: BLE001 - one part that cannot be replotted must not stop the others
+        if progress:
+            progress(n, "failed")
+        meta = _read_json(sub / "run.json", n)
+        return AllEntry(n, meta, _read_json(sub / "claims.json", n), cached=True, error=one_line(e, 500, typed=True))
     meta = _read_json(sub / "run.json", n)
     if progress:
         progress(n, "replotted")

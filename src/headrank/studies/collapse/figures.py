@@ -25,6 +25,11 @@ def collapse_depth_sweep(sweep: dict, fits: dict | None = None) -> plt.Figure:
     colors = plt.get_cmap("viridis")(np.linspace(0, 0.85, max(len(sweep["curves"]), 2)))
     depths = np.asarray(sweep["depths"], dtype=float)
     for color, (std, c) in zip(colors, sweep["curves"].items(), strict=False):
+        if "log10_rel_mean" not in c:  # an older run: its float64 forward's geometric mean, no exact residual
+            with np.errstate(divide="ignore"):
+                plain = -np.log10(np.asarray(c["geo_mean"], dtype=float))
+            ax.plot(depths, plain, marker="o", color=color, ls=":", lw=1, label=f"init std {std} (float64 only)")
+            continue
         exact = -np.asarray([np.nan if v is None else v for v in c["log10_rel_mean"]], dtype=float)
         ax.plot(depths, exact, marker="o", color=color, label=f"init std {std}")
         plain = -np.asarray(c["log10_rel_float64_mean"], dtype=float)
