@@ -42,6 +42,15 @@ def test_architectures_check_unknown_type_is_one_line(tmp_path):
     assert len(r.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("args, msg", [
+    (["--check", "gpt2", "--status", "refused"], "--status lists types; --check verifies one"),
+    (["--check", "gpt2", "--status", "bogus"], "--status must be table, verified, refused or unchecked"),
+])
+def test_architectures_check_with_a_status_is_one_line(tmp_path, args, msg):
+    r = run("architectures", *args, env={"HEADRANK_CACHE": str(tmp_path)})
+    assert r.returncode == 2 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
 @pytest.mark.slow
 def test_architectures_check_runs_and_caches(tmp_path):
     r = run("architectures", "--check", "olmo", "--json", env={"HEADRANK_CACHE": str(tmp_path)})

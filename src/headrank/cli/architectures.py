@@ -29,6 +29,10 @@ def architectures(
     from headrank.analysis.architectures import counts
     from headrank.errors import HeadRankError
 
+    if status not in (None, "table", "verified", "refused", "unchecked"):
+        raise HeadRankError(f"--status must be table, verified, refused or unchecked; got {status!r}")
+    if check is not None and status is not None:
+        raise HeadRankError("--status lists types; --check verifies one: give one of them")
     if check is not None:
         row = run_check(check)
         keys = ("model_type", "status", "split", "modules", "position", "qk_norm", "max_logits_error",
@@ -41,8 +45,6 @@ def architectures(
         out_console.print(f"{check}: verified ({kinds}{row['split']}, {row['position']}, max logit error "
                           f"{row['max_logits_error']:.2g}, {row['seconds']:.1f} s, transformers {row['transformers']})")
         return
-    if status not in (None, "table", "verified", "refused", "unchecked"):
-        raise HeadRankError(f"--status must be table, verified, refused or unchecked; got {status!r}")
     recs = records()
     c = counts(recs)
     shown = [r for r in recs if status is None or r["status"] == status]
