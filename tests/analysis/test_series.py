@@ -259,6 +259,12 @@ def test_a_stopped_series_keeps_its_rows_and_resumes(run, tmp_path, monkeypatch)
     with pytest.raises(HeadRankError, match="checkpoint step-00000004 .* changed since the run started"):
         track(src, out, workers=1, plots=False, resume=True)
     os.utime(first, ns=(st.st_atime_ns, st.st_mtime_ns))
+    plan = (out / "started.json").read_text()
+    for items in ([{"label": 1}], [3], [{"label": "x", "source": "s", "kind": "run", "bogus": 1}]):
+        (out / "started.json").write_text(json.dumps({**json.loads(plan), "items": items}))
+        with pytest.raises(HeadRankError, match="is not a track run's record"):  # hand-edited: one line
+            track(src, out, workers=1, plots=False, resume=True)
+    (out / "started.json").write_text(plan)
     stamp = (out / "checkpoints" / "step-00000004.csv").stat().st_mtime_ns
     monkeypatch.chdir(tmp_path / "t")
     res = track(os.path.join("..", "my run"), ".", workers=1, plots=False, resume=True)

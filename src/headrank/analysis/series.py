@@ -486,8 +486,14 @@ def _resumed(out: Path, asked: dict[str, Any], tol: float, checking: Callable[[i
     be what they were (:func:`headrank.analysis.series_out.changed`)."""
     plan = series_out.read_plan(out, asked)
     fields = set(SeriesItem.__dataclass_fields__)
-    items = [SeriesItem(**{k: v for k, v in it.items() if k in fields}) for it in plan["items"]]
-    planned = {it["label"]: it.get("identity") for it in plan["items"]}
+    try:  # a hand-edited record: one line, as read_plan's
+        items = [SeriesItem(**{k: v for k, v in it.items() if k in fields}) for it in plan["items"]]
+        planned = {it["label"]: it.get("identity") for it in plan["items"]}
+        if "architecture" not in plan:
+            raise KeyError("architecture")
+    except (TypeError, KeyError, AttributeError):
+        raise HeadRankError(f"`resume`: {out / series_out.PLAN} is not a track run's record; run without `resume` "
+                            "and with `force`") from None
     finished = {it.label for it in items if _reusable(out / "checkpoints", it.label, planned[it.label], tol)}
     ids: dict[str, str] = {}
     arch = plan["architecture"]
