@@ -137,8 +137,8 @@ def debug_from_env() -> bool:
 
 def unexpected(e: BaseException) -> str:
     """The one line for an exception no check turned into a user error."""
-    return (f"unexpected {one_line(e, 300, typed=True)} (a bug in headrank; run with --debug "
-            f"or {DEBUG_ENV}=1 for the traceback)")
+    return (f"unexpected {one_line(e, 300, typed=True)} (a bug in headrank; run with "
+            f"headrank --debug VERB ... or {DEBUG_ENV}=1 for the traceback)")
 
 
 def stdout_broken() -> bool:

@@ -52,7 +52,7 @@ def open_reader(source: Any, *, config: str | os.PathLike | dict[str, Any] | Non
         layout = layout_from_toml(layout)
     if remote or allow_full or _is_url(source):
         return _open_remote(source, config=config, layout=layout, revision=revision, base=base, delta=delta,
-                            fold_norm=fold_norm, download=download, allow_full=allow_full)
+                            fold_norm=fold_norm, download=download, allow_full=allow_full, remote=remote)
     if isinstance(source, (str, os.PathLike)):
         return _open_path(source, config=config, layout=layout, revision=revision, base=base, delta=delta,
                           fold_norm=fold_norm, download=download, arrays=arrays)
@@ -80,7 +80,7 @@ def _is_url(source: Any) -> bool:
 
 
 def _open_remote(source: Any, *, config: Any, layout: Layout | None, revision: str | None, base: Any,
-                 delta: bool, fold_norm: bool, download: bool, allow_full: bool) -> AttentionReader:
+                 delta: bool, fold_norm: bool, download: bool, allow_full: bool, remote: bool) -> AttentionReader:
     """A Hub id or an http(s) URL read over HTTP range requests (:mod:`headrank.io.remote`)."""
     from headrank.io.remote import is_url, open_remote
 
@@ -92,7 +92,8 @@ def _open_remote(source: Any, *, config: Any, layout: Layout | None, revision: s
     if base is not None or delta:
         raise HeadRankError("`base` and `delta` apply to a local LoRA adapter directory, not to `remote`")
     if not is_url(source) and (source in SHIPPED or Path(source).exists()):
-        raise HeadRankError(f"`remote` reads a Hub id or an http(s) URL; {source} is a local path")
+        what = "`remote`" if remote else "`allow_full` (a remote read's option)"
+        raise HeadRankError(f"{what} reads a Hub id or an http(s) URL; {source} is a local path")
     ckpt, origin, own_layout = open_remote(source, revision=revision, allow_full=allow_full, config=config)
     return AttentionReader(ckpt, layout or own_layout, fold_norm=fold_norm, origin=origin)
 
