@@ -28,7 +28,7 @@ def reproduce(
     strict: Annotated[bool, typer.Option("--strict", help="exit 1 if any claim did not hold")] = False,
     quick: Annotated[bool, typer.Option("--quick", help="smaller, faster variant (fewer sweep points)")] = False,
     full: Annotated[bool, typer.Option("--full", help="the full variant (the default; explicit for 'all')")] = False,
-    profile: Annotated[str | None, typer.Option("--profile", help="a profile the reproduction offers: quick, full, or its own (paper: fig3, table1, decouple in the paper's regime, docs/paper_regime.md)")] = None,
+    profile: Annotated[str | None, typer.Option("--profile", help="a profile the reproduction offers: quick, full, or its own (paper: fig3, table1, decouple in the paper's regime; paper_vit: fig3's ViT half; docs/paper_regime.md)")] = None,
     force: Annotated[bool, typer.Option("--force", help="with 'all': recompute parts already finished in --out")] = False,
     model: Annotated[str | None, typer.Option("--model", help="run the reproduction's analysis on this checkpoint instead of its default (where it has one, e.g. fig4)")] = None,
     replot: Annotated[bool, typer.Option("--replot", help="run nothing: re-judge the claims and redraw the figures from the data.json a finished run left in --out")] = False,
