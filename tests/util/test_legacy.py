@@ -77,6 +77,8 @@ def test_an_old_sweep_and_reproduction_open(old):
     assert {p: p.read_bytes() for p in (old / "sweep" / "runs").rglob("metrics.jsonl")} == metrics
     rp = _headrank("reproduce", "fig1", "--replot", "--out", "repro", "-q", cwd=old)
     assert rp.returncode == 0, rp.stderr
+    notes = " ".join(json.loads((old / "repro" / "run.json").read_text())["notes"])
+    assert "fig1.local_minima): not measured" in notes and "seeds [0, 1, 2]" not in notes
     assert (old / "repro" / "fig1.png").is_file() and (old / "repro" / "report.html").is_file()
 
 
@@ -112,3 +114,5 @@ def test_a_collapse_run_of_headrank_0_1_replots(tmp_path):
     assert claims["collapse.heads_modulate"]["verdict"] == "inconclusive"
     assert "older run" in claims["collapse.heads_modulate"]["reason"]
     assert (tmp_path / "old collapse" / "depth_sweep.png").stat().st_size > 0
+    notes = " ".join(json.loads((tmp_path / "old collapse" / "run.json").read_text())["notes"])
+    assert "written by an older headrank" in notes and "measured to depth" not in notes  # no experiment it never did

@@ -20,7 +20,24 @@ SOURCE = "Dong, Cordonnier, Loukas 2021 (an article on it)"
 
 
 def notes(data: dict[str, Any], params: CollapseParams) -> list[str]:
-    """Prose for the report: how surgery treats norms, and which settings are our choices."""
+    """Prose for the report: how surgery treats norms, and which settings are our choices (for
+    a run written before the exact residuals, the head-count sweep and the ensembles: that)."""
+    older = "ensembles" not in data or "heads_sweep" not in data
+    return _older_notes() if older else _notes(params)
+
+
+def _older_notes() -> list[str]:
+    return [
+        "Surgery keeps each sublayer's own LayerNorm: BERT's attention sublayer becomes LN(attn(x)) without the skip; "
+        "removing the MLP removes its sublayer with its LayerNorm.",
+        "This run was written by an older headrank, before the exact residuals past the float64 floor, the head-count "
+        "sweep, the MLP dose-response and the trained-network ensembles: its depth curves are the float64 forward's, "
+        "and the claims that need the new data are inconclusive, each saying so. Rerun without --replot to measure "
+        "them.",
+    ]
+
+
+def _notes(params: CollapseParams) -> list[str]:
     return [
         "Surgery keeps each sublayer's own LayerNorm: BERT's attention sublayer becomes LN(attn(x)) without the skip; "
         "removing the MLP removes its sublayer with its LayerNorm. LayerNorm acts per token and keeps a collapsed "
