@@ -69,7 +69,7 @@ def compress(
     evaluate: Annotated[bool, typer.Option("--eval", help="perplexity (causal LM) or sentence-embedding cosine drift (encoder) before and after, on held-out text")] = False,
     eval_n: Annotated[int | None, typer.Option("--eval-n", min=1, help="evaluation windows (LM) or sentences (encoder) (default: 16 windows, 64 sentences: the README's cost curve)")] = None,
     calib_n: Annotated[int | None, typer.Option("--calib-n", min=1, help="--whiten calibration windows or sentences (default: as --eval-n)")] = None,
-    seq_len: Annotated[int | None, typer.Option("--seq-len", min=2, help="tokens per window (default: 128; at most the model's context)")] = None,
+    seq_len: Annotated[int | None, typer.Option("--seq-len", min=2, help="tokens per window (default: 128, capped at the model's context; a longer one is refused)")] = None,
     text: Annotated[Path | None, typer.Option("--text", help="text file for --eval/--whiten (one text per line; second half scored, first half calibrates) instead of the stdlib corpus")] = None,
     dataset: Annotated[str | None, typer.Option("--dataset", help="wikitext2 or c4 for --eval/--whiten, through the datasets library (network, or its copy in the Hugging Face cache)")] = None,
     curve: Annotated[str | None, typer.Option("--curve", help="draw cost against size instead of writing a checkpoint: --params budgets, e.g. 1,0.75,0.5,0.25; weight-only against whitened (compress_curve.json/.png in --out)")] = None,
@@ -80,7 +80,7 @@ def compress(
     config: Annotated[Path | None, typer.Option("--config", help="config.json for a single weights file")] = None,
     layout: Annotated[Path | None, typer.Option("--layout", help="TOML layout for a model_type not in the table")] = None,
     revision: Annotated[str | None, typer.Option("--revision", help="Hub id: branch, tag or commit in the cache")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="print compress.json's totals as JSON")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print compress.json's totals as JSON (with --curve: compress_curve.json)")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="let transformers show its own progress bars")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print nothing on success")] = False,
 ) -> None:
