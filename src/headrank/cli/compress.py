@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from headrank.cli.common import app, err_console, progress_bar, styled, user_errors
+from headrank.errors import HeadRankError
 
 EVERY_S = 15.0
 
@@ -68,7 +69,7 @@ def compress(
     evaluate: Annotated[bool, typer.Option("--eval", help="perplexity (causal LM) or sentence-embedding cosine drift (encoder) before and after, on held-out text")] = False,
     eval_n: Annotated[int | None, typer.Option("--eval-n", min=1, help="evaluation windows (LM) or sentences (encoder) (default: 16 windows, 64 sentences: the README's cost curve)")] = None,
     calib_n: Annotated[int | None, typer.Option("--calib-n", min=1, help="--whiten calibration windows or sentences (default: as --eval-n)")] = None,
-    seq_len: Annotated[int | None, typer.Option("--seq-len", min=2, help="tokens per window (default: 128; at most the model's context)")] = None,
+    seq_len: Annotated[int | None, typer.Option("--seq-len", min=2, help="tokens per window (default: 128, capped at the model's context; a longer one is refused)")] = None,
     text: Annotated[Path | None, typer.Option("--text", help="text file for --eval/--whiten (one text per line; second half scored, first half calibrates) instead of the stdlib corpus")] = None,
     dataset: Annotated[str | None, typer.Option("--dataset", help="wikitext2 or c4 for --eval/--whiten, through the datasets library (network, or its copy in the Hugging Face cache)")] = None,
     curve: Annotated[str | None, typer.Option("--curve", help="draw cost against size instead of writing a checkpoint: --params budgets, e.g. 1,0.75,0.5,0.25; weight-only against whitened (compress_curve.json/.png in --out)")] = None,
@@ -79,7 +80,7 @@ def compress(
     config: Annotated[Path | None, typer.Option("--config", help="config.json for a single weights file")] = None,
     layout: Annotated[Path | None, typer.Option("--layout", help="TOML layout for a model_type not in the table")] = None,
     revision: Annotated[str | None, typer.Option("--revision", help="Hub id: branch, tag or commit in the cache")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="print compress.json's totals as JSON")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print compress.json's totals as JSON (with --curve: compress_curve.json)")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="let transformers show its own progress bars")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print nothing on success")] = False,
 ) -> None:
@@ -87,8 +88,12 @@ def compress(
     from headrank.analysis import compress as cut
 
     if curve is not None:
-        _curve(path, out, curve, products=products, eval_n=eval_n, calib_n=calib_n, seq_len=seq_len, text=text,
-               dataset=dataset, quiet=quiet or as_json)
+        opts = cut.options.check_options(format=fmt, threads=threads, n_eval=eval_n, n_calib=calib_n,
+                                         seq_len=seq_len, text=text, dataset=dataset, allocate=allocate,
+                                         products=products)
+        _refuse_for_curve(opts, keep=keep, rank=rank, params=params, whiten=whiten, evaluate=evaluate)
+        _curve(path, out, curve, opts, dict(layers=layers, threads=threads, device=device, config=config,
+                                            layout=layout, revision=revision), quiet=quiet, as_json=as_json)
         return
     with progress_bar(quiet or as_json) as bar, Phases(bar) as phases:
         res = cut.compress(path, out, keep=keep, rank=rank, params=params, products=products, whiten=whiten,
@@ -104,31 +109,61 @@ def compress(
         sys.stdout.write("\n".join(cut.report_lines(res, out)) + "\n")
 
 
-def _curve(path: str, out: Path, budgets: str, *, products, eval_n, calib_n, seq_len, text, dataset, quiet) -> None:
+_NOT_CURVE = {  # what --curve does instead of each option
+    "keep": "--curve sets its own --params budgets",
+    "rank": "--curve sets its own --params budgets",
+    "params": "--curve sets its own --params budgets (give them to --curve)",
+    "format": "--curve writes no checkpoint",
+    "whiten": "--curve measures both weight-only and whitened cuts",
+    "evaluate": "--curve always measures the cost",
+    "allocate": "--curve spends each budget by energy",
+}
+_FLAG = {"keep": "--keep", "rank": "--rank", "params": "--params", "format": "--format", "whiten": "--whiten",
+         "evaluate": "--eval", "allocate": "--allocate loss"}
+
+
+def _refuse_for_curve(opts: dict[str, Any], **given: Any) -> None:
+    """The options --curve does not take: each value is checked as without --curve first (the
+    same one line; ``opts``: the checked options), then a given one is refused with one line
+    naming its flag."""
+    from headrank.analysis.compress import Rule
+
+    for name in ("keep", "rank", "params"):
+        if given[name] is not None:
+            Rule.of(**{name: given[name]})
+    given.update(format=opts["format"], allocate=opts["allocate"] != "energy")
+    used = [n for n in _NOT_CURVE if given[n] not in (None, False)]
+    if used:
+        raise HeadRankError(f"{_FLAG[used[0]]} does not go with --curve: {_NOT_CURVE[used[0]]}")
+
+
+def _curve(path: str, out: Path, budgets: str, opts: dict[str, Any], source: dict[str, Any], *, quiet: bool,
+           as_json: bool) -> None:
+    """--curve: measured with :func:`cost_curve` (``source``: its layers, threads, device,
+    config, layout, revision), written as compress_curve.json/.png; --json prints that JSON."""
     from headrank.analysis.compress import curve
-    from headrank.analysis.compress.options import check_options
-    from headrank.util.fileio import check_writable
     from headrank.util.progress import Heartbeat
 
     b = curve.parse_budgets(budgets)
-    opts = check_options(format=None, threads=1, n_eval=eval_n, n_calib=calib_n, seq_len=seq_len, text=text,
-                         dataset=dataset, allocate="energy", products=products)
-    check_writable(out)
+    curve.check_out(out)
+    quiet_run = quiet or as_json
     start = time.monotonic()
 
     def tell(s: str) -> None:
-        if not quiet:
+        if not quiet_run:
             err_console.print(f"curve {s} ({time.monotonic() - start:.0f} s)", highlight=False)
 
-    beat = Heartbeat(err_console, "curve", every_s=EVERY_S) if not quiet else None
+    beat = Heartbeat(err_console, "curve", every_s=EVERY_S) if not quiet_run else None
     try:
         if beat is not None:
             beat.__enter__()
-        data = curve.measure(str(path), path, b, products=opts["products"], spec=opts, progress=tell)
+        data = curve.measure(str(path), path, b, products=opts["products"], spec=opts, progress=tell, **source)
     finally:
         if beat is not None:
             beat.__exit__(None, None, None)
     written = curve.save(data, out)
-    if not quiet:
+    if as_json:
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
+    elif not quiet:
         sys.stdout.write("\n".join(curve.lines(data)) + "\n")
         sys.stdout.write(f"wrote {', '.join(str(p) for p in written)}\n")

@@ -17,7 +17,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -50,6 +49,7 @@ from headrank.analysis.compress.options import (
     cached_baseline,
     check_context,
     check_options,
+    check_out,
     store_baseline,
     text_spec,
 )
@@ -63,25 +63,6 @@ from headrank.util.threads import resolve_device, torch_threads
 
 __all__ = ["CompressResult", "Plan", "Rule", "TextSpec", "cache_kwarg", "compress", "cost_curve", "cut_in_place",
            "kept_fraction", "latent_cache", "load_compressed", "make_plan", "report_lines"]
-
-
-def _check_out(out: Path) -> dict[str, Any] | None:
-    """``out`` must be empty or hold a previous compress output (whose files are then replaced).
-    A missing ``out`` is not created here: a run that fails before writing leaves nothing behind."""
-    out = check_writable(out)
-    if not out.exists():
-        return None
-    entries = [p for p in out.iterdir() if not p.name.startswith(".")]
-    if not entries:
-        return None
-    prev = out / "compress.json"
-    try:
-        old = json.loads(prev.read_text()) if prev.is_file() else None
-    except (OSError, ValueError):
-        old = None
-    if not isinstance(old, dict):
-        raise HeadRankError(f"`out` {out} is not empty and holds no compress.json: choose an empty or new directory")
-    return old
 
 
 def _original(reader, live) -> tuple[Any, Any]:
@@ -134,11 +115,11 @@ def compress(source: Any, out: str | os.PathLike, *, keep: float | None = None, 
     spec = text_spec(opts, reader, live)
     notes = [n for n in (_gguf_note(gguf_note, fmt()) if live is not None else None, note) if n]
     with torch_threads(opts["threads"]), _locked(out):
-        old = _check_out(out)
+        old = check_out(out)
         orig = tok = None
         if whiten or evaluate or opts["allocate"] == "loss":
             orig, tok = _original(reader, live)
-            check_context(orig, spec)
+            spec = _fit_context(orig, spec, opts, notes)
         Ls = (calibration(orig, tok, reader.layout.modules, spec, reader.dims.n_layers,
                           lambda d, t: tell(d, t, "calibrating")) if whiten else None)
         plan = make_plan(reader, rule, prods, Ls, lambda d, t: tell(d, t, "spectra"), todo, opts["threads"], dev,
@@ -153,6 +134,14 @@ def compress(source: Any, out: str | os.PathLike, *, keep: float | None = None, 
             write_json(stage / "compress.json", dict(result))
         _drop_stale(out, old, result["files"])
     return result
+
+
+def _fit_context(model, spec: TextSpec, opts: dict[str, Any], notes: list[str]) -> TextSpec:
+    """:func:`~.options.check_context`; a default ``seq_len`` capped at the context is noted."""
+    fitted = check_context(model, spec, given=opts["seq_len"] is not None)
+    if fitted.seq_len != spec.seq_len:
+        notes.append(f"windows of {fitted.seq_len} tokens: the default {spec.seq_len} capped at the model's context")
+    return fitted
 
 
 def _check_source(reader, rule: Rule) -> None:
@@ -404,34 +393,43 @@ def cut_in_place(model: torch.nn.Module, reader, plan: Plan) -> Iterator[None]:
 
 def cost_curve(source: Any, budgets: Iterable[float], *, methods: Iterable[str] = ("weight", "whitened"),
                products: str | None = None, spec: TextSpec | dict[str, Any] | None = None,
-               progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+               progress: Callable[[str], None] | None = None, layers: str | Iterable[int] | None = None,
+               threads: int = 1, device: str | None = "auto", config: Any = None, layout: Any = None,
+               revision: str | None = None) -> list[dict[str, Any]]:
     """Cost (perplexity or drift) against the kept fraction of the cut products' parameters, for
-    weight-only and activation-whitened cuts at each ``--params`` budget, applied in memory to
-    the real Hugging Face model (the same cut code that :func:`compress` writes). ``spec``: a
-    :class:`TextSpec`, or :func:`~.options.check_options`' dict (unset sizes: compress's defaults)."""
+    weight-only and activation-whitened cuts at each ``params`` budget, applied in memory to the
+    real Hugging Face model (the same cut code that :func:`compress` writes). ``spec``: a
+    :class:`TextSpec`, or :func:`~.options.check_options`' dict (unset sizes: compress's defaults;
+    an unset ``seq_len`` is capped at the model's context). ``layers``, ``threads``, ``device``,
+    ``config``, ``layout``, ``revision``: as in :func:`compress`."""
     from headrank.io.sources import open_reader
 
-    reader0, live, _ = open_source(source)
+    opts = check_options(format=None, threads=threads, n_eval=None, n_calib=None, seq_len=None, text=None,
+                         dataset=None, allocate="energy", products=products)
+    reader0, live, _ = open_source(source, config=config, layout=layout, revision=revision)
+    todo = _layers(layers, reader0.dims.n_layers)
+    dev = resolve_device(device)
+    given = isinstance(spec, TextSpec) or (spec or {}).get("seq_len") is not None
     if not isinstance(spec, TextSpec):
-        spec = text_spec(spec or check_options(format=None, threads=1, n_eval=None, n_calib=None, seq_len=None,
-                                               text=None, dataset=None, allocate="energy", products=None),
-                         reader0, live)
+        spec = text_spec(spec or opts, reader0, live)
     orig, tok = _original(reader0, live)
+    spec = check_context(orig, spec, given)
     orig = orig.to(torch.float32).eval()
-    reader = open_reader(orig)
-    prods, _ = parse_products(products, reader)
-    scorer = Scorer(orig, tok, spec)
-    rows = [{"method": "none", "budget": 1.0, "kept": 1.0, "cost": scorer(orig), "metric": scorer.metric,
-             "spec": {"text": f"{spec.n} x {spec.seq_len}"}}]
-    for method in methods:
-        Ls = calibration(orig, tok, reader.layout.modules, spec, reader.dims.n_layers) if method == "whitened" else None
-        base = make_plan(reader, Rule("params", 1.0), prods, Ls)
-        for b in budgets:
-            rule = Rule("params", b)
-            plan = replace(base, rule=rule, ranks=choose(rule, base.spectra, base.cost, reader.dims.head_dim))
-            with cut_in_place(orig, reader, plan):
-                rows.append({"method": method, "budget": b, "kept": kept_fraction(plan, reader.dims.head_dim),
-                             "cost": scorer(orig), "metric": scorer.metric})
-            if progress:
-                progress(f"{method} {b:g}: {rows[-1]['cost']:.4g}")
+    reader = open_reader(orig, layout=layout)
+    prods, _ = parse_products(opts["products"], reader)
+    with torch_threads(opts["threads"]):
+        scorer = Scorer(orig, tok, spec)
+        rows = [{"method": "none", "budget": 1.0, "kept": 1.0, "cost": scorer(orig), "metric": scorer.metric,
+                 "spec": {"text": f"{spec.n} x {spec.seq_len}"}}]
+        for method in methods:
+            Ls = calibration(orig, tok, reader.layout.modules, spec, reader.dims.n_layers) if method == "whitened" else None
+            base = make_plan(reader, Rule("params", 1.0), prods, Ls, layers=todo, threads=opts["threads"], device=dev)
+            for b in budgets:
+                rule = Rule("params", b)
+                plan = replace(base, rule=rule, ranks=choose(rule, base.spectra, base.cost, reader.dims.head_dim))
+                with cut_in_place(orig, reader, plan):
+                    rows.append({"method": method, "budget": b, "kept": kept_fraction(plan, reader.dims.head_dim),
+                                 "cost": scorer(orig), "metric": scorer.metric})
+                if progress:
+                    progress(f"{method} {b:g}: {rows[-1]['cost']:.4g}")
     return rows

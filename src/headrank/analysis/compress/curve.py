@@ -29,13 +29,14 @@ def parse_budgets(spec: str | Any) -> list[float]:
     return out
 
 
-def measure(label: str, source: Any, budgets: list[float], *, products: str | None, spec, progress=None
-            ) -> dict[str, Any]:
-    """One panel's data: every row of :func:`cost_curve` and how it was measured."""
+def measure(label: str, source: Any, budgets: list[float], *, products: str | None, spec, progress=None,
+            **kw: Any) -> dict[str, Any]:
+    """One panel's data: every row of :func:`cost_curve` and how it was measured (``kw``:
+    ``cost_curve``'s ``layers``, ``threads``, ``device``, ``config``, ``layout``, ``revision``)."""
     from headrank.analysis.compress import cost_curve
 
     t = time.perf_counter()
-    rows = cost_curve(source, budgets, spec=spec, products=products, progress=progress)
+    rows = cost_curve(source, budgets, spec=spec, products=products, progress=progress, **kw)
     used = rows[0].get("spec") or {}
     for r in rows:
         r.pop("spec", None)
@@ -72,6 +73,13 @@ def draw(data: dict[str, Any], path: str | os.PathLike) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return Path(path)
+
+
+def check_out(out: str | os.PathLike) -> None:
+    """``out`` empty, new, or holding a previous curve (replaced), as ``compress`` checks its own."""
+    from headrank.analysis.compress.options import check_out as check
+
+    check(out, JSON)
 
 
 def save(data: dict[str, Any], out: str | os.PathLike) -> list[Path]:

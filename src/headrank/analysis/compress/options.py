@@ -7,6 +7,7 @@ import hashlib
 import json
 import numbers
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -81,10 +82,37 @@ def text_spec(opts: dict[str, Any], reader, live) -> TextSpec:
                     n_calib=opts["n_calib"], dataset=opts["dataset"])
 
 
-def check_context(model, spec: TextSpec) -> None:
+def check_context(model, spec: TextSpec, given: bool = True) -> TextSpec:
+    """``spec`` if its windows fit the model's context; an unset ``seq_len`` (``given`` False)
+    whose default is longer than the context is capped at the context; a given one is refused."""
     n_ctx = context_length(model.config)
-    if n_ctx is not None and spec.seq_len > n_ctx:
-        raise HeadRankError(f"`seq_len` {spec.seq_len} exceeds the model's context of {n_ctx} tokens")
+    if n_ctx is None or spec.seq_len <= n_ctx:
+        return spec
+    if not given:
+        return replace(spec, seq_len=n_ctx)
+    raise HeadRankError(f"`seq_len` {spec.seq_len} exceeds the model's context of {n_ctx} tokens")
+
+
+def check_out(out: str | os.PathLike, marker: str = "compress.json") -> dict[str, Any] | None:
+    """``out`` must be empty or hold a previous output of the same kind (its ``marker`` file,
+    whose JSON is returned: that set is then replaced). A missing ``out`` is not created here: a
+    run that fails before writing leaves nothing behind."""
+    from headrank.util.fileio import check_writable
+
+    out = check_writable(out)
+    if not out.exists():
+        return None
+    entries = [p for p in out.iterdir() if not p.name.startswith(".")]
+    if not entries:
+        return None
+    prev = out / marker
+    try:
+        old = json.loads(prev.read_text()) if prev.is_file() else None
+    except (OSError, ValueError):
+        old = None
+    if not isinstance(old, dict):
+        raise HeadRankError(f"`out` {out} is not empty and holds no {marker}: choose an empty or new directory")
+    return old
 
 
 # -- the cached uncut baseline ---------------------------------------------------------------------
