@@ -38,3 +38,29 @@ class Profile:
     @classmethod
     def full(cls):
         return cls()
+
+
+def write_gguf_tensors(w, tensors, qtypes=None, raw=None):
+    """Add ``tensors`` ({gguf name: array}) to the gguf ``GGUFWriter`` ``w`` and write the file:
+    1-D and F32 ones as float32, ``qtypes`` ({name suffix: type}) as F16 or quantized by gguf,
+    ``raw`` ({gguf name: (uint8 blocks, type)}) as they are."""
+    import gguf
+    import numpy as np
+    from gguf import GGMLQuantizationType as Q
+
+    for name, arr in tensors.items():
+        if raw and name in raw:
+            blocks, t = raw[name]
+            w.add_tensor(name, blocks, raw_dtype=t)
+            continue
+        t = next((t for suffix, t in (qtypes or {}).items() if name.endswith(suffix)), Q.F32)
+        if arr.ndim == 1 or t == Q.F32:
+            w.add_tensor(name, arr.astype(np.float32))
+        elif t == Q.F16:
+            w.add_tensor(name, arr.astype(np.float16))
+        else:
+            w.add_tensor(name, gguf.quants.quantize(arr, t), raw_dtype=t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()

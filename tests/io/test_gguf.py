@@ -20,6 +20,7 @@ from safetensors.torch import save_file  # noqa: E402
 from headrank.analysis.scan import analyze  # noqa: E402
 from headrank.errors import HeadRankError  # noqa: E402
 from headrank.io import gguf as ag  # noqa: E402
+from tests.helpers import write_gguf_tensors  # noqa: E402
 
 SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96, vocab_size=101)
 # name: (config, model class, gguf architecture)
@@ -110,22 +111,7 @@ def write_gguf(path, arch, model, tensors, qtypes=None, *, key_length=True, raw=
     if key_length:
         w.add_key_length(dh)
         w.add_value_length(dh)
-    for name, arr in tensors.items():
-        if raw and name in raw:
-            blocks, t = raw[name]
-            w.add_tensor(name, blocks, raw_dtype=t)
-            continue
-        t = next((t for suffix, t in (qtypes or {}).items() if name.endswith(suffix)), Q.F32)
-        if arr.ndim == 1 or t == Q.F32:
-            w.add_tensor(name, arr.astype(np.float32))
-        elif t == Q.F16:
-            w.add_tensor(name, arr.astype(np.float16))
-        else:
-            w.add_tensor(name, gguf.quants.quantize(arr, t), raw_dtype=t)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_gguf_tensors(w, tensors, qtypes, raw)
     return path
 
 

@@ -19,6 +19,7 @@ from safetensors.torch import save_file  # noqa: E402
 
 from headrank.analysis.scan import analyze  # noqa: E402
 from headrank.io import gguf as ag  # noqa: E402
+from tests.helpers import write_gguf_tensors  # noqa: E402
 
 SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=32,
              vocab_size=101)
@@ -84,16 +85,7 @@ def write(path, arch, kv, tensors, qtypes=None):
     for key, value in kv.items():
         add = w.add_string if isinstance(value, str) else w.add_float32 if isinstance(value, float) else w.add_uint32
         add(f"{arch}.{key}", value)
-    for name, arr in tensors.items():
-        t = next((t for suffix, t in (qtypes or {}).items() if name.endswith(suffix)), Q.F32)
-        if arr.ndim == 1 or t == Q.F32:
-            w.add_tensor(name, arr.astype(np.float32))
-        else:
-            w.add_tensor(name, gguf.quants.quantize(arr, t), raw_dtype=t)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_gguf_tensors(w, tensors, qtypes)
     return path
 
 
