@@ -678,7 +678,9 @@ class AttentionReader:
     def tensor_names(self, i: int) -> dict[str, str]:
         return {r: self.prefix + n for r, n in self.layout.names(i).items()}
 
-    def read_layer(self, i: int) -> HeadWeights:
+    def read_raw(self, i: int) -> tuple[dict[str, str], dict[str, Any]]:
+        """Layer ``i``'s attention tensors as stored, fetched at once and their dtypes checked:
+        ``(role -> name, role -> tensor)``."""
         if not 0 <= i < self.dims.n_layers:
             raise HeadRankError(f"layer {i} out of range 0..{self.dims.n_layers - 1}")
         names = self.tensor_names(i)
@@ -686,12 +688,20 @@ class AttentionReader:
         raw = many(names) if many is not None else {role: self.ckpt.get(name) for role, name in names.items()}
         for role, t in raw.items():
             check_dtype(names[role], t.dtype, self.ckpt.path)
+        return names, raw
+
+    def split_raw(self, names: dict[str, str], raw: dict[str, Any]) -> HeadWeights:
+        """:meth:`read_raw`'s tensors split into per-head factors (not folded); a shape the config
+        does not imply is one line naming the tensor."""
         try:
-            hw = SPLITS[self.split](raw, self.dims)
+            return SPLITS[self.split](raw, self.dims)
         except _Shape as e:
             raise HeadRankError(
                 f"tensor {names[e.role]} has shape {e.got} but the config implies {e.want}"
             ) from None
+
+    def read_layer(self, i: int) -> HeadWeights:
+        hw = self.split_raw(*self.read_raw(i))
         return self._fold(hw, i) if self.norm is not None else hw
 
     def norm_name(self, i: int) -> str:

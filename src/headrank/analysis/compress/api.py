@@ -32,7 +32,7 @@ from headrank.analysis.compress.cut import (
 )
 from headrank.analysis.compress.plan import Rule, choose
 from headrank.errors import HeadRankError, one_line
-from headrank.io.layouts import SPLITS, AttentionReader, HeadWeights
+from headrank.io.layouts import AttentionReader, HeadWeights
 from headrank.io.sources import open_reader
 from headrank.util.threads import torch_threads
 
@@ -176,18 +176,8 @@ class Layer:
 
 def read_layer(reader: AttentionReader, i: int) -> Layer:
     """Layer ``i``'s attention weights and biases, read once, checked (shapes, dtypes, NaN/Inf)."""
-    from headrank.io.validate import check_dtype
-
-    names = reader.tensor_names(i)
-    many = getattr(reader.ckpt, "get_many", None)  # a remote checkpoint fetches a layer's tensors at once
-    raw = many(names) if many is not None else {r: reader.ckpt.get(n) for r, n in names.items()}
-    for r, t in raw.items():
-        check_dtype(names[r], t.dtype, reader.ckpt.path)
-    try:
-        hw = SPLITS[reader.split](raw, reader.dims)
-    except Exception:  # noqa: BLE001 - a shape the config does not imply: the reader's own one line
-        reader.read_layer(i)
-        raise
+    names, raw = reader.read_raw(i)
+    hw = reader.split_raw(names, raw)
     bad = [n for n in ("wq", "wk", "wv", "p") if not _finite(getattr(hw, n))]
     if bad:
         raise HeadRankError(f"layer {i} holds NaN/Inf attention weights ({', '.join(bad)}): nothing to cut")
