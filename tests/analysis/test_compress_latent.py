@@ -14,7 +14,9 @@ import transformers as tf
 from headrank.analysis.compress import compress, load_compressed
 from headrank.analysis.compress.latent import STATUS, cache_bytes, cache_kwarg, latent_cache
 from headrank.errors import HeadRankError
-from tests.analysis.test_compress_allocate import tiny_llama
+
+# the same autouse fixtures as the allocation tests (a private baseline cache, one torch thread)
+from tests.analysis.test_compress_allocate import _baseline_cache, _one_thread, tiny_llama  # noqa: F401
 
 IDS = torch.tensor([[3, 14, 15, 92, 65, 35, 89, 79, 32, 38], [2, 71, 82, 81, 82, 84, 59, 4, 5, 23]])
 BASE = dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2, intermediate_size=64,
@@ -29,20 +31,6 @@ MODELS = {
                                                                 max_window_layers=1)),
 }
 SLOW = pytest.mark.slow
-
-
-@pytest.fixture(autouse=True)
-def _baseline_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("HEADRANK_CACHE", str(tmp_path / "headrank-cache"))
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One torch thread: a tiny model's forwards on a loaded shared machine (compress sets its own)."""
-    from headrank.util.threads import torch_threads
-
-    with torch_threads(1):
-        yield
 
 
 def _save(name: str, path) -> None:
