@@ -27,10 +27,8 @@ from headrank.analysis.compress.evaluate import (
     CALIB_SPLIT,
     drift,
     embeddings,
-    is_causal,
     mean_nll,
-    sentence_batch,
-    token_windows,
+    split_text,
 )
 from headrank.errors import HeadRankError
 
@@ -71,15 +69,9 @@ class CalibrationLoss:
     drift of mean-pooled calibration-sentence embeddings against the reference model's."""
 
     def __init__(self, model, tok, spec):
-        self.causal = is_causal(model)
+        self.causal, self.data, text, self.ref = split_text(model, tok, spec, CALIB_SPLIT)
         self.metric = "mean next-token NLL" if self.causal else "cosine drift"
-        if self.causal:
-            self.data = token_windows(tok, spec, CALIB_SPLIT)
-            self.text = f"{self.data.shape[0]} windows of {self.data.shape[1]} tokens (calibration split)"
-        else:
-            self.data = sentence_batch(tok, spec, CALIB_SPLIT)
-            self.text = f"{self.data['input_ids'].shape[0]} sentences (calibration split)"
-            self.ref = embeddings(model, self.data)
+        self.text = f"{text} (calibration split)"
 
     @torch.no_grad()
     def __call__(self, model) -> float:

@@ -232,6 +232,17 @@ def drift(e0: torch.Tensor, e1: torch.Tensor) -> float:
     return float((1 - torch.nn.functional.cosine_similarity(e0, e1, dim=-1)).mean())
 
 
+def split_text(model, tok, spec: TextSpec, split: str) -> tuple[bool, Any, str, torch.Tensor | None]:
+    """What a model is scored on in ``split``: ``(causal, data, description, reference)``, the
+    token windows of a causal LM, or the sentence batch of an encoder with ``model``'s mean-pooled
+    embeddings of it as the reference (None for a causal LM)."""
+    if is_causal(model):
+        data = token_windows(tok, spec, split)
+        return True, data, f"{data.shape[0]} windows of {data.shape[1]} tokens", None
+    data = sentence_batch(tok, spec, split)
+    return False, data, f"{data['input_ids'].shape[0]} sentences", embeddings(model, data)
+
+
 class Scorer:
     """Scores models on one fixed held-out set: perplexity (LM) or embedding drift (encoder)
     against the reference model given first."""
@@ -240,15 +251,8 @@ class Scorer:
         n_ctx = context_length(model.config)
         if n_ctx is not None and spec.seq_len > n_ctx:
             raise HeadRankError(f"`seq_len` {spec.seq_len} exceeds the model's context of {n_ctx} tokens")
-        self.causal = is_causal(model)
+        self.causal, self.data, self.note, self.ref = split_text(model, tok, spec, EVAL_SPLIT)
         self.metric = "perplexity" if self.causal else "cosine_drift"
-        if self.causal:
-            self.data = token_windows(tok, spec, EVAL_SPLIT)
-            self.note = f"{self.data.shape[0]} windows of {self.data.shape[1]} tokens"
-        else:
-            self.data = sentence_batch(tok, spec, EVAL_SPLIT)
-            self.note = f"{self.data['input_ids'].shape[0]} sentences"
-            self.ref = embeddings(model, self.data)
         self.note += f" of {spec.label()}"
 
     def key(self) -> str:
