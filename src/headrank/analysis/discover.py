@@ -88,12 +88,17 @@ def known_types() -> dict[str, tuple[str, str]]:
     """Every causal-LM and masked-LM model type of the installed transformers: ``type → (task, class)``."""
     # the auto classes' name tables: public constants (no underscore) that name each type's class
     # without importing every model's module, as transformers.MODEL_FOR_*_MAPPING would
+    return types_of(("masked-lm", "MODEL_FOR_MASKED_LM_MAPPING_NAMES"), ("causal-lm", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"))
+
+
+def types_of(*tables: tuple[str, str]) -> dict[str, tuple[str, str]]:
+    """``type → (task, class)`` from the auto classes' name ``tables`` ((task, table name) pairs,
+    later tables winning), sorted by type."""
     import transformers.models.auto.modeling_auto as ma
 
     out: dict[str, tuple[str, str]] = {}
-    for task, mapping in (("masked-lm", ma.MODEL_FOR_MASKED_LM_MAPPING_NAMES),
-                          ("causal-lm", ma.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)):
-        for mt, cls in mapping.items():
+    for task, table in tables:
+        for mt, cls in getattr(ma, table).items():
             out[mt] = (task, cls if isinstance(cls, str) else cls[0])
     return dict(sorted(out.items()))
 

@@ -43,6 +43,7 @@ from headrank.analysis.discover import (
     _zero_biases,
     build_tiny,
     forward_capture,
+    types_of,
 )
 
 CAPTURE_S2S = "headrank_verify_seq2seq"
@@ -65,15 +66,8 @@ _HEAD_DIM = ("d_kv", "head_dim", "attention_head_dim")
 def seq2seq_types() -> dict[str, tuple[str, str]]:
     """Every sequence-to-sequence model type of the installed transformers (text and speech):
     ``type → (task, class)``."""
-    # the auto classes' public name tables, as discover.known_types reads them
-    import transformers.models.auto.modeling_auto as ma
-
-    out: dict[str, tuple[str, str]] = {}
-    for task, mapping in (("speech-seq2seq", ma.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES),
-                          ("seq2seq", ma.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES)):
-        for mt, cls in mapping.items():
-            out[mt] = (task, cls if isinstance(cls, str) else cls[0])
-    return dict(sorted(out.items()))
+    return types_of(("speech-seq2seq", "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES"),
+                    ("seq2seq", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"))
 
 
 def _eager_bias(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
