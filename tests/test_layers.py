@@ -12,7 +12,7 @@ import headrank
 
 ROOT = Path(headrank.__file__).parent
 # lowest first; a module may import from its own layer and the layers before it
-LAYERS = ("util", "core", "io", "models", "analysis", "training", "studies", "report", "cli")
+LAYERS = ("util", "core", "io", "models", "analysis", "compress", "training", "studies", "report", "cli")
 BASE = {"headrank.errors"}  # the one error type, below everything
 FACADE = {"headrank", "headrank.__main__"}  # the package root (lazy public API) and `python -m`
 

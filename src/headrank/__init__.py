@@ -1,7 +1,7 @@
 """headrank: how weight decay and architecture shape the rank of attention layers.
 
 The package is layered, each layer importing only from the ones before it (tests/test_layers.py):
-``util`` → ``core`` → ``io`` → ``models`` → ``analysis`` → ``training`` → ``studies`` →
+``util`` → ``core`` → ``io`` → ``models`` → ``analysis`` → ``compress`` → ``training`` → ``studies`` →
 ``report`` → ``cli``. The public entry points below are loaded on first use, so importing a
 low layer (``headrank.core.linalg``) does not pull in the rest.
 
@@ -23,8 +23,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from headrank.analysis.collapse.analyze import CollapseResult
     from headrank.analysis.collapse.analyze import collapse as collapse
-    from headrank.analysis.compress import CompressResult, load_compressed
-    from headrank.analysis.compress import compress as compress
+    from headrank.compress import CompressResult, load_compressed
+    from headrank.compress import compress as compress
     from headrank.analysis.scaling.analyze import ScaleResult
     from headrank.analysis.scaling.analyze import scale as scale
     from headrank.analysis.scan import HeadSpectrum, SpectraResult, analyze, save, spectra
@@ -56,9 +56,9 @@ _LAZY = {
     "save": ("headrank.analysis.scan", "save"),
     "SpectraResult": ("headrank.analysis.scan", "SpectraResult"),
     "HeadSpectrum": ("headrank.analysis.scan", "HeadSpectrum"),
-    "compress": ("headrank.analysis.compress", "compress"),
-    "CompressResult": ("headrank.analysis.compress", "CompressResult"),
-    "load_compressed": ("headrank.analysis.compress", "load_compressed"),
+    "compress": ("headrank.compress", None),  # the package, callable as the verb (compress/__init__)
+    "CompressResult": ("headrank.compress", "CompressResult"),
+    "load_compressed": ("headrank.compress", "load_compressed"),
     "collapse": ("headrank.analysis.collapse.analyze", "collapse"),
     "CollapseResult": ("headrank.analysis.collapse.analyze", "CollapseResult"),
     "scale": ("headrank.analysis.scaling.analyze", "scale"),
@@ -86,7 +86,8 @@ def __getattr__(name: str) -> Any:
         import importlib
 
         module, attr = _LAZY[name]
-        return getattr(importlib.import_module(module), attr)
+        found = importlib.import_module(module)
+        return found if attr is None else getattr(found, attr)
     raise AttributeError(f"module 'headrank' has no attribute {name!r}")
 
 

@@ -83,7 +83,7 @@ def test_mla_matches_forward_and_ranks(q_lora, tmp_path):
 
 
 def test_compress_refuses_mla(tmp_path):
-    from headrank.analysis.compress.api import open_source
+    from headrank.compress.api import open_source
     from headrank.errors import HeadRankError
 
     model, _ = _model(True)

@@ -85,7 +85,7 @@ def compress(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print nothing on success")] = False,
 ) -> None:
     """Cut each head's OV (and QK) product to rank k and write the smaller checkpoint."""
-    from headrank.analysis import compress as cut
+    from headrank import compress as cut
 
     if curve is not None:
         opts = cut.options.check_options(format=fmt, threads=threads, n_eval=eval_n, n_calib=calib_n,
@@ -126,7 +126,7 @@ def _refuse_for_curve(opts: dict[str, Any], **given: Any) -> None:
     """The options --curve does not take: each value is checked as without --curve first (the
     same one line; ``opts``: the checked options), then a given one is refused with one line
     naming its flag."""
-    from headrank.analysis.compress import Rule
+    from headrank.compress import Rule
 
     for name in ("keep", "rank", "params"):
         if given[name] is not None:
@@ -141,7 +141,7 @@ def _curve(path: str, out: Path, budgets: str, opts: dict[str, Any], source: dic
            as_json: bool) -> None:
     """--curve: measured with :func:`cost_curve` (``source``: its layers, threads, device,
     config, layout, revision), written as compress_curve.json/.png; --json prints that JSON."""
-    from headrank.analysis.compress import curve
+    from headrank.compress import curve
     from headrank.util.progress import Heartbeat
 
     b = curve.parse_budgets(budgets)

@@ -75,7 +75,7 @@ def measure_run(run_dir: Path, base: dict[str, Any], params: CompressParams) -> 
     """Test perplexity of one run's final model uncut and cut to every budget (weight-only)."""
     import torch
 
-    from headrank.analysis.compress import Rule, cut_in_place, kept_fraction, make_plan
+    from headrank.compress import Rule, cut_in_place, kept_fraction, make_plan
     from headrank.io.rundir import latest_checkpoint
     from headrank.io.sources import open_reader
     from headrank.models.data import evaluate_lm, lm_tokens
@@ -103,8 +103,8 @@ def measure_run(run_dir: Path, base: dict[str, Any], params: CompressParams) -> 
 def _replan(plan: Any, budget: float, head_dim: int) -> Any:
     from dataclasses import replace
 
-    from headrank.analysis.compress import Rule
-    from headrank.analysis.compress.plan import choose
+    from headrank.compress import Rule
+    from headrank.compress.plan import choose
 
     rule = Rule("params", budget)
     return replace(plan, rule=rule, ranks=choose(rule, plan.spectra, plan.cost, head_dim))

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from headrank.analysis.compress.factored import ranges
+from headrank.compress.factored import ranges
 from headrank.io.layouts import Dims
 
 # (role of the weight, product, rows or columns kept, factor: X per query head or S per kv head),

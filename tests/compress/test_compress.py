@@ -14,7 +14,7 @@ import transformers as tf
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from headrank.analysis.compress import compress
+from headrank.compress import compress
 from headrank.cli import app
 from headrank.errors import HeadRankError
 

@@ -1,19 +1,5 @@
-"""Cut each head to the rank it uses and say what that costs (``headrank compress``).
+"""The compress pipeline: :func:`compress`, :func:`cost_curve` and :func:`cut_in_place`."""
 
-- :mod:`.plan`: ranks by energy (``keep``), fixed (``rank``) or a global budget (``params``);
-- :mod:`.cut`: the exact best rank-k cut of every unit (a head, or a kv head's query group),
-  balanced factors, biases kept exact at full rank, activation whitening (SVD-LLM);
-- :mod:`.factored`: the factored checkpoint (only the kept dimensions) and :func:`load_compressed`;
-- :mod:`.latent`: its latent KV cache (:func:`latent_cache`), through transformers' attention
-  and cache interfaces;
-- :mod:`.allocate`: ``allocate="loss"``, ranks from measured loss sensitivities (ASVD);
-- :mod:`.write`: safetensors shards and side files;
-- :mod:`.evaluate`: perplexity or embedding drift with the real Hugging Face forward;
-- :mod:`.options`: the options' checks, the text protocol, the cached uncut baseline;
-- :mod:`.report` / :mod:`.result`: compress.json and :class:`CompressResult`;
-- :mod:`.api`: the pass over the layers (two for a global budget); :mod:`.kept`: the factored
-  tensors from the kept columns; :func:`compress` and :func:`cost_curve` here.
-"""
 
 from __future__ import annotations
 
@@ -27,8 +13,8 @@ from typing import Any
 
 import torch
 
-from headrank.analysis.compress.allocate import annotate, reallocate
-from headrank.analysis.compress.api import (
+from headrank.compress.allocate import annotate, reallocate
+from headrank.compress.api import (
     Plan,
     cut_layers,
     make_plan,
@@ -36,15 +22,15 @@ from headrank.analysis.compress.api import (
     parse_products,
     source_dir,
 )
-from headrank.analysis.compress.evaluate import Scorer, TextSpec, calibration, load
-from headrank.analysis.compress.factored import (
+from headrank.compress.evaluate import Scorer, TextSpec, calibration, load
+from headrank.compress.factored import (
     FORMAT,
     MANIFEST,
     STEM,
     load_compressed,
 )
-from headrank.analysis.compress.latent import cache_kwarg, kv_measure, latent_cache
-from headrank.analysis.compress.options import (
+from headrank.compress.latent import cache_kwarg, kv_measure, latent_cache
+from headrank.compress.options import (
     baseline_key,
     cached_baseline,
     check_context,
@@ -53,16 +39,14 @@ from headrank.analysis.compress.options import (
     store_baseline,
     text_spec,
 )
-from headrank.analysis.compress.plan import Rule, choose
-from headrank.analysis.compress.report import kv_block, report_lines, summary
-from headrank.analysis.compress.result import CompressResult
-from headrank.analysis.compress.write import ShardWriter, copy_side_files, save_hf_side
+from headrank.compress.plan import Rule, choose
+from headrank.compress.report import kv_block, report_lines, summary
+from headrank.compress.result import CompressResult
+from headrank.compress.write import ShardWriter, copy_side_files, save_hf_side
 from headrank.errors import HeadRankError
 from headrank.util.fileio import check_writable, staged_output, write_json
 from headrank.util.threads import resolve_device, torch_threads
 
-__all__ = ["CompressResult", "Plan", "Rule", "TextSpec", "cache_kwarg", "compress", "cost_curve", "cut_in_place",
-           "kept_fraction", "latent_cache", "load_compressed", "make_plan", "report_lines"]
 
 
 def _original(reader, live) -> tuple[Any, Any]:

@@ -1,4 +1,4 @@
-"""What :func:`headrank.analysis.compress.compress` returns: ``compress.json`` as a mapping, with
+"""What :func:`headrank.compress.compress` returns: ``compress.json`` as a mapping, with
 the result methods every headrank result has (``table``, ``meta``, ``summary()``, ``save()``,
 ``load()``, ``plot()``, ``to_json()``, a notebook view)."""
 
@@ -45,7 +45,7 @@ class CompressResult(dict):
     def to_json(self) -> dict[str, Any]:
         """What ``headrank compress --json`` prints: the rule, products, notes, totals, checkpoint
         bytes, files and eval of compress.json (not its per-unit rows)."""
-        from headrank.analysis.compress.report import json_view
+        from headrank.compress.report import json_view
 
         return json.loads(json.dumps(json_view(self)))
 
@@ -96,7 +96,7 @@ class CompressResult(dict):
 
     def lines(self) -> list[str]:
         """The console report (totals, checkpoint bytes, eval)."""
-        from headrank.analysis.compress.report import report_lines
+        from headrank.compress.report import report_lines
 
         return report_lines(self)
 

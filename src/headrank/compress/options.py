@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from headrank.analysis.compress.evaluate import (
+from headrank.compress.evaluate import (
     DATASETS,
     DEFAULT_N,
     DEFAULT_SEQ_LEN,

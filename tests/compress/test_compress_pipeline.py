@@ -15,13 +15,13 @@ import transformers as tf
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-import headrank.analysis.compress as hc
-from headrank.analysis.compress import compress
-from headrank.analysis.compress.api import cut_layers, make_plan, parse_products
-from headrank.analysis.compress.cut import UnitCut
-from headrank.analysis.compress.factored import factor_layer
-from headrank.analysis.compress.kept import kept_tensors
-from headrank.analysis.compress.plan import Rule
+import headrank.compress.run as hc
+from headrank.compress import compress
+from headrank.compress.api import cut_layers, make_plan, parse_products
+from headrank.compress.cut import UnitCut
+from headrank.compress.factored import factor_layer
+from headrank.compress.kept import kept_tensors
+from headrank.compress.plan import Rule
 from headrank.cli import app
 from headrank.errors import HeadRankError
 from headrank.io.layouts import Dims
@@ -240,7 +240,7 @@ def test_shards_written_in_the_background_hold_the_single_files_tensors(bf16_dir
     same tensors as one file, an index naming them, and load_compressed gives the same logits."""
     from safetensors import safe_open
 
-    import headrank.analysis.compress.write as w
+    import headrank.compress.write as w
 
     one = compress(str(bf16_dir), tmp_path / "one", rank=3)
     monkeypatch.setattr(w, "SHARD_BYTES", 12_000)
@@ -265,7 +265,7 @@ def test_a_background_write_that_fails_is_one_line_and_nothing_written(bf16_dir,
     import safetensors.torch
     from safetensors import SafetensorError
 
-    import headrank.analysis.compress.write as w
+    import headrank.compress.write as w
 
     real, calls = safetensors.torch.save_file, []
 

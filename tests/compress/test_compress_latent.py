@@ -11,12 +11,12 @@ import pytest
 import torch
 import transformers as tf
 
-from headrank.analysis.compress import compress, load_compressed
-from headrank.analysis.compress.latent import STATUS, cache_bytes, cache_kwarg, latent_cache
+from headrank.compress import compress, load_compressed
+from headrank.compress.latent import STATUS, cache_bytes, cache_kwarg, latent_cache
 from headrank.errors import HeadRankError
 
 # the same autouse fixtures as the allocation tests (a private baseline cache, one torch thread)
-from tests.analysis.test_compress_allocate import _baseline_cache, _one_thread, tiny_llama  # noqa: F401
+from tests.compress.test_compress_allocate import _baseline_cache, _one_thread, tiny_llama  # noqa: F401
 
 IDS = torch.tensor([[3, 14, 15, 92, 65, 35, 89, 79, 32, 38], [2, 71, 82, 81, 82, 84, 59, 4, 5, 23]])
 BASE = dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2, intermediate_size=64,

@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from headrank.analysis.compress import rotary_cut
-from headrank.analysis.compress.cut import (
+from headrank.compress import rotary_cut
+from headrank.compress.cut import (
     CUT_ORDER,
     cut_biases,
     cut_unit,
@@ -30,7 +30,7 @@ from headrank.analysis.compress.cut import (
     unit_basis,
     unit_factors,
 )
-from headrank.analysis.compress.plan import Rule, choose
+from headrank.compress.plan import Rule, choose
 from headrank.errors import HeadRankError, one_line
 from headrank.io.layouts import AttentionReader, HeadWeights
 from headrank.io.sources import open_reader
@@ -293,7 +293,7 @@ def layer_tensors(layer: Layer, reader: AttentionReader, plan: Plan, cuts: dict[
     padded = lambda: {p: c.padded(reader.dims.head_dim) for p, c in cuts.items()}  # noqa: E731
     biases = _biases(reader, layer, shapes, padded, rot)
     if factored:
-        from headrank.analysis.compress.kept import kept_tensors
+        from headrank.compress.kept import kept_tensors
 
         tensors, entries = kept_tensors(layer.names, layer.raw, cuts, biases, reader.dims)
     else:

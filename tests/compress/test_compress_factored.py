@@ -14,7 +14,7 @@ import transformers as tf
 from safetensors import safe_open
 from typer.testing import CliRunner
 
-from headrank.analysis.compress import CompressResult, compress, load_compressed
+from headrank.compress import CompressResult, compress, load_compressed
 from headrank.cli import app
 from headrank.errors import HeadRankError
 
@@ -188,7 +188,8 @@ def test_result_contract(llama_dir, tmp_path):
 
     res = compress(str(llama_dir), tmp_path / "f", rank=3, products="ov")
     assert isinstance(res, CompressResult) and headrank.load_compressed is load_compressed
-    assert headrank.compress is compress and headrank.CompressResult is CompressResult
+    assert headrank.compress(str(llama_dir), tmp_path / "g", rank=3, products="ov").table.equals(res.table)
+    assert headrank.CompressResult is CompressResult
     assert len(res.table) == 2 * 2 and set(res.table["k"]) == {3}
     s = res.summary()
     assert list(s["k"]) == [3.0, 3.0] and s["params_saved"].sum() == res["totals"]["params_saved_factored"]
@@ -206,7 +207,7 @@ def test_result_contract(llama_dir, tmp_path):
 
 
 def test_eval_line_shows_enough_digits_and_the_change():
-    from headrank.analysis.compress.report import eval_line
+    from headrank.compress.report import eval_line
 
     line = eval_line({"metric": "perplexity", "before": 34.73121, "after": 34.73412, "text": "t"})
     assert "34.731 -> 34.734" in line and "+0.00291" in line and "+0.008%" in line

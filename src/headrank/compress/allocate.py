@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from headrank.analysis.compress.evaluate import (
+from headrank.compress.evaluate import (
     CALIB_SPLIT,
     drift,
     embeddings,
@@ -143,7 +143,7 @@ def measure(model, reader, plan, score: CalibrationLoss, apply, modules=None,
     """Per product, the calibration loss ``(layers, units, candidates)`` with only that unit cut
     to that rank (the other units of its layer re-formed at full rank, the identity up to float
     round-off), and the uncut loss. ``reader``: ``open_reader(model)``; ``plan``: pass 1's plan
-    (spectra, roots, whitening); ``apply``: :func:`~headrank.analysis.compress.cut_in_place`.
+    (spectra, roots, whitening); ``apply``: :func:`~headrank.compress.cut_in_place`.
     Layers before the cut one are replayed from one recorded pass where the model's layer list is
     known (``modules``), else the whole model runs."""
     dh = reader.dims.head_dim

@@ -1,5 +1,5 @@
 """``headrank compress --curve``: cost against kept parameters, weight-only against
-activation-whitened cuts, measured with :func:`headrank.analysis.compress.cost_curve` and drawn
+activation-whitened cuts, measured with :func:`headrank.compress.cost_curve` and drawn
 (the README's figure is this, for MiniLM and SmolLM2: docs/compress_curve.py)."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def measure(label: str, source: Any, budgets: list[float], *, products: str | No
             **kw: Any) -> dict[str, Any]:
     """One panel's data: every row of :func:`cost_curve` and how it was measured (``kw``:
     ``cost_curve``'s ``layers``, ``threads``, ``device``, ``config``, ``layout``, ``revision``)."""
-    from headrank.analysis.compress import cost_curve
+    from headrank.compress import cost_curve
 
     t = time.perf_counter()
     rows = cost_curve(source, budgets, spec=spec, products=products, progress=progress, **kw)
@@ -77,7 +77,7 @@ def draw(data: dict[str, Any], path: str | os.PathLike) -> Path:
 
 def check_out(out: str | os.PathLike) -> None:
     """``out`` empty, new, or holding a previous curve (replaced), as ``compress`` checks its own."""
-    from headrank.analysis.compress.options import check_out as check
+    from headrank.compress.options import check_out as check
 
     check(out, JSON)
 

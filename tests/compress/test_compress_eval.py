@@ -13,8 +13,8 @@ import torch
 import transformers as tf
 from typer.testing import CliRunner
 
-from headrank.analysis.compress import TextSpec, compress, cost_curve
-from headrank.analysis.compress.cut import cut_unit
+from headrank.compress import TextSpec, compress, cost_curve
+from headrank.compress.cut import cut_unit
 from headrank.cli import app
 from headrank.models import corpus
 

@@ -12,16 +12,16 @@ import torch
 import transformers as tf
 from typer.testing import CliRunner
 
-from headrank.analysis.compress import compress, cut_in_place
-from headrank.analysis.compress.allocate import (
+from headrank.compress import compress, cut_in_place
+from headrank.compress.allocate import (
     CalibrationLoss,
     candidate_ranks,
     measure,
     threshold_ranks,
 )
-from headrank.analysis.compress.api import make_plan
-from headrank.analysis.compress.evaluate import CALIB_SPLIT, TextSpec, token_windows
-from headrank.analysis.compress.plan import Rule
+from headrank.compress.api import make_plan
+from headrank.compress.evaluate import CALIB_SPLIT, TextSpec, token_windows
+from headrank.compress.plan import Rule
 from headrank.cli import app
 from headrank.errors import HeadRankError
 from headrank.io.sources import open_reader

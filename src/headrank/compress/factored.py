@@ -176,7 +176,7 @@ def load_compressed(path: str | Path, *, dtype: torch.dtype | None = None, attn_
     ``latent_kv``: attention on the kept key and value dimensions only, and a KV cache that holds
     only those (:mod:`.latent`; ``generate`` with ``latent_cache(model)``); where the architecture
     does not allow it the model is the plain one and ``model.headrank_latent_kv`` says why."""
-    from headrank.analysis.compress.evaluate import is_causal
+    from headrank.compress.evaluate import is_causal
     from headrank.models.opener import quiet_transformers
 
     path = Path(path)
@@ -210,7 +210,7 @@ def load_compressed(path: str | Path, *, dtype: torch.dtype | None = None, attn_
     trim_heap()  # the random initialisation's buffers go back to the system
     model.eval()
     if latent_kv:
-        from headrank.analysis.compress.latent import STATUS, enable
+        from headrank.compress.latent import STATUS, enable
 
         names = {k: {**spec, "kept": index[k]} for k, spec in zip(latent, manifest["modules"].values(), strict=True)}
         setattr(model, STATUS, enable(model, names, _config_info(path)))

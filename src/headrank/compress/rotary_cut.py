@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from headrank.analysis.compress.cut import UnitCut, cut_unit, diff_norm, unit_factors
+from headrank.compress.cut import UnitCut, cut_unit, diff_norm, unit_factors
 from headrank.analysis.rotary import RotarySpec, band_energies
 from headrank.io.layouts import HeadWeights
 
@@ -114,7 +114,7 @@ def biases(hw: HeadWeights, spec: RotarySpec, keep: torch.Tensor, part: UnitCut 
            ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Query and key biases after :func:`cut`: zero on the dropped bands' dimensions (the band's
     whole contribution goes, bias terms included), refitted on the non-rotary part as in
-    :func:`headrank.analysis.compress.cut.cut_biases`."""
+    :func:`headrank.compress.cut.cut_biases`."""
     Hkv, dh, _ = hw.wk.shape
     a, b = (torch.from_numpy(i) for i in spec.pairs())
     drop = torch.zeros(Hkv, dh, dtype=torch.bool)

@@ -10,7 +10,7 @@ import torch
 import transformers as tf
 from safetensors.torch import load_file
 
-from headrank.analysis.compress import compress
+from headrank.compress import compress
 
 LLAMA = dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2, intermediate_size=64,
              vocab_size=97, head_dim=8, attention_bias=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from headrank.analysis.compress.api import KV_BYTES, Plan
+from headrank.compress.api import KV_BYTES, Plan
 from headrank.util.env import versions
 
 CONVENTIONS = {
