@@ -23,14 +23,14 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from headrank.analysis.collapse.analyze import CollapseResult
     from headrank.analysis.collapse.analyze import collapse as collapse
-    from headrank.compress import CompressResult, load_compressed
-    from headrank.compress import compress as compress
     from headrank.analysis.scaling.analyze import ScaleResult
     from headrank.analysis.scaling.analyze import scale as scale
     from headrank.analysis.scan import HeadSpectrum, SpectraResult, analyze, save, spectra
     from headrank.analysis.series import SeriesResult
     from headrank.analysis.series import track as track
     from headrank.analysis.tracker import RankTracker
+    from headrank.compress import CompressResult, load_compressed
+    from headrank.compress import compress as compress
     from headrank.report.result import ReproduceResult
     from headrank.report.result import reproduce as reproduce
     from headrank.training.integrations import RankCallback

@@ -14,8 +14,8 @@ import transformers as tf
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from headrank.compress import compress
 from headrank.cli import app
+from headrank.compress import compress
 from headrank.errors import HeadRankError
 
 LLAMA = dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2, intermediate_size=64,

@@ -12,6 +12,7 @@ import torch
 import transformers as tf
 from typer.testing import CliRunner
 
+from headrank.cli import app
 from headrank.compress import compress, cut_in_place
 from headrank.compress.allocate import (
     CalibrationLoss,
@@ -22,7 +23,6 @@ from headrank.compress.allocate import (
 from headrank.compress.api import make_plan
 from headrank.compress.evaluate import CALIB_SPLIT, TextSpec, token_windows
 from headrank.compress.plan import Rule
-from headrank.cli import app
 from headrank.errors import HeadRankError
 from headrank.io.sources import open_reader
 from headrank.models import corpus

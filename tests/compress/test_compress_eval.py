@@ -13,9 +13,9 @@ import torch
 import transformers as tf
 from typer.testing import CliRunner
 
+from headrank.cli import app
 from headrank.compress import TextSpec, compress, cost_curve
 from headrank.compress.cut import cut_unit
-from headrank.cli import app
 from headrank.models import corpus
 
 

@@ -14,8 +14,8 @@ import transformers as tf
 from safetensors import safe_open
 from typer.testing import CliRunner
 
-from headrank.compress import CompressResult, compress, load_compressed
 from headrank.cli import app
+from headrank.compress import CompressResult, compress, load_compressed
 from headrank.errors import HeadRankError
 
 LLAMA = dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2, intermediate_size=64,

@@ -16,13 +16,13 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 import headrank.compress.run as hc
+from headrank.cli import app
 from headrank.compress import compress
 from headrank.compress.api import cut_layers, make_plan, parse_products
 from headrank.compress.cut import UnitCut
 from headrank.compress.factored import factor_layer
 from headrank.compress.kept import kept_tensors
 from headrank.compress.plan import Rule
-from headrank.cli import app
 from headrank.errors import HeadRankError
 from headrank.io.layouts import Dims
 from headrank.io.sources import open_reader

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from headrank.compress.cut import UnitCut, cut_unit, diff_norm, unit_factors
 from headrank.analysis.rotary import RotarySpec, band_energies
+from headrank.compress.cut import UnitCut, cut_unit, diff_norm, unit_factors
 from headrank.io.layouts import HeadWeights
 
 

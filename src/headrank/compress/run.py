@@ -29,7 +29,7 @@ from headrank.compress.factored import (
     STEM,
     load_compressed,
 )
-from headrank.compress.latent import cache_kwarg, kv_measure, latent_cache
+from headrank.compress.latent import kv_measure
 from headrank.compress.options import (
     baseline_key,
     cached_baseline,
@@ -40,13 +40,12 @@ from headrank.compress.options import (
     text_spec,
 )
 from headrank.compress.plan import Rule, choose
-from headrank.compress.report import kv_block, report_lines, summary
+from headrank.compress.report import kv_block, summary
 from headrank.compress.result import CompressResult
 from headrank.compress.write import ShardWriter, copy_side_files, save_hf_side
 from headrank.errors import HeadRankError
 from headrank.util.fileio import check_writable, staged_output, write_json
 from headrank.util.threads import resolve_device, torch_threads
-
 
 
 def _original(reader, live) -> tuple[Any, Any]:
