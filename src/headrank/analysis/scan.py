@@ -309,8 +309,13 @@ def _stream(reader: AttentionReader, sel: list[int], tol: float, threads: int | 
 
     cores = IdleCores(threads)
     start = time.perf_counter()
+    from concurrent.futures import Future
+
+    nxt = None
+    if sel:  # the first layer read in this thread: whatever the read path imports, it imports here
+        nxt = Future()
+        nxt.set_result(read(sel[0]))
     with ThreadPoolExecutor(1, thread_name_prefix="headrank-read") as io, torch_threads(1):
-        nxt = io.submit(read, sel[0]) if sel else None
         for k, i in enumerate(sel):
             t0 = time.perf_counter()
             hw = nxt.result()

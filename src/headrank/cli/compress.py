@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -21,37 +20,33 @@ EVERY_S = 15.0
 class Phases:
     """The progress callback ``(done, total, phase)`` on one bar, and a beat: on a console that
     is not a terminal, a line at least every 15 s even while a phase reports nothing (loading a
-    model, one long layer)."""
+    model, one long layer), from :class:`~headrank.util.progress.Heartbeat`."""
 
     def __init__(self, bar: Any, every_s: float = EVERY_S):
+        from headrank.util.progress import Heartbeat
+
         self.bar, self.task, self.every_s = bar, bar.add_task("starting", total=None), every_s
-        self.state = ["starting", 0, None]
-        self.stop = threading.Event()
-        self.thread = None
-        if hasattr(bar, "line"):  # LineProgress (stderr is not a terminal)
-            self.thread = threading.Thread(target=self._beat, name="headrank-compress-beat", daemon=True)
+        self.beat = (Heartbeat(bar.console, "compress", every_s, tick=self._line)
+                     if hasattr(bar, "line") else None)  # LineProgress (stderr is not a terminal)
 
     def __call__(self, done: int, total: int | None, phase: str) -> None:
-        self.state = [phase, done, total]
         self.bar.update(self.task, completed=done, total=total, description=phase)
 
-    def _beat(self) -> None:
-        while not self.stop.wait(min(1.0, self.every_s / 4)):
-            now = self.bar.clock()
-            if now - self.bar.last >= self.every_s:
-                self.bar.last = now
-                t = self.bar.tasks[self.task]
-                self.bar.console.print(self.bar.line(t, now), highlight=False)
+    def _line(self) -> str | None:
+        now = self.bar.clock()
+        if now - self.bar.last < self.every_s:
+            return None
+        self.bar.last = now
+        return self.bar.line(self.bar.tasks[self.task], now)
 
     def __enter__(self) -> Phases:
-        if self.thread is not None:
-            self.thread.start()
+        if self.beat is not None:
+            self.beat.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> bool:
-        self.stop.set()
-        if self.thread is not None:
-            self.thread.join()
+        if self.beat is not None:
+            self.beat.__exit__(*exc)
         return False
 
 

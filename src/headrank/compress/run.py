@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import replace
@@ -144,37 +143,21 @@ def _model_type(reader, live) -> str | None:
 
 
 class _Format:
-    """``format``, chosen by :func:`_choose_format`. Where that needs transformers (is the
-    model_type one it builds?) and transformers is not imported yet (a second of CPU), it is
-    imported by a background thread while the first layer is cut, and the choice is made when
-    called (:func:`~.api.cut_layers` asks once that layer's cut is done)."""
+    """``format``, chosen by :func:`_choose_format` when made. Where the choice needs
+    transformers (is the model_type one it builds?), transformers is imported here, in the
+    caller's thread: never by a background thread (an import racing the main thread's use of
+    the same library hands one of them a half-initialised module)."""
 
     def __init__(self, opts: dict[str, Any], split: str, model_type: str | None):
         self.opts, self.split, self.model_type = opts, split, model_type
-        self.note: str | None = None
-        self.known: list[Any] = []
-        self.thread = None
+        known = False
         if split == "separate" and opts["format"] != "dense" and isinstance(model_type, str):
-            self.thread = threading.Thread(target=self._ask, name="headrank-import-transformers", daemon=True)
-            self.thread.start()
-        else:
-            self.note = _choose_format(opts, split, model_type, False)
-
-    def _ask(self) -> None:
-        try:
             from transformers import CONFIG_MAPPING
 
-            self.known.append(self.model_type in CONFIG_MAPPING)
-        except BaseException as e:  # noqa: BLE001 - raised where the choice is asked for
-            self.known.append(e)
+            known = model_type in CONFIG_MAPPING
+        self.note: str | None = _choose_format(opts, split, model_type, known)
 
     def __call__(self) -> str:
-        if self.thread is not None:
-            self.thread.join()
-            self.thread = None
-            if isinstance(self.known[0], BaseException):
-                raise self.known[0]
-            self.note = _choose_format(self.opts, self.split, self.model_type, bool(self.known[0]))
         return self.opts["format"]
 
 

@@ -3,15 +3,20 @@ source's small side files (config, tokenizer, pooling config), staged by the cal
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError  # imported here, never by the writing thread
+from safetensors.torch import save_file
 
 from headrank.errors import HeadRankError
+from headrank.util.fileio import write_error
 
 SHARD_BYTES = 2 * 2**30
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5", ".onnx", ".ckpt")
@@ -122,9 +127,7 @@ class ShardWriter:
 
 
 def _save(tensors: dict[str, torch.Tensor], p: Path, where: Path, mask: int) -> None:
-    from safetensors import SafetensorError
-    from safetensors.torch import save_file
-
+    """Runs in the writing thread: imports nothing (the module imported safetensors)."""
     try:
         save_file(tensors, str(p), metadata={"format": "pt"})
         os.chmod(p, 0o666 & ~mask)  # safetensors writes 0600; a checkpoint is read by others
@@ -142,11 +145,8 @@ def _umask() -> int:
 
 def _write_error(e: Exception, where: Path) -> HeadRankError:
     """The one line spectra gives for the same failure (safetensors reports an OS error as a
-    SafetensorError whose message ends in "(os error N)")."""
-    import errno
-    import re
-
-    from headrank.util.fileio import write_error
+    SafetensorError whose message ends in "(os error N)"). Called in the writing thread: its
+    imports are the module's."""
 
     if not isinstance(e, OSError):
         m = re.search(r"os error (\d+)", str(e))
