@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,6 @@ from headrank.compress.options import (
     cached_baseline,
     check_context,
     check_options,
-    check_out,
     store_baseline,
     text_spec,
 )
@@ -43,7 +42,8 @@ from headrank.compress.report import kv_block, summary
 from headrank.compress.result import CompressResult
 from headrank.compress.write import ShardWriter, copy_side_files, save_hf_side
 from headrank.errors import HeadRankError
-from headrank.util.fileio import check_writable, staged_output, write_json
+from headrank.io.writer import OutputSet
+from headrank.util.fileio import write_json
 from headrank.util.threads import resolve_device, torch_threads
 
 
@@ -96,8 +96,8 @@ def compress(source: Any, out: str | os.PathLike, *, keep: float | None = None, 
     dev = resolve_device(device)
     spec = text_spec(opts, reader, live)
     notes = [n for n in (_gguf_note(gguf_note, fmt()) if live is not None else None, note) if n]
-    with torch_threads(opts["threads"]), _locked(out):
-        old = check_out(out)
+    dest = OutputSet(out, sources=_source_paths(reader, source), owns="compress.json")
+    with torch_threads(opts["threads"]), dest:  # --out checked once and locked, here
         orig = tok = None
         if whiten or evaluate or opts["allocate"] == "loss":
             orig, tok = _original(reader, live)
@@ -108,14 +108,21 @@ def compress(source: Any, out: str | os.PathLike, *, keep: float | None = None, 
                          stream=opts["allocate"] == "energy")
         plan, alloc = reallocate(plan, opts["allocate"], orig, tok, reader if live is not None else None, spec,
                                  cut_in_place, lambda d, t: tell(d, t, "allocating"))
-        with staged_output(out) as stage:
+        with dest.stage() as stage:
             result = _write(reader, live, plan, stage, opts, fmt, notes, tell)
             annotate(result, alloc, plan)
             kv = _evaluate(orig, tok, stage, spec, opts["format"], reader, result, tell) if evaluate else None
             kv_block(result, kv)
             write_json(stage / "compress.json", dict(result))
-        _drop_stale(out, old, result["files"])
     return result
+
+
+def _source_paths(reader, source: Any) -> list[Path]:
+    """Every path the run reads from: ``--out`` may be none of them, nor inside one."""
+    paths = [getattr(reader.ckpt, "path", None), *(getattr(reader.ckpt, "files", None) or [])]
+    if isinstance(source, (str, os.PathLike)) and os.path.exists(source):
+        paths.append(source)
+    return [Path(p) for p in paths if isinstance(p, (str, os.PathLike))]
 
 
 def _fit_context(model, spec: TextSpec, opts: dict[str, Any], notes: list[str]) -> TextSpec:
@@ -200,25 +207,6 @@ def _layers(layers: str | Iterable[int] | None, n_layers: int) -> tuple[int, ...
     return tuple(parse_layers(",".join(map(str, sel)), n_layers))
 
 
-@contextmanager
-def _locked(out: Path) -> Iterator[None]:
-    """``train``'s writer lock on ``out`` for the run; a directory created only for the lock is
-    removed again when the run fails (a failed run leaves no --out behind)."""
-    from headrank.io.rundir import LOCK, locked_run
-
-    existed = out.exists()
-    check_writable(out)
-    try:
-        with locked_run(out):
-            yield
-    except BaseException:
-        if not existed:
-            (out / LOCK).unlink(missing_ok=True)
-            with suppress(OSError):
-                out.rmdir()
-        raise
-
-
 def _tied(model) -> set[str]:
     """State-dict names sharing storage with an earlier one (tied embeddings)."""
     seen, tied = set(), set()
@@ -296,20 +284,6 @@ def _dense_numel(reader, name: str, t: torch.Tensor) -> int:
         return int(torch.Size(reader.ckpt.meta(name).shape).numel())
     except Exception:  # noqa: BLE001 - a source without shapes up front: the tensor as written
         return t.numel()
-
-
-def _drop_stale(out: Path, old: dict[str, Any] | None, files: list[str]) -> None:
-    """Files of a previous compress output (listed in its compress.json) that the new set lacks."""
-    import shutil
-
-    for name in (old or {}).get("files", []):
-        if not isinstance(name, str) or name in files or name.strip("/") in ("", ".", "..") or "/" in name.rstrip("/"):
-            continue
-        p = out / name.rstrip("/")
-        if p.is_symlink() or p.is_file():
-            p.unlink()
-        elif p.is_dir():
-            shutil.rmtree(p)
 
 
 def _evaluate(orig, tok, stage: Path, spec: TextSpec, fmt: str, reader, result: dict[str, Any], tell

@@ -129,10 +129,12 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def clean_stale(out: str | os.PathLike) -> list[str]:
+def clean_stale(out: str | os.PathLike, finish: Callable[[Path, Path], bool] | None = None) -> list[str]:
     """Remove temporaries of killed runs from ``out``: ``.NAME.PID.XXXX.tmp*`` files and
     staging directories whose process is gone, and old-style temporaries older than an hour.
-    Returns the names removed; errors removing them are ignored (a later run tries again)."""
+    ``finish(stage, out)``, if given, is offered each dead run's staging directory first (the
+    writer finishes a commit a kill interrupted). Returns the names removed; errors removing
+    them are ignored (a later run tries again)."""
     removed = []
     try:
         entries = list(os.scandir(out))
@@ -151,6 +153,8 @@ def clean_stale(out: str | os.PathLike) -> list[str]:
             if not stale:
                 continue
             if e.is_dir(follow_symlinks=False):
+                if finish is not None and _STAGING_RE.match(e.name):
+                    finish(Path(e.path), Path(out))
                 shutil.rmtree(e.path)
             else:
                 os.unlink(e.path)
