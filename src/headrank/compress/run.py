@@ -249,7 +249,7 @@ def _write(reader, live, plan: Plan, stage: Path, opts: dict[str, Any], fmt: _Fo
         write_json(stage / MANIFEST, {"format": FORMAT, "version": 1, "modules": manifest})
         files.append(MANIFEST)
     side = (save_hf_side(live, stage, getattr(live, "_headrank_tokenizer", None)) if live is not None
-            else copy_side_files(source_dir(reader), stage))
+            else copy_side_files(source_dir(reader), stage, notes))
     if "config.json" not in side and reader.ckpt.config:  # a single weights file, a state_dict
         write_json(stage / "config.json", reader.ckpt.config)
         side.append("config.json")
