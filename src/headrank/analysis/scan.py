@@ -139,7 +139,9 @@ class SpectraResult(ResultBase):
 
     def save(self, out: str | os.PathLike, *, plots: bool = True) -> list[Path]:
         """Write the result into directory ``out`` (see :func:`save`)."""
-        return save(self, out, plots=plots)
+        from headrank.io.writer import save_set
+
+        return save_set(out, lambda stage: save(self, stage, plots=plots))  # one set, through the writer
 
     @classmethod
     def load(cls, out: str | os.PathLike) -> SpectraResult:

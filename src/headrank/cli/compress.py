@@ -137,11 +137,23 @@ def _curve(path: str, out: Path, budgets: str, opts: dict[str, Any], source: dic
     """--curve: measured with :func:`cost_curve` (``source``: its layers, threads, device,
     config, layout, revision), written as compress_curve.json/.png; --json prints that JSON."""
     from headrank.compress import curve
-    from headrank.util.progress import Heartbeat
+    from headrank.io.writer import OutputSet
 
     b = curve.parse_budgets(budgets)
-    curve.check_out(out)
-    quiet_run = quiet or as_json
+    src = [Path(path)] if Path(path).exists() else []
+    with OutputSet(out, sources=src, owns=curve.JSON) as dest:  # --out checked once and held to the end
+        data, written = _measure_curve(path, curve, b, opts, source, dest, quiet or as_json)
+    if as_json:
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
+    elif not quiet:
+        sys.stdout.write("\n".join(curve.lines(data)) + "\n")
+        sys.stdout.write(f"wrote {', '.join(str(p) for p in written)}\n")
+
+
+def _measure_curve(path: str, curve: Any, b: list[float], opts: dict[str, Any], source: dict[str, Any], dest: Any,
+                   quiet_run: bool) -> tuple[dict[str, Any], list[Path]]:
+    from headrank.util.progress import Heartbeat
+
     start = time.monotonic()
 
     def tell(s: str) -> None:
@@ -156,9 +168,4 @@ def _curve(path: str, out: Path, budgets: str, opts: dict[str, Any], source: dic
     finally:
         if beat is not None:
             beat.__exit__(None, None, None)
-    written = curve.save(data, out)
-    if as_json:
-        sys.stdout.write(json.dumps(data, indent=2) + "\n")
-    elif not quiet:
-        sys.stdout.write("\n".join(curve.lines(data)) + "\n")
-        sys.stdout.write(f"wrote {', '.join(str(p) for p in written)}\n")
+    return data, curve.save(data, dest)

@@ -77,10 +77,10 @@ class OutputSet:
     reads (a checkpoint directory or file), which ``out`` must not be or be inside. ``owns``:
     the file that marks an output of this kind (``compress.json``); with it, a non-empty
     directory holding neither it nor a :data:`RECORD` is refused. ``flag``: how messages name
-    ``out``."""
+    ``out``. ``held``: the caller holds the directory's lock already (:func:`lock_dir`)."""
 
     def __init__(self, out: str | os.PathLike, *, sources: Iterable[str | os.PathLike | None] = (),
-                 owns: str | None = None, flag: str = "`out`"):
+                 owns: str | None = None, flag: str = "`out`", held: bool = False):
         if not isinstance(out, (str, os.PathLike)) or not str(out):
             raise HeadRankError(f"{flag} must be a directory path; got {type(out).__name__}")
         self.out, self.flag, self.owns = Path(out), flag, owns
@@ -89,12 +89,15 @@ class OutputSet:
         self.fd: int | None = None
         self.created = False
         self.committed = False
+        self.held = held  # the caller holds the directory's lock already (a sweep's whole run)
+        self.entered = False
 
     # -- checked once, locked ------------------------------------------------------------------
     def __enter__(self) -> OutputSet:
         self.real = self._check()
         try:
             self._lock()
+            self.entered = True
             clean_stale(self.real, finish=_roll_forward)
         except BaseException:
             self._release(failed=True)
@@ -144,9 +147,11 @@ class OutputSet:
                 pass
             except OSError as e:
                 raise write_error(e, self.out, "create") from None
-        self.fd = lock_dir(real, f"{self.flag} {self.out}")
+        if not self.held:
+            self.fd = lock_dir(real, f"{self.flag} {self.out}")
 
     def _release(self, failed: bool) -> None:
+        self.entered = False
         if self.fd is not None:
             os.close(self.fd)  # releases the lock
             self.fd = None
@@ -159,7 +164,7 @@ class OutputSet:
     def stage(self) -> Iterator[Path]:
         """A fresh hidden directory inside ``out``; when the block ends without error its
         files become ``out``'s set (:meth:`commit`); otherwise it is removed."""
-        if self.fd is None:
+        if not self.entered:
             raise HeadRankError("internal: OutputSet.stage() outside its `with` block")
         try:
             stage = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-", dir=self.real))
@@ -250,6 +255,14 @@ def dir_locked(path: str | os.PathLike) -> bool:
     finally:
         os.close(fd)
     return False
+
+
+def save_set(out: str | os.PathLike, save: Any, **kw: Any) -> list[Path]:
+    """``save(stage)`` (which returns the paths it wrote) as one output set into ``out``: checked,
+    locked, staged and committed (the Python API's ``Result.save``); the final paths."""
+    with staged(out, **kw) as (dest, stage):
+        files = save(stage)
+    return dest.moved(files, stage)
 
 
 def _ours_temporary(name: str) -> bool:
@@ -353,7 +366,8 @@ def move_set(stage: Path, out: Path) -> None:
     never followed): a name that is a directory in ``out`` where the set has a file is refused
     before anything moves; the previous entries are set aside first and put back if a move
     fails."""
-    entries = sorted(p for p in stage.iterdir() if p.name != COMPLETE)
+    entries = sorted((p for p in stage.iterdir() if p.name != COMPLETE and not p.name.startswith(".previous-")),
+                     key=lambda p: (p.name == RECORD, p.name))  # the record last: it names a set all in
     for p in entries:
         t = out / p.name
         if t.is_dir() and not t.is_symlink() and not p.is_dir():
@@ -390,11 +404,11 @@ def _roll_forward(stage: Path, out: Path) -> bool:
     True when done (the caller then removes the directory)."""
     if not (stage / COMPLETE).is_file():
         return False
-    old = read_record(out)
-    new = read_record(stage)
-    for p in sorted(stage.iterdir()):
-        if p.name == COMPLETE or p.name.startswith(".previous-"):
-            continue
+    if not (stage / RECORD).is_file():  # the record moves last: the set is in (its stale files may stay)
+        return True
+    old, new = read_record(out), read_record(stage)
+    for p in sorted((p for p in stage.iterdir() if p.name != COMPLETE and not p.name.startswith(".previous-")),
+                    key=lambda p: (p.name == RECORD, p.name)):
         t = out / p.name
         if t.is_dir() and not t.is_symlink() and p.is_dir():
             shutil.rmtree(t)
@@ -425,7 +439,9 @@ def append_no_follow(path: Path, text: str) -> None:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise HeadRankError(f"{path} is not a regular file: refusing to append to it")
-        os.write(fd, text.encode("utf-8"))
+        data = memoryview(text.encode("utf-8"))
+        while data:
+            data = data[os.write(fd, data):]
     except OSError as e:
         raise write_error(e, path) from None
     finally:
