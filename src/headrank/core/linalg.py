@@ -108,21 +108,24 @@ def _cat(parts: list):
     return np.concatenate(parts)
 
 
-def factor_roots(*Xs, workers: int = 1, device=None) -> list:
-    """:func:`factor_root` of each factor, the chunks of all of them shared by ``workers`` threads.
+def factor_roots(*Xs) -> list:
+    """:func:`factor_root` of each factor, the chunks of all of them shared by the compute
+    setting's ``threads`` (:func:`headrank.util.threads.computing`).
 
-    Factors are numpy arrays or torch tensors (any float dtype). ``device=None``: the numpy
-    route (LAPACK through numpy, float64): numpy in, numpy out; torch in, torch (CPU) out.
-    ``device`` a torch device (``"cpu"``, ``"cuda"``): the torch route, the Grams and the small
-    factorisations in float64 on that device, roots back as CPU torch tensors.
+    Factors are numpy arrays or torch tensors (any float dtype). The setting's ``device`` None:
+    the numpy route (LAPACK through numpy, float64): numpy in, numpy out; torch in, torch (CPU)
+    out. ``device`` a torch device (``"cpu"``, ``"cuda"``): the torch route, the Grams and the
+    small factorisations in float64 on that device, roots back as CPU torch tensors.
 
     Each chunk is reduced by one thread, so run it under ``torch_threads(1)`` (as
     :func:`headrank.analysis.scan.analyze` does): a core taken by another process then slows
     one worker, not a barrier every small factorisation waits at. Chunks are fixed by
-    CHUNK_BYTES alone, so the result is bit-identical whatever ``workers`` and the load.
+    CHUNK_BYTES alone, so the result is bit-identical whatever ``threads`` and the load.
     """
-    from headrank.util.threads import parallel_map
+    from headrank.util.threads import compute_setting, parallel_map
 
+    setting = compute_setting()
+    device = setting.device
     jobs, spans, torch_out = [], [], False
     chunk = CHUNK_BYTES if device is None else DEVICE_CHUNK_BYTES
     for X in Xs:
@@ -139,9 +142,9 @@ def factor_roots(*Xs, workers: int = 1, device=None) -> list:
         spans.append((len(jobs), len(jobs) + len(parts), X.shape[:-2]))
         jobs += parts
     if device is None:
-        done = parallel_map(_factor_root, jobs, workers)
+        done = parallel_map(_factor_root, jobs, setting.threads)
     else:
-        done = parallel_map(lambda x: _factor_root_torch(x, device), jobs, workers)
+        done = parallel_map(lambda x: _factor_root_torch(x, device), jobs, setting.threads)
     out = []
     for a, b, batch in spans:
         R = _cat(done[a:b])
@@ -155,7 +158,7 @@ def factor_roots(*Xs, workers: int = 1, device=None) -> list:
     return out
 
 
-def factor_root(X, device=None):
+def factor_root(X):
     """A float64 ``R`` with ``XᵀX = RᵀR`` for factors ``X`` of shape ``(..., d, dh)``.
 
     Shape ``(..., min(d, dh), dh)``. Any input dtype; upcast to float64 before arithmetic.
@@ -169,10 +172,10 @@ def factor_root(X, device=None):
     Heads are upcast and reduced a few at a time, into reused float64 buffers of CHUNK_BYTES:
     one fresh 128 MiB float64 copy of a 4096-wide layer costs more in page faults than its
     Gram products cost in arithmetic. Each head's Gram is computed alone, so the result does
-    not depend on how heads are chunked or shared among workers. ``device``: see
+    not depend on how heads are chunked or shared among threads. The device: see
     :func:`factor_roots`.
     """
-    return factor_roots(X, device=device)[0]
+    return factor_roots(X)[0]
 
 
 def _certified(G, Ri, xp):
@@ -373,40 +376,38 @@ def _factor_root_torch(X, device):
 
 def singular_values(A, B):
     """Singular values of ``A Bᵀ`` (descending, float64), shape ``(..., min(d, dh))``."""
-    _check_factors(A, B)
     return product_metrics(A, B).sv
 
 
-def product_metrics(A, B, tol: float = DEFAULT_TOL, *, workers: int = 1, device=None) -> ProductMetrics:
-    """All metrics of ``A Bᵀ`` for factors ``A, B`` of shape ``(..., d, dh)`` (any float dtype).
-
-    Inputs are upcast to float64 before any arithmetic, so float16/bfloat16 weights are
-    analysed exactly as stored. ``workers`` > 1 shares the heads among that many threads
-    (see :func:`factor_roots`; same result). ``device``: see :func:`factor_roots`.
-    """
+def product_metrics(A, B, tol: float = DEFAULT_TOL) -> ProductMetrics:
+    """All metrics of ``A Bᵀ`` for factors ``A, B`` of shape ``(..., d, dh)`` (any float dtype),
+    in the compute setting in force (threads, device, precision:
+    :func:`headrank.util.threads.computing`); what ``Product(A, B).metrics(tol)``
+    (:class:`headrank.core.product.Product`) returns, for a product used once."""
     _check_factors(A, B)
-    Ra, Rb = factor_roots(A, B, workers=workers, device=device)
-    return metrics_from_roots(Ra, Rb, tol, workers=workers, device=device)
+    return metrics_from_roots(*factor_roots(A, B), tol)
 
 
-def metrics_from_roots(Ra, Rb, tol: float = DEFAULT_TOL, *, workers: int = 1, device=None) -> ProductMetrics:
+def metrics_from_roots(Ra, Rb, tol: float = DEFAULT_TOL) -> ProductMetrics:
     """All metrics of ``A Bᵀ`` from roots ``Ra = factor_root(A)``, ``Rb = factor_root(B)``.
 
-    Heads are taken METRIC_CHUNK at a time, on ``workers`` threads (same result for any number).
-    numpy roots give numpy metrics, torch roots torch (CPU) metrics. ``device``: the core SVDs
-    in torch on that device (:func:`factor_roots`).
+    Heads are taken METRIC_CHUNK at a time, on the compute setting's ``threads`` (same result
+    for any number). numpy roots give numpy metrics, torch roots torch (CPU) metrics. The
+    setting's ``device``: the core SVDs in torch on that device (:func:`factor_roots`).
     """
     if not tol > 0:
         raise ValueError(f"tolerance must be > 0, got {tol}")
-    from headrank.util.threads import parallel_map
+    from headrank.util.threads import compute_setting, parallel_map
 
+    setting = compute_setting()
+    device = setting.device
     torch_out = _is_torch(Ra) or _is_torch(Rb)
     batch = Ra.shape[:-2]
     per = METRIC_CHUNK if device is None else 4096  # a device takes the whole layer at once
     pairs = list(zip(_chunks(Ra, per), _chunks(Rb, per), strict=True))
     if not pairs:
         pairs = [(Ra.reshape(-1, *Ra.shape[-2:]), Rb.reshape(-1, *Rb.shape[-2:]))]
-    parts = parallel_map(lambda ab: _metrics(ab[0], ab[1], tol, device), pairs, workers)
+    parts = parallel_map(lambda ab: _metrics(ab[0], ab[1], tol, device), pairs, setting.threads)
     out = {}
     for key in parts[0]:
         v = _cat([q[key] for q in parts])
@@ -463,53 +464,6 @@ def _core_torch(Ra, Rb, device):
     return tuple(x.cpu().numpy() for x in res)
 
 
-def product_svd(A: torch.Tensor, B: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Exact thin SVD ``A Bᵀ = U diag(S) Vᵀ`` of a factored product, never forming ``A Bᵀ``.
-
-    ``A`` is ``(..., m, r)``, ``B`` is ``(..., n, r)`` (the row counts may differ: a stack of a
-    query group's factors against its shared kv factor). With ``A = Q_A R_A`` and
-    ``B = Q_B R_B``, ``A Bᵀ = Q_A (R_A R_Bᵀ) Q_Bᵀ``; the SVD of the small core
-    ``R_A R_Bᵀ = U_c S V_cᵀ`` gives ``U = Q_A U_c``, ``V = Q_B V_c``. ``R`` comes from
-    :func:`factor_roots` (float64 Gram and Cholesky where certified well-conditioned); where both
-    roots are well-conditioned (``‖R‖_F ‖R⁻¹‖_F ≤`` PRODUCT_SVD_COND) ``Q U_c = X (R⁻¹ U_c)``
-    costs one GEMM, elsewhere (rank-deficient or ill-conditioned factors) a float64 Householder
-    QR gives ``Q`` itself. O((m + n)·r²) per item. Returns float64 ``U (..., m, p)``, ``S (..., p)``
-    descending, ``V (..., n, p)`` with ``p = min(m, n, r)``.
-    """
-    import torch
-
-    if A.ndim < 2 or B.ndim < 2 or A.shape[:-2] != B.shape[:-2] or A.shape[-1] != B.shape[-1]:
-        raise ValueError(f"factors must be (..., m, r) and (..., n, r); got {tuple(A.shape)}, {tuple(B.shape)}")
-    A = A.detach().to(device="cpu", dtype=torch.float64)
-    B = B.detach().to(device="cpu", dtype=torch.float64)
-    batch, r = A.shape[:-2], A.shape[-1]
-    p = min(A.shape[-2], B.shape[-2], r)
-    A, B = A.reshape(-1, *A.shape[-2:]), B.reshape(-1, *B.shape[-2:])
-    if min(A.shape[-2], B.shape[-2]) < r:  # a root would not be square: Householder throughout
-        fast = torch.zeros(A.shape[0], dtype=torch.bool)
-    else:
-        Ra, Rb = factor_roots(A, B)
-        eye = torch.eye(r, dtype=torch.float64)
-        inv = [torch.linalg.solve_triangular(R, eye.expand_as(R), upper=True) for R in (Ra, Rb)]
-        cond = [torch.linalg.matrix_norm(R) * torch.linalg.matrix_norm(Ri) for R, Ri in zip((Ra, Rb), inv, strict=True)]
-        fast = (cond[0] <= PRODUCT_SVD_COND) & (cond[1] <= PRODUCT_SVD_COND)
-    U = torch.empty(A.shape[0], A.shape[-2], p, dtype=torch.float64)
-    V = torch.empty(B.shape[0], B.shape[-2], p, dtype=torch.float64)
-    S = torch.empty(A.shape[0], p, dtype=torch.float64)
-    if bool(fast.any()):
-        Uc, s, Vch = torch.linalg.svd(Ra[fast] @ Rb[fast].mT)
-        U[fast] = A[fast] @ (inv[0][fast] @ Uc)[..., :p]
-        V[fast] = B[fast] @ (inv[1][fast] @ Vch.mT)[..., :p]
-        S[fast] = s[..., :p]
-    slow = ~fast
-    if bool(slow.any()):
-        Qa, Ra_ = torch.linalg.qr(A[slow])
-        Qb, Rb_ = torch.linalg.qr(B[slow])
-        Uc, s, Vch = torch.linalg.svd(Ra_ @ Rb_.mT, full_matrices=False)
-        U[slow], S[slow], V[slow] = (Qa @ Uc)[..., :p], s[..., :p], (Qb @ Vch.mT)[..., :p]
-    return U.reshape(*batch, *U.shape[-2:]), S.reshape(*batch, p), V.reshape(*batch, *V.shape[-2:])
-
-
-#: product_svd's fast path: both roots with ‖R‖_F ‖R⁻¹‖_F at most this (orthogonality of
-#: X R⁻¹ then holds to ~1e-16 · cond² ≤ 1e-10)
+#: the fast path of :meth:`headrank.core.product.Product.svd` and ``.basis()``: both roots with
+#: ‖R‖_F ‖R⁻¹‖_F at most this (orthogonality of X R⁻¹ then holds to ~1e-16 · cond² ≤ 1e-10)
 PRODUCT_SVD_COND = 1e3

@@ -58,6 +58,8 @@ from headrank.io.validate import (
 if TYPE_CHECKING:  # the weights are torch tensors or numpy arrays (Checkpoint(arrays="numpy")): both work here
     import torch
 
+    from headrank.core.product import Product
+
 
 @dataclass(frozen=True)
 class Dims:
@@ -87,6 +89,34 @@ class HeadWeights:
     wk: torch.Tensor  # (Hkv, dh, d)
     wv: torch.Tensor  # (Hkv, dh, d)
     p: torch.Tensor  # (H, d, dh): column blocks of W_O
+    _roots: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def roots(self) -> dict[str, Any]:
+        """The roots of the four factors, ``q`` (of W_Q,hᵀ, per query head), ``k``, ``v`` (per kv
+        head) and ``p`` (of P_h), formed once (in one pool of threads) and cached
+        (:func:`headrank.core.linalg.factor_roots`, in the compute setting in force)."""
+        if not self._roots:
+            from headrank.core.linalg import factor_roots
+
+            self._roots.update(zip("qkvp", factor_roots(self.wq.mT, self.wk.mT, self.wv.mT, self.p), strict=True))
+        return self._roots
+
+    def qk(self) -> Product:
+        """The QK products ``W_K,hᵀ W_Q,h`` of every query head (:class:`headrank.core.product.Product`),
+        each kv head's root formed once for its query group."""
+        from headrank.core.product import Product
+
+        r = self.roots()
+        A, B = self.qk_factors()
+        return Product(A, B, roots=(self.kv_for_query_heads(r["k"]), r["q"]))
+
+    def ov(self) -> Product:
+        """The OV products ``P_h W_V,h`` of every query head (:class:`headrank.core.product.Product`)."""
+        from headrank.core.product import Product
+
+        r = self.roots()
+        A, B = self.ov_factors()
+        return Product(A, B, roots=(r["p"], self.kv_for_query_heads(r["v"])))
 
     @property
     def group(self) -> int:
