@@ -453,8 +453,7 @@ def analyze(
     reader = open_reader(source, config=config, layout=layout, revision=revision, base=base, delta=delta,
                          fold_norm=fold_norm, download=download, remote=remote, allow_full=allow_full,
                          arrays="numpy")
-    dims, tol = reader.dims, float(tol)
-    spec = layers if layers is None or isinstance(layers, str) else ",".join(str(i) for i in layers)
+    dims, tol, spec = reader.dims, float(tol), layers if layers is None or isinstance(layers, str) else ",".join(map(str, layers))
     if reader.parts:  # an encoder-decoder: encoder, decoder and cross-attention layers
         return _analyze_parts(reader, spec, tol, threads, vectors, progress, dev, precision)
     sel = attention_layers(reader, parse_layers(spec, dims.n_layers), spec is None)
