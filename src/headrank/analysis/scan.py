@@ -19,6 +19,7 @@ from headrank.analysis.figproc import FigureProcess, figure_data
 from headrank.analysis.rotary import rotary_scan
 from headrank.core.linalg import DEFAULT_TOL, METRIC_COLUMNS, ProductMetrics
 from headrank.core.metrics import METRICS, PRODUCTS, SUMMARY_METRICS, conventions
+from headrank.core.precision import PRECISION_COLUMNS, precision_columns, precision_meta
 from headrank.errors import HeadRankError
 from headrank.io.layouts import AttentionReader, HeadWeights, Layout
 from headrank.io.sources import open_reader
@@ -38,7 +39,7 @@ from headrank.util.threads import (
 if TYPE_CHECKING:  # imported where used: a safetensors checkpoint is read, reduced and saved without torch,
     import pandas as pd  # and without pandas (the tables are numpy columns until a DataFrame is asked for)
 
-TABLE_COLUMNS = ("layer", "head", "kv_head", "product", *METRIC_COLUMNS, "head_dim", "finite")
+TABLE_COLUMNS = ("layer", "head", "kv_head", "product", *METRIC_COLUMNS, "head_dim", "finite", *PRECISION_COLUMNS)
 
 
 @dataclass(frozen=True)
@@ -221,6 +222,7 @@ def _rows(layer: int, product: str, m: ProductMetrics, group: int, head_dim: int
     cols.update({k: np.asarray(v) for k, v in m.columns().items()})
     cols["head_dim"] = head_dim
     cols["finite"] = np.asarray(m.finite)
+    cols.update(precision_columns(m))
     return cols
 
 
@@ -464,6 +466,7 @@ def analyze(
         frames, sv, norms, timing = _scan_layers(reader, sel, tol, threads, rot, vecs, progress, used)
     table = _table(frames)  # numpy columns: pandas only when a DataFrame is asked for (SpectraResult.table)
     meta = {**_meta(reader, sel, tol, table), "compute": _compute_meta(dev, threads, used),
+            "precision": precision_meta(precision, table),
             "timing_s": {k: round(v, 4) for k, v in timing.items()}}  # where the stream's time went
     rotary = rot.columns() if rot is not None else None
     meta["conventions"]["rotary_bands"] = rot.meta(rotary) if rot is not None else rot_why
@@ -560,7 +563,7 @@ def _analyze_parts(reader: AttentionReader, spec: str | None, tol: float, thread
                                                       "head_dim": p.dims.head_dim},
                                            "position_encoding": p.position, "qk_norm": p.qk_norm}
                       for p, sel in sels},
-            "compute": _compute_meta(device, threads, used), "timing_s": {k: round(v, 4) for k, v in timing.items()}}
+            "compute": _compute_meta(device, threads, used), "precision": precision_meta(precision, table), "timing_s": {k: round(v, 4) for k, v in timing.items()}}
     meta["conventions"].update(attention_kinds={p.layout.attention: ATTENTION_KINDS[p.layout.attention]
                                                 for p, _ in sels}, rotary_bands=None,
                                position_encoding={p.layout.attention: p.position for p, _ in sels})
@@ -636,7 +639,7 @@ def _meta(reader: AttentionReader, sel: list[int], tol: float, table: Columns) -
         },
         "layers": sel,
         "dtype_read": reader.dtypes(),
-        "compute_dtype": "float64",
+        "compute_dtype": "float64 after the Grams (precision: the Grams' route)",
         "tolerance": tol,
         "conventions": {
             "weights": reader.weights_note,

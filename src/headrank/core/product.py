@@ -64,10 +64,13 @@ class Product:
 
     ``Product(A, B)``: factors, numpy arrays or torch tensors of any float dtype (bfloat16 bits
     read by numpy too); ``roots``: the roots ``(R_A, R_B)`` when already formed (a kv head's root
-    shared by its query group), so they are not formed again. Either may be given alone:
-    without factors, :meth:`svd` is not available."""
+    shared by its query group), so they are not formed again, with ``errors``, their per-item
+    modelled Gram errors (:func:`headrank.core.linalg.factor_roots`; None: float64 roots).
+    Either may be given alone: without factors, :meth:`svd` and the float64 fallback of
+    :meth:`metrics` are not available."""
 
-    def __init__(self, A: Any = None, B: Any = None, *, roots: tuple[Any, Any] | None = None):
+    def __init__(self, A: Any = None, B: Any = None, *, roots: tuple[Any, Any] | None = None,
+                 errors: tuple[Any, Any] | None = None):
         if (A is None or B is None) and roots is None:
             raise ValueError("a Product needs its factors A, B or their roots")
         if A is not None and B is not None:
@@ -75,7 +78,7 @@ class Product:
                 raise ValueError(f"factors must be (..., m, r) and (..., n, r); got {tuple(A.shape)}, "
                                  f"{tuple(B.shape)}")
         self.A, self.B = A, B
-        self._roots = roots
+        self._roots, self._errors = roots, errors
         self._metrics: dict[float, ProductMetrics] = {}
         self._basis: Basis | None = None
 
@@ -83,19 +86,70 @@ class Product:
     def roots(self) -> tuple[Any, Any]:
         """``(R_A, R_B)``, float64, formed on first use (in the compute setting then in force)."""
         if self._roots is None:
-            self._roots = tuple(factor_roots(self.A, self.B))
+            roots, errors = factor_roots(self.A, self.B, errors=True)
+            self._roots, self._errors = tuple(roots), tuple(errors)
         return self._roots
+
+    @property
+    def errors(self) -> tuple[Any, Any] | None:
+        """Per item, the modelled relative errors ``s`` of the Grams the roots came from (numpy,
+        batch shape; 0 where float64), or None where every root is float64's."""
+        _ = self.roots
+        if self._errors is None or not any(bool((e > 0).any()) for e in self._errors):
+            return None
+        return self._errors
 
     @property
     def batch(self) -> tuple[int, ...]:
         """The batch shape (heads, or kv units, …)."""
         return tuple((self.A if self.A is not None else self._roots[0]).shape[:-2])
 
-    def metrics(self, tol: float = DEFAULT_TOL) -> ProductMetrics:
-        """Every row of the metric table for every item (cached per ``tol``)."""
-        if tol not in self._metrics:
-            self._metrics[tol] = metrics_from_roots(*self.roots, tol)
-        return self._metrics[tol]
+    def metrics(self, tol: float = DEFAULT_TOL, energy: tuple[float, ...] = ()) -> ProductMetrics:
+        """Every row of the metric table for every item (cached per ``tol`` and ``energy``), with
+        ``bound`` and ``fallback`` (:class:`~headrank.core.linalg.ProductMetrics`).
+
+        Roots from ``auto`` Grams: each item's modelled error bound is checked against the
+        contract (:func:`headrank.core.precision.holds`: the singular values, the numerical rank
+        at ``tol``, the energy ranks k90, k99 and at ``energy``, gap/bound); items it cannot
+        guarantee are recomputed from the factors in float64, all of them at once when more
+        than FALLBACK_SHARE of the items are."""
+        key = (tol, tuple(energy))
+        if key not in self._metrics:
+            m = metrics_from_roots(*self.roots, tol)
+            self._metrics[key] = m if self.errors is None else self._certified(m, tol, tuple(energy))
+        return self._metrics[key]
+
+    def _certified(self, m: ProductMetrics, tol: float, energy: tuple[float, ...]) -> ProductMetrics:
+        """``m`` with each item's bound, the items the bound cannot guarantee recomputed in float64."""
+        import numpy as np
+
+        from headrank.core import precision as pr
+        from headrank.util.threads import computing
+
+        sa, sb = (np.asarray(e, dtype=np.float64).reshape(-1) for e in self.errors)
+        Ra, Rb = (np.asarray(R, dtype=np.float64).reshape(-1, *R.shape[-2:]) for R in self.roots)
+        sv = np.asarray(m.sv, dtype=np.float64).reshape(-1, m.sv.shape[-1])
+        b = pr.sv_bounds(sv, _factor_error(Ra, sa), _factor_error(Rb, sb))
+        fb = np.asarray(m.values["frob_bound"], dtype=np.float64).reshape(-1)
+        finite = np.asarray(m.finite).reshape(-1)
+        ok = pr.holds(sv, b, tol, np.maximum(sa, sb), fb, (0.90, 0.99, *energy)) | ~finite
+        with np.errstate(all="ignore"):
+            bound = np.where(finite, np.where(sv[:, 0] > 0, b.max(-1) / sv[:, 0], 0.0), np.nan)
+        bad = ~ok
+        if bad.any() and (self.A is None or self.B is None):
+            raise ValueError("a Product from roots alone cannot fall back to float64: give its factors")
+        if bad.sum() > pr.FALLBACK_SHARE * bad.size:
+            bad[:] = True
+        if bad.any():
+            A, B = (x.reshape(-1, *x.shape[-2:]) for x in (self.A, self.B))
+            idx = _index(A, bad)
+            with computing(precision="float64"):
+                m64 = Product(A[idx], B[idx]).metrics(tol)
+            m = _spliced(m, m64, bad)
+            bound[bad] = 0.0
+        batch = tuple(m.finite.shape)
+        return ProductMetrics(sv=m.sv, values=m.values, finite=m.finite, tol=m.tol, bound=bound.reshape(batch),
+                              fallback=bad.reshape(batch))
 
     @property
     def S(self) -> Any:
@@ -107,7 +161,8 @@ class Product:
         Ra, Rb = self.roots
         A = None if self.A is None else self.A[idx]
         B = None if self.B is None else self.B[idx]
-        return Product(A, B, roots=(Ra[idx], Rb[idx]))
+        errors = None if self._errors is None else tuple(e[idx] for e in self._errors)
+        return Product(A, B, roots=(Ra[idx], Rb[idx]), errors=errors)
 
     def restrict(self, cols: Any) -> Product:
         """The product ``A[..., cols] B[..., cols]ᵀ`` (e.g. the non-rotary dimensions of a head):
@@ -116,14 +171,49 @@ class Product:
         Ra, Rb = self.roots
         A = None if self.A is None else self.A[..., cols]
         B = None if self.B is None else self.B[..., cols]
-        return Product(A, B, roots=(_sub_root(Ra, cols), _sub_root(Rb, cols)))
+        # a restricted factor's Gram is the principal submatrix of its Gram: the same modelled error
+        return Product(A, B, roots=(_sub_root(Ra, cols), _sub_root(Rb, cols)), errors=self._errors)
 
     def basis(self) -> Basis:
         """:class:`Basis` of every item (flattened batch), UNITS_PER_TASK items per task on the
         compute setting's threads (the whole batch at once on a device)."""
         if self._basis is None:
-            self._basis = _basis(*self.roots)
+            self._basis = _basis(*self.roots) if self.errors is None else self._certified_basis()
         return self._basis
+
+    def _certified_basis(self) -> Basis:
+        """:func:`_basis` of ``auto`` roots, the items whose singular values the bound cannot hold to
+        CONTRACT_SV·σ_max (:func:`headrank.core.precision.sv_bounds`) recomputed in float64."""
+        import numpy as np
+        import torch
+
+        from headrank.core import precision as pr
+        from headrank.util.threads import computing
+
+        b = _basis(*self.roots)
+        sa, sb = (np.asarray(e, dtype=np.float64).reshape(-1) for e in self.errors)
+        Ra, Rb = (np.asarray(R, dtype=np.float64).reshape(-1, *R.shape[-2:]) for R in self.roots)
+        sv = b.sv.numpy()
+        err = pr.sv_bounds(sv, _factor_error(Ra, sa), _factor_error(Rb, sb))
+        bad = ~(err <= pr.CONTRACT_SV * sv[:, :1]).all(-1)
+        if not bad.any():
+            return b
+        if bad.sum() > pr.FALLBACK_SHARE * bad.size:
+            bad[:] = True
+        A, B = (x.reshape(-1, *x.shape[-2:]) for x in (self.A, self.B))
+        idx = _index(A, bad)
+        with computing(precision="float64"):
+            b64 = Product(A[idx], B[idx]).basis()
+        t = torch.from_numpy(bad)
+        sv2 = b.sv.clone()
+        sv2[t] = b64.sv
+        ok = b.ok.clone()
+        ok[t] = b64.ok
+        if b.A is None or b64.A is None:
+            return Basis(sv2, ok=ok & False) if not bool(ok.any()) else Basis(sv2, ok=ok)
+        A2, B2 = b.A.clone(), b.B.clone()
+        A2[t], B2[t] = b64.A, b64.B
+        return Basis(sv2, A2, B2, ok)
 
     def svd(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Exact thin SVD ``A Bᵀ = U diag(S) Vᵀ``, never forming ``A Bᵀ``: float64 ``U (..., m, p)``,
@@ -217,6 +307,54 @@ def _basis(Ra: Any, Rb: Any) -> Basis:
     parts = parallel_map(lambda s: _basis_part(Rx[s], Rs[s]), spans, setting.threads)
     ok, sv, A, B = (torch.cat([p[n] for p in parts]).cpu() for n in range(4))
     return Basis(sv, A, B, ok) if bool(ok.any()) else Basis(sv, ok=ok)
+
+
+def _factor_error(R: Any, s: Any) -> dict[str, Any]:
+    """:func:`headrank.core.precision.factor_error` of roots ``(n, k, k)``, ``R⁻¹`` by
+    :func:`headrank.core.linalg._triu_inv` for the items with an ``auto`` Gram."""
+    import numpy as np
+
+    from headrank.core.linalg import _triu_inv
+    from headrank.core.precision import factor_error
+
+    live = (s > 0) & np.isfinite(R).all((-2, -1))
+    Rinv = np.full_like(R, np.nan)
+    if live.any() and R.shape[-1] == R.shape[-2]:
+        with np.errstate(all="ignore"):
+            try:
+                Rinv[live] = _triu_inv(R[live])
+            except np.linalg.LinAlgError:  # an exactly singular root: its bound is infinite
+                pass
+    return factor_error(R, Rinv, np.where(live, s, 0.0))
+
+
+def _index(X: Any, mask: Any) -> Any:
+    """A numpy mask as an index of ``X`` (a torch tensor takes a torch mask)."""
+    if _is_torch(X):
+        import torch
+
+        return torch.from_numpy(mask)
+    return mask
+
+
+def _spliced(m: ProductMetrics, m64: ProductMetrics, bad: Any) -> ProductMetrics:
+    """``m`` (flattened items) with the items ``bad`` replaced by ``m64``'s, in ``m``'s types."""
+    import numpy as np
+
+    def put(x: Any, y: Any) -> Any:
+        flat = x.reshape(-1, *x.shape[m.finite.ndim:])
+        if _is_torch(x):
+            import torch
+
+            flat = flat.clone()
+            flat[torch.from_numpy(bad)] = torch.as_tensor(np.asarray(y)).to(flat.dtype)
+        else:
+            flat = flat.copy()
+            flat[bad] = np.asarray(y).astype(flat.dtype)
+        return flat.reshape(x.shape)
+
+    return ProductMetrics(sv=put(m.sv, m64.sv), values={k: put(v, m64.values[k]) for k, v in m.values.items()},
+                          finite=put(m.finite, m64.finite), tol=m.tol)
 
 
 def _sub_root(R: Any, p: Any) -> Any:

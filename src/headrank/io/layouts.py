@@ -90,6 +90,7 @@ class HeadWeights:
     wv: torch.Tensor  # (Hkv, dh, d)
     p: torch.Tensor  # (H, d, dh): column blocks of W_O
     _roots: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _errors: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def roots(self) -> dict[str, Any]:
         """The roots of the four factors, ``q`` (of W_Q,hᵀ, per query head), ``k``, ``v`` (per kv
@@ -98,7 +99,9 @@ class HeadWeights:
         if not self._roots:
             from headrank.core.linalg import factor_roots
 
-            self._roots.update(zip("qkvp", factor_roots(self.wq.mT, self.wk.mT, self.wv.mT, self.p), strict=True))
+            roots, errors = factor_roots(self.wq.mT, self.wk.mT, self.wv.mT, self.p, errors=True)
+            self._roots.update(zip("qkvp", roots, strict=True))
+            self._errors.update(zip("qkvp", errors, strict=True))
         return self._roots
 
     def qk(self) -> Product:
@@ -106,17 +109,19 @@ class HeadWeights:
         each kv head's root formed once for its query group."""
         from headrank.core.product import Product
 
-        r = self.roots()
+        r, e = self.roots(), self._errors
         A, B = self.qk_factors()
-        return Product(A, B, roots=(self.kv_for_query_heads(r["k"]), r["q"]))
+        return Product(A, B, roots=(self.kv_for_query_heads(r["k"]), r["q"]),
+                       errors=(self.kv_for_query_heads(e["k"]), e["q"]))
 
     def ov(self) -> Product:
         """The OV products ``P_h W_V,h`` of every query head (:class:`headrank.core.product.Product`)."""
         from headrank.core.product import Product
 
-        r = self.roots()
+        r, e = self.roots(), self._errors
         A, B = self.ov_factors()
-        return Product(A, B, roots=(r["p"], self.kv_for_query_heads(r["v"])))
+        return Product(A, B, roots=(r["p"], self.kv_for_query_heads(r["v"])),
+                       errors=(e["p"], self.kv_for_query_heads(e["v"])))
 
     @property
     def group(self) -> int:
