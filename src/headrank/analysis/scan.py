@@ -465,8 +465,7 @@ def analyze(
     with computing(device=dev, precision=precision):
         frames, sv, norms, timing = _scan_layers(reader, sel, tol, threads, rot, vecs, progress, used)
     table = _table(frames)  # numpy columns: pandas only when a DataFrame is asked for (SpectraResult.table)
-    meta = {**_meta(reader, sel, tol, table), "compute": _compute_meta(dev, threads, used),
-            "precision": precision_meta(precision, table),
+    meta = {**_meta(reader, sel, tol, table), "compute": _compute_meta(dev, threads, used), "precision": precision_meta(precision, table),
             "timing_s": {k: round(v, 4) for k, v in timing.items()}}  # where the stream's time went
     rotary = rot.columns() if rot is not None else None
     meta["conventions"]["rotary_bands"] = rot.meta(rotary) if rot is not None else rot_why
