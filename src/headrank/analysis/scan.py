@@ -140,7 +140,9 @@ class SpectraResult(ResultBase):
 
     def save(self, out: str | os.PathLike, *, plots: bool = True) -> list[Path]:
         """Write the result into directory ``out`` (see :func:`save`)."""
-        return save(self, out, plots=plots)
+        from headrank.io.writer import save_set
+
+        return save_set(out, lambda stage: save(self, stage, plots=plots))  # one set, through the writer
 
     @classmethod
     def load(cls, out: str | os.PathLike) -> SpectraResult:
@@ -304,8 +306,13 @@ def _stream(reader: AttentionReader, sel: list[int], tol: float, threads: int | 
 
     cores = IdleCores(threads)
     start = time.perf_counter()
+    from concurrent.futures import Future
+
+    nxt = None
+    if sel:  # the first layer read in this thread: whatever the read path imports, it imports here
+        nxt = Future()
+        nxt.set_result(read(sel[0]))
     with ThreadPoolExecutor(1, thread_name_prefix="headrank-read") as io, torch_threads(1):
-        nxt = io.submit(read, sel[0]) if sel else None
         for k, i in enumerate(sel):
             t0 = time.perf_counter()
             hw = nxt.result()
