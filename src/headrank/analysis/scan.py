@@ -29,6 +29,7 @@ from headrank.errors import HeadRankError
 from headrank.io.layouts import AttentionReader, HeadWeights, Layout
 from headrank.io.sources import open_reader
 from headrank.io.tensor_source import BaseCheckpoint
+from headrank.util.args import checked
 from headrank.util.bf16 import as_float
 from headrank.util.env import versions
 from headrank.util.fileio import prepare_out_dir, write_atomic, write_json
@@ -416,6 +417,7 @@ def _compute_meta(device: str | None, threads: int | None, used: list[int]) -> d
     }
 
 
+@checked
 def analyze(
     source: str | os.PathLike | BaseCheckpoint | Any,
     *,

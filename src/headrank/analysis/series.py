@@ -66,6 +66,7 @@ from headrank.analysis.series_plots import plot_series, series_figure
 from headrank.core.linalg import DEFAULT_TOL
 from headrank.core.metrics import SUMMARY_METRICS
 from headrank.errors import HeadRankError, one_line
+from headrank.util.args import checked
 from headrank.util.fileio import moved, staged_output, write_atomic, write_json
 from headrank.util.legacy import upgrade
 from headrank.util.ray import ray_session
@@ -405,6 +406,7 @@ class SeriesResult(ResultBase):
         return plain({**self.meta, "checkpoints": records(self.checkpoint_means())})
 
 
+@checked
 def track(series: str | os.PathLike | Sequence[str | os.PathLike], out: str | os.PathLike, *,
           revisions: str | Sequence[str] | None = None, tol: float = DEFAULT_TOL, workers: int | None = None,
           ray: str | None = None, plots: bool = True, force: bool = False, metrics: bool = True,

@@ -32,6 +32,7 @@ import torch
 from headrank.compress import factored_check as check
 from headrank.compress.factored_check import FORMAT, MANIFEST, STEM
 from headrank.errors import HeadRankError, one_line
+from headrank.util.args import checked
 
 __all__ = ["FORMAT", "MANIFEST", "STEM", "LatentLinear", "LatentOutput", "factor_layer", "load_compressed", "ranges"]
 #: the weight files' stem (:data:`STEM`) is not ``model``, so that transformers' from_pretrained,
@@ -178,6 +179,7 @@ def _build(path: Path, dtype: torch.dtype | None, attn_implementation: str | Non
                             f"{one_line(e, 300, typed=True)}") from None
 
 
+@checked
 def load_compressed(path: str | Path, *, dtype: torch.dtype | None = None, attn_implementation: str | None = None,
                     latent_kv: bool = False):
     """The Hugging Face model of a factored ``compress`` output, with its cut projections
