@@ -24,6 +24,7 @@ from headrank.errors import HeadRankError
 from headrank.io.layouts import AttentionReader, HeadWeights, Layout
 from headrank.io.sources import open_reader
 from headrank.io.tensor_source import BaseCheckpoint
+from headrank.util.args import checked
 from headrank.util.env import versions
 from headrank.util.fileio import prepare_out_dir, write_atomic, write_json
 from headrank.util.result import ResultBase, plain, read_csv, read_json, records
@@ -419,6 +420,7 @@ def _compute_meta(device: str | None, threads: int | None, used: list[int]) -> d
     }
 
 
+@checked
 def analyze(
     source: str | os.PathLike | BaseCheckpoint | Any,
     *,

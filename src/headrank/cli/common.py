@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from headrank.errors import HeadRankError, one_line
+from headrank.errors import ERROR_LINE_LIMIT, HeadRankError, one_line
 
 app = typer.Typer(
     add_completion=False,
@@ -65,7 +65,7 @@ def print_error(message: str) -> None:
 
     if interrupted() and message != "interrupted":  # a consequence of the Ctrl-C: only "interrupted" is said
         return
-    err_console.print(styled("bold red", "error: ", redact_text(one_line(message, None))), highlight=False,
+    err_console.print(styled("bold red", "error: ", redact_text(one_line(message, ERROR_LINE_LIMIT))), highlight=False,
                       soft_wrap=True)
 
 

@@ -43,6 +43,7 @@ from headrank.compress.result import CompressResult
 from headrank.compress.write import ShardWriter, copy_side_files, save_hf_side
 from headrank.errors import HeadRankError
 from headrank.io.writer import OutputSet
+from headrank.util.args import checked
 from headrank.util.fileio import write_json
 from headrank.util.threads import resolve_device, torch_threads
 
@@ -59,6 +60,7 @@ def _original(reader, live) -> tuple[Any, Any]:
     return load(src)
 
 
+@checked
 def compress(source: Any, out: str | os.PathLike, *, keep: float | None = None, rank: int | None = None,
              params: float | None = None, products: str | Iterable[str] | None = None, whiten: bool = False,
              evaluate: bool = False, text: str | os.PathLike | None = None, n_eval: int | None = None,
