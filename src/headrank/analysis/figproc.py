@@ -50,6 +50,11 @@ def figure_data(result) -> dict[str, Any]:
     if result.meta.get("attention") is not None:  # an encoder-decoder: its kinds' layers in turn, numbered 0..
         t, layers, name = {**t, "layer": np.asarray(unit_positions(t, result.meta))}, np.arange(len(layers)), \
             f"{name} ({kinds_span(result.meta)})"
+    conv = result.meta.get("conventions", {})
+    if conv.get("convention", "raw") != "raw":  # the weights' convention travels with the numbers (titles)
+        name = f"{name}, {conv['convention']} convention"
+    elif str(conv.get("weights", "")).startswith("norm folded"):
+        name = f"{name}, norm folded"
     data: dict[str, Any] = {
         "layers": layers,
         "name": name,

@@ -435,11 +435,12 @@ def analyze(
     rotary: bool = True,
     vectors: bool = False,
     device: str | None = "auto",
+    convention: str = "raw",
 ) -> SpectraResult:
     """Exact per-head QK and OV spectra of every (or the selected) attention layer.
 
     ``source``, ``revision``, ``base``, ``delta``, ``fold_norm``, ``download``, ``remote``,
-    ``allow_full``: see io.sources.open_reader.
+    ``allow_full``, ``convention`` (raw or transformerlens, :mod:`headrank.io.convention`): see io.sources.open_reader.
 
     ``layout``: a TOML layout file (or a :class:`Layout`) for a model_type not in the table;
     the config then may be absent. ``progress(done, total)`` is called after each layer.
@@ -456,7 +457,7 @@ def analyze(
     dev = resolve_device(device)
     reader = open_reader(source, config=config, layout=layout, revision=revision, base=base, delta=delta,
                          fold_norm=fold_norm, download=download, remote=remote, allow_full=allow_full,
-                         arrays="numpy")
+                         arrays="numpy", convention=convention)
     dims, tol = reader.dims, float(tol)
     spec = layers if layers is None or isinstance(layers, str) else ",".join(str(i) for i in layers)
     if reader.parts:  # an encoder-decoder: encoder, decoder and cross-attention layers
@@ -647,6 +648,7 @@ def _meta(reader: AttentionReader, sel: list[int], tol: float, table: Columns) -
         "compute_dtype": "float64",
         "tolerance": tol,
         "conventions": {
+            "convention": reader.convention.name,
             "weights": reader.weights_note,
             "qk_product": "W_K,h^T W_Q,h (d x d); attention score x W_Q^T W_K y^T has the same singular values",
             "ov_product": "P_h W_V,h (d x d), P_h = head h's column block of W_O",

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from headrank.errors import HeadRankError
+from headrank.io.convention import Convention, convention, refuse, weights_note
 from headrank.io.tensor_source import BaseCheckpoint
 from headrank.io.validate import (
     MAX_HEAD_DIM,
@@ -601,12 +602,34 @@ class AttentionReader:
         self.prefix = self._find_prefix()
         self._check_last_layer()
         self.norm: NormSpec | None = None
+        self.convention = convention("raw")
         if fold_norm:
-            self.norm = self.layout.norm(ckpt.config)
-            if self.norm is None:
-                raise HeadRankError(f"`fold_norm`: no norm precedes attention in {self.layout.model_types[0]!r} "
-                                    "(post-norm, no norm, or not described in its layout)")
-            self.norm_name(0)  # fails now, before any work, when the tensor is missing
+            self._set_norm("`fold_norm`")
+
+    def _set_norm(self, what: str) -> None:
+        self.norm = self.layout.norm(self.ckpt.config)
+        if self.norm is None:
+            raise HeadRankError(f"{what}: no norm precedes attention in {self.layout.model_types[0]!r} "
+                                "(post-norm, no norm, or not described in its layout)")
+        self.norm_name(0)  # fails now, before any work, when the tensor is missing
+
+    def apply_convention(self, name: str | Convention | None) -> AttentionReader:
+        """Read the products in convention ``name`` (:mod:`headrank.io.convention`) from now on;
+        one that this model cannot take is one line. Returns this reader."""
+        conv = convention(name)
+        for r in (self, *self.parts, getattr(self, "base_reader", None)):
+            if r is None or conv.name == "raw":
+                continue
+            if r.split == "mla":
+                raise refuse(conv, r.layout.model_types[0], "TransformerLens defines no processing of multi-head "
+                                                              "latent attention")
+            if r.norm is None and r.layout.norm(r.ckpt.config) is None:
+                raise refuse(conv, r.layout.model_types[0], "TransformerLens folds the norm in front of attention, "
+                             "and this model has none there (post-norm, no norm, or none described in its layout)")
+            if r.norm is None:
+                r._set_norm(f"`convention` {conv.name}")
+            r.convention = conv
+        return self
 
     def _open_parts(self, fold_norm: bool) -> None:
         """One reader per kind of attention whose tensors the checkpoint holds (an encoder-decoder's
@@ -702,7 +725,12 @@ class AttentionReader:
 
     def read_layer(self, i: int) -> HeadWeights:
         hw = self.split_raw(*self.read_raw(i))
-        return self._fold(hw, i) if self.norm is not None else hw
+        hw = self._fold(hw, i) if self.norm is not None else hw
+        if self.convention.center_writing and self.norm is not None and self.norm.kind == "layernorm":
+            p = _float64(hw.p)  # (H, d, dh): each head's block of W_O centred along d_model
+            p = p - (p.mean(1, keepdim=True) if hasattr(p, "permute") else p.mean(1, keepdims=True))
+            hw = HeadWeights(hw.wq, hw.wk, hw.wv, p)
+        return hw
 
     def norm_name(self, i: int) -> str:
         """The full name of layer ``i``'s pre-attention norm gain (``fold_norm``)."""
@@ -753,12 +781,7 @@ class AttentionReader:
     @property
     def weights_note(self) -> str:
         """How the factors relate to the stored weights (meta.json's conventions.weights)."""
-        if self.norm is None:
-            return "raw: no preceding norm gain folded in, W_O not centred"
-        centred = " and centred along d_model (LayerNorm)" if self.norm.kind == "layernorm" else ""
-        off = f" (1 + w: offset {self.norm.offset:g})" if self.norm.offset else ""
-        return (f"norm folded: W_Q, W_K, W_V multiplied by the gain of {self.norm.name}{off}{centred}, "
-                "as TransformerLens' fold_ln; norm biases (if any) and W_O untouched")
+        return weights_note(self.norm, self.convention)
 
     def dtypes(self) -> list[str]:
         return sorted({self.ckpt.dtype(n) for n in self.tensor_names(self.layer_ids[0]).values()})

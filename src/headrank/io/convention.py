@@ -1,0 +1,82 @@
+"""Weight conventions as data: which transformation of the stored weights the products describe.
+
+Singular values of ``W_Kᵀ W_Q`` and ``P W_V`` depend on what was done to the weights before
+they were read (REFERENCE §1, §6): TransformerLens' reviewers found its folding move GPT-2 L9H9's
+top OV singular value from 23.3 to 8.4. So the convention travels with every number
+(``meta.json``'s ``conventions.convention``, each result's ``.meta``). Two are known:
+
+=================== ===========================================================================
+``raw`` (default)   the weights as stored, as the paper reads them
+``transformerlens`` what TransformerLens 4 holds by default (``fold_ln``, ``center_writing_weights``
+                    and ``fold_value_biases``, the defaults of its weight processing): the gain of
+                    the norm before attention multiplied into W_Q, W_K, W_V; for a LayerNorm model
+                    those columns then centred along d_model, and each head's block of W_O centred
+                    along d_model (the writing weights); value biases moved into the output bias,
+                    which no product sees. An RMSNorm model gets the gain alone, as there.
+=================== ===========================================================================
+
+A model without a norm in front of attention (post-norm BERT, OLMo-2) has no TransformerLens
+folding: ``transformerlens`` is then refused in one line, as TransformerLens itself skips it. So is
+multi-head latent attention, for which TransformerLens defines no processing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from headrank.errors import HeadRankError
+
+
+@dataclass(frozen=True)
+class Convention:
+    name: str
+    #: multiply the pre-attention norm's gain into W_Q, W_K, W_V (and centre them for a LayerNorm)
+    fold_norm: bool
+    #: centre each head's block of W_O along d_model (LayerNorm models only)
+    center_writing: bool
+    #: value biases moved into the output bias (no product changes: recorded, not computed)
+    fold_value_biases: bool
+    description: str
+
+
+CONVENTIONS = {
+    "raw": Convention("raw", False, False, False, "the weights as stored"),
+    "transformerlens": Convention(
+        "transformerlens", True, True, True,
+        "TransformerLens 4's default weight processing: norm gain folded into W_Q, W_K, W_V (centred along "
+        "d_model for LayerNorm), W_O centred along d_model (LayerNorm), value biases folded into b_O"),
+}
+
+
+def convention(name: str | Convention | None) -> Convention:
+    """The :class:`Convention` called ``name`` (None: ``raw``); an unknown name is one line."""
+    if isinstance(name, Convention):
+        return name
+    if name is None:
+        return CONVENTIONS["raw"]
+    key = str(name).strip().lower().replace("-", "").replace("_", "")
+    key = {"tl": "transformerlens"}.get(key, key)
+    if key not in CONVENTIONS:
+        raise HeadRankError(f"`convention` {name!r}: unknown; use {' or '.join(CONVENTIONS)}")
+    return CONVENTIONS[key]
+
+
+def refuse(conv: Convention, model_type: str, why: str) -> HeadRankError:
+    """The one-line refusal of a convention a model cannot take."""
+    return HeadRankError(f"`convention` {conv.name}: {model_type!r} cannot be read this way: {why}")
+
+
+def weights_note(norm: Any, conv: Convention) -> str:
+    """How the factors relate to the stored weights (meta.json's ``conventions.weights``), for the
+    norm folded in (a ``NormSpec``: ``name``, ``kind``, ``offset``; None when none is)."""
+    if norm is None:
+        return "raw: no preceding norm gain folded in, W_O not centred"
+    centred = " and centred along d_model (LayerNorm)" if norm.kind == "layernorm" else ""
+    off = f" (1 + w: offset {norm.offset:g})" if norm.offset else ""
+    folded = f"norm folded: W_Q, W_K, W_V multiplied by the gain of {norm.name}{off}{centred}"
+    if conv.center_writing:
+        wo = ("W_O centred along d_model (center_writing_weights)" if norm.kind == "layernorm"
+              else "W_O untouched (RMSNorm: nothing to centre)")
+        return f"{folded}; {wo}; value biases folded into b_O (no product changes): TransformerLens 4's defaults"
+    return f"{folded}, as TransformerLens' fold_ln alone; norm biases (if any) and W_O untouched"
