@@ -17,6 +17,7 @@ import numpy as np
 from headrank.analysis.columns import Columns, concat, from_frame, group_agg, save_csv, to_frame
 from headrank.analysis.figproc import FigureProcess, figure_data
 from headrank.analysis.rotary import rotary_scan
+from headrank.core.baseline import BASELINE_COLUMNS, baseline_conventions, baseline_row
 from headrank.core.linalg import (
     DEFAULT_TOL,
     METRIC_COLUMNS,
@@ -32,13 +33,13 @@ from headrank.io.tensor_source import BaseCheckpoint
 from headrank.util.bf16 import as_float
 from headrank.util.env import versions
 from headrank.util.fileio import prepare_out_dir, write_atomic, write_json
-from headrank.util.result import ResultBase, plain, read_csv, read_json, records
+from headrank.util.result import ResultBase, negative_index, plain, read_csv, read_json, records
 from headrank.util.threads import IdleCores, check_threads, resolve_device, torch_threads
 
 if TYPE_CHECKING:  # imported where used: a safetensors checkpoint is read, reduced and saved without torch,
     import pandas as pd  # and without pandas (the tables are numpy columns until a DataFrame is asked for)
 
-TABLE_COLUMNS = ("layer", "head", "kv_head", "product", *METRIC_COLUMNS, "head_dim", "finite")
+TABLE_COLUMNS = ("layer", "head", "kv_head", "product", *METRIC_COLUMNS, *BASELINE_COLUMNS, "head_dim", "finite")
 
 
 @dataclass(frozen=True)
@@ -174,8 +175,11 @@ class SpectraResult(ResultBase):
                                 else "index an encoder-decoder's result as res[attention, layer, head, product], "
                                      "e.g. res['encoder', 0, 3, 'qk']")
         kind, (layer, head, product) = (key[0] if want == 4 else None), key[-3:]
+        product = product.lower() if isinstance(product, str) else product  # "QK" as TransformerLens writes it
         if product not in PRODUCTS:
             raise HeadRankError(f"product must be one of {', '.join(PRODUCTS)}; got {product!r}")
+        cfg = self.meta["parts"][kind]["config"] if kinds is not None else self.meta.get("config", {})
+        layer, head = negative_index(layer, cfg.get("n_layers"), "layer"), negative_index(head, cfg.get("n_heads"), "head")
         units = list(zip(kinds, self.meta["layers"], strict=True)) if kinds is not None else list(self.meta["layers"])
         unit = (kind, layer) if kinds is not None else layer
         if unit not in units:
@@ -192,6 +196,12 @@ class SpectraResult(ResultBase):
         k = int(np.count_nonzero(~np.isnan(S)))  # an encoder-decoder's kinds may be NaN-padded
         return HeadSpectrum(int(layer), int(head), product, S[:k],
                             None if vec is None else vec["u"][i, head][:, :k], None if vec is None else vec["v"][i, head][:, :k])
+
+    def repr_lines(self) -> list[str]:
+        """``repr``'s lines (:func:`headrank.analysis.describe.repr_lines`)."""
+        from headrank.analysis.describe import repr_lines
+
+        return repr_lines(self._columns("table"), self.meta)
 
     def describe(self) -> pd.DataFrame:
         """One wide row per layer (WeightWatcher style): ``layer``, ``source``, ``model_type``,
@@ -491,7 +501,7 @@ def _scan_layers(reader: AttentionReader, sel: list[int], tol: float, threads: i
     stream = _stream(reader, sel, tol, threads, timing, roots, device, used)
     for done, (i, hw, metrics, row_norms) in enumerate(stream, 1):
         for product, m in metrics.items():
-            frames.append(_rows(i, product, m, hw.group, head_dim))
+            frames.append({**_rows(i, product, m, hw.group, head_dim), **baseline_row(hw, product, tol)})
             sv[product].append(np.asarray(m.sv))
         for k, v in row_norms.items():
             norms[k].append(np.asarray(v))
@@ -663,7 +673,7 @@ def _meta(reader: AttentionReader, sel: list[int], tol: float, table: Columns) -
             "qk_norm_note": ("q and k are normalised per head before the score: the static QK "
                              "product ignores that nonlinearity") if reader.qk_norm else None,
             "grouped_query": "query head h uses kv head h // (H // Hkv)",
-            **conventions(tol),
+            **conventions(tol), **baseline_conventions(),
             "layer_head_index": "0-based",
         },
         "nonfinite_heads": bad,
@@ -709,7 +719,8 @@ def summary_columns(table: Columns) -> Columns:
     if kinds:
         t["attention"] = np.asarray([kinds.index(k) for k in np.asarray(t["attention"]).tolist()], dtype=np.int64)
     out = group_agg(t, (*keys, "product"), [("heads", "head", "size"), ("rank_frac", "rank_frac", "mean"),
-                                             *((k, k, "mean") for k in SUMMARY_METRICS)])
+                                             *((k, k, "mean") for k in SUMMARY_METRICS),
+                                             *((k, k, "mean") for k in BASELINE_COLUMNS if k in t)])
     if kinds:
         out["attention"] = np.asarray([kinds[i] for i in out["attention"].tolist()], dtype=object)
     return out
