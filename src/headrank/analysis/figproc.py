@@ -78,7 +78,9 @@ def figure_data(result) -> dict[str, Any]:
         data[f"rows_{k}"] = np.asarray(v, dtype=np.float64)[:, 0, :]  # head 0 of each layer
     cfg = result.meta.get("config", {})
     if result.meta.get("attention") is None and result.meta.get("layout", {}).get("split") != "mla" and cfg:
-        from headrank.core.baseline import random_singular_values  # the random product of the same shapes
+        from headrank.core.baseline import (
+            random_singular_values,  # the random product of the same shapes
+        )
 
         sv = random_singular_values(int(cfg["d_model"]), int(cfg["d_model"]), int(cfg["head_dim"]))
         data["random_sv"] = (sv / sv[:, :1]).mean(0)

@@ -178,7 +178,7 @@ class SpectraResult(ResultBase):
         product = product.lower() if isinstance(product, str) else product  # "QK" as TransformerLens writes it
         if product not in PRODUCTS:
             raise HeadRankError(f"product must be one of {', '.join(PRODUCTS)}; got {product!r}")
-        cfg = self.meta["parts"][kind]["config"] if kinds is not None else self.meta.get("config", {})
+        cfg = self.meta["parts"].get(kind, {}).get("config", {}) if kinds is not None else self.meta.get("config", {})
         layer, head = negative_index(layer, cfg.get("n_layers"), "layer"), negative_index(head, cfg.get("n_heads"), "head")
         units = list(zip(kinds, self.meta["layers"], strict=True)) if kinds is not None else list(self.meta["layers"])
         unit = (kind, layer) if kinds is not None else layer
