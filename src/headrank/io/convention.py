@@ -80,3 +80,42 @@ def weights_note(norm: Any, conv: Convention) -> str:
               else "W_O untouched (RMSNorm: nothing to centre)")
         return f"{folded}; {wo}; value biases folded into b_O (no product changes): TransformerLens 4's defaults"
     return f"{folded}, as TransformerLens' fold_ln alone; norm biases (if any) and W_O untouched"
+
+
+def apply(reader: Any, name: str | Convention | None) -> Any:
+    """``reader`` (an :class:`~headrank.io.layouts.AttentionReader`, its encoder-decoder parts and an
+    adapter's base reader with it) set to read in convention ``name``; one that the model cannot
+    take is one line. Returns ``reader``."""
+    conv = convention(name)
+    for r in (reader, *reader.parts, getattr(reader, "base_reader", None)):
+        if r is None or conv.name == "raw":
+            continue
+        if r.split == "mla":
+            raise refuse(conv, r.layout.model_types[0], "TransformerLens defines no processing of multi-head "
+                                                          "latent attention")
+        if r.norm is None and r.layout.norm(r.ckpt.config) is None:
+            raise refuse(conv, r.layout.model_types[0], "TransformerLens folds the norm in front of attention, "
+                         "and this model has none there (post-norm, no norm, or none described in its layout)")
+        if r.norm is None:
+            r._set_norm(f"`convention` {conv.name}")
+        r.convention = conv
+    return reader
+
+
+def center_columns(p: Any) -> Any:
+    """Each head's block of W_O, ``p`` (heads, d_model, dh), centred along d_model (torch or numpy)."""
+    return p - (p.mean(1, keepdim=True) if hasattr(p, "permute") else p.mean(1, keepdims=True))
+
+
+def fold_columns(w: Any, g: Any, centre: bool) -> Any:
+    """Per-head weights ``w`` (heads, dh, d_model; float64) with the norm gain ``g`` (d_model,)
+    multiplied into their input columns and, for a LayerNorm (``centre``), centred along d_model:
+    TransformerLens' ``fold_ln``. A torch gain with numpy weights, or the reverse: both as numpy."""
+    if type(w) is not type(g):
+        import numpy as np
+
+        w, g = (x.numpy() if hasattr(x, "numpy") else np.asarray(x) for x in (w, g))
+    w = w * g
+    if not centre:
+        return w
+    return w - (w.mean(-1, keepdim=True) if hasattr(w, "permute") else w.mean(-1, keepdims=True))

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from headrank.errors import HeadRankError
-from headrank.io.convention import Convention, convention, refuse, weights_note
+from headrank.io import convention as conv
 from headrank.io.tensor_source import BaseCheckpoint
 from headrank.io.validate import (
     MAX_HEAD_DIM,
@@ -58,6 +58,8 @@ from headrank.io.validate import (
 
 if TYPE_CHECKING:  # the weights are torch tensors or numpy arrays (Checkpoint(arrays="numpy")): both work here
     import torch
+
+    from headrank.core.product import Product
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,39 @@ class HeadWeights:
     wk: torch.Tensor  # (Hkv, dh, d)
     wv: torch.Tensor  # (Hkv, dh, d)
     p: torch.Tensor  # (H, d, dh): column blocks of W_O
+    _roots: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _errors: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def roots(self) -> dict[str, Any]:
+        """The roots of the four factors, ``q`` (of W_Q,hᵀ, per query head), ``k``, ``v`` (per kv
+        head) and ``p`` (of P_h), formed once (in one pool of threads) and cached
+        (:func:`headrank.core.linalg.factor_roots`, in the compute setting in force)."""
+        if not self._roots:
+            from headrank.core.linalg import factor_roots
+
+            roots, errors = factor_roots(self.wq.mT, self.wk.mT, self.wv.mT, self.p, errors=True)
+            self._roots.update(zip("qkvp", roots, strict=True))
+            self._errors.update(zip("qkvp", errors, strict=True))
+        return self._roots
+
+    def qk(self) -> Product:
+        """The QK products ``W_K,hᵀ W_Q,h`` of every query head (:class:`headrank.core.product.Product`),
+        each kv head's root formed once for its query group."""
+        from headrank.core.product import Product
+
+        r, e = self.roots(), self._errors
+        A, B = self.qk_factors()
+        return Product(A, B, roots=(self.kv_for_query_heads(r["k"]), r["q"]),
+                       errors=(self.kv_for_query_heads(e["k"]), e["q"]))
+
+    def ov(self) -> Product:
+        """The OV products ``P_h W_V,h`` of every query head (:class:`headrank.core.product.Product`)."""
+        from headrank.core.product import Product
+
+        r, e = self.roots(), self._errors
+        A, B = self.ov_factors()
+        return Product(A, B, roots=(r["p"], self.kv_for_query_heads(r["v"])),
+                       errors=(e["p"], self.kv_for_query_heads(e["v"])))
 
     @property
     def group(self) -> int:
@@ -602,7 +637,7 @@ class AttentionReader:
         self.prefix = self._find_prefix()
         self._check_last_layer()
         self.norm: NormSpec | None = None
-        self.convention = convention("raw")
+        self.convention = conv.convention("raw")
         if fold_norm:
             self._set_norm("`fold_norm`")
 
@@ -613,23 +648,9 @@ class AttentionReader:
                                 "(post-norm, no norm, or not described in its layout)")
         self.norm_name(0)  # fails now, before any work, when the tensor is missing
 
-    def apply_convention(self, name: str | Convention | None) -> AttentionReader:
-        """Read the products in convention ``name`` (:mod:`headrank.io.convention`) from now on;
-        one that this model cannot take is one line. Returns this reader."""
-        conv = convention(name)
-        for r in (self, *self.parts, getattr(self, "base_reader", None)):
-            if r is None or conv.name == "raw":
-                continue
-            if r.split == "mla":
-                raise refuse(conv, r.layout.model_types[0], "TransformerLens defines no processing of multi-head "
-                                                              "latent attention")
-            if r.norm is None and r.layout.norm(r.ckpt.config) is None:
-                raise refuse(conv, r.layout.model_types[0], "TransformerLens folds the norm in front of attention, "
-                             "and this model has none there (post-norm, no norm, or none described in its layout)")
-            if r.norm is None:
-                r._set_norm(f"`convention` {conv.name}")
-            r.convention = conv
-        return self
+    def apply_convention(self, name: str | conv.Convention | None) -> AttentionReader:
+        """Read in convention ``name`` from now on (:func:`headrank.io.convention.apply`)."""
+        return conv.apply(self, name)
 
     def _open_parts(self, fold_norm: bool) -> None:
         """One reader per kind of attention whose tensors the checkpoint holds (an encoder-decoder's
@@ -727,9 +748,7 @@ class AttentionReader:
         hw = self.split_raw(*self.read_raw(i))
         hw = self._fold(hw, i) if self.norm is not None else hw
         if self.convention.center_writing and self.norm is not None and self.norm.kind == "layernorm":
-            p = _float64(hw.p)  # (H, d, dh): each head's block of W_O centred along d_model
-            p = p - (p.mean(1, keepdim=True) if hasattr(p, "permute") else p.mean(1, keepdims=True))
-            hw = HeadWeights(hw.wq, hw.wk, hw.wv, p)
+            hw = HeadWeights(hw.wq, hw.wk, hw.wv, conv.center_columns(_float64(hw.p)))  # W_O centred (TransformerLens)
         return hw
 
     def norm_name(self, i: int) -> str:
@@ -764,24 +783,13 @@ class AttentionReader:
         g = _float64(self.ckpt.get(name)) + self.norm.offset
         if tuple(g.shape) != (self.dims.d,):
             raise HeadRankError(f"norm gain {name} has shape {tuple(g.shape)}, expected ({self.dims.d},)")
-
-        def fold(w: torch.Tensor) -> torch.Tensor:  # (heads, dh, d): scale (and centre) the input columns
-            w = _float64(w)
-            if type(w) is not type(g):  # a torch gain with numpy weights or the reverse: both as numpy
-                w, gg = _as_numpy(w), _as_numpy(g)
-            else:
-                gg = g
-            w = w * gg
-            if self.norm.kind != "layernorm":
-                return w
-            return w - (w.mean(-1, keepdim=True) if hasattr(w, "permute") else w.mean(-1, keepdims=True))
-
-        return HeadWeights(fold(hw.wq), fold(hw.wk), fold(hw.wv), hw.p)
+        ws = [conv.fold_columns(_float64(w), g, self.norm.kind == "layernorm") for w in (hw.wq, hw.wk, hw.wv)]
+        return HeadWeights(*ws, hw.p)
 
     @property
     def weights_note(self) -> str:
         """How the factors relate to the stored weights (meta.json's conventions.weights)."""
-        return weights_note(self.norm, self.convention)
+        return conv.weights_note(self.norm, self.convention)
 
     def dtypes(self) -> list[str]:
         return sorted({self.ckpt.dtype(n) for n in self.tensor_names(self.layer_ids[0]).values()})
