@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -14,6 +15,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.text import Text
 
 from headrank.errors import HeadRankError, one_line
+
+#: when the command started (near enough: this module is among the first imported), on time.monotonic
+STARTED = time.monotonic()
 
 app = typer.Typer(
     add_completion=False,
@@ -149,7 +153,7 @@ def progress_bar(quiet: bool) -> Progress:
     if not quiet and not err_console.is_terminal:
         from headrank.util.progress import LineProgress
 
-        return LineProgress(err_console)
+        return LineProgress(err_console, start=STARTED)  # the interval counts from the command's start
     return Progress(
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),

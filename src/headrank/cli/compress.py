@@ -14,8 +14,7 @@ import typer
 
 from headrank.cli.common import app, err_console, progress_bar, styled, user_errors
 from headrank.errors import HeadRankError
-
-EVERY_S = 15.0
+from headrank.util.progress import EVERY_S
 
 
 class Phases:
@@ -28,7 +27,8 @@ class Phases:
         self.state = ["starting", 0, None]
         self.stop = threading.Event()
         self.thread = None
-        if hasattr(bar, "line"):  # LineProgress (stderr is not a terminal)
+        beating = getattr(bar, "thread", None) is not None and bar.thread.is_alive()  # LineProgress's own beat
+        if hasattr(bar, "line") and not beating:  # a LineProgress without a beat running
             self.thread = threading.Thread(target=self._beat, name="headrank-compress-beat", daemon=True)
 
     def __call__(self, done: int, total: int | None, phase: str) -> None:
