@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,6 +18,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.text import Text
 
 from headrank.errors import ERROR_LINE_LIMIT, HeadRankError, one_line
+
+#: when the command started (near enough: this module is among the first imported), on time.monotonic
+STARTED = time.monotonic()
 
 app = typer.Typer(
     add_completion=False,
@@ -166,7 +170,7 @@ def progress_bar(quiet: bool) -> Progress:
     if not quiet and not err_console.is_terminal:
         from headrank.util.progress import LineProgress
 
-        return LineProgress(err_console)
+        return LineProgress(err_console, start=STARTED)  # the interval counts from the command's start
     return Progress(
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),

@@ -37,7 +37,8 @@ def spectra(
     max_bytes: Annotated[int | None, typer.Option("--max-bytes", min=1, help="--allow-full: the most bytes one whole file may hold, checked against its Content-Length before anything is written (default: twice the attention bytes its safetensors header lists, 4 GiB when not known)")] = None,
     base: Annotated[str | None, typer.Option("--base", help="LoRA adapter: base model path or Hub id (default: the adapter's base_model_name_or_path)")] = None,
     delta: Annotated[bool, typer.Option("--delta", help="LoRA adapter: spectra of the change of the products (adapted minus base)")] = False,
-    fold_norm: Annotated[bool, typer.Option("--fold-norm", help="fold the norm before attention into W_Q, W_K, W_V (TransformerLens' fold_ln)")] = False,
+    fold_norm: Annotated[bool, typer.Option("--fold-norm", help="fold the norm before attention into W_Q, W_K, W_V (TransformerLens' fold_ln alone; W_O as stored)")] = False,
+    convention: Annotated[str, typer.Option("--convention", help="raw (the weights as stored) or transformerlens (as TransformerLens 4 holds them by default: norm folded, writing weights centred, value biases folded); recorded in meta.json")] = "raw",
     fmt: Annotated[str, typer.Option("--format", help="stdout: table (summary per layer), csv (the per-head table) or json (= --json)")] = "table",
     tol: Annotated[float, typer.Option("--tol", help="relative threshold tau of the numerical rank #{s_i > tau s_1}")] = DEFAULT_TOL,
     layers: Annotated[str | None, typer.Option("--layers", help="layers to analyse, e.g. 0,3,5-7 (0-based)")] = None,
@@ -72,7 +73,7 @@ def spectra(
             result = analyze(path, config=config, tol=tol, layers=layers, layout=layout, threads=threads, revision=revision,
                              base=base, delta=delta, fold_norm=fold_norm, download=download, remote=remote,
                              allow_full=(max_bytes or True) if allow_full else False, rotary=rotary, vectors=vectors,
-                             device=device, precision=precision,
+                             device=device, precision=precision, convention=convention,
                              progress=lambda done, total: bar.update(task, completed=done, total=total))
         for rec in result.meta["nonfinite_heads"]:
             err_console.print(styled("yellow", "warning: ", f"NaN/Inf weights in layer {rec['layer']} head {rec['head']} "
