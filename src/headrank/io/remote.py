@@ -96,6 +96,7 @@ BACKOFF_S = 0.5  # first wait between tries; doubles
 MAX_HEADER = min(MAX_ST_HEADER, JSON_CAPS["safetensors header"])  # bytes of one safetensors header
 GGUF_FIRST_CHUNK = 1 << 20
 HEADER_THREADS = 8  # shard headers fetched concurrently
+FETCH_THREADS = 16  # one layer's stored tensors (weights and their scales) fetched concurrently
 MAX_FULL_BYTES = 4 << 30  # --allow-full: the most one file downloaded whole may hold (--max-bytes)
 
 
@@ -500,14 +501,14 @@ class RemoteCheckpoint(BaseCheckpoint):
         dtype = dtype_name(ST_DTYPES[at.dtype]) if at.dtype in ST_DTYPES else at.dtype
         return TensorMeta(dtype, at.shape, at.end - at.start, at.file.name)
 
-    def get_many(self, names: dict[str, str]) -> dict[str, torch.Tensor]:
-        """Several tensors (``{role: name}``, one layer's) fetched concurrently: one round trip of
-        latency per layer instead of one per tensor."""
+    def _read_stored(self, names: list[str]) -> dict[str, torch.Tensor]:
+        """Several stored tensors (one layer's, with their quantization scales) fetched
+        concurrently: one round trip of latency per layer instead of one per tensor."""
         if len(names) < 2:
-            return {role: self.get(n) for role, n in names.items()}
-        with ThreadPoolExecutor(len(names), thread_name_prefix="headrank-fetch") as pool:
-            futures = {role: pool.submit(self.get, n) for role, n in names.items()}
-            return {role: f.result() for role, f in futures.items()}
+            return {n: self._read(n, self._entry(n)) for n in names}
+        with ThreadPoolExecutor(min(len(names), FETCH_THREADS), thread_name_prefix="headrank-fetch") as pool:
+            futures = {n: pool.submit(self._read, n, self._entry(n)) for n in names}
+            return {n: f.result() for n, f in futures.items()}
 
     @property
     def files(self) -> list[Any]:
@@ -695,6 +696,8 @@ def _open_remote(source: str, revision: str | None, allow_full: bool | int, conf
     if loc.repo_id is not None:
         origin["hub"] = {"repo_id": loc.repo_id, "revision": loc.revision, "commit": loc.commit,
                          "endpoint": redact_url(loc.endpoint)}
+    if ckpt.quantization is not None:  # the scheme layer (io.schemes): what was dequantized
+        origin["quantization"] = ckpt.quantization
     origin["remote"] = transfer.stats
     return ckpt, origin, layout
 

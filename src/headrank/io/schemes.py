@@ -1,0 +1,410 @@
+"""The scheme layer: what a stored tensor means (docs/quantized.md).
+
+A checkpoint is read in three layers: bytes (a local file, HTTP ranges, memory), format
+(safetensors, ``.bin``, GGUF) and scheme. The scheme comes from ``quantization_config`` in
+config.json and is applied after the format reader and before the layout, by
+:class:`~headrank.io.tensor_source.BaseCheckpoint` itself, so every reader (local, shards, Hub
+cache, ``--remote``, a live model) and every verb (``spectra``, ``track``, ``compress``) gets the
+same dequantized tensors:
+
+- ``fp8`` (DeepSeek-V2/V3/R1, Kimi-K2, Qwen3-FP8, MiniMax): float8 codes ``W`` and a float
+  ``W_scale_inv`` per ``weight_block_size`` block, the weight being code × scale of its block;
+  the grid is ⌈rows/b⌉ × ⌈cols/b⌉ (ceiling division: a ragged edge block is a partial block of
+  the configured size, as in DeepSeek's ``weight_dequant`` and compressed-tensors' block
+  strategy). Without ``weight_block_size``: one scale per tensor.
+- ``fbgemm_fp8`` (Llama 4's FP8 release): float8 codes and a float ``weight_scale`` per output row.
+- ``compressed-tensors``: :mod:`headrank.io.quant_ct`.
+
+Each quantized weight becomes one logical tensor under the weight's own name (its scales, zero
+points and group indices are hidden from ``keys()``); ``get`` fetches the codes and their
+scales (a remote reader fetches them concurrently, in the same round of range requests) and
+returns the product in float64, which holds it exactly (an FP8 or int8 code has at most 8
+significant bits, a float32 scale 24). Anything else is refused in one line: an unknown
+``quant_method``, a config that no stored tensor agrees with (says fp8, stores bf16), scales
+missing, of the wrong shape or dtype, or not finite, codes that are NaN. An attention tensor
+stored as integers or float8 that no scheme explains is refused by
+:func:`headrank.io.validate.check_dtype`: a code is never read as a weight.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from headrank.errors import HeadRankError
+
+if TYPE_CHECKING:
+    import torch
+
+# the checkpoint (a headrank.io.tensor_source.BaseCheckpoint) and its stored tensors' header entries
+# (TensorMeta), named here without importing that module: it imports this one
+BaseCheckpoint = TensorMeta = Any
+
+FP8 = ("float8_e4m3fn", "float8_e5m2")
+FLOATS = ("float32", "bfloat16", "float16", "float64")
+MAX_BLOCK = 1 << 16  # a weight_block_size side larger than this is not a block
+
+# every quant_method transformers knows (transformers.utils.quantization_config.QuantizationMethod and
+# AUTO_QUANTIZATION_CONFIG_MAPPING), with what its tensors are; the ones read are in READ
+KNOWN = {
+    "fp8": "FP8 codes with block scales", "fbgemm_fp8": "FP8 codes with per-channel scales",
+    "compressed-tensors": "compressed-tensors codes",
+    "gptq": "GPTQ int4/int8 codes packed in int32 (qweight, qzeros, scales, g_idx)",
+    "awq": "AWQ int4 codes packed in int32 (qweight, qzeros, scales)",
+    "bitsandbytes": "bitsandbytes int8 or NF4/FP4 codes", "bitsandbytes_4bit": "bitsandbytes NF4/FP4 codes",
+    "bitsandbytes_8bit": "bitsandbytes int8 codes", "mxfp4": "MXFP4 codes with E8M0 block scales",
+    "nvfp4": "NVFP4 codes with FP8 block scales", "mxfp8": "MXFP8 codes with E8M0 block scales",
+    "aqlm": "AQLM additive codebooks", "vptq": "VPTQ vector codebooks", "quanto": "optimum-quanto codes",
+    "eetq": "EETQ int8 codes", "higgs": "HIGGS codes", "hqq": "HQQ codes", "torchao": "torchao tensor subclasses",
+    "gguf": "GGUF blocks", "bitnet": "BitNet ternary codes", "spqr": "SpQR codes", "quark": "AMD Quark codes",
+    "fp_quant": "FP-Quant codes", "auto-round": "AutoRound int codes", "metal": "Metal codes",
+    "fouroversix": "FourOverSix codes", "sinq": "SINQ codes", "gemma": "Gemma QAT codes",
+}
+
+
+def quant_config(config: Mapping[str, Any], where: Any) -> dict[str, Any] | None:
+    """The checkpoint's ``quantization_config`` (compressed-tensors' older ``compression_config``
+    too), or None; one line for one that is not an object naming a ``quant_method``."""
+    qc = config.get("quantization_config", config.get("compression_config"))
+    if qc is None:
+        return None
+    if not isinstance(qc, dict):
+        raise HeadRankError(f"config {where}: quantization_config must be an object; got {type(qc).__name__}")
+    method = qc.get("quant_method")
+    if method is None and (qc.get("load_in_4bit") or qc.get("load_in_8bit")):
+        method = "bitsandbytes"
+    if not isinstance(method, str) or not method:
+        raise HeadRankError(f"config {where}: quantization_config names no quant_method; its tensors cannot be read "
+                            "without one")
+    return {**qc, "quant_method": method.lower()}
+
+
+def scheme_for(config: Mapping[str, Any], where: Any) -> Scheme | None:
+    """The scheme that explains the stored tensors of a checkpoint with ``config``, None for an
+    unquantized one; one line (naming the method) for a method that is not read."""
+    qc = quant_config(config, where)
+    if qc is None:
+        return None
+    method = qc["quant_method"]
+    if method == "fp8":
+        return FP8Blocks(qc, where)
+    if method == "fbgemm_fp8":
+        return FP8Rows(qc, where)
+    if method == "compressed-tensors":
+        from headrank.io.quant_ct import CompressedTensors
+
+        return CompressedTensors(qc, where)
+    what = KNOWN.get(method, "a quantization scheme headrank does not know")
+    if method == "bitsandbytes":
+        what = KNOWN["bitsandbytes_4bit" if qc.get("load_in_4bit") else "bitsandbytes_8bit"]
+    raise HeadRankError(f"config {where}: quant_method {method!r} ({what}) is not read by headrank: its attention "
+                        "tensors are codes, not weights, so nothing is read (read: fp8, fbgemm_fp8, "
+                        "compressed-tensors; docs/quantized.md)")
+
+
+@dataclass
+class Plan:
+    """How one logical tensor is built from stored ones: ``parts`` (role -> stored name; role
+    ``codes`` is the one that names it), ``shape`` (of the logical tensor), ``error`` (a refusal
+    raised when the tensor is read: a code is never read as a weight), ``extra`` (per scheme)."""
+
+    name: str
+    parts: dict[str, str]
+    shape: tuple[int, ...] = ()
+    error: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Scheme:
+    """One ``quant_method``: which stored tensors it explains and how they dequantize."""
+
+    method = ""
+    #: the quantized weights' auxiliary tensors end with these (hidden from the logical keys)
+    aux_suffixes: tuple[str, ...] = ()
+
+    def __init__(self, qc: dict[str, Any], where: Any):
+        self.qc, self.where = qc, where
+
+    @property
+    def label(self) -> str:
+        raise NotImplementedError
+
+    def plan(self, name: str, metas: Mapping[str, TensorMeta]) -> Plan | None:
+        """The plan of stored tensor ``name`` when it holds codes of this scheme, else None."""
+        raise NotImplementedError
+
+    def dequantize(self, plan: Plan, raw: dict[str, torch.Tensor], metas: Mapping[str, TensorMeta]) -> torch.Tensor:
+        raise NotImplementedError
+
+    def check_parts(self, plan: Plan, metas: Mapping[str, TensorMeta]) -> None:
+        """Refuse, before any byte is read, parts whose stored shape or dtype this plan does not
+        allow (a header claiming a huge scale tensor never gets fetched)."""
+
+    def record(self) -> dict[str, Any]:
+        return {"method": self.method, "scheme": self.label}
+
+    def none_explained(self, metas: Mapping[str, TensorMeta]) -> str | None:
+        """Why a checkpoint with no tensor of this scheme contradicts its config (None: it does not)."""
+        floats = [n for n, m in metas.items() if n.endswith("weight") and m.dtype in FLOATS and len(m.shape) == 2]
+        eg = f" (e.g. {floats[0]} is {metas[floats[0]].dtype})" if floats else ""
+        return (f"config {self.where} says quant_method {self.method!r} but no tensor is stored quantized{eg}: the "
+                "config contradicts the tensors")
+
+
+# -- FP8 ---------------------------------------------------------------------------------------
+class FP8Blocks(Scheme):
+    """``quant_method: fp8``: float8 codes, ``weight_scale_inv`` per block (module docstring)."""
+
+    method = "fp8"
+    suffix = "_scale_inv"
+    aux_suffixes = ("_scale_inv",)
+
+    def __init__(self, qc: dict[str, Any], where: Any):
+        super().__init__(qc, where)
+        bs = qc.get("weight_block_size")
+        if bs is not None:
+            if not isinstance(bs, list) or len(bs) != 2 or not all(
+                    isinstance(b, int) and not isinstance(b, bool) and 1 <= b <= MAX_BLOCK for b in bs):
+                raise HeadRankError(f"config {where}: quantization_config.weight_block_size must be two integers in "
+                                    f"1..{MAX_BLOCK}; got {str(bs)[:60]}")
+            bs = (bs[0], bs[1])
+        self.block: tuple[int, int] | None = bs
+
+    @property
+    def label(self) -> str:
+        if self.block is None:
+            return "float8 codes x one float scale per tensor (weight_scale_inv)"
+        return (f"float8 codes x one float scale per {self.block[0]}x{self.block[1]} block (weight_scale_inv; "
+                "ragged edge blocks by ceiling division)")
+
+    def record(self) -> dict[str, Any]:
+        return {**super().record(), "weight_block_size": list(self.block) if self.block else None}
+
+    def plan(self, name: str, metas: Mapping[str, TensorMeta]) -> Plan | None:
+        m = metas[name]
+        scale = name + self.suffix
+        if m.dtype not in FP8:
+            if scale in metas:
+                return Plan(name, {"codes": name, "scale": scale}, m.shape,
+                            error=f"tensor {name} is stored as {m.dtype} but has an FP8 scale {scale}: the tensors "
+                                  "contradict each other")
+            return None
+        if scale not in metas:
+            return Plan(name, {"codes": name}, m.shape, error=f"tensor {name} holds {m.dtype} codes but its scale "
+                        f"{scale} is missing: a code is not a weight")
+        return Plan(name, {"codes": name, "scale": scale}, m.shape)
+
+    def expected_scale(self, shape: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+        if self.block is None:
+            return (), (1,), (1, 1)
+        if len(shape) < 2:
+            return ((),)
+        r, c = shape[-2:]
+        return ((*shape[:-2], ceil_div(r, self.block[0]), ceil_div(c, self.block[1])),)
+
+    def check_parts(self, plan: Plan, metas: Mapping[str, TensorMeta]) -> None:
+        codes, scale = metas[plan.parts["codes"]], metas[plan.parts["scale"]]
+        want = self.expected_scale(codes.shape)
+        if len(codes.shape) < 2 and self.block is not None:
+            raise HeadRankError(f"tensor {plan.name} ({list(codes.shape)}) is not a matrix, so it has no "
+                                f"{self.block[0]}x{self.block[1]} blocks")
+        check_scale_meta(plan.parts["scale"], scale, want, self._why(codes.shape))
+
+    def _why(self, shape: tuple[int, ...]) -> str:
+        if self.block is None:
+            return "one scale per tensor (no weight_block_size)"
+        return (f"one per {self.block[0]}x{self.block[1]} block of {list(shape)} (ceiling division): the block size "
+                "does not match the stored scales")
+
+    def dequantize(self, plan: Plan, raw: dict[str, torch.Tensor], metas: Mapping[str, TensorMeta]) -> torch.Tensor:
+        w = fp8_codes(plan.name, raw["codes"])
+        s = finite_scale(plan.parts["scale"], raw["scale"])
+        if self.block is None:
+            return w.mul_(s.reshape(()))
+        return mul_blocks(w, s, self.block)
+
+
+class FP8Rows(FP8Blocks):
+    """``quant_method: fbgemm_fp8``: float8 codes, one float ``weight_scale`` per output row."""
+
+    method = "fbgemm_fp8"
+    suffix = "_scale"
+    aux_suffixes = ("_scale",)
+
+    def __init__(self, qc: dict[str, Any], where: Any):
+        Scheme.__init__(self, qc, where)
+        self.block = None
+
+    @property
+    def label(self) -> str:
+        return "float8 codes x one float scale per output row (weight_scale)"
+
+    def record(self) -> dict[str, Any]:
+        return Scheme.record(self)
+
+    def expected_scale(self, shape: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+        return ((*shape[:-1], 1), shape[:-1])
+
+    def _why(self, shape: tuple[int, ...]) -> str:
+        return f"one per output row of {list(shape)}"
+
+    def dequantize(self, plan: Plan, raw: dict[str, torch.Tensor], metas: Mapping[str, TensorMeta]) -> torch.Tensor:
+        w = fp8_codes(plan.name, raw["codes"])
+        s = finite_scale(plan.parts["scale"], raw["scale"])
+        return w.mul_(s.reshape(*w.shape[:-1], 1))
+
+
+# -- shared checks and arithmetic ----------------------------------------------------------------
+def check_scale_meta(name: str, meta: TensorMeta, want: tuple[tuple[int, ...], ...], why: str,
+                     dtypes: tuple[str, ...] = FLOATS) -> None:
+    """A scale (or zero point) of one of the ``want`` shapes and a ``dtypes`` dtype, from its
+    header entry alone."""
+    if meta.dtype not in dtypes:
+        raise HeadRankError(f"scale tensor {name} has dtype {meta.dtype}; expected {' or '.join(dtypes)}")
+    if tuple(meta.shape) not in want:
+        raise HeadRankError(f"scale tensor {name} has shape {list(meta.shape)}; expected {list(want[0])} ({why})")
+
+
+def fp8_codes(name: str, codes: torch.Tensor) -> torch.Tensor:
+    """Float8 codes as float64 (exact); NaN or infinite codes refused."""
+    import torch
+
+    if str(codes.dtype).removeprefix("torch.") not in FP8:
+        raise HeadRankError(f"tensor {name} has dtype {codes.dtype}; its scheme stores float8 codes")
+    w = codes.to(torch.float64)
+    if not torch.isfinite(w).all():
+        raise HeadRankError(f"tensor {name} holds NaN or infinite float8 codes: the file is corrupt")
+    return w
+
+
+def finite_scale(name: str, s: torch.Tensor, *, nonzero: bool = False) -> torch.Tensor:
+    """A scale as float64 (exact); NaN, infinite (and with ``nonzero``, zero) values refused."""
+    import torch
+
+    s = as_torch(s).to(torch.float64)
+    if not torch.isfinite(s).all():
+        raise HeadRankError(f"scale tensor {name} holds NaN or infinite values")
+    if nonzero and (s == 0).any():
+        raise HeadRankError(f"scale tensor {name} holds zeros, and it divides")
+    return s
+
+
+def mul_blocks(w: torch.Tensor, s: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    """``w`` (…, r, c) times the scale of its ``block`` (ceiling division: edge blocks partial), in
+    place; the row-expanded scales are the only temporary (r × ⌈c/b⌉)."""
+    r, c = w.shape[-2:]
+    br, bc = block
+    rows = s.repeat_interleave(br, dim=-2)[..., :r, :]
+    full, rem = divmod(c, bc)
+    if full:
+        w[..., : full * bc].unflatten(-1, (full, bc)).mul_(rows[..., :full, None])
+    if rem:
+        w[..., full * bc:].mul_(rows[..., full:full + 1])
+    return w
+
+
+def as_torch(x: Any) -> torch.Tensor:
+    """A torch tensor for a stored tensor read as torch or as numpy (bfloat16 bits converted exactly)."""
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return x
+    import numpy as np
+
+    from headrank.util.bf16 import BF16Bits, to_float32
+
+    if isinstance(x, BF16Bits):
+        return torch.from_numpy(to_float32(x))
+    return torch.from_numpy(np.ascontiguousarray(x))
+
+
+# -- the logical view ----------------------------------------------------------------------------
+class View:
+    """A checkpoint's tensors as the scheme makes them: each quantized weight under its own name,
+    its auxiliary tensors hidden. Built once from the stored tensors' header entries."""
+
+    def __init__(self, ckpt: BaseCheckpoint, scheme: Scheme):
+        self.scheme = scheme
+        stored = list(ckpt._entries)
+        self.metas = _Metas(ckpt)
+        self.plans: dict[str, Plan] = {}
+        by_codes: dict[str, str] = {}
+        for n in stored:
+            p = scheme.plan(n, self.metas)
+            if p is not None:
+                self.plans[p.name] = p
+                by_codes[p.parts["codes"]] = p.name
+        hidden = {v for p in self.plans.values() for r, v in p.parts.items() if r != "codes"}
+        hidden |= {n for n in stored if n not in by_codes and n.endswith(scheme.aux_suffixes)}
+        hidden |= {codes for codes, logical in by_codes.items() if codes != logical}  # stored under another name
+        self.keys = [by_codes.get(n, n) for n in stored if n in by_codes or n not in hidden]
+        self._hidden = hidden - set(self.plans)
+        if not any(p.error is None for p in self.plans.values()):
+            why = scheme.none_explained(self.metas)
+            if why is not None:
+                raise HeadRankError(why)
+
+    def record(self) -> dict[str, Any]:
+        return {**self.scheme.record(), "dequantized": True, "to": "float64 (exact: code x scale)",
+                "tensors_quantized": sum(p.error is None for p in self.plans.values())}
+
+    def is_hidden(self, name: str) -> bool:
+        return name in self._hidden
+
+    def meta(self, name: str) -> TensorMeta | None:
+        p = self.plans.get(name)
+        if p is None:
+            return None
+        from dataclasses import replace
+
+        codes = self.metas[p.parts["codes"]]
+        parts = [self.metas[v].nbytes for v in p.parts.values()]
+        n = sum(parts) if all(b is not None for b in parts) else None
+        return replace(codes, shape=tuple(p.shape), nbytes=n)
+
+    def stored_parts(self, name: str) -> list[str]:
+        """The stored tensors behind ``name`` (checked first: refusals before any byte is read)."""
+        p = self.plans.get(name)
+        if p is None:
+            return [name]
+        if p.error is not None:
+            raise HeadRankError(p.error)
+        self.scheme.check_parts(p, self.metas)
+        return list(dict.fromkeys(p.parts.values()))
+
+    def build(self, name: str, raw: dict[str, Any], numpy: bool) -> Any:
+        """The logical tensor ``name`` from its stored parts (``raw``: stored name -> tensor)."""
+        p = self.plans.get(name)
+        if p is None:
+            return raw[name]
+        parts = {r: as_torch(raw[v]) for r, v in p.parts.items()}
+        w = self.scheme.dequantize(p, parts, self.metas)
+        return w.numpy() if numpy else w
+
+
+class _Metas(Mapping):
+    """Stored tensors' header entries by name, each read once."""
+
+    def __init__(self, ckpt: BaseCheckpoint):
+        self._ckpt, self._cache = ckpt, {}
+
+    def __getitem__(self, name: str) -> TensorMeta:
+        if name not in self._cache:
+            if name not in self._ckpt._entries:
+                raise KeyError(name)
+            self._cache[name] = self._ckpt._meta(name, self._ckpt._entries[name])
+        return self._cache[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._ckpt._entries
+
+    def __iter__(self):
+        return iter(self._ckpt._entries)
+
+    def __len__(self) -> int:
+        return len(self._ckpt._entries)
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
