@@ -122,3 +122,85 @@ def head_spectra(ref: dict[str, np.ndarray], layer: int, heads: int, kv: int, dh
         out["qk"].append(np.linalg.svd(k.T @ q, compute_uv=False)[:dh])
         out["ov"].append(np.linalg.svd(o @ v, compute_uv=False)[:dh])
     return {k: np.array(v) for k, v in out.items()}
+
+
+# -- DeepSeek-V3-shaped: MLA, FP8 blocks, MoE experts stored per expert, many shards ----------------
+MLA = dict(D=128, H=4, NOPE=32, ROPE=16, V=48, KV=64, QL=96, LAYERS=3, EXPERTS=8)
+
+
+def deepseek(seed=0):
+    m = MLA
+    cfg = tf.DeepseekV3Config(vocab_size=101, hidden_size=m["D"], intermediate_size=64, moe_intermediate_size=32,
+                              num_hidden_layers=m["LAYERS"], num_attention_heads=m["H"], num_key_value_heads=m["H"],
+                              n_shared_experts=1, n_routed_experts=m["EXPERTS"], num_experts_per_tok=2, n_group=1,
+                              topk_group=1, first_k_dense_replace=1, kv_lora_rank=m["KV"], q_lora_rank=m["QL"],
+                              qk_rope_head_dim=m["ROPE"], v_head_dim=m["V"], qk_nope_head_dim=m["NOPE"])
+    torch.manual_seed(seed)
+    return tf.AutoModelForCausalLM.from_config(cfg).eval()
+
+
+def _deepseek_names(model) -> dict[str, torch.Tensor]:
+    """The state dict under DeepSeek-V3's own names: routed experts one module each."""
+    out = {}
+    for n, t in model.state_dict().items():
+        t = t.detach().float().contiguous()
+        if n.endswith("mlp.experts.gate_up_proj"):
+            half = t.shape[1] // 2
+            for e in range(t.shape[0]):
+                out[n.replace("gate_up_proj", f"{e}.gate_proj.weight")] = t[e, :half].contiguous()
+                out[n.replace("gate_up_proj", f"{e}.up_proj.weight")] = t[e, half:].contiguous()
+        elif n.endswith("mlp.experts.down_proj"):
+            for e in range(t.shape[0]):
+                out[n.replace("down_proj", f"{e}.down_proj.weight")] = t[e].contiguous()
+        else:
+            out[n] = t
+    return out
+
+
+def write_deepseek_fp8(model, path, block=(64, 64)) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """``model`` as DeepSeek-V3 stores it: every Linear weight of the layers in FP8 blocks (norms,
+    router gate, embeddings, head in float32), one shard per module (> 64 shards) and an index;
+    returns the reference weights and the weight map."""
+    path.mkdir(parents=True, exist_ok=True)
+    ref, shards = {}, {}
+    for n, t in _deepseek_names(model).items():
+        module = n.rsplit(".", 1)[0]
+        if ".layers." in n and n.endswith("proj.weight"):
+            codes, s = block_quantize(t, block)
+            shards.setdefault(module, {})[n] = codes
+            shards[module][n + "_scale_inv"] = s
+            ref[n] = block_dequantize(codes, s, block)
+        else:
+            shards.setdefault(module, {})[n] = t
+            ref[n] = t.double().numpy()
+    weight_map, total = {}, 0
+    for k, (_, tensors) in enumerate(sorted(shards.items())):
+        fname = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(tensors, str(path / fname))
+        for n, t in tensors.items():
+            weight_map[n] = fname
+            total += t.numel() * t.element_size()
+    (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total},
+                                                                   "weight_map": weight_map}))
+    cfg = model.config.to_dict()
+    cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                  "weight_block_size": list(block)}
+    (path / "config.json").write_text(json.dumps(cfg))
+    return ref, weight_map
+
+
+def mla_spectra(ref: dict[str, np.ndarray], layer: int) -> dict[str, np.ndarray]:
+    """Dense float64 SVD of each head's latent-space products (docs/mla.md): QK = W_K,hᵀ W_Q,h with W_Q,h
+    the head's non-rotary rows of q_b_proj and W_K,h its key rows of kv_b_proj; OV = W_o[:, h] W_V,h."""
+    m = MLA
+    p = f"model.layers.{layer}.self_attn."
+    qb, kvb, wo = ref[p + "q_b_proj.weight"], ref[p + "kv_b_proj.weight"], ref[p + "o_proj.weight"]
+    nope, rope, v = m["NOPE"], m["ROPE"], m["V"]
+    out = {"qk": [], "ov": []}
+    for h in range(m["H"]):
+        q = qb[h * (nope + rope):h * (nope + rope) + nope]
+        k = kvb[h * (nope + v):h * (nope + v) + nope]
+        wv = kvb[h * (nope + v) + nope:(h + 1) * (nope + v)]
+        out["qk"].append(np.linalg.svd(k.T @ q, compute_uv=False)[:nope])
+        out["ov"].append(np.linalg.svd(wo[:, h * v:(h + 1) * v] @ wv, compute_uv=False)[:v])
+    return out

@@ -130,7 +130,12 @@ class Scheme:
     def label(self) -> str:
         raise NotImplementedError
 
-    def plan(self, name: str, metas: Mapping[str, TensorMeta]) -> Plan | None:
+    def role(self, name: str, names: set[str]) -> str | None:
+        """From names alone: ``"aux"`` for a scale (zero point, …) of another tensor, the logical
+        name for codes stored under another name, else None."""
+        return "aux" if name.endswith(self.aux_suffixes) else None
+
+    def plan(self, name: str, metas: Mapping[str, TensorMeta], logical: str | None = None) -> Plan | None:
         """The plan of stored tensor ``name`` when it holds codes of this scheme, else None."""
         raise NotImplementedError
 
@@ -141,15 +146,14 @@ class Scheme:
         """Refuse, before any byte is read, parts whose stored shape or dtype this plan does not
         allow (a header claiming a huge scale tensor never gets fetched)."""
 
+    def excluded(self, name: str) -> bool:
+        """Whether the config leaves tensor ``name`` unquantized (``modules_to_not_convert``)."""
+        skip = self.qc.get("modules_to_not_convert") or []
+        module = name.rsplit(".", 1)[0]
+        return isinstance(skip, list) and any(isinstance(k, str) and k and (k in module) for k in skip)
+
     def record(self) -> dict[str, Any]:
         return {"method": self.method, "scheme": self.label}
-
-    def none_explained(self, metas: Mapping[str, TensorMeta]) -> str | None:
-        """Why a checkpoint with no tensor of this scheme contradicts its config (None: it does not)."""
-        floats = [n for n, m in metas.items() if n.endswith("weight") and m.dtype in FLOATS and len(m.shape) == 2]
-        eg = f" (e.g. {floats[0]} is {metas[floats[0]].dtype})" if floats else ""
-        return (f"config {self.where} says quant_method {self.method!r} but no tensor is stored quantized{eg}: the "
-                "config contradicts the tensors")
 
 
 # -- FP8 ---------------------------------------------------------------------------------------
@@ -158,7 +162,7 @@ class FP8Blocks(Scheme):
 
     method = "fp8"
     suffix = "_scale_inv"
-    aux_suffixes = ("_scale_inv",)
+    aux_suffixes = ("_scale_inv", ".input_scale")  # input_scale: static activation scales, not weights
 
     def __init__(self, qc: dict[str, Any], where: Any):
         super().__init__(qc, where)
@@ -181,7 +185,7 @@ class FP8Blocks(Scheme):
     def record(self) -> dict[str, Any]:
         return {**super().record(), "weight_block_size": list(self.block) if self.block else None}
 
-    def plan(self, name: str, metas: Mapping[str, TensorMeta]) -> Plan | None:
+    def plan(self, name: str, metas: Mapping[str, TensorMeta], logical: str | None = None) -> Plan | None:
         m = metas[name]
         scale = name + self.suffix
         if m.dtype not in FP8:
@@ -230,7 +234,7 @@ class FP8Rows(FP8Blocks):
 
     method = "fbgemm_fp8"
     suffix = "_scale"
-    aux_suffixes = ("_scale",)
+    aux_suffixes = (".weight_scale", ".input_scale")
 
     def __init__(self, qc: dict[str, Any], where: Any):
         Scheme.__init__(self, qc, where)
@@ -322,50 +326,60 @@ def as_torch(x: Any) -> torch.Tensor:
 # -- the logical view ----------------------------------------------------------------------------
 class View:
     """A checkpoint's tensors as the scheme makes them: each quantized weight under its own name,
-    its auxiliary tensors hidden. Built once from the stored tensors' header entries."""
+    its auxiliary tensors hidden. The logical names come from the stored names alone (no header
+    is needed: a remote sharded checkpoint fetches only the headers of the shards it reads);
+    each tensor's plan is made from its header entry when it is first read."""
 
     def __init__(self, ckpt: BaseCheckpoint, scheme: Scheme):
-        self.scheme = scheme
+        self.scheme, self.metas = scheme, _Metas(ckpt)
         stored = list(ckpt._entries)
-        self.metas = _Metas(ckpt)
-        self.plans: dict[str, Plan] = {}
-        by_codes: dict[str, str] = {}
+        names = set(stored)
+        self.renamed: dict[str, str] = {}  # logical name -> stored codes name, where they differ
+        self._hidden: set[str] = set()
+        keys = []
         for n in stored:
-            p = scheme.plan(n, self.metas)
-            if p is not None:
-                self.plans[p.name] = p
-                by_codes[p.parts["codes"]] = p.name
-        hidden = {v for p in self.plans.values() for r, v in p.parts.items() if r != "codes"}
-        hidden |= {n for n in stored if n not in by_codes and n.endswith(scheme.aux_suffixes)}
-        hidden |= {codes for codes, logical in by_codes.items() if codes != logical}  # stored under another name
-        self.keys = [by_codes.get(n, n) for n in stored if n in by_codes or n not in hidden]
-        self._hidden = hidden - set(self.plans)
-        if not any(p.error is None for p in self.plans.values()):
-            why = scheme.none_explained(self.metas)
-            if why is not None:
-                raise HeadRankError(why)
+            role = scheme.role(n, names)
+            if role == "aux":
+                self._hidden.add(n)
+            elif role is not None and role != n:
+                self.renamed[role] = n
+                self._hidden.add(n)
+                keys.append(role)
+            else:
+                keys.append(n)
+        self.keys = list(dict.fromkeys(keys))
+        self._known = set(self.keys)
+        self._plans: dict[str, Plan | None] = {}
 
     def record(self) -> dict[str, Any]:
-        return {**self.scheme.record(), "dequantized": True, "to": "float64 (exact: code x scale)",
-                "tensors_quantized": sum(p.error is None for p in self.plans.values())}
+        return {**self.scheme.record(), "dequantized": True, "to": "float64 (exact: code x scale)"}
 
     def is_hidden(self, name: str) -> bool:
-        return name in self._hidden
+        return name in self._hidden and name not in self._known
+
+    def has(self, name: str) -> bool:
+        return name in self._known
+
+    def plan(self, name: str) -> Plan | None:
+        """The plan of logical tensor ``name`` (None: stored plain), made on first use."""
+        if name not in self._plans:
+            self._plans[name] = self.scheme.plan(self.renamed.get(name, name), self.metas, logical=name)
+        return self._plans[name]
 
     def meta(self, name: str) -> TensorMeta | None:
-        p = self.plans.get(name)
+        p = self.plan(name)
         if p is None:
             return None
         from dataclasses import replace
 
         codes = self.metas[p.parts["codes"]]
-        parts = [self.metas[v].nbytes for v in p.parts.values()]
+        parts = [self.metas[v].nbytes for v in p.parts.values() if v in self.metas]
         n = sum(parts) if all(b is not None for b in parts) else None
         return replace(codes, shape=tuple(p.shape), nbytes=n)
 
     def stored_parts(self, name: str) -> list[str]:
         """The stored tensors behind ``name`` (checked first: refusals before any byte is read)."""
-        p = self.plans.get(name)
+        p = self.plan(name)
         if p is None:
             return [name]
         if p.error is not None:
@@ -375,16 +389,26 @@ class View:
 
     def build(self, name: str, raw: dict[str, Any], numpy: bool) -> Any:
         """The logical tensor ``name`` from its stored parts (``raw``: stored name -> tensor)."""
-        p = self.plans.get(name)
+        p = self.plan(name)
         if p is None:
             return raw[name]
         parts = {r: as_torch(raw[v]) for r, v in p.parts.items()}
         w = self.scheme.dequantize(p, parts, self.metas)
         return w.numpy() if numpy else w
 
+    def check_attention(self, names: list[str]) -> None:
+        """Attention tensors stored plain under a quantization config must be ones the config
+        excludes (``modules_to_not_convert``, ``ignore``); else the config contradicts them."""
+        for n in names:
+            if self.plan(n) is None and not self.scheme.excluded(n):
+                m = self.metas[n]
+                raise HeadRankError(f"config {self.scheme.where} says quant_method {self.scheme.method!r} but attention "
+                                    f"tensor {n} is stored as {m.dtype} with no scale, and the config does not exclude "
+                                    "it: the config contradicts the tensors")
+
 
 class _Metas(Mapping):
-    """Stored tensors' header entries by name, each read once."""
+    """Stored tensors' header entries by name, each read once (a remote shard's header on demand)."""
 
     def __init__(self, ckpt: BaseCheckpoint):
         self._ckpt, self._cache = ckpt, {}
@@ -393,7 +417,7 @@ class _Metas(Mapping):
         if name not in self._cache:
             if name not in self._ckpt._entries:
                 raise KeyError(name)
-            self._cache[name] = self._ckpt._meta(name, self._ckpt._entries[name])
+            self._cache[name] = self._ckpt._meta(name, self._ckpt._entry(name))
         return self._cache[name]
 
     def __contains__(self, name: object) -> bool:

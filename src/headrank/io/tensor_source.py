@@ -147,6 +147,8 @@ class BaseCheckpoint:
         """Several tensors (``{role: name}``, e.g. one layer's), their stored parts read together."""
         view = self.scheme_view()
         if view is None:
+            if type(self)._read_stored is BaseCheckpoint._read_stored:  # one at a time, each through ``get``
+                return {role: self.get(n) for role, n in names.items()}
             stored = self._read_stored(list(dict.fromkeys(names.values())))
             return {role: stored[n] for role, n in names.items()}
         parts = {n: view.stored_parts(self._check_name(n)) for n in dict.fromkeys(names.values())}
@@ -159,9 +161,16 @@ class BaseCheckpoint:
         m = view.meta(self._check_name(name)) if view is not None else None
         return m if m is not None else self._meta(name, self._entry(name))
 
+    def check_attention(self, names: Mapping[str, str]) -> None:
+        """Under a quantization config, refuse attention tensors (``{role: name}``) stored plain that
+        the config does not exclude: the config contradicts them (:mod:`headrank.io.schemes`)."""
+        view = self.scheme_view()
+        if view is not None:
+            view.check_attention(list(names.values()))
+
     def _check_name(self, name: str) -> str:
         view = self.scheme_view()
-        if view is not None and (view.is_hidden(name) or (name not in view.plans and name not in self._entries)):
+        if view is not None and not view.has(name):
             raise HeadRankError(f"tensor {name!r} not found in {self.path}"
                                 + (" (it is a quantization scale, read with its weight)" if view.is_hidden(name)
                                    else ""))
@@ -176,9 +185,7 @@ class BaseCheckpoint:
     # -- helpers, the same for every reader ------------------------------------------------------
     def __contains__(self, name: object) -> bool:
         view = self.scheme_view()
-        if view is None:
-            return name in self._entries
-        return isinstance(name, str) and not view.is_hidden(name) and (name in view.plans or name in self._entries)
+        return name in self._entries if view is None else isinstance(name, str) and view.has(name)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.keys())
