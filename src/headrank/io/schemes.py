@@ -135,8 +135,10 @@ class Scheme:
         name for codes stored under another name, else None."""
         return "aux" if name.endswith(self.aux_suffixes) else None
 
-    def plan(self, name: str, metas: Mapping[str, TensorMeta], logical: str | None = None) -> Plan | None:
-        """The plan of stored tensor ``name`` when it holds codes of this scheme, else None."""
+    def plan(self, name: str, metas: Mapping[str, TensorMeta], logical: str | None = None,
+             read: Any = None) -> Plan | None:
+        """The plan of stored tensor ``name`` when it holds codes of this scheme, else None
+        (``read(name)``: a small stored tensor, e.g. an unpacked shape, as torch)."""
         raise NotImplementedError
 
     def dequantize(self, plan: Plan, raw: dict[str, torch.Tensor], metas: Mapping[str, TensorMeta]) -> torch.Tensor:
@@ -185,7 +187,8 @@ class FP8Blocks(Scheme):
     def record(self) -> dict[str, Any]:
         return {**super().record(), "weight_block_size": list(self.block) if self.block else None}
 
-    def plan(self, name: str, metas: Mapping[str, TensorMeta], logical: str | None = None) -> Plan | None:
+    def plan(self, name: str, metas: Mapping[str, TensorMeta], logical: str | None = None,
+             read: Any = None) -> Plan | None:
         m = metas[name]
         scale = name + self.suffix
         if m.dtype not in FP8:
@@ -363,7 +366,9 @@ class View:
     def plan(self, name: str) -> Plan | None:
         """The plan of logical tensor ``name`` (None: stored plain), made on first use."""
         if name not in self._plans:
-            self._plans[name] = self.scheme.plan(self.renamed.get(name, name), self.metas, logical=name)
+            ck = self.metas._ckpt
+            self._plans[name] = self.scheme.plan(self.renamed.get(name, name), self.metas, logical=name,
+                                                 read=lambda n: as_torch(ck._read(n, ck._entry(n))))
         return self._plans[name]
 
     def meta(self, name: str) -> TensorMeta | None:
