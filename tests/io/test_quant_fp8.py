@@ -156,3 +156,32 @@ def test_bad_input_one_line_exit_2_nothing_written(fp8, tmp_path, case, tensors,
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], (case, r.stderr)
     assert not out.exists() or not any(out.iterdir())
+
+
+# -- the other verbs read the same dequantized weights -------------------------------------------------
+def test_compress_reads_dequantized_writes_dequantized_and_says_so(fp8, tmp_path):
+    out = tmp_path / "cut"
+    r = subprocess.run([sys.executable, "-m", "headrank", "compress", str(fp8["root"] / "fp8 blocks"), "--out",
+                        str(out), "--keep", "0.99", "--format", "dense"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "read dequantized" in r.stdout + r.stderr
+    assert "quantization_config" not in json.loads((out / "config.json").read_text())
+    rec = json.loads((out / "compress.json").read_text())
+    assert rec["source"]["quantization"]["method"] == "fp8"
+    written = load_file(str(out / "model.safetensors"))
+    for n in ("model.layers.1.mlp.down_proj.weight", "model.layers.0.mlp.gate_proj.weight"):  # not cut: as read
+        np.testing.assert_array_equal(written[n].double().numpy(), fp8["ref"][n])
+    analyze(out)  # a plain checkpoint now, read without a scheme
+
+
+def test_track_reads_each_checkpoint_dequantized(fp8, tmp_path):
+    from headrank.analysis.series import track
+
+    res = track([fp8["root"] / "fp8 blocks", fp8["root"] / "dense"], tmp_path / "series", workers=1, plots=False)
+    t = res.table
+    names = sorted(t["checkpoint"].unique())
+    assert len(names) == 2 and not res.failed
+    a, b = (t[t["checkpoint"] == n].sort_values(["layer", "head", "product"]) for n in names)
+    assert len(a) == len(b) == 2 * H * 2
+    for col in ("sv_max", "nuclear", "frob"):
+        np.testing.assert_allclose(a[col].to_numpy(), b[col].to_numpy(), rtol=1e-12, atol=0)

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from headrank.errors import HeadRankError
 from headrank.io.schemes import (
+    FLOATS,
     FP8,
     Plan,
     Scheme,
@@ -154,6 +155,10 @@ class CompressedTensors(Scheme):
         g = self._group_of(module)
         if g is None:
             return self._plain(name, metas)
+        if metas[name].dtype in FLOATS:
+            return Plan(logical, {"codes": name}, metas[name].shape, error=f"config {self.where} says "
+                        f"compressed-tensors {g['format']} but tensor {name} is stored as {metas[name].dtype}: the "
+                        "config contradicts the tensors")
         parts = {"codes": name, "scale": module + ".weight_scale"}
         if not g["symmetric"]:
             parts["zero"] = module + ".weight_zero_point"
