@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from headrank.errors import HeadRankError
-from headrank.io.schemes import (
+from headrank.io.quant_base import (
     FLOATS,
     FP8,
     Plan,

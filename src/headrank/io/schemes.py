@@ -29,21 +29,19 @@ stored as integers or float8 that no scheme explains is refused by
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from headrank.errors import HeadRankError
+from headrank.io.quant_base import Plan, Scheme, as_torch
+from headrank.io.quant_ct import CompressedTensors
+from headrank.io.quant_fp8 import FP8Blocks, FP8Rows
 
 if TYPE_CHECKING:
-    import torch
+    from headrank.io.quant_base import TensorMeta
 
-# the checkpoint (a headrank.io.tensor_source.BaseCheckpoint) and its stored tensors' header entries
-# (TensorMeta), named here without importing that module: it imports this one
-BaseCheckpoint = TensorMeta = Any
-
-FP8 = ("float8_e4m3fn", "float8_e5m2")
-FLOATS = ("float32", "bfloat16", "float16", "float64")
-MAX_BLOCK = 1 << 16  # a weight_block_size side larger than this is not a block
+# the checkpoint (a headrank.io.tensor_source.BaseCheckpoint), named here without importing that module: it
+# imports this one
+BaseCheckpoint = Any
 
 # every quant_method transformers knows (transformers.utils.quantization_config.QuantizationMethod and
 # AUTO_QUANTIZATION_CONFIG_MAPPING), with what its tensors are; the ones read are in READ
@@ -92,8 +90,6 @@ def scheme_for(config: Mapping[str, Any], where: Any) -> Scheme | None:
     if method == "fbgemm_fp8":
         return FP8Rows(qc, where)
     if method == "compressed-tensors":
-        from headrank.io.quant_ct import CompressedTensors
-
         return CompressedTensors(qc, where)
     what = KNOWN.get(method, "a quantization scheme headrank does not know")
     if method == "bitsandbytes":
@@ -101,230 +97,6 @@ def scheme_for(config: Mapping[str, Any], where: Any) -> Scheme | None:
     raise HeadRankError(f"config {where}: quant_method {method!r} ({what}) is not read by headrank: its attention "
                         "tensors are codes, not weights, so nothing is read (read: fp8, fbgemm_fp8, "
                         "compressed-tensors; docs/quantized.md)")
-
-
-@dataclass
-class Plan:
-    """How one logical tensor is built from stored ones: ``parts`` (role -> stored name; role
-    ``codes`` is the one that names it), ``shape`` (of the logical tensor), ``error`` (a refusal
-    raised when the tensor is read: a code is never read as a weight), ``extra`` (per scheme)."""
-
-    name: str
-    parts: dict[str, str]
-    shape: tuple[int, ...] = ()
-    error: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-class Scheme:
-    """One ``quant_method``: which stored tensors it explains and how they dequantize."""
-
-    method = ""
-    #: the quantized weights' auxiliary tensors end with these (hidden from the logical keys)
-    aux_suffixes: tuple[str, ...] = ()
-
-    def __init__(self, qc: dict[str, Any], where: Any):
-        self.qc, self.where = qc, where
-
-    @property
-    def label(self) -> str:
-        raise NotImplementedError
-
-    def role(self, name: str, names: set[str]) -> str | None:
-        """From names alone: ``"aux"`` for a scale (zero point, …) of another tensor, the logical
-        name for codes stored under another name, else None."""
-        return "aux" if name.endswith(self.aux_suffixes) else None
-
-    def plan(self, name: str, metas: Mapping[str, TensorMeta], logical: str | None = None,
-             read: Any = None) -> Plan | None:
-        """The plan of stored tensor ``name`` when it holds codes of this scheme, else None
-        (``read(name)``: a small stored tensor, e.g. an unpacked shape, as torch)."""
-        raise NotImplementedError
-
-    def dequantize(self, plan: Plan, raw: dict[str, torch.Tensor], metas: Mapping[str, TensorMeta]) -> torch.Tensor:
-        raise NotImplementedError
-
-    def check_parts(self, plan: Plan, metas: Mapping[str, TensorMeta]) -> None:
-        """Refuse, before any byte is read, parts whose stored shape or dtype this plan does not
-        allow (a header claiming a huge scale tensor never gets fetched)."""
-
-    def excluded(self, name: str) -> bool:
-        """Whether the config leaves tensor ``name`` unquantized (``modules_to_not_convert``)."""
-        skip = self.qc.get("modules_to_not_convert") or []
-        module = name.rsplit(".", 1)[0]
-        return isinstance(skip, list) and any(isinstance(k, str) and k and (k in module) for k in skip)
-
-    def record(self) -> dict[str, Any]:
-        return {"method": self.method, "scheme": self.label}
-
-
-# -- FP8 ---------------------------------------------------------------------------------------
-class FP8Blocks(Scheme):
-    """``quant_method: fp8``: float8 codes, ``weight_scale_inv`` per block (module docstring)."""
-
-    method = "fp8"
-    suffix = "_scale_inv"
-    aux_suffixes = ("_scale_inv", ".input_scale")  # input_scale: static activation scales, not weights
-
-    def __init__(self, qc: dict[str, Any], where: Any):
-        super().__init__(qc, where)
-        bs = qc.get("weight_block_size")
-        if bs is not None:
-            if not isinstance(bs, list) or len(bs) != 2 or not all(
-                    isinstance(b, int) and not isinstance(b, bool) and 1 <= b <= MAX_BLOCK for b in bs):
-                raise HeadRankError(f"config {where}: quantization_config.weight_block_size must be two integers in "
-                                    f"1..{MAX_BLOCK}; got {str(bs)[:60]}")
-            bs = (bs[0], bs[1])
-        self.block: tuple[int, int] | None = bs
-
-    @property
-    def label(self) -> str:
-        if self.block is None:
-            return "float8 codes x one float scale per tensor (weight_scale_inv)"
-        return (f"float8 codes x one float scale per {self.block[0]}x{self.block[1]} block (weight_scale_inv; "
-                "ragged edge blocks by ceiling division)")
-
-    def record(self) -> dict[str, Any]:
-        return {**super().record(), "weight_block_size": list(self.block) if self.block else None}
-
-    def plan(self, name: str, metas: Mapping[str, TensorMeta], logical: str | None = None,
-             read: Any = None) -> Plan | None:
-        m = metas[name]
-        scale = name + self.suffix
-        if m.dtype not in FP8:
-            if scale in metas:
-                return Plan(name, {"codes": name, "scale": scale}, m.shape,
-                            error=f"tensor {name} is stored as {m.dtype} but has an FP8 scale {scale}: the tensors "
-                                  "contradict each other")
-            return None
-        if scale not in metas:
-            return Plan(name, {"codes": name}, m.shape, error=f"tensor {name} holds {m.dtype} codes but its scale "
-                        f"{scale} is missing: a code is not a weight")
-        return Plan(name, {"codes": name, "scale": scale}, m.shape)
-
-    def expected_scale(self, shape: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
-        if self.block is None:
-            return (), (1,), (1, 1)
-        if len(shape) < 2:
-            return ((),)
-        r, c = shape[-2:]
-        return ((*shape[:-2], ceil_div(r, self.block[0]), ceil_div(c, self.block[1])),)
-
-    def check_parts(self, plan: Plan, metas: Mapping[str, TensorMeta]) -> None:
-        codes, scale = metas[plan.parts["codes"]], metas[plan.parts["scale"]]
-        want = self.expected_scale(codes.shape)
-        if len(codes.shape) < 2 and self.block is not None:
-            raise HeadRankError(f"tensor {plan.name} ({list(codes.shape)}) is not a matrix, so it has no "
-                                f"{self.block[0]}x{self.block[1]} blocks")
-        check_scale_meta(plan.parts["scale"], scale, want, self._why(codes.shape))
-
-    def _why(self, shape: tuple[int, ...]) -> str:
-        if self.block is None:
-            return "one scale per tensor (no weight_block_size)"
-        return (f"one per {self.block[0]}x{self.block[1]} block of {list(shape)} (ceiling division): the block size "
-                "does not match the stored scales")
-
-    def dequantize(self, plan: Plan, raw: dict[str, torch.Tensor], metas: Mapping[str, TensorMeta]) -> torch.Tensor:
-        w = fp8_codes(plan.name, raw["codes"])
-        s = finite_scale(plan.parts["scale"], raw["scale"])
-        if self.block is None:
-            return w.mul_(s.reshape(()))
-        return mul_blocks(w, s, self.block)
-
-
-class FP8Rows(FP8Blocks):
-    """``quant_method: fbgemm_fp8``: float8 codes, one float ``weight_scale`` per output row."""
-
-    method = "fbgemm_fp8"
-    suffix = "_scale"
-    aux_suffixes = (".weight_scale", ".input_scale")
-
-    def __init__(self, qc: dict[str, Any], where: Any):
-        Scheme.__init__(self, qc, where)
-        self.block = None
-
-    @property
-    def label(self) -> str:
-        return "float8 codes x one float scale per output row (weight_scale)"
-
-    def record(self) -> dict[str, Any]:
-        return Scheme.record(self)
-
-    def expected_scale(self, shape: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
-        return ((*shape[:-1], 1), shape[:-1])
-
-    def _why(self, shape: tuple[int, ...]) -> str:
-        return f"one per output row of {list(shape)}"
-
-    def dequantize(self, plan: Plan, raw: dict[str, torch.Tensor], metas: Mapping[str, TensorMeta]) -> torch.Tensor:
-        w = fp8_codes(plan.name, raw["codes"])
-        s = finite_scale(plan.parts["scale"], raw["scale"])
-        return w.mul_(s.reshape(*w.shape[:-1], 1))
-
-
-# -- shared checks and arithmetic ----------------------------------------------------------------
-def check_scale_meta(name: str, meta: TensorMeta, want: tuple[tuple[int, ...], ...], why: str,
-                     dtypes: tuple[str, ...] = FLOATS) -> None:
-    """A scale (or zero point) of one of the ``want`` shapes and a ``dtypes`` dtype, from its
-    header entry alone."""
-    if meta.dtype not in dtypes:
-        raise HeadRankError(f"scale tensor {name} has dtype {meta.dtype}; expected {' or '.join(dtypes)}")
-    if tuple(meta.shape) not in want:
-        raise HeadRankError(f"scale tensor {name} has shape {list(meta.shape)}; expected {list(want[0])} ({why})")
-
-
-def fp8_codes(name: str, codes: torch.Tensor) -> torch.Tensor:
-    """Float8 codes as float64 (exact); NaN or infinite codes refused."""
-    import torch
-
-    if str(codes.dtype).removeprefix("torch.") not in FP8:
-        raise HeadRankError(f"tensor {name} has dtype {codes.dtype}; its scheme stores float8 codes")
-    w = codes.to(torch.float64)
-    if not torch.isfinite(w).all():
-        raise HeadRankError(f"tensor {name} holds NaN or infinite float8 codes: the file is corrupt")
-    return w
-
-
-def finite_scale(name: str, s: torch.Tensor, *, nonzero: bool = False) -> torch.Tensor:
-    """A scale as float64 (exact); NaN, infinite (and with ``nonzero``, zero) values refused."""
-    import torch
-
-    s = as_torch(s).to(torch.float64)
-    if not torch.isfinite(s).all():
-        raise HeadRankError(f"scale tensor {name} holds NaN or infinite values")
-    if nonzero and (s == 0).any():
-        raise HeadRankError(f"scale tensor {name} holds zeros, and it divides")
-    return s
-
-
-def mul_blocks(w: torch.Tensor, s: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
-    """``w`` (…, r, c) times the scale of its ``block`` (ceiling division: edge blocks partial), in
-    place; the row-expanded scales are the only temporary (r × ⌈c/b⌉)."""
-    r, c = w.shape[-2:]
-    br, bc = block
-    rows = s.repeat_interleave(br, dim=-2)[..., :r, :]
-    full, rem = divmod(c, bc)
-    if full:
-        w[..., : full * bc].unflatten(-1, (full, bc)).mul_(rows[..., :full, None])
-    if rem:
-        w[..., full * bc:].mul_(rows[..., full:full + 1])
-    return w
-
-
-def as_torch(x: Any) -> torch.Tensor:
-    """A torch tensor for a stored tensor read as torch or as numpy (bfloat16 bits converted exactly)."""
-    import torch
-
-    if isinstance(x, torch.Tensor):
-        return x
-    import numpy as np
-
-    from headrank.util.bf16 import BF16Bits, to_float32
-
-    if isinstance(x, BF16Bits):
-        return torch.from_numpy(to_float32(x))
-    return torch.from_numpy(np.ascontiguousarray(x))
-
 
 # -- the logical view ----------------------------------------------------------------------------
 class View:
@@ -433,7 +205,3 @@ class _Metas(Mapping):
 
     def __len__(self) -> int:
         return len(self._ckpt._entries)
-
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
