@@ -149,3 +149,13 @@ def test_statement_p_intersection_union():
     parts = [{"p_held": 0.01, "p_not_held": 0.99}, {"p_held": 0.2, "p_not_held": 0.8}]
     assert statement_p(parts) == (0.2, 1.0)
     assert statement_p([{"p_held": None, "p_not_held": None}]) is None
+
+
+def test_equivalence_both_ways():
+    from headrank.studies.verdicts import equivalence
+
+    assert equivalence(0.0, 0.05, 10, MARGIN)["verdict"] == "held"  # inside +-0.1
+    assert equivalence(0.5, 0.1, 10, MARGIN)["verdict"] == "not held"  # beyond it
+    assert equivalence(-0.5, 0.1, 10, MARGIN)["verdict"] == "not held"  # beyond it the other way
+    assert equivalence(0.05, 0.2, 10, MARGIN)["verdict"] == "inconclusive"
+    assert equivalence(0.0, float("nan"), 1, MARGIN)["verdict"] == "untested"

@@ -113,6 +113,24 @@ def judge(diff: float, spread: float, n: int, margin: float) -> dict[str, Any]:
             (0.0 if diff < margin else 1.0)}
 
 
+def equivalence(diff: float, spread: float, n: int, margin: float) -> dict[str, Any]:
+    """The three-way verdict of a claim of *no* effect ("not changed", "not going to matter"):
+    held when the interval lies inside ±``margin`` (TOST), not held when it lies beyond the margin
+    either way, inconclusive otherwise, untested with n < 2 or a NaN. p-values for :func:`holm`:
+    ``p_held`` the larger of the two one-sided p's of TOST, ``p_not_held`` twice the smaller p of
+    "the effect is beyond the margin" on either side."""
+    up, down = judge(diff, spread, n, margin), judge(-diff, spread, n, margin)
+    rec = {**up, "kind": "equivalence"}
+    if up["verdict"] == UNTESTED:
+        return rec
+    lo, hi = diff - spread, diff + spread
+    verdict = HELD if -margin < lo and hi < margin else NOT_HELD if lo > margin or hi < -margin else INCONCLUSIVE
+    return {**rec, "verdict": verdict, "outcome": {HELD: "inside the margin (TOST)", NOT_HELD: "beyond the margin",
+                                                   INCONCLUSIVE: "the interval reaches across the margin"}[verdict],
+            "p_held": max(up["p_not_held"], down["p_not_held"]),
+            "p_not_held": min(1.0, 2 * min(up["p_held"], down["p_held"]))}
+
+
 def judge_paired(d: Mapping[str, Any], margin: float) -> dict[str, Any]:
     """:func:`judge` of a :func:`paired` difference."""
     return judge(d["diff"], d["spread"], d["n_seeds"], margin)
