@@ -15,6 +15,8 @@ from headrank.util.fileio import jsonable
 
 # name → (module that registers it, one-line title). Imported lazily by get().
 CATALOGUE: dict[str, tuple[str, str]] = {
+    "designs": ("headrank.studies.designs", "Run designs fixed before they run: decoupling best against best, online "
+                                            "high-rank recall at exposure 8, exposure invariance (profile designs)"),
     "fig1": ("headrank.studies.fig1", "Figure 1 + Proposition 3.1: gradient descent on 5x5 factors; "
                               "L2 on factors becomes nuclear norm on the product"),
     "fig5": ("headrank.studies.fig5", "Figure 5: 2-D toy, AdamW vs Adam+L2, direct (L2 optimum) and "
@@ -325,7 +327,7 @@ class Result:
 #: every profile a study may offer, smallest first: ``quick`` (minutes), ``full`` (the default),
 #: ``paper`` (the source document's own settings, where a study has them), ``paper_vit`` (fig3's
 #: ViT half of ``paper`` alone)
-PROFILES = ("quick", "full", "paper", "paper_vit")
+PROFILES = ("quick", "full", "paper", "paper_vit", "designs")
 
 
 @dataclass(frozen=True)
