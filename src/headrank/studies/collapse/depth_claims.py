@@ -231,7 +231,7 @@ def network_kappas(data: dict[str, Any]) -> dict[str, float]:
     """Per network (init std × seed of the depth sweep): the least-squares slope kappa of
     log10 r_{L+1} on log10 r_L (absolute residuals, mean over the network's sequences) over the
     exact depths whose relative residual is ≤ :data:`RATE_REGIME`; networks with < 3 such depths
-    are left out. Rows of the stored residuals are seed-major (``n_seqs`` per seed)."""
+    are left out. Rows of the stored residuals are seed-major (an equal share per seed)."""
     sw = data["depth_sweep"]
     out: dict[str, float] = {}
     for std, c in sw["curves"].items():
@@ -239,8 +239,9 @@ def network_kappas(data: dict[str, Any]) -> dict[str, float]:
         if not b.get("exact"):
             continue
         a, rel = np.asarray(b["log10_abs_res"], float), np.asarray(b["log10_rel_res"], float)
+        per = a.shape[0] // len(sw["seeds"])
         for i, seed in enumerate(sw["seeds"]):
-            rows = slice(i * sw["n_seqs"], (i + 1) * sw["n_seqs"])
+            rows = slice(i * per, (i + 1) * per)
             la, lr = a[rows].mean(0), rel[rows].mean(0)
             x, y = la[:-1], la[1:]
             ok = np.isfinite(x) & np.isfinite(y) & (lr[:-1] <= math.log10(RATE_REGIME))
