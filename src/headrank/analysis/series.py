@@ -67,6 +67,7 @@ from headrank.core.linalg import DEFAULT_TOL
 from headrank.core.metrics import SUMMARY_METRICS
 from headrank.errors import HeadRankError, one_line
 from headrank.io.writer import OutputSet, confined
+from headrank.util.args import checked
 from headrank.util.fileio import write_atomic, write_json
 from headrank.util.legacy import upgrade
 from headrank.util.ray import ray_session
@@ -406,6 +407,7 @@ class SeriesResult(ResultBase):
         return plain({**self.meta, "checkpoints": records(self.checkpoint_means())})
 
 
+@checked
 def track(series: str | os.PathLike | Sequence[str | os.PathLike], out: str | os.PathLike, *,
           revisions: str | Sequence[str] | None = None, tol: float = DEFAULT_TOL, workers: int | None = None,
           ray: str | None = None, plots: bool = True, force: bool = False, metrics: bool = True,

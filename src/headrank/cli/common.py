@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,7 +17,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from headrank.errors import HeadRankError, one_line
+from headrank.errors import ERROR_LINE_LIMIT, HeadRankError, one_line
+
+#: when the command started (near enough: this module is among the first imported), on time.monotonic
+STARTED = time.monotonic()
 
 app = typer.Typer(
     add_completion=False,
@@ -65,7 +69,7 @@ def print_error(message: str) -> None:
 
     if interrupted() and message != "interrupted":  # a consequence of the Ctrl-C: only "interrupted" is said
         return
-    err_console.print(styled("bold red", "error: ", redact_text(one_line(message, None))), highlight=False,
+    err_console.print(styled("bold red", "error: ", redact_text(one_line(message, ERROR_LINE_LIMIT))), highlight=False,
                       soft_wrap=True)
 
 
@@ -166,7 +170,7 @@ def progress_bar(quiet: bool) -> Progress:
     if not quiet and not err_console.is_terminal:
         from headrank.util.progress import LineProgress
 
-        return LineProgress(err_console)
+        return LineProgress(err_console, start=STARTED)  # the interval counts from the command's start
     return Progress(
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),

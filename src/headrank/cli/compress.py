@@ -13,8 +13,7 @@ import typer
 
 from headrank.cli.common import app, err_console, progress_bar, styled, user_errors
 from headrank.errors import HeadRankError
-
-EVERY_S = 15.0
+from headrank.util.progress import EVERY_S
 
 
 class Phases:
@@ -27,7 +26,7 @@ class Phases:
 
         self.bar, self.task, self.every_s = bar, bar.add_task("starting", total=None), every_s
         self.beat = (Heartbeat(bar.console, "compress", every_s, tick=self._line)
-                     if hasattr(bar, "line") else None)  # LineProgress (stderr is not a terminal)
+                     if hasattr(bar, "line") and getattr(bar, "thread", None) is None else None)  # a LineProgress that does not beat by itself
 
     def __call__(self, done: int, total: int | None, phase: str) -> None:
         self.bar.update(self.task, completed=done, total=total, description=phase)

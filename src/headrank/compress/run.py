@@ -43,6 +43,7 @@ from headrank.compress.result import CompressResult
 from headrank.compress.write import ShardWriter, copy_side_files, save_hf_side
 from headrank.errors import HeadRankError
 from headrank.io.writer import OutputSet
+from headrank.util.args import checked
 from headrank.util.fileio import write_json
 from headrank.util.threads import resolve_device, torch_threads
 
@@ -59,6 +60,7 @@ def _original(reader, live) -> tuple[Any, Any]:
     return load(src)
 
 
+@checked
 def compress(source: Any, out: str | os.PathLike, *, keep: float | None = None, rank: int | None = None,
              params: float | None = None, products: str | Iterable[str] | None = None, whiten: bool = False,
              evaluate: bool = False, text: str | os.PathLike | None = None, n_eval: int | None = None,
@@ -253,10 +255,27 @@ def _write(reader, live, plan: Plan, stage: Path, opts: dict[str, Any], fmt: _Fo
     if "config.json" not in side and reader.ckpt.config:  # a single weights file, a state_dict
         write_json(stage / "config.json", reader.ckpt.config)
         side.append("config.json")
+    _dequantized(reader, stage, notes)
     result = CompressResult(summary(reader, plan, rows, notes, files + [s for s in side if s not in files]))
     result["checkpoint"] = writer.report(opts["format"])
     result["compute"] = _compute(plan, opts["threads"])
     return result
+
+
+def _dequantized(reader, stage: Path, notes: list[str]) -> None:
+    """A quantized source is read dequantized (io.schemes: code x scale, float64): the weights written are
+    those values, not codes, so the config written loses its quantization_config, and a note says so."""
+    quant = getattr(reader.ckpt, "quantization", None)
+    if quant is None or not (stage / "config.json").is_file():
+        return
+    from headrank.io.validate import read_json
+
+    cfg = read_json(stage / "config.json", "config")
+    cfg.pop("quantization_config", None)
+    cfg.pop("compression_config", None)
+    write_json(stage / "config.json", cfg)
+    notes.append(f"source quantized ({quant['method']}: {quant['scheme']}): read dequantized (code x scale, exact in "
+                 "float64) and written dequantized, without its quantization_config")
 
 
 def _compute(plan: Plan, threads: int) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from headrank.analysis.collapse.surgery import (
 )
 from headrank.errors import HeadRankError
 from headrank.models.opener import PROJECT_TYPE, Opened, open_model, resolve
+from headrank.util.args import checked
 from headrank.util.result import ResultBase, plain, read_csv, read_json, records
 from headrank.util.threads import check_threads, torch_threads
 
@@ -132,6 +133,7 @@ def analyze(source: str | os.PathLike, *, n_seqs: int = 32, max_tokens: int = 64
                         progress=progress)
 
 
+@checked
 def collapse(model: str | os.PathLike, *, seqs: int = 32, max_tokens: int = 64, seed: int = 0, threads: int = 1,
              progress: Callable[[int, int], None] | None = None) -> CollapseResult:
     """``headrank collapse MODEL``: rank collapse by layer for pure attention, + MLP, + skip and
