@@ -21,6 +21,7 @@ from headrank.compress.evaluate import (
     is_causal,
 )
 from headrank.errors import HeadRankError
+from headrank.util.env import cache_root
 
 FORMATS = ("factored", "dense")
 ALLOCATE = ("energy", "loss")
@@ -94,15 +95,6 @@ def check_context(model, spec: TextSpec, given: bool = True) -> TextSpec:
 
 
 # -- the cached uncut baseline ---------------------------------------------------------------------
-def cache_dir() -> Path:
-    """``$HEADRANK_CACHE`` or ``$XDG_CACHE_HOME/headrank`` (default ``~/.cache/headrank``)."""
-    root = os.environ.get("HEADRANK_CACHE")
-    if root:
-        return Path(root)
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(xdg) / "headrank"
-
-
 def _model_key(reader) -> str | None:
     """The source's identity: its weight files' resolved paths, sizes and modification times."""
     path = getattr(reader.ckpt, "path", None)
@@ -128,7 +120,7 @@ def cached_baseline(key: str | None) -> float | None:
     if key is None:
         return None
     try:
-        v = json.loads((cache_dir() / "baselines" / f"{key}.json").read_text())["value"]
+        v = json.loads((cache_root() / "baselines" / f"{key}.json").read_text())["value"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return float(v) if isinstance(v, (int, float)) else None
@@ -138,7 +130,7 @@ def store_baseline(key: str | None, value: float) -> None:
     """Best effort: a cache that cannot be written only costs the next run the recomputation."""
     if key is None:
         return
-    d = cache_dir() / "baselines"
+    d = cache_root() / "baselines"
     try:
         d.mkdir(parents=True, exist_ok=True)
         tmp = d / f".{key}.{os.getpid()}.tmp"
