@@ -112,3 +112,22 @@ def test_a_costly_cut_warns_with_its_numbers_and_the_next_thing_to_try():
     r = _result(36.48, 50.0, AGREEMENT_MIN, whitened=True)  # 1.37x, agreement at the line: no warning
     judge(r, _run())
     assert "warnings" not in r
+
+
+def test_a_gguf_baseline_is_keyed_by_its_file(tmp_path):
+    """A GGUF is evaluated through the live model transformers loads (no files of its own): the
+    uncut baseline's cache key comes from the GGUF file, so a second run reuses it."""
+    from headrank.compress.options import _model_key
+
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"GGUF")
+
+    class Live:
+        origin = {"input": "gguf"}
+        ckpt = type("C", (), {"path": "<live:LlamaForCausalLM>"})()
+        source_file = f
+
+    key = _model_key(Live())
+    assert key is not None and str(f.resolve()) in key and key == _model_key(Live())
+    f.write_bytes(b"GGUF2")  # another file: another key
+    assert _model_key(Live()) != key

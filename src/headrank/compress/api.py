@@ -115,6 +115,7 @@ def open_source(source: Any, verbose: bool = False, **kw: Any) -> tuple[Attentio
         del model.config.quantization_config
     live = open_reader(model)
     live.origin = {**reader.origin, "loaded_with": "transformers gguf_file= (dequantized to float32)"}
+    live.source_file = path  # what the uncut baseline's cache key is made from (the live model has no files)
     return live, model, (f"GGUF source {path.name}: written as safetensors (float32, dequantized by "
                          "transformers), not GGUF")
 

@@ -97,8 +97,8 @@ def check_context(model, spec: TextSpec, given: bool = True) -> TextSpec:
 # -- the cached uncut baseline ---------------------------------------------------------------------
 def _model_key(reader) -> str | None:
     """The source's identity: its weight files' resolved paths, sizes and modification times."""
-    path = getattr(reader.ckpt, "path", None)
-    if path is None or reader.origin.get("input") in ("live", "state_dict"):
+    path = getattr(reader, "source_file", None) or getattr(reader.ckpt, "path", None)  # a GGUF: its file
+    if path is None or (reader.origin.get("input") in ("live", "state_dict") and not hasattr(reader, "source_file")):
         return None
     p = Path(path)
     try:
