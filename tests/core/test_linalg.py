@@ -170,7 +170,7 @@ def test_chunked_reduction_matches_dense(monkeypatch):
 
 def test_workers_change_no_bit():
     """Heads shared among threads (fixed chunks) give exactly the serial result."""
-    from headrank.util.threads import torch_threads
+    from headrank.util.threads import computing, torch_threads
 
     g = torch.Generator().manual_seed(9)
     A = torch.randn(5, 40, 10, generator=g).to(torch.bfloat16)
@@ -178,7 +178,8 @@ def test_workers_change_no_bit():
     A[3] = A[3].double().mul(torch.logspace(0, -6, 10, dtype=torch.float64)).to(torch.bfloat16)  # QR path
     serial = product_metrics(A, B)
     with torch_threads(1):
-        par = product_metrics(A, B, workers=3)
+        with computing(threads=3):
+            par = product_metrics(A, B)
     for k in ("sv", *METRIC_COLUMNS, "finite"):
         assert torch.equal(getattr(par, k), getattr(serial, k)), k
     assert_matches_dense(A, B)

@@ -1,4 +1,4 @@
-"""core.linalg.product_svd: the exact SVD of a factored product against numpy's dense float64
+"""core.product.product_svd (Product.svd): the exact SVD of a factored product against numpy's dense float64
 SVD of the formed product (different row counts, rank-deficient and bf16 factors)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from headrank.core.linalg import product_svd
+from headrank.core.product import product_svd
 
 
 @pytest.mark.parametrize("m, n, r, rank", [(30, 20, 6, 6), (60, 20, 6, 3), (20, 20, 8, 8), (5, 40, 8, 5)])

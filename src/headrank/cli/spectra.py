@@ -47,6 +47,7 @@ def spectra(
     as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON on stdout")] = False,
     threads: Annotated[int | None, typer.Option("--threads", help="worker threads over heads, 1 to 4 per CPU [default: the idle cores (affinity and cgroup quota minus the load average), re-checked between layers]; results are identical for any value")] = None,
     device: Annotated[str, typer.Option("--device", help="auto (a CUDA GPU when torch sees one, else the CPU), cpu (numpy float64 LAPACK, no torch for safetensors) or cuda[:N] (float64 Grams and factorisations on that GPU)")] = "auto",
+    precision: Annotated[str, typer.Option("--precision", help="auto (bfloat16 weights: Grams in float32 chunks summed in float64, every head's error bounded, float64 where the bound does not hold; docs/methods/precision.md) or float64 (every step in float64: the numbers of earlier versions, bit for bit)")] = "auto",
     energy: Annotated[str | None, typer.Option("--energy", help="energy levels, each a k column of heads.csv (the fewest singular values holding that share of sum s_i^2), e.g. 0.9,0.99,0.999 [default: k90, k99, k999]")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress, no table")] = False,
 ) -> None:
@@ -73,7 +74,7 @@ def spectra(
         result = analyze(path, config=config, tol=tol, layers=layers, layout=layout, threads=threads, revision=revision,
                          base=base, delta=delta, fold_norm=fold_norm, download=download, remote=remote,
                          allow_full=(max_bytes or True) if allow_full else False, rotary=rotary, vectors=vectors,
-                         device=device, energy=energy,
+                         device=device, precision=precision, energy=energy,
                          progress=lambda done, total: bar.update(task, completed=done, total=total))
     for rec in result.meta["nonfinite_heads"]:
         err_console.print(styled("yellow", "warning: ", f"NaN/Inf weights in layer {rec['layer']} head {rec['head']} "

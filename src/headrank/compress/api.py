@@ -34,7 +34,7 @@ from headrank.compress.plan import Rule, choose
 from headrank.errors import HeadRankError, one_line
 from headrank.io.layouts import AttentionReader, HeadWeights
 from headrank.io.sources import open_reader
-from headrank.util.threads import torch_threads
+from headrank.util.threads import computing, torch_threads
 
 KV_BYTES = 2  # bytes per cached number (a float16/bfloat16 KV cache)
 
@@ -241,7 +241,8 @@ def _spectra(layer: Layer, products: tuple[str, ...], whiten: dict[int, torch.Te
             found = rotary_cut.items(layer.hw, spec, layer.qk64())
             out[p] = (found[0], found)
             continue
-        b = unit_basis(layer.hw, p, None if whiten is None else whiten[layer.i], workers=threads, device=device)
+        with computing(threads=threads, device=device):
+            b = unit_basis(layer.hw, p, None if whiten is None else whiten[layer.i])
         out[p] = (b.sv.cpu(), b)
     return out
 

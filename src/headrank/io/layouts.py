@@ -58,6 +58,8 @@ from headrank.io.validate import (
 if TYPE_CHECKING:  # the weights are torch tensors or numpy arrays (Checkpoint(arrays="numpy")): both work here
     import torch
 
+    from headrank.core.product import Product
+
 
 @dataclass(frozen=True)
 class Dims:
@@ -87,6 +89,39 @@ class HeadWeights:
     wk: torch.Tensor  # (Hkv, dh, d)
     wv: torch.Tensor  # (Hkv, dh, d)
     p: torch.Tensor  # (H, d, dh): column blocks of W_O
+    _roots: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _errors: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def roots(self) -> dict[str, Any]:
+        """The roots of the four factors, ``q`` (of W_Q,hᵀ, per query head), ``k``, ``v`` (per kv
+        head) and ``p`` (of P_h), formed once (in one pool of threads) and cached
+        (:func:`headrank.core.linalg.factor_roots`, in the compute setting in force)."""
+        if not self._roots:
+            from headrank.core.linalg import factor_roots
+
+            roots, errors = factor_roots(self.wq.mT, self.wk.mT, self.wv.mT, self.p, errors=True)
+            self._roots.update(zip("qkvp", roots, strict=True))
+            self._errors.update(zip("qkvp", errors, strict=True))
+        return self._roots
+
+    def qk(self) -> Product:
+        """The QK products ``W_K,hᵀ W_Q,h`` of every query head (:class:`headrank.core.product.Product`),
+        each kv head's root formed once for its query group."""
+        from headrank.core.product import Product
+
+        r, e = self.roots(), self._errors
+        A, B = self.qk_factors()
+        return Product(A, B, roots=(self.kv_for_query_heads(r["k"]), r["q"]),
+                       errors=(self.kv_for_query_heads(e["k"]), e["q"]))
+
+    def ov(self) -> Product:
+        """The OV products ``P_h W_V,h`` of every query head (:class:`headrank.core.product.Product`)."""
+        from headrank.core.product import Product
+
+        r, e = self.roots(), self._errors
+        A, B = self.ov_factors()
+        return Product(A, B, roots=(r["p"], self.kv_for_query_heads(r["v"])),
+                       errors=(e["p"], self.kv_for_query_heads(e["v"])))
 
     @property
     def group(self) -> int:
@@ -688,7 +723,6 @@ class AttentionReader:
         raw = many(names) if many is not None else {role: self.ckpt.get(name) for role, name in names.items()}
         for role, t in raw.items():
             check_dtype(names[role], t, self.ckpt.path)
-        self.ckpt.check_attention(names)  # a quantization config the stored tensors contradict (io.schemes)
         return names, raw
 
     def split_raw(self, names: dict[str, str], raw: dict[str, Any]) -> HeadWeights:
