@@ -85,6 +85,9 @@ def plot(table: pd.DataFrame, sv: dict[str, np.ndarray], meta: dict[str, Any],
         if "k90" in t:
             k = t.groupby("layer")["k90"].mean()
             ax.plot(k.index, k.to_numpy(), ls="--", color=color, label=f"{p.upper()} k90")
+        if "effective_rank_random" in t:  # the random product of the same shapes (core.baseline)
+            r = t.groupby("layer")["effective_rank_random"].mean()
+            ax.plot(r.index, r.to_numpy(), ls=":", color=color, label=f"{p.upper()} random product")
     ax.set_xlabel("layer" + span)
     ax.set_ylabel("mean over heads (band: min to max)")
     ax.legend(fontsize=8)
@@ -112,3 +115,25 @@ def plot(table: pd.DataFrame, sv: dict[str, np.ndarray], meta: dict[str, Any],
         write_atomic(path, lambda q: fig.savefig(q, dpi=110, format="png"))
         plt.close(fig)
     return fig
+
+
+def repr_lines(t: dict[str, Any], meta: dict[str, Any]) -> list[str]:
+    """A spectra result's ``repr`` under its headline: layers and heads, the convention, and per
+    product the mean effective and stable rank against the random baseline's
+    (:mod:`headrank.core.baseline`) and gap / bound."""
+    import numpy as np
+
+    cfg = meta.get("config", {})
+    conv = meta.get("conventions", {}).get("convention", "raw")
+    out = [f"  {len(meta.get('layers', []))} layers x {cfg.get('n_heads', '?')} heads (head dim "
+           f"{cfg.get('head_dim', '?')}), {conv} weights, tol {meta.get('tolerance', '?')}"]
+    for p in ("qk", "ov"):
+        rows = np.asarray(t["product"]) == p
+        mean = {k: float(np.nanmean(np.asarray(t[k], dtype=float)[rows])) if k in t and rows.any() else float("nan")
+                for k in ("effective_rank", "effective_rank_random", "stable_rank", "stable_rank_random", "gap_rel")}
+        out.append(f"  {p}: effective rank {mean['effective_rank']:.2f} (random {mean['effective_rank_random']:.2f}),"
+                   f" stable rank {mean['stable_rank']:.2f} (random {mean['stable_rank_random']:.2f}),"
+                   f" gap/bound {mean['gap_rel']:.3f}")
+    return [*out, f"  .table: {len(t['product'])} rows (layer, head, product); .summary(), .describe(), .plot(), "
+                  "res[layer, head, 'qk']"]
+

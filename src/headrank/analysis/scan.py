@@ -14,18 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from headrank.analysis.columns import (  # spectra --energy
-    Columns,
-    concat,
-    energy_frames,
-    energy_levels_of,
-    from_frame,
-    group_agg,
-    save_csv,
-    to_frame,
-)
+from headrank.analysis import columns as _cols  # spectra --energy: energy_levels_of, energy_frames
+from headrank.analysis.columns import Columns, concat, from_frame, group_agg, save_csv, to_frame
 from headrank.analysis.figproc import FigureProcess, figure_data
 from headrank.analysis.rotary import rotary_scan
+from headrank.core.baseline import BASELINE_COLUMNS, baseline_conventions, baseline_row
 from headrank.core.linalg import DEFAULT_TOL, METRIC_COLUMNS, ProductMetrics
 from headrank.core.metrics import METRICS, PRODUCTS, SUMMARY_METRICS, conventions
 from headrank.core.precision import PRECISION_COLUMNS, precision_columns, precision_meta
@@ -33,9 +26,10 @@ from headrank.errors import HeadRankError
 from headrank.io.layouts import AttentionReader, HeadWeights, Layout
 from headrank.io.sources import open_reader
 from headrank.io.tensor_source import BaseCheckpoint
+from headrank.util.args import checked
 from headrank.util.env import versions
 from headrank.util.fileio import prepare_out_dir, write_atomic, write_json
-from headrank.util.result import ResultBase, plain, read_csv, read_json, records
+from headrank.util.result import ResultBase, negative_index, plain, read_csv, read_json, records
 from headrank.util.threads import (
     IdleCores,
     check_precision,
@@ -48,7 +42,8 @@ from headrank.util.threads import (
 if TYPE_CHECKING:  # imported where used: a safetensors checkpoint is read, reduced and saved without torch,
     import pandas as pd  # and without pandas (the tables are numpy columns until a DataFrame is asked for)
 
-TABLE_COLUMNS = ("layer", "head", "kv_head", "product", *METRIC_COLUMNS, "head_dim", "finite", *PRECISION_COLUMNS)
+TABLE_COLUMNS = ("layer", "head", "kv_head", "product", *METRIC_COLUMNS, *BASELINE_COLUMNS, "head_dim", "finite",
+                 *PRECISION_COLUMNS)
 
 
 @dataclass(frozen=True)
@@ -149,7 +144,9 @@ class SpectraResult(ResultBase):
 
     def save(self, out: str | os.PathLike, *, plots: bool = True) -> list[Path]:
         """Write the result into directory ``out`` (see :func:`save`)."""
-        return save(self, out, plots=plots)
+        from headrank.io.writer import save_set
+
+        return save_set(out, lambda stage: save(self, stage, plots=plots))  # one set, through the writer
 
     @classmethod
     def load(cls, out: str | os.PathLike) -> SpectraResult:
@@ -184,8 +181,11 @@ class SpectraResult(ResultBase):
                                 else "index an encoder-decoder's result as res[attention, layer, head, product], "
                                      "e.g. res['encoder', 0, 3, 'qk']")
         kind, (layer, head, product) = (key[0] if want == 4 else None), key[-3:]
+        product = product.lower() if isinstance(product, str) else product  # "QK" as TransformerLens writes it
         if product not in PRODUCTS:
             raise HeadRankError(f"product must be one of {', '.join(PRODUCTS)}; got {product!r}")
+        cfg = self.meta["parts"].get(kind, {}).get("config", {}) if kinds is not None else self.meta.get("config", {})
+        layer, head = negative_index(layer, cfg.get("n_layers"), "layer"), negative_index(head, cfg.get("n_heads"), "head")
         units = list(zip(kinds, self.meta["layers"], strict=True)) if kinds is not None else list(self.meta["layers"])
         unit = (kind, layer) if kinds is not None else layer
         if unit not in units:
@@ -202,6 +202,12 @@ class SpectraResult(ResultBase):
         k = int(np.count_nonzero(~np.isnan(S)))  # an encoder-decoder's kinds may be NaN-padded
         return HeadSpectrum(int(layer), int(head), product, S[:k],
                             None if vec is None else vec["u"][i, head][:, :k], None if vec is None else vec["v"][i, head][:, :k])
+
+    def repr_lines(self) -> list[str]:
+        """``repr``'s lines (:func:`headrank.analysis.describe.repr_lines`)."""
+        from headrank.analysis.describe import repr_lines
+
+        return repr_lines(self._columns("table"), self.meta)
 
     def describe(self) -> pd.DataFrame:
         """One wide row per layer (WeightWatcher style): ``layer``, ``source``, ``model_type``,
@@ -313,8 +319,13 @@ def _stream(reader: AttentionReader, sel: list[int], tol: float, threads: int | 
 
     cores = IdleCores(threads)
     start = time.perf_counter()
+    from concurrent.futures import Future
+
+    nxt = None
+    if sel:  # the first layer read in this thread: whatever the read path imports, it imports here
+        nxt = Future()
+        nxt.set_result(read(sel[0]))
     with ThreadPoolExecutor(1, thread_name_prefix="headrank-read") as io, torch_threads(1):
-        nxt = io.submit(read, sel[0]) if sel else None
         for k, i in enumerate(sel):
             t0 = time.perf_counter()
             hw = nxt.result()
@@ -421,6 +432,7 @@ def _compute_meta(device: str | None, threads: int | None, used: list[int]) -> d
     }
 
 
+@checked
 def analyze(
     source: str | os.PathLike | BaseCheckpoint | Any,
     *,
@@ -441,12 +453,11 @@ def analyze(
     vectors: bool = False,
     device: str | None = "auto",
     precision: str = "auto",
-    energy: str | Sequence[float] | None = None,
+    convention: str = "raw", energy: str | Sequence[float] | None = None,
 ) -> SpectraResult:
     """Exact per-head QK and OV spectra of every (or the selected) attention layer.
 
-    ``source``, ``revision``, ``base``, ``delta``, ``fold_norm``, ``download``, ``remote``,
-    ``allow_full``: see io.sources.open_reader.
+    ``source``, ``revision``, ``base``, ``delta``, ``fold_norm``, ``convention``, ``download``, ``remote``: open_reader.
 
     ``layout``: a TOML layout file (or a :class:`Layout`) for a model_type not in the table;
     the config then may be absent. ``progress(done, total)`` is called after each layer.
@@ -460,11 +471,11 @@ def analyze(
     also each head's singular vectors (``result.vectors``; refused when they would not fit in a
     quarter of this machine's memory: select layers).
     """
-    layers, energy = _check_args(tol, layers, threads, progress), energy_levels_of(energy)
+    layers, energy = _check_args(tol, layers, threads, progress), _cols.energy_levels_of(energy)
     dev, precision = resolve_device(device), check_precision(precision)
     reader = open_reader(source, config=config, layout=layout, revision=revision, base=base, delta=delta,
                          fold_norm=fold_norm, download=download, remote=remote, allow_full=allow_full,
-                         arrays="numpy")
+                         arrays="numpy", convention=convention)
     dims, tol, spec = reader.dims, float(tol), layers if layers is None or isinstance(layers, str) else ",".join(map(str, layers))
     if reader.parts:  # an encoder-decoder: encoder, decoder and cross-attention layers
         return _analyze_parts(reader, spec, tol, threads, vectors, progress, dev, precision)
@@ -474,11 +485,9 @@ def analyze(
     used: list[int] = []
     with computing(device=dev, precision=precision):
         frames, sv, norms, timing = _scan_layers(reader, sel, tol, threads, rot, vecs, progress, used)
-    extra = energy_frames(frames, sv, energy)  # --energy: k columns for levels the metric table lacks
-    table = _table(frames, TABLE_COLUMNS + tuple(extra))  # numpy columns: pandas only for SpectraResult.table
+    table = _table(frames, TABLE_COLUMNS + tuple(extra := _cols.energy_frames(frames, sv, energy)))  # + --energy
     meta = {**_meta(reader, sel, tol, table), "compute": _compute_meta(dev, threads, used),
-            "precision": precision_meta(precision, table),
-            "timing_s": {k: round(v, 4) for k, v in timing.items()}}  # where the stream's time went
+            "precision": precision_meta(precision, table), "timing_s": {k: round(v, 4) for k, v in timing.items()}}
     rotary = rot.columns() if rot is not None else None
     meta["conventions"].update(extra, rotary_bands=rot.meta(rotary) if rot is not None else rot_why)
     return SpectraResult(table=table, sv={p: np.stack(v) for p, v in sv.items()},
@@ -498,7 +507,7 @@ def _scan_layers(reader: AttentionReader, sel: list[int], tol: float, threads: i
     stream = _stream(reader, sel, tol, threads, timing, used)
     for done, (i, hw, metrics, row_norms) in enumerate(stream, 1):
         for product, m in metrics.items():
-            frames.append(_rows(i, product, m, hw.group, head_dim))
+            frames.append({**_rows(i, product, m, hw.group, head_dim), **baseline_row(hw, product, tol)})
             sv[product].append(np.asarray(m.sv))
         for k, v in row_norms.items():
             norms[k].append(np.asarray(v))
@@ -652,6 +661,7 @@ def _meta(reader: AttentionReader, sel: list[int], tol: float, table: Columns) -
         "compute_dtype": "float64 after the Grams (precision: the Grams' route)",
         "tolerance": tol,
         "conventions": {
+            "convention": reader.convention.name,
             "weights": reader.weights_note,
             "qk_product": "W_K,h^T W_Q,h (d x d); attention score x W_Q^T W_K y^T has the same singular values",
             "ov_product": "P_h W_V,h (d x d), P_h = head h's column block of W_O",
@@ -666,7 +676,7 @@ def _meta(reader: AttentionReader, sel: list[int], tol: float, table: Columns) -
             "qk_norm_note": ("q and k are normalised per head before the score: the static QK "
                              "product ignores that nonlinearity") if reader.qk_norm else None,
             "grouped_query": "query head h uses kv head h // (H // Hkv)",
-            **conventions(tol),
+            **conventions(tol), **baseline_conventions(),
             "layer_head_index": "0-based",
         },
         "nonfinite_heads": bad,
@@ -712,7 +722,8 @@ def summary_columns(table: Columns) -> Columns:
     if kinds:
         t["attention"] = np.asarray([kinds.index(k) for k in np.asarray(t["attention"]).tolist()], dtype=np.int64)
     out = group_agg(t, (*keys, "product"), [("heads", "head", "size"), ("rank_frac", "rank_frac", "mean"),
-                                             *((k, k, "mean") for k in SUMMARY_METRICS)])
+                                             *((k, k, "mean") for k in SUMMARY_METRICS),
+                                             *((k, k, "mean") for k in BASELINE_COLUMNS if k in t)])
     if kinds:
         out["attention"] = np.asarray([kinds[i] for i in out["attention"].tolist()], dtype=object)
     return out

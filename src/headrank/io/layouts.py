@@ -44,6 +44,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from headrank.errors import HeadRankError
+from headrank.io import convention as conv
 from headrank.io.tensor_source import BaseCheckpoint
 from headrank.io.validate import (
     MAX_HEAD_DIM,
@@ -93,9 +94,8 @@ class HeadWeights:
     _errors: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def roots(self) -> dict[str, Any]:
-        """The roots of the four factors, ``q`` (of W_Q,hᵀ, per query head), ``k``, ``v`` (per kv
-        head) and ``p`` (of P_h), formed once (in one pool of threads) and cached
-        (:func:`headrank.core.linalg.factor_roots`, in the compute setting in force)."""
+        """Roots of the factors W_Q,hᵀ (``q``), W_Kᵀ, W_Vᵀ (``k``, ``v``, per kv head), P_h (``p``),
+        formed once in one pool and cached (:func:`headrank.core.linalg.factor_roots`)."""
         if not self._roots:
             from headrank.core.linalg import factor_roots
 
@@ -105,23 +105,18 @@ class HeadWeights:
         return self._roots
 
     def qk(self) -> Product:
-        """The QK products ``W_K,hᵀ W_Q,h`` of every query head (:class:`headrank.core.product.Product`),
-        each kv head's root formed once for its query group."""
-        from headrank.core.product import Product
-
-        r, e = self.roots(), self._errors
-        A, B = self.qk_factors()
-        return Product(A, B, roots=(self.kv_for_query_heads(r["k"]), r["q"]),
-                       errors=(self.kv_for_query_heads(e["k"]), e["q"]))
+        """The QK products W_K,hᵀ W_Q,h of every query head (a :class:`headrank.core.product.Product`)."""
+        return self._product(self.qk_factors(), "k", "q")
 
     def ov(self) -> Product:
-        """The OV products ``P_h W_V,h`` of every query head (:class:`headrank.core.product.Product`)."""
+        """The OV products P_h W_V,h of every query head (a :class:`headrank.core.product.Product`)."""
+        return self._product(self.ov_factors(), "p", "v")
+
+    def _product(self, factors: tuple[Any, Any], a: str, b: str) -> Product:
         from headrank.core.product import Product
 
-        r, e = self.roots(), self._errors
-        A, B = self.ov_factors()
-        return Product(A, B, roots=(r["p"], self.kv_for_query_heads(r["v"])),
-                       errors=(e["p"], self.kv_for_query_heads(e["v"])))
+        r, e, kv = self.roots(), self._errors, lambda k, x: self.kv_for_query_heads(x) if k in "kv" else x
+        return Product(*factors, roots=(kv(a, r[a]), kv(b, r[b])), errors=(kv(a, e[a]), kv(b, e[b])))
 
     @property
     def group(self) -> int:
@@ -636,12 +631,20 @@ class AttentionReader:
         self.prefix = self._find_prefix()
         self._check_last_layer()
         self.norm: NormSpec | None = None
+        self.convention = conv.convention("raw")
         if fold_norm:
-            self.norm = self.layout.norm(ckpt.config)
-            if self.norm is None:
-                raise HeadRankError(f"`fold_norm`: no norm precedes attention in {self.layout.model_types[0]!r} "
-                                    "(post-norm, no norm, or not described in its layout)")
-            self.norm_name(0)  # fails now, before any work, when the tensor is missing
+            self._set_norm("`fold_norm`")
+
+    def _set_norm(self, what: str) -> None:
+        self.norm = self.layout.norm(self.ckpt.config)
+        if self.norm is None:
+            raise HeadRankError(f"{what}: no norm precedes attention in {self.layout.model_types[0]!r} "
+                                "(post-norm, no norm, or not described in its layout)")
+        self.norm_name(0)  # fails now, before any work, when the tensor is missing
+
+    def apply_convention(self, name: str | conv.Convention | None) -> AttentionReader:
+        """Read in convention ``name`` from now on (:func:`headrank.io.convention.apply`)."""
+        return conv.apply(self, name)
 
     def _open_parts(self, fold_norm: bool) -> None:
         """One reader per kind of attention whose tensors the checkpoint holds (an encoder-decoder's
@@ -737,7 +740,10 @@ class AttentionReader:
 
     def read_layer(self, i: int) -> HeadWeights:
         hw = self.split_raw(*self.read_raw(i))
-        return self._fold(hw, i) if self.norm is not None else hw
+        hw = self._fold(hw, i) if self.norm is not None else hw
+        if self.convention.center_writing and self.norm is not None and self.norm.kind == "layernorm":
+            hw = HeadWeights(hw.wq, hw.wk, hw.wv, conv.center_columns(_float64(hw.p)))  # W_O centred (TransformerLens)
+        return hw
 
     def norm_name(self, i: int) -> str:
         """The full name of layer ``i``'s pre-attention norm gain (``fold_norm``)."""
@@ -771,29 +777,13 @@ class AttentionReader:
         g = _float64(self.ckpt.get(name)) + self.norm.offset
         if tuple(g.shape) != (self.dims.d,):
             raise HeadRankError(f"norm gain {name} has shape {tuple(g.shape)}, expected ({self.dims.d},)")
-
-        def fold(w: torch.Tensor) -> torch.Tensor:  # (heads, dh, d): scale (and centre) the input columns
-            w = _float64(w)
-            if type(w) is not type(g):  # a torch gain with numpy weights or the reverse: both as numpy
-                w, gg = _as_numpy(w), _as_numpy(g)
-            else:
-                gg = g
-            w = w * gg
-            if self.norm.kind != "layernorm":
-                return w
-            return w - (w.mean(-1, keepdim=True) if hasattr(w, "permute") else w.mean(-1, keepdims=True))
-
-        return HeadWeights(fold(hw.wq), fold(hw.wk), fold(hw.wv), hw.p)
+        ws = [conv.fold_columns(_float64(w), g, self.norm.kind == "layernorm") for w in (hw.wq, hw.wk, hw.wv)]
+        return HeadWeights(*ws, hw.p)
 
     @property
     def weights_note(self) -> str:
         """How the factors relate to the stored weights (meta.json's conventions.weights)."""
-        if self.norm is None:
-            return "raw: no preceding norm gain folded in, W_O not centred"
-        centred = " and centred along d_model (LayerNorm)" if self.norm.kind == "layernorm" else ""
-        off = f" (1 + w: offset {self.norm.offset:g})" if self.norm.offset else ""
-        return (f"norm folded: W_Q, W_K, W_V multiplied by the gain of {self.norm.name}{off}{centred}, "
-                "as TransformerLens' fold_ln; norm biases (if any) and W_O untouched")
+        return conv.weights_note(self.norm, self.convention)
 
     def dtypes(self) -> list[str]:
         return sorted({self.ckpt.dtype(n) for n in self.tensor_names(self.layer_ids[0]).values()})
