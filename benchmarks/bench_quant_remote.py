@@ -193,7 +193,7 @@ def main() -> None:
         proc.join(5)
     tensors, headers, shards = expected(path)
     per_shard: dict[str, int] = {}
-    for _, p, rng in log_remote:
+    for _, p, _ in log_remote:
         m = re.search(r"/(model-\d+-of-\d+\.safetensors)$", p)
         if m and p.startswith("/cdn/"):
             per_shard[m.group(1)] = per_shard.get(m.group(1), 0) + 1
