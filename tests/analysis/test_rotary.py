@@ -28,6 +28,7 @@ from headrank.analysis.rotary import (
 )
 from headrank.analysis.scan import analyze, layer_metrics
 from headrank.core.metrics import METRIC_COLUMNS
+from headrank.core.product import Product
 from headrank.io.checkpoint import Checkpoint
 from headrank.io.layouts import AttentionReader
 
@@ -225,13 +226,15 @@ def test_spectra_writes_rotary_csv_with_the_non_rotary_spectra(tmp_path):
     assert len(back) == len(rot) and json.loads((tmp_path / "out" / "meta.json").read_text())[
         "conventions"]["rotary_bands"]["bands"] == r // 2
     assert rotary_line(res.meta).startswith("rotary: 8 of 16 dims in 4 bands")
-    # the pass part from the scan's roots (no second read of the weights) = from the weights afresh
+    # the pass part from the scan's roots (Product.restrict: no second read of the weights) = from
+    # the weights afresh
     spec, _ = rotary_spec(json.loads((src / "config.json").read_text()), 16)
-    roots = {}
-    layer_metrics(hw, roots=roots)
+    layer_metrics(hw)
+    p = torch.from_numpy(spec.pass_dims())
+    fresh = Product(hw.kv_for_query_heads(hw.wk)[:, p, :].mT, hw.wq[:, p, :].mT).metrics()
     for k in METRIC_COLUMNS:
-        torch.testing.assert_close(getattr(pass_metrics(hw, spec, roots=roots), k).double(),
-                                   getattr(pass_metrics(hw, spec), k).double(), rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(getattr(pass_metrics(hw, spec), k).double(),
+                                   getattr(fresh, k).double(), rtol=1e-9, atol=1e-12)
     off = analyze(src, rotary=False)
     assert rotary_line(off.meta) is None
     assert off.rotary is None and "not measured" in off.meta["conventions"]["rotary_bands"]

@@ -15,7 +15,7 @@ from headrank.core.linalg import factor_roots, metrics_from_roots
 from headrank.errors import HeadRankError
 from headrank.io.layouts import HeadWeights
 from headrank.util.bf16 import mark, to_float32
-from headrank.util.threads import IdleCores, cgroup_cpus, default_threads, resolve_device
+from headrank.util.threads import IdleCores, cgroup_cpus, computing, default_threads, resolve_device
 
 
 def _factors(seed=0, n=6, d=48, dh=8):
@@ -38,7 +38,8 @@ def test_numpy_route_and_torch_route_on_cpu_match_the_dense_svd():
     An, Bn = A.numpy(), B.numpy()
     dense = _dense_sv(An, Bn)
     m_np = metrics_from_roots(*factor_roots(An, Bn), 1e-3)
-    m_dev = metrics_from_roots(*factor_roots(An, Bn, device="cpu"), 1e-3, device="cpu")
+    with computing(device="cpu"):
+        m_dev = metrics_from_roots(*factor_roots(An, Bn), 1e-3)
     assert isinstance(m_np.sv, np.ndarray) and isinstance(m_dev.sv, np.ndarray)
     s1 = dense[:, :1]
     assert np.abs(m_np.sv - dense).max(initial=0) <= 1e-13 * s1.max()
@@ -56,16 +57,18 @@ def test_nonfinite_heads_are_nan_on_both_routes():
     A, B = _factors(seed=1)
     A[3, 5, 2] = float("nan")
     for device in (None, "cpu"):
-        m = metrics_from_roots(*factor_roots(A.numpy(), B.numpy(), device=device), 1e-3, device=device)
+        with computing(device=device):
+            m = metrics_from_roots(*factor_roots(A.numpy(), B.numpy()), 1e-3)
         assert not m.finite[3] and m.finite[[0, 1, 2, 4, 5]].all()
         assert np.isnan(m.sv[3]).all() and np.isnan(m.values["effective_rank"][3])
 
 
 def test_results_are_bit_identical_for_any_thread_count():
     A, B = _factors(seed=2, n=40, d=64, dh=16)
-    ref = metrics_from_roots(*factor_roots(A.numpy(), B.numpy(), workers=1), 1e-3, workers=1)
-    for workers in (2, 3, 5):
-        m = metrics_from_roots(*factor_roots(A.numpy(), B.numpy(), workers=workers), 1e-3, workers=workers)
+    ref = metrics_from_roots(*factor_roots(A.numpy(), B.numpy()), 1e-3)
+    for threads in (2, 3, 5):
+        with computing(threads=threads):
+            m = metrics_from_roots(*factor_roots(A.numpy(), B.numpy()), 1e-3)
         assert np.array_equal(m.sv, ref.sv)
         assert all(np.array_equal(m.values[k], ref.values[k], equal_nan=True) for k in ref.values)
 
@@ -100,7 +103,7 @@ def test_bf16_checkpoint_through_numpy_equals_the_dense_float64_products(tmp_pat
     """A bfloat16 llama checkpoint (grouped-query), read without torch: every head's QK and OV
     singular values against the dense float64 SVD of the products formed from torch's own read."""
     sd = _write_llama(tmp_path / "m")
-    r = analyze(tmp_path / "m", threads=1)
+    r = analyze(tmp_path / "m", threads=1, precision="float64")  # auto: tests/core/test_precision.py
     assert r.meta["compute"]["device"] == "cpu" and r.meta["dtype_read"] == ["bfloat16"]
     dh, group = 16, 2
     for i in range(2):
@@ -113,7 +116,7 @@ def test_bf16_checkpoint_through_numpy_equals_the_dense_float64_products(tmp_pat
             for prod, m in (("qk", qk), ("ov", ov)):
                 want = np.linalg.svd(m, compute_uv=False)[:dh]
                 assert np.abs(r.sv[prod][i, h] - want).max() <= 1e-13 * want[0], (i, h, prod)
-    again = analyze(tmp_path / "m", threads=3)
+    again = analyze(tmp_path / "m", threads=3, precision="float64")
     assert again.table.equals(r.table)  # any thread count: the same bits
     assert again.meta["compute"]["threads"] == [3, 3]
 
@@ -134,7 +137,9 @@ def test_device_route_of_a_layer_matches_the_numpy_route():
     hw = HeadWeights(wq=torch.randn(H, dh, d, generator=g).numpy(), wk=torch.randn(Hkv, dh, d, generator=g).numpy(),
                      wv=torch.randn(Hkv, dh, d, generator=g).numpy(), p=torch.randn(H, d, dh, generator=g).numpy())
     m_np, n_np = layer_metrics(hw)
-    m_dev, n_dev = layer_metrics(hw, device="cpu")
+    hw2 = HeadWeights(hw.wq, hw.wk, hw.wv, hw.p)  # its roots formed afresh on the device route
+    with computing(device="cpu"):
+        m_dev, n_dev = layer_metrics(hw2)
     for prod in ("qk", "ov"):
         s1 = m_np[prod].sv[:, :1]
         assert (np.abs(m_np[prod].sv - m_dev[prod].sv) <= 1e-14 * s1).all()

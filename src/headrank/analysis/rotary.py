@@ -41,13 +41,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from headrank.analysis.columns import Columns, concat, from_frame, group_agg, series_mean, to_frame
-from headrank.core.linalg import (
-    DEFAULT_TOL,
-    METRIC_COLUMNS,
-    ProductMetrics,
-    factor_roots,
-    metrics_from_roots,
-)
+from headrank.core.linalg import DEFAULT_TOL, METRIC_COLUMNS, ProductMetrics
 from headrank.core.metrics import _energy_rank, _sv
 
 if TYPE_CHECKING:  # torch and pandas are imported where used: spectra's numpy route needs neither per layer
@@ -192,41 +186,17 @@ def band_energies(wq: torch.Tensor, wk: torch.Tensor, spec: RotarySpec) -> tuple
     return bands, (gq * gk).sum((-2, -1))  # ‖W_Q[p]ᵀ W_K[p]‖²_F = tr(G_Q G_K), G = W[p] W[p]ᵀ
 
 
-def pass_metrics(hw: Any, spec: RotarySpec, tol: float = DEFAULT_TOL, workers: int = 1,
-                 roots: dict[str, torch.Tensor] | None = None) -> ProductMetrics:
+def pass_metrics(hw: Any, spec: RotarySpec, tol: float = DEFAULT_TOL) -> ProductMetrics:
     """The metric table of each query head's non-rotary part ``W_K[p]ᵀ W_Q[p]`` (its energy is
-    ``frob²``), through the linalg core; a kv head's factor is reduced once for its group.
-
-    ``roots``: the layer's roots ``R`` of W_Qᵀ (``q``) and W_Kᵀ (``k``, per kv head), as
-    :func:`headrank.analysis.scan.layer_metrics` leaves them: ``W[p]ᵀ = Q R[:, p]``, so a QR of
-    the small ``R[:, p]`` is a root of the pass factor and the weights are not read again.
-    """
+    ``frob²``): ``hw.qk().restrict(p)`` (:meth:`headrank.core.product.Product.restrict`), whose
+    roots come from the layer's cached ones (``W[p]ᵀ = Q R[:, p]``: a QR of the small ``R[:, p]``),
+    so the weights are not read again; a kv head's root is formed once for its group."""
     p = spec.pass_dims()
     if type(hw.wq).__module__.startswith("torch"):
         import torch
 
         p = torch.from_numpy(p)
-    if roots is None:
-        rq, rk = factor_roots(hw.wq[:, p, :].mT, hw.wk[:, p, :].mT, workers=workers)
-    else:
-        rq, rk = _sub_root(roots["q"], p), _sub_root(roots["k"], p)
-    return metrics_from_roots(hw.kv_for_query_heads(rk), rq, tol, workers=workers)
-
-
-def _sub_root(R: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """A root of the columns ``p`` of ``X`` from a root ``R`` of ``X`` (NaN heads stay NaN)."""
-    if not type(R).__module__.startswith("torch"):
-        from headrank.core.linalg import _qr_r_np
-
-        sub = R[..., np.asarray(p)]
-        finite = np.isfinite(sub).all((-2, -1))
-        return np.where(finite[..., None, None], _qr_r_np(sub), np.nan)
-    import torch
-
-    sub = R[..., p]
-    finite = torch.isfinite(sub).all(-1).all(-1)
-    out = torch.linalg.qr(torch.nan_to_num(sub, nan=0.0, posinf=0.0, neginf=0.0), mode="r").R
-    return torch.where(finite[..., None, None], out, torch.full_like(out, float("nan")))
+    return hw.qk().restrict(p).metrics(tol)
 
 
 def band_scores(wq: torch.Tensor, wk: torch.Tensor, spec: RotarySpec, x: torch.Tensor, y: torch.Tensor,
@@ -254,15 +224,14 @@ class RotaryScan:
         self.spec, self.notes, self.tol = spec, notes, tol
         self.frames: list[dict[str, Any]] = []  # columns per layer; DataFrames only in table()
 
-    def add(self, layer: int, hw: Any, row_norms: dict[str, torch.Tensor],
-            roots: dict[str, torch.Tensor] | None = None, workers: int = 1) -> None:
-        """One layer: its :class:`~headrank.io.layouts.HeadWeights`, the squared row norms of W_Q
-        and W_K per query head (``row_norms["q"]``, ``["k"]``, (H, dh)) and, if at hand, the
-        layer's roots (see :func:`pass_metrics`)."""
+    def add(self, layer: int, hw: Any, row_norms: dict[str, torch.Tensor]) -> None:
+        """One layer: its :class:`~headrank.io.layouts.HeadWeights` (its roots cached, see
+        :func:`pass_metrics`) and the squared row norms of W_Q and W_K per query head
+        (``row_norms["q"]``, ``["k"]``, (H, dh))."""
         bands = energies_from_norms(row_norms["q"], row_norms["k"], self.spec)
         H, nb = bands.shape
         partial = self.spec.rotary_dim < self.spec.head_dim
-        m = pass_metrics(hw, self.spec, self.tol, workers, roots or None) if partial else None
+        m = pass_metrics(hw, self.spec, self.tol) if partial else None
         bands = np.asarray(bands, dtype=np.float64)
         rest = np.asarray(m.frob, dtype=np.float64) ** 2 if m is not None else np.zeros(H, dtype=np.float64)
         total = bands.sum(-1) + rest

@@ -17,29 +17,30 @@ import numpy as np
 from headrank.analysis.columns import Columns, concat, from_frame, group_agg, save_csv, to_frame
 from headrank.analysis.figproc import FigureProcess, figure_data
 from headrank.analysis.rotary import rotary_scan
-from headrank.core.linalg import (
-    DEFAULT_TOL,
-    METRIC_COLUMNS,
-    ProductMetrics,
-    factor_roots,
-    metrics_from_roots,
-)
+from headrank.core.linalg import DEFAULT_TOL, METRIC_COLUMNS, ProductMetrics
 from headrank.core.metrics import METRICS, PRODUCTS, SUMMARY_METRICS, conventions
+from headrank.core.precision import PRECISION_COLUMNS, precision_columns, precision_meta
 from headrank.errors import HeadRankError
 from headrank.io.layouts import AttentionReader, HeadWeights, Layout
 from headrank.io.sources import open_reader
 from headrank.io.tensor_source import BaseCheckpoint
 from headrank.util.args import checked
-from headrank.util.bf16 import as_float
 from headrank.util.env import versions
 from headrank.util.fileio import prepare_out_dir, write_atomic, write_json
 from headrank.util.result import ResultBase, plain, read_csv, read_json, records
-from headrank.util.threads import IdleCores, check_threads, resolve_device, torch_threads
+from headrank.util.threads import (
+    IdleCores,
+    check_precision,
+    check_threads,
+    computing,
+    resolve_device,
+    torch_threads,
+)
 
 if TYPE_CHECKING:  # imported where used: a safetensors checkpoint is read, reduced and saved without torch,
     import pandas as pd  # and without pandas (the tables are numpy columns until a DataFrame is asked for)
 
-TABLE_COLUMNS = ("layer", "head", "kv_head", "product", *METRIC_COLUMNS, "head_dim", "finite")
+TABLE_COLUMNS = ("layer", "head", "kv_head", "product", *METRIC_COLUMNS, "head_dim", "finite", *PRECISION_COLUMNS)
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,9 @@ class SpectraResult(ResultBase):
 
     def save(self, out: str | os.PathLike, *, plots: bool = True) -> list[Path]:
         """Write the result into directory ``out`` (see :func:`save`)."""
-        return save(self, out, plots=plots)
+        from headrank.io.writer import save_set
+
+        return save_set(out, lambda stage: save(self, stage, plots=plots))  # one set, through the writer
 
     @classmethod
     def load(cls, out: str | os.PathLike) -> SpectraResult:
@@ -222,31 +225,25 @@ def _rows(layer: int, product: str, m: ProductMetrics, group: int, head_dim: int
     cols.update({k: np.asarray(v) for k, v in m.columns().items()})
     cols["head_dim"] = head_dim
     cols["finite"] = np.asarray(m.finite)
+    cols.update(precision_columns(m))
     return cols
 
 
-def layer_metrics(hw: HeadWeights, tol: float = DEFAULT_TOL, *, workers: int = 1,
-                  roots: dict[str, Any] | None = None, device: Any = None,
-                  ) -> tuple[dict[str, ProductMetrics], dict[str, Any]]:
-    """QK and OV metrics of every query head of one layer, plus the Figure 4 row norms.
+def layer_metrics(hw: HeadWeights, tol: float = DEFAULT_TOL) -> tuple[dict[str, ProductMetrics], dict[str, Any]]:
+    """QK and OV metrics of every query head of one layer (``hw.qk()``, ``hw.ov()``:
+    :class:`headrank.core.product.Product`), plus the Figure 4 row norms, in the compute setting
+    in force (threads, device, precision: :func:`headrank.util.threads.computing`).
 
-    Each distinct factor is reduced once (a kv head shared by a group of query heads too).
-    The squared row norms of W_Q, W_K, W_V and column norms of P are the diagonals of the
-    factors' Gram matrices ``RᵀR`` (column sums of ``R²``), so they cost nothing extra.
-    ``workers`` > 1 shares the heads among that many threads (run under ``torch_threads(1)``;
-    the result is the same for any number). ``roots``, if given, receives the roots of W_Qᵀ
-    (``q``, per query head) and W_Kᵀ (``k``, per kv head) for the rotary scan to reuse.
-    ``device``: None for numpy's LAPACK on the CPU, or a torch device (``"cpu"``, ``"cuda"``)
-    for the Grams and small factorisations in torch float64 there (:func:`headrank.core.linalg.factor_roots`).
+    Each distinct factor is reduced once (a kv head shared by a group of query heads too), and
+    its root stays cached on ``hw`` for the rotary scan and the singular vectors. The squared row
+    norms of W_Q, W_K, W_V and column norms of P are the diagonals of the factors' Gram matrices
+    ``RᵀR`` (column sums of ``R²``), so they cost nothing extra.
     """
-    rq, rk, rv, rp = factor_roots(hw.wq.mT, hw.wk.mT, hw.wv.mT, hw.p, workers=workers, device=device)
-    if roots is not None:
-        roots.update(q=rq, k=rk)
-    rk, rv = hw.kv_for_query_heads(rk), hw.kv_for_query_heads(rv)
-    metrics = {"qk": metrics_from_roots(rk, rq, tol, workers=workers, device=device),
-               "ov": metrics_from_roots(rp, rv, tol, workers=workers, device=device)}
+    metrics = {"qk": hw.qk().metrics(tol), "ov": hw.ov().metrics(tol)}
+    r = hw.roots()
     gram_diag = lambda r: (r * r).sum(-2)  # noqa: E731
-    norms = {"q": gram_diag(rq), "k": gram_diag(rk), "v": gram_diag(rv), "p": gram_diag(rp)}
+    norms = {"q": gram_diag(r["q"]), "k": gram_diag(hw.kv_for_query_heads(r["k"])),
+             "v": gram_diag(hw.kv_for_query_heads(r["v"])), "p": gram_diag(r["p"])}
     return metrics, norms
 
 
@@ -277,8 +274,7 @@ def _fault_in(hw: HeadWeights) -> None:
 
 
 def _stream(reader: AttentionReader, sel: list[int], tol: float, threads: int | None,
-            timing: dict[str, float] | None = None, roots: dict[str, Any] | None = None,
-            device: Any = None, used: list[int] | None = None):
+            timing: dict[str, float] | None = None, used: list[int] | None = None):
     """Yield ``(i, hw, metrics, row_norms)`` per selected layer; layer i+1 is read meanwhile.
 
     The checkpoint is touched by one thread at a time (the reader thread; ``release`` only
@@ -287,7 +283,8 @@ def _stream(reader: AttentionReader, sel: list[int], tol: float, threads: int | 
     (inside the reader), ``compute`` (the metrics), ``compute_waited_on_read`` (the metrics
     idle until a layer was read) and ``read_waited_on_compute`` (the reader idle).
     ``threads`` None: the idle cores (:class:`~headrank.util.threads.IdleCores`), re-checked
-    before each layer; ``used``, if given, receives each layer's count.
+    before each layer, set in the compute setting for the layer's work; ``used``, if given,
+    receives each layer's count.
     """
     import time
     from concurrent.futures import ThreadPoolExecutor
@@ -310,8 +307,13 @@ def _stream(reader: AttentionReader, sel: list[int], tol: float, threads: int | 
 
     cores = IdleCores(threads)
     start = time.perf_counter()
+    from concurrent.futures import Future
+
+    nxt = None
+    if sel:  # the first layer read in this thread: whatever the read path imports, it imports here
+        nxt = Future()
+        nxt.set_result(read(sel[0]))
     with ThreadPoolExecutor(1, thread_name_prefix="headrank-read") as io, torch_threads(1):
-        nxt = io.submit(read, sel[0]) if sel else None
         for k, i in enumerate(sel):
             t0 = time.perf_counter()
             hw = nxt.result()
@@ -323,7 +325,8 @@ def _stream(reader: AttentionReader, sel: list[int], tol: float, threads: int | 
             if used is not None:
                 used.append(workers)
             t0 = time.perf_counter()
-            metrics, row_norms = layer_metrics(hw, tol, workers=workers, roots=roots, device=device)
+            with computing(threads=workers):
+                metrics, row_norms = layer_metrics(hw, tol)
             t["compute"] += time.perf_counter() - t0
             if timing is not None:
                 wall = time.perf_counter() - start
@@ -437,6 +440,7 @@ def analyze(
     rotary: bool = True,
     vectors: bool = False,
     device: str | None = "auto",
+    precision: str = "auto",
 ) -> SpectraResult:
     """Exact per-head QK and OV spectra of every (or the selected) attention layer.
 
@@ -449,27 +453,28 @@ def analyze(
     cores, re-checked between layers; the one bound of every thread count,
     :func:`headrank.util.threads.check_threads`; results are bit-identical for any count). ``device``:
     ``"auto"``, ``"cpu"`` (numpy LAPACK, no torch for safetensors) or ``"cuda[:N]"`` (torch
-    float64 on that GPU); see docs/spectra-speed.md. ``rotary``: for rotary models, also the per-band energies and the spectra
+    float64 on that GPU); see docs/spectra-speed.md. ``precision``: ``"auto"`` or ``"float64"``
+    (docs/methods/precision.md). ``rotary``: for rotary models, also the per-band energies and the spectra
     of the non-rotary part (``result.rotary``, :mod:`headrank.analysis.rotary`). ``vectors``:
     also each head's singular vectors (``result.vectors``; refused when they would not fit in a
     quarter of this machine's memory: select layers).
     """
     layers = _check_args(tol, layers, threads, progress)
-    dev = resolve_device(device)
+    dev, precision = resolve_device(device), check_precision(precision)
     reader = open_reader(source, config=config, layout=layout, revision=revision, base=base, delta=delta,
                          fold_norm=fold_norm, download=download, remote=remote, allow_full=allow_full,
                          arrays="numpy")
-    dims, tol = reader.dims, float(tol)
-    spec = layers if layers is None or isinstance(layers, str) else ",".join(str(i) for i in layers)
+    dims, tol, spec = reader.dims, float(tol), layers if layers is None or isinstance(layers, str) else ",".join(map(str, layers))
     if reader.parts:  # an encoder-decoder: encoder, decoder and cross-attention layers
-        return _analyze_parts(reader, spec, tol, threads, vectors, progress, dev)
+        return _analyze_parts(reader, spec, tol, threads, vectors, progress, dev, precision)
     sel = attention_layers(reader, parse_layers(spec, dims.n_layers), spec is None)
     vecs = _Vectors(dims, len(sel)) if vectors else None
     rot, rot_why = rotary_scan(reader.ckpt.config, reader.position, dims.head_dim, reader.qk_norm, tol, rotary)
     used: list[int] = []
-    frames, sv, norms, timing = _scan_layers(reader, sel, tol, threads, rot, vecs, progress, dev, used)
+    with computing(device=dev, precision=precision):
+        frames, sv, norms, timing = _scan_layers(reader, sel, tol, threads, rot, vecs, progress, used)
     table = _table(frames)  # numpy columns: pandas only when a DataFrame is asked for (SpectraResult.table)
-    meta = {**_meta(reader, sel, tol, table), "compute": _compute_meta(dev, threads, used),
+    meta = {**_meta(reader, sel, tol, table), "compute": _compute_meta(dev, threads, used), "precision": precision_meta(precision, table),
             "timing_s": {k: round(v, 4) for k, v in timing.items()}}  # where the stream's time went
     rotary = rot.columns() if rot is not None else None
     meta["conventions"]["rotary_bands"] = rot.meta(rotary) if rot is not None else rot_why
@@ -479,17 +484,15 @@ def analyze(
 
 
 def _scan_layers(reader: AttentionReader, sel: list[int], tol: float, threads: int | None, rot: Any,
-                 vecs: _Vectors | None, progress: Callable[[int, int], None] | None, device: Any = None,
-                 used: list[int] | None = None):
+                 vecs: _Vectors | None, progress: Callable[[int, int], None] | None, used: list[int] | None = None):
     """Stream the selected layers: each one's table rows, singular values and row norms (and its
     rotary bands and singular vectors where asked), then the stream's timing."""
     frames: list[dict[str, Any]] = []
     sv: dict[str, list[np.ndarray]] = {p: [] for p in PRODUCTS}
     norms: dict[str, list[np.ndarray]] = {k: [] for k in ("q", "k", "v", "p")}
     timing: dict[str, float] = {}
-    roots: dict[str, Any] = {}  # each layer's W_Q, W_K roots, for the rotary scan
     head_dim = reader.dims.head_dim
-    stream = _stream(reader, sel, tol, threads, timing, roots, device, used)
+    stream = _stream(reader, sel, tol, threads, timing, used)
     for done, (i, hw, metrics, row_norms) in enumerate(stream, 1):
         for product, m in metrics.items():
             frames.append(_rows(i, product, m, hw.group, head_dim))
@@ -497,7 +500,7 @@ def _scan_layers(reader: AttentionReader, sel: list[int], tol: float, threads: i
         for k, v in row_norms.items():
             norms[k].append(np.asarray(v))
         if rot is not None:
-            rot.add(i, hw, row_norms, roots)
+            rot.add(i, hw, row_norms)
         if vecs is not None:
             vecs.add(hw)
         del hw, metrics
@@ -534,7 +537,7 @@ def _padded(arrays: list[np.ndarray]) -> np.ndarray:
 
 
 def _analyze_parts(reader: AttentionReader, spec: str | None, tol: float, threads: int | None, vectors: bool,
-                   progress: Callable[[int, int], None] | None, device: Any) -> SpectraResult:
+                   progress: Callable[[int, int], None] | None, device: Any, precision: str) -> SpectraResult:
     """:func:`analyze` of an encoder-decoder: every kind's layers in turn (encoder, decoder,
     cross), one table with an ``attention`` column; arrays stacked over (kind, layer)."""
     sels = part_layers(reader, spec)
@@ -549,7 +552,8 @@ def _analyze_parts(reader: AttentionReader, spec: str | None, tol: float, thread
         vec = _Vectors(part.dims, len(sel)) if vectors else None
         offset = len(sv["qk"])
         step = (lambda done, _t, o=offset: progress(o + done, total)) if progress else None
-        f, s, n, t = _scan_layers(part, sel, tol, threads, None, vec, step, device, used)
+        with computing(device=device, precision=precision):
+            f, s, n, t = _scan_layers(part, sel, tol, threads, None, vec, step, used)
         frames += [{"attention": part.layout.attention, **x} for x in f]
         for k, v in (*s.items(), *n.items()):
             (sv if k in sv else norms)[k] += v
@@ -567,7 +571,7 @@ def _analyze_parts(reader: AttentionReader, spec: str | None, tol: float, thread
                                                       "head_dim": p.dims.head_dim},
                                            "position_encoding": p.position, "qk_norm": p.qk_norm}
                       for p, sel in sels},
-            "compute": _compute_meta(device, threads, used), "timing_s": {k: round(v, 4) for k, v in timing.items()}}
+            "compute": _compute_meta(device, threads, used), "precision": precision_meta(precision, table), "timing_s": {k: round(v, 4) for k, v in timing.items()}}
     meta["conventions"].update(attention_kinds={p.layout.attention: ATTENTION_KINDS[p.layout.attention]
                                                 for p, _ in sels}, rotary_bands=None,
                                position_encoding={p.layout.attention: p.position for p, _ in sels})
@@ -577,7 +581,8 @@ def _analyze_parts(reader: AttentionReader, spec: str | None, tol: float, thread
 
 
 class _Vectors:
-    """Each selected layer's exact per-head singular vectors (core.linalg.product_svd), float32."""
+    """Each selected layer's exact per-head singular vectors (``hw.qk().svd()``, ``hw.ov().svd()``:
+    the roots the metrics formed), float32."""
 
     def __init__(self, dims: Any, n_layers: int) -> None:
         from headrank.io.validate import memory_bytes
@@ -594,12 +599,8 @@ class _Vectors:
     def add(self, hw: HeadWeights) -> None:
         import torch
 
-        from headrank.core.linalg import product_svd
-
-        for product, (a, b) in (("qk", hw.qk_factors()), ("ov", hw.ov_factors())):
-            a, b = (x if isinstance(x, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(as_float(x, np.float32)))
-                    for x in (a, b))
-            u, s, v = product_svd(a, b)
+        for product, prod in (("qk", hw.qk()), ("ov", hw.ov())):
+            u, s, v = prod.svd()
             for key, x in (("u", u), ("s", s), ("v", v)):
                 arr = x.to(torch.float32).numpy()
                 into = self.parts[product].get(key)
@@ -646,7 +647,7 @@ def _meta(reader: AttentionReader, sel: list[int], tol: float, table: Columns) -
         },
         "layers": sel,
         "dtype_read": reader.dtypes(),
-        "compute_dtype": "float64",
+        "compute_dtype": "float64 after the Grams (precision: the Grams' route)",
         "tolerance": tol,
         "conventions": {
             "weights": reader.weights_note,

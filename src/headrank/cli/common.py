@@ -4,9 +4,12 @@ error wrapper for commands, the progress display and staged output sets."""
 from __future__ import annotations
 
 import functools
+import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -132,16 +135,30 @@ def user_errors(fn):
     return wrapper
 
 
-def _save_set(save, out: Path | None) -> list[Path]:
-    """``save(directory)`` into a fresh staging directory inside ``out``, moved in only when
-    every file is written (a failure leaves the previous set as it was); the final paths."""
+@contextmanager
+def destination(out: Path | None, *sources: Any) -> Iterator[Any]:
+    """``--out`` checked once and locked for the whole command (:class:`headrank.io.writer.OutputSet`;
+    ``sources``: the inputs, where they are local paths, which ``--out`` may not be nor be inside);
+    None without ``--out``."""
     if out is None:
-        return []
-    from headrank.util.fileio import moved, staged_output
+        yield None
+        return
+    from headrank.io.writer import OutputSet
 
-    with staged_output(out) as stage:
+    paths = [Path(s) for s in sources if isinstance(s, (str, Path)) and os.path.exists(s)]
+    with OutputSet(out, sources=paths) as dest:
+        yield dest
+
+
+def _save_set(save, dest: Any) -> list[Path]:
+    """``save(directory)`` into the staging directory of ``dest`` (:func:`destination`), moved
+    in as one set only when every file is written (a failure leaves the previous set as it
+    was); the final paths."""
+    if dest is None:
+        return []
+    with dest.stage() as stage:
         files = save(stage)
-    return moved(files, stage, out)
+    return dest.moved(files, stage)
 
 
 def progress_bar(quiet: bool) -> Progress:

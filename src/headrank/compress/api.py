@@ -34,7 +34,7 @@ from headrank.compress.plan import Rule, choose
 from headrank.errors import HeadRankError, one_line
 from headrank.io.layouts import AttentionReader, HeadWeights
 from headrank.io.sources import open_reader
-from headrank.util.threads import torch_threads
+from headrank.util.threads import computing, torch_threads
 
 KV_BYTES = 2  # bytes per cached number (a float16/bfloat16 KV cache)
 
@@ -187,13 +187,19 @@ def read_layer(reader: AttentionReader, i: int) -> Layer:
 
 def stream_layers(reader: AttentionReader, todo: tuple[int, ...]) -> Iterator[Layer]:
     """:func:`read_layer` of each layer of ``todo`` in order, the next one read by a reader
-    thread meanwhile (the checkpoint is touched by that thread alone)."""
-    from concurrent.futures import ThreadPoolExecutor
+    thread meanwhile (the checkpoint is touched by one thread at a time). The first layer is
+    read in the caller's thread, so whatever the read path imports is imported there, never by
+    the reader thread."""
+    from concurrent.futures import Future, ThreadPoolExecutor
 
     from headrank.util.memory import trim_heap
 
+    if not todo:
+        return
+    first: Future = Future()
+    first.set_result(read_layer(reader, todo[0]))
     with ThreadPoolExecutor(1, thread_name_prefix="headrank-read") as io:
-        nxt = io.submit(read_layer, reader, todo[0]) if todo else None
+        nxt = first
         for k in range(len(todo)):
             layer = nxt.result()
             reader.ckpt.release()
@@ -241,7 +247,8 @@ def _spectra(layer: Layer, products: tuple[str, ...], whiten: dict[int, torch.Te
             found = rotary_cut.items(layer.hw, spec, layer.qk64())
             out[p] = (found[0], found)
             continue
-        b = unit_basis(layer.hw, p, None if whiten is None else whiten[layer.i], workers=threads, device=device)
+        with computing(threads=threads, device=device):
+            b = unit_basis(layer.hw, p, None if whiten is None else whiten[layer.i])
         out[p] = (b.sv.cpu(), b)
     return out
 

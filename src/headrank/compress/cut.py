@@ -11,10 +11,10 @@ Under grouped-query attention one ``S`` serves ``g`` query heads, so a cut must 
 subspace per kv head: the unit is the stack ``[X_1; …; X_g] Sᵀ`` (g·d × d), cut to its best
 rank-k approximation (Eckart–Young) ``U_k Σ_k V_kᵀ`` and split evenly, ``X' = U_k Σ_k^½``,
 ``S' = V_k Σ_k^½`` (without GQA the unit is one head). The d × d product is never formed: the
-factors' roots ``XᵀX = RxᵀRx``, ``SᵀS = RsᵀRs`` (:func:`headrank.core.linalg.factor_roots`, the
-spectra route) give the core ``Rx Rsᵀ = Uc Σ Vcᵀ``, and ``X' = X Rx⁻¹ Uc_k Σ_k^½`` (:class:`Basis`,
-:func:`cut_unit`: only the k kept columns are made; the others are zero); where a root is not
-well-conditioned, :func:`headrank.core.linalg.product_svd` (QRs of the factors) instead.
+factors' roots ``XᵀX = RxᵀRx``, ``SᵀS = RsᵀRs`` (``Product(X, S)``, :class:`headrank.core.product.Product`,
+the spectra route) give the core ``Rx Rsᵀ = Uc Σ Vcᵀ``, and ``X' = X Rx⁻¹ Uc_k Σ_k^½`` (its
+``.basis()``, :func:`cut_unit`: only the k kept columns are made; the others are zero); where a
+root is not well-conditioned, ``Product.svd()`` (QRs of the factors) instead.
 
 Activation-whitened cuts (SVD-LLM): with calibration inputs ``x`` of the layer's attention and
 ``E[x xᵀ] = L Lᵀ``, the cut minimises ``‖(M − M_k) L‖_F`` (OV: the output error over those
@@ -37,7 +37,7 @@ from math import prod
 
 import torch
 
-from headrank.core.linalg import factor_roots, product_svd
+from headrank.core.product import UNITS_PER_TASK, Basis, Product
 from headrank.io.layouts import SPLITS, Dims, HeadWeights
 
 #: the order products are cut and reported in (a cut order, not the metric table's product list)
@@ -63,65 +63,14 @@ def _whitened(X: torch.Tensor, S: torch.Tensor, product: str, L: torch.Tensor | 
     return X.to(torch.float64), S
 
 
-#: units per task when the per-unit work is shared among threads (fixed, so that results never
-#: depend on the thread count)
-UNITS_PER_TASK = 4
-
-
-@dataclass
-class Basis:
-    """Pass 1's SVD of every unit's (whitened) product, from its factors' roots ``XᵀX = RxᵀRx``,
-    ``SᵀS = RsᵀRs``: with ``Rx Rsᵀ = Uc Σ Vcᵀ``, the singular values ``sv`` (Hkv, p) and the
-    matrices ``A = Rx⁻¹ Uc``, ``B = Rs⁻¹ Vc`` (Hkv, dh, dh) that give the cut factors
-    (:func:`cut_unit`). ``A`` and ``B`` are None where a root is not square or not
-    well-conditioned (:data:`~headrank.core.linalg.PRODUCT_SVD_COND`): the cut then takes the
-    QR route, and ``sv`` comes from the core's singular values alone."""
-
-    sv: torch.Tensor
-    A: torch.Tensor | None = None
-    B: torch.Tensor | None = None
-
-
-def unit_basis(hw: HeadWeights, product: str, L: torch.Tensor | None = None, workers: int = 1,
-               device: str | None = None) -> Basis:
-    """:class:`Basis` of every unit (whitened by ``L`` when given). ``workers``: threads sharing
-    the roots and the small factorisations (the same result for any number). ``device``: None
-    for the CPU route (numpy's LAPACK for the roots), or a torch device for the roots and the
-    small factorisations in torch float64 there (:func:`headrank.core.linalg.factor_roots`)."""
+def unit_basis(hw: HeadWeights, product: str, L: torch.Tensor | None = None) -> Basis:
+    """:class:`~headrank.core.product.Basis` of every unit (whitened by ``L`` when given): the core
+    SVD of ``Product(X, S)`` (:meth:`headrank.core.product.Product.basis`), in the compute setting
+    in force (threads, device, precision: :func:`headrank.util.threads.computing`). The layer
+    takes the QR route (``A``, ``B`` None) unless every unit's roots are well-conditioned."""
     X, S = _whitened(*unit_factors(hw, product), product, L, upcast=False)
-    Rx, Rs = factor_roots(X, S, workers=workers, device=device)
-    return basis_from_roots(Rx, Rs, workers, device)
-
-
-def _basis_part(Rx: torch.Tensor, Rs: torch.Tensor):
-    """``(ok, (sv, A, B))`` of a chunk of units: ok where both roots are well-conditioned."""
-    from headrank.core.linalg import PRODUCT_SVD_COND
-
-    eye = torch.eye(Rx.shape[-1], dtype=torch.float64, device=Rx.device)
-    inv = [torch.linalg.solve_triangular(R, eye.expand_as(R), upper=True) for R in (Rx, Rs)]
-    cond = [torch.linalg.matrix_norm(R) * torch.linalg.matrix_norm(Ri) for R, Ri in zip((Rx, Rs), inv, strict=True)]
-    if not bool(((cond[0] <= PRODUCT_SVD_COND) & (cond[1] <= PRODUCT_SVD_COND)).all()):
-        return False, None
-    Uc, sv, Vch = torch.linalg.svd(Rx @ Rs.mT)
-    return True, (sv, inv[0] @ Uc, inv[1] @ Vch.mT)
-
-
-def basis_from_roots(Rx: torch.Tensor, Rs: torch.Tensor, workers: int = 1, device: str | None = None) -> Basis:
-    """:class:`Basis` from the roots ``(Hkv, p, dh)``, ``UNITS_PER_TASK`` units per task on
-    ``workers`` threads (on ``device`` when given)."""
-    from headrank.util.threads import parallel_map
-
-    if device is not None:
-        Rx, Rs = Rx.to(device), Rs.to(device)
-    if Rx.shape[-2] != Rx.shape[-1] or Rs.shape[-2] != Rs.shape[-1]:
-        return Basis(torch.linalg.svdvals(Rx @ Rs.mT))
-    per = UNITS_PER_TASK if device is None else max(1, Rx.shape[0])  # a device: the whole layer at once
-    spans = [slice(a, a + per) for a in range(0, Rx.shape[0], per)]
-    parts = parallel_map(lambda s: _basis_part(Rx[s], Rs[s]), spans, workers)
-    if not all(ok for ok, _ in parts):  # one unit not well-conditioned: the layer's cut takes the QR route
-        return Basis(torch.linalg.svdvals(Rx @ Rs.mT))
-    sv, A, B = (torch.cat([p[1][n] for p in parts]) for n in range(3))
-    return Basis(sv, A, B)
+    b = Product(X, S).basis()
+    return b if b.ok is not None and bool(b.ok.all()) else Basis(b.sv)
 
 
 @dataclass
@@ -155,8 +104,8 @@ def _work_dtype(X: torch.Tensor, S: torch.Tensor, L: torch.Tensor | None, device
     return torch.float64
 
 
-def _times(F: torch.Tensor, M: torch.Tensor, wd: torch.dtype, workers: int, device: str | None) -> torch.Tensor:
-    """``F @ M`` per unit in ``wd`` (``UNITS_PER_TASK`` units per task on ``workers`` threads;
+def _times(F: torch.Tensor, M: torch.Tensor, wd: torch.dtype, threads: int, device: str | None) -> torch.Tensor:
+    """``F @ M`` per unit in ``wd`` (``UNITS_PER_TASK`` units per task on ``threads`` threads;
     on ``device`` when given, the result back on the CPU)."""
     from headrank.util.threads import parallel_map
 
@@ -165,12 +114,12 @@ def _times(F: torch.Tensor, M: torch.Tensor, wd: torch.dtype, workers: int, devi
         return (F.to(device=device, dtype=wd) @ M.to(device)).cpu()
     out = torch.empty(*F.shape[:-1], M.shape[-1], dtype=wd)
     spans = [slice(a, a + UNITS_PER_TASK) for a in range(0, F.shape[0], UNITS_PER_TASK)]
-    parallel_map(lambda s: torch.matmul(F[s].to(wd), M[s], out=out[s]), spans, workers)
+    parallel_map(lambda s: torch.matmul(F[s].to(wd), M[s], out=out[s]), spans, threads)
     return out
 
 
 def _from_basis(X: torch.Tensor, S: torch.Tensor, k: torch.Tensor, L: torch.Tensor | None, b: Basis,
-                workers: int = 1, device: str | None = None) -> UnitCut:
+                threads: int = 1, device: str | None = None) -> UnitCut:
     """The cut from pass 1's :class:`Basis`, without a second pass over the factors' Gram
     matrices: ``X' = X (A_k Σ_k^½)``, ``S' = S (B_k Σ_k^½)`` (whitening and its inverse cancel:
     ``L⁻ᵀ Lᵀ S = S``), two GEMMs with dh × k matrices making the kept columns only (the others
@@ -182,7 +131,7 @@ def _from_basis(X: torch.Tensor, S: torch.Tensor, k: torch.Tensor, L: torch.Tens
     kmax = max(int(k.max()), 1)
     r = root.to(b.A.device)[:, None, :]
     Ma, Mb = (b.A * r)[..., :kmax], (b.B * r)[..., :kmax]
-    Xn, Sn = _times(X, Ma, wd, workers, device), _times(S, Mb, wd, workers, device)
+    Xn, Sn = _times(X, Ma, wd, threads, device), _times(S, Mb, wd, threads, device)
     if L is None:
         e = sv**2
         return UnitCut(Xn, Sn, k.clone(), sv, ((1 - keep) * e).sum(-1).sqrt(), e.sum(-1).sqrt())
@@ -193,16 +142,16 @@ def _from_basis(X: torch.Tensor, S: torch.Tensor, k: torch.Tensor, L: torch.Tens
 
 
 def cut_unit(X: torch.Tensor, S: torch.Tensor, k: torch.Tensor, product: str,
-             L: torch.Tensor | None = None, basis: Basis | None = None, workers: int = 1,
+             L: torch.Tensor | None = None, basis: Basis | None = None, threads: int = 1,
              device: str | None = None) -> UnitCut:
     """Best rank-``k[u]`` approximation of every unit ``X_u S_uᵀ``, balanced: from pass 1's
     ``basis`` where it has the vectors (:func:`_from_basis`, the kept columns only), else (no
-    basis, or not well-conditioned) by :func:`headrank.core.linalg.product_svd` on the CPU,
+    basis, or not well-conditioned) by :meth:`headrank.core.product.Product.svd` on the CPU,
     zero-padded to dh columns."""
     if basis is not None and basis.A is not None:
-        return _from_basis(X, S, k, L, basis, workers, device)
+        return _from_basis(X, S, k, L, basis, threads, device)
     Xw, Sw = _whitened(X, S, product, L)
-    U, sv, V = product_svd(Xw, Sw)
+    U, sv, V = Product(Xw, Sw).svd()
     dh = X.shape[-1]
     keep = (torch.arange(sv.shape[-1]) < k[:, None]).to(torch.float64)
     root = sv.clamp_min(0).sqrt() * keep

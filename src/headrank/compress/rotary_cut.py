@@ -49,10 +49,9 @@ def items(hw: HeadWeights, spec: RotarySpec, qk: tuple[torch.Tensor, torch.Tenso
     tags = [torch.arange(spec.n_bands).repeat_interleave(2)]
     p = torch.from_numpy(spec.pass_dims())
     if len(p):
-        from headrank.core.linalg import factor_roots
+        from headrank.core.product import Product
 
-        Rx, Rs = factor_roots(*_pass_factors(wq, wk, p))
-        e.append(torch.linalg.svdvals(Rx @ Rs.mT) ** 2)
+        e.append(Product(*_pass_factors(wq, wk, p)).basis().sv ** 2)
         tags.append(-1 - torch.arange(e[-1].shape[-1]))
     e_all = torch.cat(e, -1)
     tag = torch.cat(tags).expand_as(e_all)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 # the metric table and the rank measures live in headrank.core.metrics (re-exported here)
 from headrank.core.metrics import DEFAULT_TOL as DEFAULT_TOL
@@ -54,6 +54,11 @@ class ProductMetrics:
     values: dict[str, torch.Tensor]
     finite: torch.Tensor
     tol: float
+    #: per item, the modelled bound on max |σᵢ − σᵢ(float64)| / σ_max (numpy; 0 where computed in
+    #: float64, NaN where not finite; headrank.core.precision), and where the ``auto`` route's
+    #: bound did not hold the contract and float64 recomputed the item; None: not asked
+    bound: Any = None
+    fallback: Any = None
 
     def __getattr__(self, name: str) -> torch.Tensor:
         values = self.__dict__.get("values")
@@ -66,8 +71,10 @@ class ProductMetrics:
         return {name: self.values[name] for name in METRIC_COLUMNS}
 
     def __getitem__(self, idx) -> ProductMetrics:
+        pick = lambda x: None if x is None else x[idx]  # noqa: E731
         return ProductMetrics(sv=self.sv[idx], values={k: v[idx] for k, v in self.values.items()},
-                              finite=self.finite[idx], tol=self.tol)
+                              finite=self.finite[idx], tol=self.tol, bound=pick(self.bound),
+                              fallback=pick(self.fallback))
 
 
 def _check_factors(A: torch.Tensor, B: torch.Tensor) -> None:
@@ -108,43 +115,70 @@ def _cat(parts: list):
     return np.concatenate(parts)
 
 
-def factor_roots(*Xs, workers: int = 1, device=None) -> list:
-    """:func:`factor_root` of each factor, the chunks of all of them shared by ``workers`` threads.
+def _is_bf16(X) -> bool:
+    """``X`` holds bfloat16 values: a torch bfloat16 tensor or bfloat16 bits read by numpy."""
+    if _is_torch(X):
+        import torch
 
-    Factors are numpy arrays or torch tensors (any float dtype). ``device=None``: the numpy
-    route (LAPACK through numpy, float64): numpy in, numpy out; torch in, torch (CPU) out.
-    ``device`` a torch device (``"cpu"``, ``"cuda"``): the torch route, the Grams and the small
-    factorisations in float64 on that device, roots back as CPU torch tensors.
+        return X.dtype == torch.bfloat16
+    from headrank.util.bf16 import BF16Bits
+
+    return isinstance(X, BF16Bits)
+
+
+def auto_route(X) -> bool:
+    """Whether factor ``X`` takes the ``auto`` Gram in the compute setting in force: precision
+    ``auto``, bfloat16 values, at least as many rows as columns, and this machine's kernel passed
+    its self-check (:func:`headrank.core.precision.self_check`); otherwise float64."""
+    from headrank.util.threads import compute_setting
+
+    if compute_setting().precision != "auto" or not _is_bf16(X) or X.shape[-2] < X.shape[-1]:
+        return False
+    from headrank.core.precision import self_check
+
+    return bool(self_check()["ok"])
+
+
+def factor_roots(*Xs, errors: bool = False) -> list:
+    """:func:`factor_root` of each factor, the chunks of all of them shared by the compute
+    setting's ``threads`` (:func:`headrank.util.threads.computing`).
+
+    Factors are numpy arrays or torch tensors (any float dtype). The setting's ``device`` None:
+    the numpy route (LAPACK through numpy, float64): numpy in, numpy out; torch in, torch (CPU)
+    out. ``device`` a torch device (``"cpu"``, ``"cuda"``): the torch route, the Grams and the
+    small factorisations in float64 on that device, roots back as CPU torch tensors. The
+    setting's ``precision``: bfloat16 factors' Grams by the ``auto`` route (:func:`auto_route`).
+    ``errors``: also return each factor's per-head modelled Gram error ``s`` (numpy, batch
+    shape; 0 where the root is float64's), as ``(roots, errors)``.
 
     Each chunk is reduced by one thread, so run it under ``torch_threads(1)`` (as
     :func:`headrank.analysis.scan.analyze` does): a core taken by another process then slows
     one worker, not a barrier every small factorisation waits at. Chunks are fixed by
-    CHUNK_BYTES alone, so the result is bit-identical whatever ``workers`` and the load.
+    CHUNK_BYTES alone, so the result is bit-identical whatever ``threads`` and the load.
     """
-    from headrank.util.threads import parallel_map
+    from headrank.util.threads import compute_setting, parallel_map
 
+    setting = compute_setting()
+    device = setting.device
     jobs, spans, torch_out = [], [], False
     chunk = CHUNK_BYTES if device is None else DEVICE_CHUNK_BYTES
     for X in Xs:
         torch_out |= _is_torch(X)
+        auto = auto_route(X)
         X = X.detach() if _is_torch(X) else X
         if device is not None and not _is_torch(X):
-            import torch
-
-            from headrank.util.bf16 import BF16Bits, to_float32
-
-            X = torch.from_numpy(to_float32(X) if isinstance(X, BF16Bits) else X)
+            X = _numpy_to_torch(X, auto)
         d, dh = X.shape[-2:]
         parts = _chunks(X, max(1, chunk // max(1, 8 * d * dh))) or [X.reshape(-1, d, dh)]
         spans.append((len(jobs), len(jobs) + len(parts), X.shape[:-2]))
-        jobs += parts
+        jobs += [(x, auto) for x in parts]
     if device is None:
-        done = parallel_map(_factor_root, jobs, workers)
+        done = parallel_map(lambda job: _factor_root(*job), jobs, setting.threads)
     else:
-        done = parallel_map(lambda x: _factor_root_torch(x, device), jobs, workers)
-    out = []
+        done = parallel_map(lambda job: _factor_root_torch(job[0], device, job[1]), jobs, setting.threads)
+    out, errs = [], []
     for a, b, batch in spans:
-        R = _cat(done[a:b])
+        R = _cat([r for r, _ in done[a:b]])
         if torch_out and not _is_torch(R):
             import torch
 
@@ -152,10 +186,24 @@ def factor_roots(*Xs, workers: int = 1, device=None) -> list:
         elif not torch_out and _is_torch(R):  # the device route, numpy in: numpy out
             R = R.numpy()
         out.append(R.reshape((*batch, *R.shape[-2:])))
-    return out
+        errs.append(_cat([e for _, e in done[a:b]]).reshape(batch))
+    return (out, errs) if errors else out
 
 
-def factor_root(X, device=None):
+def _numpy_to_torch(X, bf16: bool):
+    """A numpy factor as a torch tensor for the device route: bfloat16 bits as a bfloat16 tensor
+    when ``bf16`` (the ``auto`` Gram reads them), else float32/float64 values."""
+    import numpy as np
+    import torch
+
+    from headrank.util.bf16 import BF16Bits, to_float32
+
+    if bf16:
+        return torch.from_numpy(np.ascontiguousarray(np.asarray(X).view(np.int16))).view(torch.bfloat16)
+    return torch.from_numpy(to_float32(X) if isinstance(X, BF16Bits) else X)
+
+
+def factor_root(X):
     """A float64 ``R`` with ``XᵀX = RᵀR`` for factors ``X`` of shape ``(..., d, dh)``.
 
     Shape ``(..., min(d, dh), dh)``. Any input dtype; upcast to float64 before arithmetic.
@@ -169,10 +217,10 @@ def factor_root(X, device=None):
     Heads are upcast and reduced a few at a time, into reused float64 buffers of CHUNK_BYTES:
     one fresh 128 MiB float64 copy of a 4096-wide layer costs more in page faults than its
     Gram products cost in arithmetic. Each head's Gram is computed alone, so the result does
-    not depend on how heads are chunked or shared among workers. ``device``: see
+    not depend on how heads are chunked or shared among threads. The device: see
     :func:`factor_roots`.
     """
-    return factor_roots(X, device=device)[0]
+    return factor_roots(X)[0]
 
 
 def _certified(G, Ri, xp):
@@ -245,7 +293,7 @@ def _inv_or_nan(r):
         return np.full_like(r, np.nan)
 
 
-def _float64_rows(X):
+def _float64_rows(X, f32: bool = False):
     """``X`` ``(n, d, dh)`` upcast into a reused float64 buffer, laid out for BLAS ``syrk``.
 
     Returns ``(pool, buf, rows)``: the buffer to hand back (:func:`_release`), and in it a
@@ -255,7 +303,9 @@ def _float64_rows(X):
     contiguous block and its Gram is ``B Bᵀ`` or ``Bᵀ B`` of a single operand, which numpy
     hands to BLAS ``dsyrk`` (half the multiply-adds of a GEMM). The copy is the upcast: a
     fresh float64 array per chunk cost more in page faults than the Gram's arithmetic.
-    ``X``: a numpy array, or a torch tensor (copied by torch: bfloat16, any device).
+    ``X``: a numpy array, or a torch tensor (copied by torch: bfloat16, any device). ``f32``:
+    the exact float32 values instead (bfloat16 factors, the ``auto`` precision), in the pool's
+    second buffer.
     """
     import numpy as np
 
@@ -273,6 +323,15 @@ def _float64_rows(X):
         size = max(n * d * dh, CHUNK_BYTES // 8)
         pool = (np.empty(size), np.empty(size, dtype=np.uint32))
     shape = (n, dh, d) if rows else (n, d, dh)
+    if f32:
+        buf = pool[1][: n * d * dh].view(np.float32).reshape(shape)
+        if _is_torch(X):
+            import torch
+
+            torch.from_numpy(buf).copy_(X.mT if rows else X)
+        else:
+            to_float32(X.transpose(0, 2, 1) if rows else X, out=buf)
+        return pool, buf, rows
     buf = pool[0][: n * d * dh].reshape(shape)
     if _is_torch(X):
         import torch
@@ -313,8 +372,11 @@ def _qr_r_np(X):
     return np.linalg.qr(np.nan_to_num(X, nan=0.0, posinf=0.0, neginf=0.0), mode="r")
 
 
-def _factor_root(X):
-    """:func:`factor_root` of one chunk ``(n, d, dh)``, in numpy (float64 LAPACK through numpy)."""
+def _factor_root(X, auto: bool = False):
+    """:func:`factor_root` of one chunk ``(n, d, dh)``, in numpy (float64 LAPACK through numpy),
+    and each head's modelled Gram error ``s`` ``(n,)`` (0 where the root is float64's: every head
+    unless ``auto``, and the heads that took the QR path). ``auto``: the Gram from the exact
+    float32 values of bfloat16 factors (:func:`headrank.core.precision.gram_np`)."""
     import numpy as np
 
     n, d, dh = X.shape
@@ -324,12 +386,15 @@ def _factor_root(X):
         Xd = np.asarray(X.to(dtype=__import__("torch").float64).cpu()) if _is_torch(X) else as_float(X)
         finite = np.isfinite(Xd).all((-2, -1))
         R = _qr_r_np(Xd)
-        return np.where(finite[:, None, None], R, np.nan) if not finite.all() else R
-    pool, buf, rows = _float64_rows(X)
+        return (np.where(finite[:, None, None], R, np.nan) if not finite.all() else R), np.zeros(n)
+    pool, buf, rows = _float64_rows(X, f32=auto)
     try:
-        # X_hᵀX_h as one operand times its own transpose: numpy's matmul calls dsyrk for that
-        G = np.matmul(buf, buf.transpose(0, 2, 1)) if rows else np.matmul(buf.transpose(0, 2, 1), buf)
-        Xd = buf.transpose(0, 2, 1) if rows else buf  # (n, d, dh) float64 views, for the QR fallback
+        if auto:
+            from headrank.core.precision import gram_np, gram_s
+
+            G, s = gram_np(buf, rows), gram_s()
+        else:  # X_hᵀX_h as one operand times its own transpose: numpy's matmul calls dsyrk for that
+            G, s = (np.matmul(buf, buf.transpose(0, 2, 1)) if rows else np.matmul(buf.transpose(0, 2, 1), buf)), 0.0
         finite = np.isfinite(np.diagonal(G, axis1=-2, axis2=-1)).all(-1)  # G_jj = Σ_i X_ij²: NaN/Inf land here
         if not finite.all():
             G = np.where(finite[:, None, None], G, np.eye(dh))
@@ -341,25 +406,42 @@ def _factor_root(X):
             bad[ok] = ~_gram_certified(G[ok], R[ok])
         bad &= finite
         if bad.any():
-            R[bad] = _qr_r_np(Xd[bad])
+            R[bad] = _qr_r_np(_rows64(X, buf, rows, bad, auto))
     finally:
         _release(pool)
     if not finite.all():
         R = np.where(finite[:, None, None], R, np.nan)
-    return R
+    return R, np.where(bad | ~finite, 0.0, s)
 
 
-def _factor_root_torch(X, device):
-    """:func:`factor_root` of one chunk ``(n, d, dh)`` in torch, float64 on ``device``; a CPU tensor back."""
+def _rows64(X, buf, rows: bool, idx, auto: bool):
+    """The float64 factors ``(k, d, dh)`` of the heads ``idx`` of a chunk, for the QR path: views
+    of the float64 buffer, or (``auto``: the buffer holds float32) the exact float32 values upcast."""
+    Xd = buf.transpose(0, 2, 1) if rows else buf
+    return Xd[idx].astype("float64") if auto else Xd[idx]
+
+
+def _factor_root_torch(X, device, auto: bool = False):
+    """:func:`factor_root` of one chunk ``(n, d, dh)`` in torch, float64 on ``device``; a CPU
+    tensor back, and each head's modelled Gram error (numpy; see :func:`_factor_root`). ``auto``:
+    the Gram by :func:`headrank.core.precision.gram_torch` (tensor cores on CUDA)."""
+    import numpy as np
     import torch
 
+    s = 0.0
+    if auto:
+        from headrank.core.precision import gram_s, gram_torch
+
+        Xa = X.to(device=device)
+        G, s = gram_torch(Xa), gram_s()
     X = X.to(device=device, dtype=torch.float64)
     n, d, dh = X.shape
+    bad = torch.zeros(n, dtype=torch.bool, device=X.device)
     if d < dh:
         R = torch.linalg.qr(torch.nan_to_num(X, nan=0.0, posinf=0.0, neginf=0.0), mode="r").R
         finite = torch.isfinite(X).all(-1).all(-1)
     else:
-        G = X.mT @ X
+        G = G if auto else X.mT @ X
         finite = torch.isfinite(torch.diagonal(G, dim1=-2, dim2=-1)).all(-1)
         G = torch.where(finite[:, None, None], G, torch.eye(dh, dtype=G.dtype, device=G.device))
         L, info = torch.linalg.cholesky_ex(G)
@@ -368,45 +450,43 @@ def _factor_root_torch(X, device):
         if bool(bad.any()):
             R[bad] = torch.linalg.qr(torch.nan_to_num(X[bad], nan=0.0, posinf=0.0, neginf=0.0), mode="r").R
     R = torch.where(finite[:, None, None], R, torch.full_like(R, float("nan")))
-    return R.cpu()
+    return R.cpu(), np.where((bad | ~finite).cpu().numpy(), 0.0, s)
 
 
 def singular_values(A, B):
     """Singular values of ``A Bᵀ`` (descending, float64), shape ``(..., min(d, dh))``."""
-    _check_factors(A, B)
     return product_metrics(A, B).sv
 
 
-def product_metrics(A, B, tol: float = DEFAULT_TOL, *, workers: int = 1, device=None) -> ProductMetrics:
-    """All metrics of ``A Bᵀ`` for factors ``A, B`` of shape ``(..., d, dh)`` (any float dtype).
-
-    Inputs are upcast to float64 before any arithmetic, so float16/bfloat16 weights are
-    analysed exactly as stored. ``workers`` > 1 shares the heads among that many threads
-    (see :func:`factor_roots`; same result). ``device``: see :func:`factor_roots`.
-    """
+def product_metrics(A, B, tol: float = DEFAULT_TOL) -> ProductMetrics:
+    """All metrics of ``A Bᵀ`` for factors ``A, B`` of shape ``(..., d, dh)`` (any float dtype),
+    in the compute setting in force (threads, device, precision:
+    :func:`headrank.util.threads.computing`); what ``Product(A, B).metrics(tol)``
+    (:class:`headrank.core.product.Product`) returns, for a product used once."""
     _check_factors(A, B)
-    Ra, Rb = factor_roots(A, B, workers=workers, device=device)
-    return metrics_from_roots(Ra, Rb, tol, workers=workers, device=device)
+    return metrics_from_roots(*factor_roots(A, B), tol)
 
 
-def metrics_from_roots(Ra, Rb, tol: float = DEFAULT_TOL, *, workers: int = 1, device=None) -> ProductMetrics:
+def metrics_from_roots(Ra, Rb, tol: float = DEFAULT_TOL) -> ProductMetrics:
     """All metrics of ``A Bᵀ`` from roots ``Ra = factor_root(A)``, ``Rb = factor_root(B)``.
 
-    Heads are taken METRIC_CHUNK at a time, on ``workers`` threads (same result for any number).
-    numpy roots give numpy metrics, torch roots torch (CPU) metrics. ``device``: the core SVDs
-    in torch on that device (:func:`factor_roots`).
+    Heads are taken METRIC_CHUNK at a time, on the compute setting's ``threads`` (same result
+    for any number). numpy roots give numpy metrics, torch roots torch (CPU) metrics. The
+    setting's ``device``: the core SVDs in torch on that device (:func:`factor_roots`).
     """
     if not tol > 0:
         raise ValueError(f"tolerance must be > 0, got {tol}")
-    from headrank.util.threads import parallel_map
+    from headrank.util.threads import compute_setting, parallel_map
 
+    setting = compute_setting()
+    device = setting.device
     torch_out = _is_torch(Ra) or _is_torch(Rb)
     batch = Ra.shape[:-2]
     per = METRIC_CHUNK if device is None else 4096  # a device takes the whole layer at once
     pairs = list(zip(_chunks(Ra, per), _chunks(Rb, per), strict=True))
     if not pairs:
         pairs = [(Ra.reshape(-1, *Ra.shape[-2:]), Rb.reshape(-1, *Rb.shape[-2:]))]
-    parts = parallel_map(lambda ab: _metrics(ab[0], ab[1], tol, device), pairs, workers)
+    parts = parallel_map(lambda ab: _metrics(ab[0], ab[1], tol, device), pairs, setting.threads)
     out = {}
     for key in parts[0]:
         v = _cat([q[key] for q in parts])
@@ -463,53 +543,6 @@ def _core_torch(Ra, Rb, device):
     return tuple(x.cpu().numpy() for x in res)
 
 
-def product_svd(A: torch.Tensor, B: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Exact thin SVD ``A Bᵀ = U diag(S) Vᵀ`` of a factored product, never forming ``A Bᵀ``.
-
-    ``A`` is ``(..., m, r)``, ``B`` is ``(..., n, r)`` (the row counts may differ: a stack of a
-    query group's factors against its shared kv factor). With ``A = Q_A R_A`` and
-    ``B = Q_B R_B``, ``A Bᵀ = Q_A (R_A R_Bᵀ) Q_Bᵀ``; the SVD of the small core
-    ``R_A R_Bᵀ = U_c S V_cᵀ`` gives ``U = Q_A U_c``, ``V = Q_B V_c``. ``R`` comes from
-    :func:`factor_roots` (float64 Gram and Cholesky where certified well-conditioned); where both
-    roots are well-conditioned (``‖R‖_F ‖R⁻¹‖_F ≤`` PRODUCT_SVD_COND) ``Q U_c = X (R⁻¹ U_c)``
-    costs one GEMM, elsewhere (rank-deficient or ill-conditioned factors) a float64 Householder
-    QR gives ``Q`` itself. O((m + n)·r²) per item. Returns float64 ``U (..., m, p)``, ``S (..., p)``
-    descending, ``V (..., n, p)`` with ``p = min(m, n, r)``.
-    """
-    import torch
-
-    if A.ndim < 2 or B.ndim < 2 or A.shape[:-2] != B.shape[:-2] or A.shape[-1] != B.shape[-1]:
-        raise ValueError(f"factors must be (..., m, r) and (..., n, r); got {tuple(A.shape)}, {tuple(B.shape)}")
-    A = A.detach().to(device="cpu", dtype=torch.float64)
-    B = B.detach().to(device="cpu", dtype=torch.float64)
-    batch, r = A.shape[:-2], A.shape[-1]
-    p = min(A.shape[-2], B.shape[-2], r)
-    A, B = A.reshape(-1, *A.shape[-2:]), B.reshape(-1, *B.shape[-2:])
-    if min(A.shape[-2], B.shape[-2]) < r:  # a root would not be square: Householder throughout
-        fast = torch.zeros(A.shape[0], dtype=torch.bool)
-    else:
-        Ra, Rb = factor_roots(A, B)
-        eye = torch.eye(r, dtype=torch.float64)
-        inv = [torch.linalg.solve_triangular(R, eye.expand_as(R), upper=True) for R in (Ra, Rb)]
-        cond = [torch.linalg.matrix_norm(R) * torch.linalg.matrix_norm(Ri) for R, Ri in zip((Ra, Rb), inv, strict=True)]
-        fast = (cond[0] <= PRODUCT_SVD_COND) & (cond[1] <= PRODUCT_SVD_COND)
-    U = torch.empty(A.shape[0], A.shape[-2], p, dtype=torch.float64)
-    V = torch.empty(B.shape[0], B.shape[-2], p, dtype=torch.float64)
-    S = torch.empty(A.shape[0], p, dtype=torch.float64)
-    if bool(fast.any()):
-        Uc, s, Vch = torch.linalg.svd(Ra[fast] @ Rb[fast].mT)
-        U[fast] = A[fast] @ (inv[0][fast] @ Uc)[..., :p]
-        V[fast] = B[fast] @ (inv[1][fast] @ Vch.mT)[..., :p]
-        S[fast] = s[..., :p]
-    slow = ~fast
-    if bool(slow.any()):
-        Qa, Ra_ = torch.linalg.qr(A[slow])
-        Qb, Rb_ = torch.linalg.qr(B[slow])
-        Uc, s, Vch = torch.linalg.svd(Ra_ @ Rb_.mT, full_matrices=False)
-        U[slow], S[slow], V[slow] = (Qa @ Uc)[..., :p], s[..., :p], (Qb @ Vch.mT)[..., :p]
-    return U.reshape(*batch, *U.shape[-2:]), S.reshape(*batch, p), V.reshape(*batch, *V.shape[-2:])
-
-
-#: product_svd's fast path: both roots with ‖R‖_F ‖R⁻¹‖_F at most this (orthogonality of
-#: X R⁻¹ then holds to ~1e-16 · cond² ≤ 1e-10)
+#: the fast path of :meth:`headrank.core.product.Product.svd` and ``.basis()``: both roots with
+#: ‖R‖_F ‖R⁻¹‖_F at most this (orthogonality of X R⁻¹ then holds to ~1e-16 · cond² ≤ 1e-10)
 PRODUCT_SVD_COND = 1e3

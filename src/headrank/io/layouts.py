@@ -58,6 +58,8 @@ from headrank.io.validate import (
 if TYPE_CHECKING:  # the weights are torch tensors or numpy arrays (Checkpoint(arrays="numpy")): both work here
     import torch
 
+    from headrank.core.product import Product
+
 
 @dataclass(frozen=True)
 class Dims:
@@ -87,6 +89,33 @@ class HeadWeights:
     wk: torch.Tensor  # (Hkv, dh, d)
     wv: torch.Tensor  # (Hkv, dh, d)
     p: torch.Tensor  # (H, d, dh): column blocks of W_O
+    _roots: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _errors: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def roots(self) -> dict[str, Any]:
+        """Roots of the factors W_Q,hᵀ (``q``), W_Kᵀ, W_Vᵀ (``k``, ``v``, per kv head), P_h (``p``),
+        formed once in one pool and cached (:func:`headrank.core.linalg.factor_roots`)."""
+        if not self._roots:
+            from headrank.core.linalg import factor_roots
+
+            roots, errors = factor_roots(self.wq.mT, self.wk.mT, self.wv.mT, self.p, errors=True)
+            self._roots.update(zip("qkvp", roots, strict=True))
+            self._errors.update(zip("qkvp", errors, strict=True))
+        return self._roots
+
+    def qk(self) -> Product:
+        """The QK products W_K,hᵀ W_Q,h of every query head (a :class:`headrank.core.product.Product`)."""
+        return self._product(self.qk_factors(), "k", "q")
+
+    def ov(self) -> Product:
+        """The OV products P_h W_V,h of every query head (a :class:`headrank.core.product.Product`)."""
+        return self._product(self.ov_factors(), "p", "v")
+
+    def _product(self, factors: tuple[Any, Any], a: str, b: str) -> Product:
+        from headrank.core.product import Product
+
+        r, e, kv = self.roots(), self._errors, lambda k, x: self.kv_for_query_heads(x) if k in "kv" else x
+        return Product(*factors, roots=(kv(a, r[a]), kv(b, r[b])), errors=(kv(a, e[a]), kv(b, e[b])))
 
     @property
     def group(self) -> int:

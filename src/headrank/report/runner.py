@@ -33,14 +33,13 @@ from pathlib import Path
 from typing import Any
 
 from headrank.errors import HeadRankError, one_line
+from headrank.io.writer import OutputSet, confined
 from headrank.studies.prereg import git_commit, stamp
 from headrank.studies.registry import QUOTES, Claim, Result, citation_problems, get, names, tally
 from headrank.util.env import versions
 from headrank.util.fileio import (
     jsonable,
-    moved,
     prepare_out_dir,
-    staged_output,
     write_atomic,
     write_json,
     write_text,
@@ -116,10 +115,8 @@ def _stored(path: Path) -> Any:
 def figure_png(sub: Path, f: Any) -> Path:
     """The PNG of a stored figure entry, confined to the run's directory ``sub`` (a planted name
     ``../../secret_fig`` is refused, not embedded)."""
-    from headrank.io.validate import inside
-
     name = f.get("name") if isinstance(f, dict) else None
-    return inside(sub, f"{name}.png" if isinstance(name, str) and name else None, f"{sub / 'run.json'}: figure")
+    return confined(sub, f"{name}.png" if isinstance(name, str) and name else None, f"{sub / 'run.json'}: figure")
 
 
 def profile_of(meta: dict[str, Any]) -> str:
@@ -198,12 +195,17 @@ def run(name: str, out: str | Path, *, quick: bool = False, replot: bool = False
     ``profile``: one the study offers (``quick``, ``full``, or its own, e.g. ``paper``); None:
     ``quick`` when ``quick`` else ``full``.
     """
+    get(name)  # an unknown name fails before --out is touched
+    out = Path(out)
+    with OutputSet(out) as dest:  # --out checked once and locked for the run
+        return _run(name, dest, quick=quick, replot=replot, overrides=overrides, profile=profile)
+
+
+def _run(name: str, dest: OutputSet, *, quick: bool, replot: bool, overrides: dict[str, Any] | None,
+         profile: str | None) -> RunSummary:
     from headrank.report.html import render_report
 
-    entry = get(name)
-    out = Path(out)
-    if not replot:
-        out = prepare_out_dir(out)
+    entry, out = get(name), dest.out
     old_meta = _read_json(out / "run.json", name) if replot else None
     result, facts = _evaluate(name, out, quick=quick, replot=replot, overrides=overrides, profile=profile)
     runtime = facts["runtime_s"]
@@ -236,14 +238,15 @@ def run(name: str, out: str | Path, *, quick: bool = False, replot: bool = False
     if facts.get("replotted"):
         meta["replotted_s"] = facts["judge_s"]
     html = render_report(meta=meta, claims=claims, figures=figures)
-    with staged_output(out) as stage:  # report, claims, data, run.json and figures move in as one set
+    with dest.stage() as stage:  # report, claims, data, run.json and figures move in as one set
         files = [write_text(stage / "report.html", html)]
-        files += [write_atomic(stage / n, lambda p, b=png: p.write_bytes(b)) for n, png in pngs.items()]
+        files += [write_atomic(confined(stage, n, "figure name"), lambda p, b=png: p.write_bytes(b))
+                  for n, png in pngs.items()]
         files.append(write_json(stage / "claims.json", claims))
         if not replot:
             files.append(write_json(stage / "data.json", jsonable(result.data)))
         files.append(write_json(stage / "run.json", meta))
-    files = moved(files, stage, out)
+    files = dest.moved(files, stage)
     return RunSummary(name=name, out=out, claims=result.claims, files=files, runtime_s=runtime)
 
 

@@ -6,6 +6,7 @@ import os
 import platform
 import sys
 from importlib import metadata
+from pathlib import Path
 
 try:
     __version__ = metadata.version("headrank")
@@ -33,3 +34,12 @@ def versions() -> dict[str, str]:
         except Exception:  # noqa: BLE001 - a missing optional library is just not listed
             continue
     return out
+
+
+def cache_root() -> Path:
+    """The one cache root: ``$HEADRANK_CACHE``, else ``$XDG_CACHE_HOME/headrank`` (default
+    ``~/.cache/headrank``)."""
+    root = os.environ.get("HEADRANK_CACHE")
+    if root:
+        return Path(root)
+    return Path(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")) / "headrank"

@@ -1,13 +1,17 @@
-"""The one way to pin threads (torch intra-op threads and numpy's BLAS threads), and the one
-default: the cores idle now (:func:`default_threads`, :class:`IdleCores`)."""
+"""The one compute setting (:class:`Compute`: threads, device, precision; :func:`computing`), the one
+way to pin threads (torch intra-op threads and numpy's BLAS threads), and the one default: the
+cores idle now (:func:`default_threads`, :class:`IdleCores`)."""
 
 from __future__ import annotations
 
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
-from typing import TypeVar
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
 
 from headrank.errors import HeadRankError
 
@@ -199,17 +203,17 @@ class torch_threads:
         return False
 
 
-def parallel_map(fn: Callable[[T], R], items: Sequence[T], workers: int = 1) -> list[R]:
-    """``[fn(x) for x in items]``, on up to ``workers`` threads when ``workers`` > 1.
+def parallel_map(fn: Callable[[T], R], items: Sequence[T], threads: int = 1) -> list[R]:
+    """``[fn(x) for x in items]``, on up to ``threads`` threads when ``threads`` > 1.
 
     For torch work that releases the GIL: run it under ``torch_threads(1)`` so that each task
     is one thread's, and a core taken by another process delays one task, not every one.
     """
-    if workers <= 1 or len(items) <= 1:
+    if threads <= 1 or len(items) <= 1:
         return [fn(x) for x in items]
     from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(min(workers, len(items)), thread_name_prefix="headrank") as ex:
+    with ThreadPoolExecutor(min(threads, len(items)), thread_name_prefix="headrank") as ex:
         return list(ex.map(fn, items))
 
 
@@ -242,6 +246,58 @@ def resolve_device(device: object) -> str | None:
         raise HeadRankError(f"`device` {device}: torch sees {torch.cuda.device_count()} CUDA GPU(s), "
                             f"numbered from 0")
     return "cuda" if device == "auto" else device
+
+
+#: the precisions a product's Grams may be formed in (docs/methods/precision.md): ``auto`` (from
+#: the stored bfloat16 values, float32 accumulation in chunks summed in float64, a per-head error
+#: bound and a float64 fallback) and ``float64`` (every step in float64)
+PRECISIONS = ("auto", "float64")
+
+
+@dataclass(frozen=True)
+class Compute:
+    """The one compute setting, set once per command (:func:`computing`) and read where the work
+    is done (:func:`compute_setting`), under the same names from the CLI flag to the call:
+    ``threads`` (threads sharing a layer's heads; the BLAS and torch threads are pinned to 1 inside
+    each), ``device`` (None: the CPU through numpy's LAPACK; a torch device string: torch there,
+    as :func:`resolve_device` returns it) and ``precision`` (:data:`PRECISIONS`). Results never
+    depend on ``threads``."""
+
+    threads: int = 1
+    device: str | None = None
+    precision: str = "auto"
+
+
+_COMPUTE: ContextVar[Compute] = ContextVar("headrank_compute", default=Compute())  # noqa: B039 (frozen)
+
+
+def compute_setting() -> Compute:
+    """The compute setting in force (outside any :func:`computing`: one thread, the CPU, ``auto``,
+    which computes in float64 unless the factors are stored in bfloat16)."""
+    return _COMPUTE.get()
+
+
+def check_precision(precision: object) -> str:
+    """``precision`` as one of :data:`PRECISIONS`, else one line."""
+    if precision not in PRECISIONS:
+        raise HeadRankError(f"`precision` must be one of {', '.join(PRECISIONS)}; got {str(precision)[:40]!r}")
+    return str(precision)
+
+
+@contextmanager
+def computing(**changes: Any) -> Iterator[Compute]:
+    """Context: the compute setting with ``changes`` (``threads``, ``device``, ``precision``),
+    checked, in force inside; restored after. Worker threads do not inherit it: read it
+    (:func:`compute_setting`) where a layer's work is scheduled, in the calling thread."""
+    if "threads" in changes:
+        changes["threads"] = check_threads(changes["threads"])
+    if "precision" in changes:
+        changes["precision"] = check_precision(changes["precision"])
+    token = _COMPUTE.set(replace(_COMPUTE.get(), **changes))
+    try:
+        yield _COMPUTE.get()
+    finally:
+        _COMPUTE.reset(token)
 
 
 _IMPORTED = IdleCores._sample()  # when this module was imported (IdleCores' first interval starts here)

@@ -61,7 +61,9 @@ class CollapseResult(ResultBase):
     def save(self, out: str | os.PathLike, *, plots: bool = True) -> list[Path]:
         """``layers.csv``, ``summary.csv``, ``paths.csv``, ``collapse.npz``, ``meta.json`` and
         figures into ``out`` (:func:`save`)."""
-        return save(self, out, plots=plots)
+        from headrank.io.writer import save_set
+
+        return save_set(out, lambda stage: save(self, stage, plots=plots))  # one set, through the writer
 
     @classmethod
     def load(cls, out: str | os.PathLike) -> CollapseResult:

@@ -47,7 +47,9 @@ class ScaleResult(ResultBase):
 
     def save(self, out: str | os.PathLike, *, plots: bool = True) -> list[Path]:
         """``tensors.csv``, ``pairs.csv``, ``meta.json`` and figures into ``out`` (:func:`save`)."""
-        return save(self, out, plots=plots)
+        from headrank.io.writer import save_set
+
+        return save_set(out, lambda stage: save(self, stage, plots=plots))  # one set, through the writer
 
     @classmethod
     def load(cls, out: str | os.PathLike) -> ScaleResult:
