@@ -445,7 +445,7 @@ def _compute_meta(device: str | None, threads: int | None, used: list[int]) -> d
     }
 
 
-@checked
+@checked(types=False)  # each value is checked below, in words of its own (tests/analysis/test_scan_args.py)
 def analyze(
     source: str | os.PathLike | BaseCheckpoint | Any,
     *,
