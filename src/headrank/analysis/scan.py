@@ -388,9 +388,9 @@ def _check_args(tol: Any, layers: Any, threads: Any, progress: Any) -> list[int]
     """Types and ranges of analyze's arguments (an API caller may pass anything); the layer
     selection as a spec string or a list of ints."""
     if isinstance(tol, bool) or not isinstance(tol, (int, float, np.integer, np.floating)):
-        raise HeadRankError(f"tolerance must be a number in (0, 1); got {type(tol).__name__} {str(tol)[:40]!r}")
+        raise HeadRankError(f"`tol` must be a number in (0, 1); got {type(tol).__name__} {str(tol)[:40]!r}")
     if not tol > 0 or not tol < 1:
-        raise HeadRankError(f"tolerance must lie in (0, 1); got {tol}")
+        raise HeadRankError(f"`tol` must lie in (0, 1); got {tol}")
     if threads is not None:
         check_threads(threads)  # the one bound of every threads/workers count
     if progress is not None and not callable(progress):
