@@ -103,7 +103,7 @@ def test_bf16_checkpoint_through_numpy_equals_the_dense_float64_products(tmp_pat
     """A bfloat16 llama checkpoint (grouped-query), read without torch: every head's QK and OV
     singular values against the dense float64 SVD of the products formed from torch's own read."""
     sd = _write_llama(tmp_path / "m")
-    r = analyze(tmp_path / "m", threads=1)
+    r = analyze(tmp_path / "m", threads=1, precision="float64")  # auto: tests/core/test_precision.py
     assert r.meta["compute"]["device"] == "cpu" and r.meta["dtype_read"] == ["bfloat16"]
     dh, group = 16, 2
     for i in range(2):
@@ -116,7 +116,7 @@ def test_bf16_checkpoint_through_numpy_equals_the_dense_float64_products(tmp_pat
             for prod, m in (("qk", qk), ("ov", ov)):
                 want = np.linalg.svd(m, compute_uv=False)[:dh]
                 assert np.abs(r.sv[prod][i, h] - want).max() <= 1e-13 * want[0], (i, h, prod)
-    again = analyze(tmp_path / "m", threads=3)
+    again = analyze(tmp_path / "m", threads=3, precision="float64")
     assert again.table.equals(r.table)  # any thread count: the same bits
     assert again.meta["compute"]["threads"] == [3, 3]
 

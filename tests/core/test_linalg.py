@@ -11,6 +11,7 @@ from headrank.core.linalg import (
     rank_measures,
     singular_values,
 )
+from headrank.util.threads import computing
 from tests.core.test_metrics import dense_reference
 
 
@@ -74,7 +75,8 @@ def test_low_precision_inputs_are_analysed_as_stored(dtype):
     g = torch.Generator().manual_seed(3)
     A = torch.randn(2, 5, 32, 8, generator=g).to(dtype)
     B = torch.randn(2, 5, 32, 8, generator=g).to(dtype)
-    assert_matches_dense(A, B)  # reference: the stored values upcast to float64
+    with computing(precision="float64"):  # the float64 route (auto: tests/core/test_precision.py)
+        assert_matches_dense(A, B)  # reference: the stored values upcast to float64
 
 
 def test_wide_heads_d_smaller_than_dh():
@@ -170,19 +172,21 @@ def test_chunked_reduction_matches_dense(monkeypatch):
 
 def test_workers_change_no_bit():
     """Heads shared among threads (fixed chunks) give exactly the serial result."""
-    from headrank.util.threads import computing, torch_threads
+    from headrank.util.threads import torch_threads
 
     g = torch.Generator().manual_seed(9)
     A = torch.randn(5, 40, 10, generator=g).to(torch.bfloat16)
     B = torch.randn(5, 40, 10, generator=g).to(torch.bfloat16)
     A[3] = A[3].double().mul(torch.logspace(0, -6, 10, dtype=torch.float64)).to(torch.bfloat16)  # QR path
-    serial = product_metrics(A, B)
-    with torch_threads(1):
-        with computing(threads=3):
-            par = product_metrics(A, B)
-    for k in ("sv", *METRIC_COLUMNS, "finite"):
-        assert torch.equal(getattr(par, k), getattr(serial, k)), k
-    assert_matches_dense(A, B)
+    for precision in ("float64", "auto"):
+        with computing(precision=precision):
+            serial = product_metrics(A, B)
+            with torch_threads(1), computing(threads=3):
+                par = product_metrics(A, B)
+        for k in ("sv", *METRIC_COLUMNS, "finite"):
+            assert torch.equal(getattr(par, k), getattr(serial, k)), (precision, k)
+    with computing(precision="float64"):
+        assert_matches_dense(A, B)
 
 
 @pytest.mark.parametrize("decades, certified", [(0.0, True), (3.0, True), (4.5, False), (6.0, False)])
@@ -216,12 +220,13 @@ def test_gram_buffers_in_both_layouts_match_dense(layout):
         O = torch.randn(d, H * dh, generator=g).to(torch.bfloat16)
         X = O.reshape(d, H, dh).permute(1, 0, 2)  # (H, d, dh), rows of length dh, stride H·dh
     la.factor_root(torch.randn(40, 2 * d, dh, generator=g))  # leaves a larger buffer in the pool
-    R = factor_root(X)
+    with computing(precision="float64"):  # the float64 route's buffers (auto: tests/core/test_precision.py)
+        R, R2 = factor_root(X), factor_root(X.contiguous())
     Xd = X.double().numpy()
     for h in range(H):
         G = Xd[h].T @ Xd[h]
         np.testing.assert_allclose((R[h].mT @ R[h]).numpy(), G, rtol=0, atol=1e-13 * np.abs(G).max())
-    torch.testing.assert_close(R, factor_root(X.contiguous()), rtol=1e-13, atol=1e-13 * float(R.abs().max()))
+    torch.testing.assert_close(R, R2, rtol=1e-13, atol=1e-13 * float(R.abs().max()))
 
 
 @pytest.mark.parametrize("n", [1, 5, 32, 33, 100, 128, 200])

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from headrank.core.product import product_svd
+from headrank.util.threads import computing
 
 
 @pytest.mark.parametrize("m, n, r, rank", [(30, 20, 6, 6), (60, 20, 6, 3), (20, 20, 8, 8), (5, 40, 8, 5)])
@@ -47,7 +48,8 @@ def test_a_batch_mixing_well_and_ill_conditioned_factors():
 def test_bf16_factors_are_upcast_first():
     g = torch.Generator().manual_seed(0)
     A, B = (torch.randn(40, 8, generator=g).to(torch.bfloat16) for _ in range(2))
-    _, S, _ = product_svd(A, B)
+    with computing(precision="float64"):  # the float64 route (auto: tests/core/test_precision.py)
+        _, S, _ = product_svd(A, B)
     ref = np.linalg.svd(A.double().numpy() @ B.double().numpy().T, compute_uv=False)[:8]
     assert S.dtype == torch.float64 and np.allclose(S.numpy(), ref, rtol=1e-12)
 

@@ -7,14 +7,23 @@ through :mod:`headrank.core.linalg`; everything architectural through :mod:`head
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from headrank.analysis.columns import Columns, concat, from_frame, group_agg, save_csv, to_frame
+from headrank.analysis.columns import (
+    Columns,
+    concat,
+    energy_frames,
+    energy_levels_of,
+    from_frame,
+    group_agg,
+    save_csv,
+    to_frame,
+)
 from headrank.analysis.figproc import FigureProcess, figure_data
 from headrank.analysis.rotary import rotary_scan
 from headrank.core.baseline import BASELINE_COLUMNS, baseline_conventions, baseline_row
@@ -25,6 +34,7 @@ from headrank.errors import HeadRankError
 from headrank.io.layouts import AttentionReader, HeadWeights, Layout
 from headrank.io.sources import open_reader
 from headrank.io.tensor_source import BaseCheckpoint
+from headrank.util.args import checked
 from headrank.util.env import versions
 from headrank.util.fileio import prepare_out_dir, write_atomic, write_json
 from headrank.util.result import ResultBase, negative_index, plain, read_csv, read_json, records
@@ -142,7 +152,9 @@ class SpectraResult(ResultBase):
 
     def save(self, out: str | os.PathLike, *, plots: bool = True) -> list[Path]:
         """Write the result into directory ``out`` (see :func:`save`)."""
-        return save(self, out, plots=plots)
+        from headrank.io.writer import save_set
+
+        return save_set(out, lambda stage: save(self, stage, plots=plots))  # one set, through the writer
 
     @classmethod
     def load(cls, out: str | os.PathLike) -> SpectraResult:
@@ -315,8 +327,13 @@ def _stream(reader: AttentionReader, sel: list[int], tol: float, threads: int | 
 
     cores = IdleCores(threads)
     start = time.perf_counter()
+    from concurrent.futures import Future
+
+    nxt = None
+    if sel:  # the first layer read in this thread: whatever the read path imports, it imports here
+        nxt = Future()
+        nxt.set_result(read(sel[0]))
     with ThreadPoolExecutor(1, thread_name_prefix="headrank-read") as io, torch_threads(1):
-        nxt = io.submit(read, sel[0]) if sel else None
         for k, i in enumerate(sel):
             t0 = time.perf_counter()
             hw = nxt.result()
@@ -423,6 +440,7 @@ def _compute_meta(device: str | None, threads: int | None, used: list[int]) -> d
     }
 
 
+@checked
 def analyze(
     source: str | os.PathLike | BaseCheckpoint | Any,
     *,
@@ -444,6 +462,7 @@ def analyze(
     device: str | None = "auto",
     precision: str = "auto",
     convention: str = "raw",
+    energy: str | Sequence[float] | None = None,
 ) -> SpectraResult:
     """Exact per-head QK and OV spectra of every (or the selected) attention layer.
 
@@ -461,7 +480,7 @@ def analyze(
     also each head's singular vectors (``result.vectors``; refused when they would not fit in a
     quarter of this machine's memory: select layers).
     """
-    layers = _check_args(tol, layers, threads, progress)
+    layers, energy = _check_args(tol, layers, threads, progress), energy_levels_of(energy)
     dev, precision = resolve_device(device), check_precision(precision)
     reader = open_reader(source, config=config, layout=layout, revision=revision, base=base, delta=delta,
                          fold_norm=fold_norm, download=download, remote=remote, allow_full=allow_full,
@@ -475,11 +494,12 @@ def analyze(
     used: list[int] = []
     with computing(device=dev, precision=precision):
         frames, sv, norms, timing = _scan_layers(reader, sel, tol, threads, rot, vecs, progress, used)
-    table = _table(frames)  # numpy columns: pandas only when a DataFrame is asked for (SpectraResult.table)
+    extra = energy_frames(frames, sv, energy)  # --energy: k columns for levels the metric table lacks
+    table = _table(frames, TABLE_COLUMNS + tuple(extra))  # numpy columns: pandas only for SpectraResult.table
     meta = {**_meta(reader, sel, tol, table), "compute": _compute_meta(dev, threads, used),
             "precision": precision_meta(precision, table), "timing_s": {k: round(v, 4) for k, v in timing.items()}}
     rotary = rot.columns() if rot is not None else None
-    meta["conventions"]["rotary_bands"] = rot.meta(rotary) if rot is not None else rot_why
+    meta["conventions"].update(extra, rotary_bands=rot.meta(rotary) if rot is not None else rot_why)
     return SpectraResult(table=table, sv={p: np.stack(v) for p, v in sv.items()},
                          row_norms={k: np.stack(v) for k, v in norms.items()}, meta=meta, rotary=rotary,
                          vectors=vecs.arrays() if vecs is not None else None)
@@ -621,10 +641,9 @@ def _table(frames: list[dict[str, Any]], columns: tuple[str, ...] = TABLE_COLUMN
     non-finite head made them NaN."""
     table = concat(frames, columns)
     table["finite"] = table["finite"].astype(bool)
-    for m in METRICS:
-        if m.integer:
-            col = table[m.name]
-            table[m.name] = col.astype(np.float64 if col.dtype.kind == "f" and np.isnan(col).any() else np.int64)
+    for name in [m.name for m in METRICS if m.integer] + [c for c in columns if c not in TABLE_COLUMNS]:
+        col = table[name]
+        table[name] = col.astype(np.float64 if col.dtype.kind == "f" and np.isnan(col).any() else np.int64)
     return table
 
 

@@ -44,7 +44,7 @@ unless ``force``, which measures it anew)::
     OUT/over_training.png      effective rank (and k90), gap/bound, balance, numerical rank vs step
 
 ``series.json``, ``table.csv``, ``summary.csv`` and ``over_training.png`` are written into a
-staging directory and moved in together (:func:`headrank.util.fileio.staged_output`), so a
+staging directory and moved in together (:class:`headrank.io.writer.OutputSet`), so a
 failed run (a full disk, a kill) leaves the previous set whole.
 """
 
@@ -66,7 +66,9 @@ from headrank.analysis.series_plots import plot_series, series_figure
 from headrank.core.linalg import DEFAULT_TOL
 from headrank.core.metrics import SUMMARY_METRICS
 from headrank.errors import HeadRankError, one_line
-from headrank.util.fileio import moved, staged_output, write_atomic, write_json
+from headrank.io.writer import OutputSet, confined
+from headrank.util.args import checked
+from headrank.util.fileio import write_atomic, write_json
 from headrank.util.legacy import upgrade
 from headrank.util.ray import ray_session
 from headrank.util.result import (
@@ -405,6 +407,7 @@ class SeriesResult(ResultBase):
         return plain({**self.meta, "checkpoints": records(self.checkpoint_means())})
 
 
+@checked
 def track(series: str | os.PathLike | Sequence[str | os.PathLike], out: str | os.PathLike, *,
           revisions: str | Sequence[str] | None = None, tol: float = DEFAULT_TOL, workers: int | None = None,
           ray: str | None = None, plots: bool = True, force: bool = False, metrics: bool = True,
@@ -456,15 +459,19 @@ def track(series: str | os.PathLike | Sequence[str | os.PathLike], out: str | os
     """
     out = _check_args(tol, workers, out, resume and force)
     asked = series_out.request(series, revisions, remote, tol, metrics)
-    items, ids, arch, gone = (_resumed(out, asked, tol, checking) if resume else
-                              _checked(resolve_series(series, revisions, remote=remote), checking))
-    spec = {"kind": "headrank-series", "tol": tol, "architecture": arch,
-            "items": [{**asdict(i), "identity": ids[i.label]} for i in items]}
-    series_out.check_out(out, spec, force, resume)
-    series_out.write_plan(out, asked, spec)
-    extra = _tracker_rows(series, revisions, items, arch, tol) if metrics else None
-    done, todo, failed = _measure(items, ids, out / "checkpoints", tol, workers, ray, progress, gone)
-    return _finish(out, items, arch, [t["label"] for t in todo], sorted(done), failed, gone, plots, spec, extra)
+    with OutputSet(out) as dest:  # --out checked once and locked for the run (one writer at a time)
+        items, ids, arch, gone = (_resumed(out, asked, tol, checking) if resume else
+                                  _checked(resolve_series(series, revisions, remote=remote), checking))
+        spec = {"kind": "headrank-series", "tol": tol, "architecture": arch, "items": _items(items, ids)}
+        series_out.check_out(out, spec, force, resume)
+        series_out.write_plan(out, asked, spec)
+        extra = _tracker_rows(series, revisions, items, arch, tol) if metrics else None
+        done, todo, failed = _measure(items, ids, out / "checkpoints", tol, workers, ray, progress, gone)
+        return _finish(dest, items, arch, [t["label"] for t in todo], sorted(done), failed, gone, plots, spec, extra)
+
+
+def _items(items: list[SeriesItem], ids: dict[str, str]) -> list[dict[str, Any]]:
+    return [{**asdict(i), "identity": ids[i.label]} for i in items]
 
 
 def _checked(items: list[SeriesItem], checking: Callable[[int, int], None] | None
@@ -512,6 +519,8 @@ def _measure(items: Sequence[SeriesItem], ids: dict[str, str], ckdir: Path, tol:
     """Measure the checkpoints of ``items`` not already measured in ``ckdir``, writing each one's
     table as it finishes: (labels reused, items measured now, labels that failed -> error); the
     labels of checkpoints that vanished meanwhile are appended to ``gone``."""
+    if ckdir.is_symlink():
+        raise HeadRankError(f"{ckdir} is a symlink: refusing to write the checkpoints' tables through it")
     ckdir.mkdir(parents=True, exist_ok=True)
     done = {it.label for it in items if _reusable(ckdir, it.label, ids[it.label], tol)}
     todo = [asdict(it) for it in items if it.label not in done]
@@ -528,8 +537,8 @@ def _measure(items: Sequence[SeriesItem], ids: dict[str, str], ckdir: Path, tol:
         if isinstance(table, str):  # failed after its tries: recorded, the others go on
             failed[label] = table
             return
-        write_atomic(ckdir / f"{label}.csv", lambda p: table.to_csv(p, index=False))
-        write_json(ckdir / f"{label}.json", {"identity": ids[label], "tol": tol})
+        write_atomic(confined(ckdir, f"{label}.csv", "checkpoint label"), lambda p: table.to_csv(p, index=False))
+        write_json(confined(ckdir, f"{label}.json", "checkpoint label"), {"identity": ids[label], "tol": tol})
         series_out.append_rows(ckdir.parent, table)  # a stopped run keeps a table of what it had
         count += 1
         if progress:
@@ -542,7 +551,7 @@ def _measure(items: Sequence[SeriesItem], ids: dict[str, str], ckdir: Path, tol:
     return done, todo, failed
 
 
-def _finish(out: Path, items: list[SeriesItem], arch: dict[str, Any], todo: list[str], done: list[str],
+def _finish(dest: OutputSet, items: list[SeriesItem], arch: dict[str, Any], todo: list[str], done: list[str],
             failed: dict[str, str], gone: list[str], plots: bool, spec: dict[str, Any],
             extra: pd.DataFrame | None) -> SeriesResult:
     """The combined table, summary, series.json and figure of the checkpoints that neither failed
@@ -557,7 +566,7 @@ def _finish(out: Path, items: list[SeriesItem], arch: dict[str, Any], todo: list
         spec = {**spec, "failed": failed}
     if gone:
         spec = {**spec, "vanished": gone, "items": [i for i in spec["items"] if i["label"] not in gone]}
-    res = _combine(out, ok, arch, [t for t in todo if t not in failed and t not in gone], done, plots, spec, extra)
+    res = _combine(dest, ok, arch, [t for t in todo if t not in failed and t not in gone], done, plots, spec, extra)
     res.failed, res.vanished = failed, gone
     return res
 
@@ -601,11 +610,11 @@ def analyse_or_fail(item: dict[str, Any], tol: float) -> pd.DataFrame | str:
 def _reusable(ckdir: Path, label: str, identity: str, tol: float) -> bool:
     """Whether ``ckdir/LABEL.csv`` was measured from this very checkpoint with this tolerance."""
     try:
-        rec = json.loads((ckdir / f"{label}.json").read_text())
+        rec = json.loads(confined(ckdir, f"{label}.json", "checkpoint label").read_text())
     except (OSError, ValueError):
         return False
     return (isinstance(rec, dict) and rec.get("identity") == identity and rec.get("tol") == tol
-            and (ckdir / f"{label}.csv").is_file())
+            and confined(ckdir, f"{label}.csv", "checkpoint label").is_file())
 
 
 def _tracker_rows(series: Any, revisions: Any, items: list[SeriesItem], arch: dict[str, Any],
@@ -713,10 +722,12 @@ def _kind_rank(col: pd.Series) -> pd.Series:
     return col.map({"encoder": 0, "decoder": 1, "cross": 2}) if col.name == "attention" else col
 
 
-def _combine(out: Path, items: list[SeriesItem], arch: dict[str, Any], computed: list[str],
+def _combine(dest: OutputSet, items: list[SeriesItem], arch: dict[str, Any], computed: list[str],
              skipped: list[str], plots: bool, spec: dict[str, Any] | None = None,
              extra: pd.DataFrame | None = None) -> SeriesResult:
-    frames = [pd.read_csv(out / "checkpoints" / f"{it.label}.csv").assign(origin="checkpoint") for it in items]
+    out = dest.out
+    frames = [pd.read_csv(confined(out / "checkpoints", f"{it.label}.csv", "checkpoint label")).assign(
+        origin="checkpoint") for it in items]
     if extra is not None:
         frames.append(extra.reindex(columns=frames[0].columns))
     table = pd.concat(frames, ignore_index=True)
@@ -724,7 +735,7 @@ def _combine(out: Path, items: list[SeriesItem], arch: dict[str, Any], computed:
     unit = ["attention", "layer"] if "attention" in table.columns else ["layer"]
     table = table.sort_values(["step", "checkpoint", *unit, "product", "head"], ignore_index=True, key=_kind_rank)
     summary = summarize_series(table)
-    with staged_output(out) as stage:  # the set moves in whole, or the previous set stays
+    with dest.stage() as stage:  # the set moves in whole, or the previous set stays
         files = [write_atomic(stage / "table.csv", lambda p: table.to_csv(p, index=False)),
                  write_atomic(stage / "summary.csv", lambda p: summary.to_csv(p, index=False))]
         if spec is not None:
@@ -734,7 +745,7 @@ def _combine(out: Path, items: list[SeriesItem], arch: dict[str, Any], computed:
             files.append(plot_series(summary, stage / "over_training.png", title=_title(items, arch, more)))
     (out / series_out.PARTIAL).unlink(missing_ok=True)  # the whole table is in: the partial one goes
     return SeriesResult(out=out, table=table, layer_means=summary, architecture=arch, computed=computed,
-                        skipped=skipped, files=moved(files, stage, out))
+                        skipped=skipped, files=dest.moved(files, stage))
 
 
 def model_name(source: str, revision: str | None = None) -> str:

@@ -101,14 +101,14 @@ def changed(plan: dict[str, Any], arch: dict[str, Any], ids: dict[str, str]) -> 
 
 def append_rows(out: Path, table: pd.DataFrame) -> None:
     """One finished checkpoint's rows appended to ``OUT/table.partial.csv`` (its header first)."""
+    from headrank.io.writer import append_no_follow
+
     p = out / PARTIAL
     try:
-        new = not p.exists() or p.stat().st_size == 0
-        text = table.to_csv(index=False, header=new)
-        with open(p, "a", encoding="utf-8") as f:
-            f.write(text)
+        new = not p.exists() or p.lstat().st_size == 0
     except OSError as e:
         raise write_error(e, p) from None
+    append_no_follow(p, table.to_csv(index=False, header=new))  # a symlink there is refused, never followed
 
 
 def check_out(out: Path, spec: dict[str, Any], force: bool = False, resume: bool = False) -> None:

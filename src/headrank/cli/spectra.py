@@ -13,6 +13,7 @@ from rich.table import Table
 from headrank.cli.common import (
     _save_set,
     app,
+    destination,
     err_console,
     out_console,
     progress_bar,
@@ -49,11 +50,11 @@ def spectra(
     threads: Annotated[int | None, typer.Option("--threads", help="worker threads over heads, 1 to 4 per CPU [default: the idle cores (affinity and cgroup quota minus the load average), re-checked between layers]; results are identical for any value")] = None,
     device: Annotated[str, typer.Option("--device", help="auto (a CUDA GPU when torch sees one, else the CPU), cpu (numpy float64 LAPACK, no torch for safetensors) or cuda[:N] (float64 Grams and factorisations on that GPU)")] = "auto",
     precision: Annotated[str, typer.Option("--precision", help="auto (bfloat16 weights: Grams in float32 chunks summed in float64, every head's error bounded, float64 where the bound does not hold; docs/methods/precision.md) or float64 (every step in float64: the numbers of earlier versions, bit for bit)")] = "auto",
+    energy: Annotated[str | None, typer.Option("--energy", help="energy levels, each a k column of heads.csv (the fewest singular values holding that share of sum s_i^2), e.g. 0.9,0.99,0.999 [default: k90, k99, k999]")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress, no table")] = False,
 ) -> None:
     """Exact per-head spectra of W_K^T W_Q and P W_V, with balance and nuclear-norm diagnostics."""
     from headrank.analysis.figproc import FigureProcess, take_early  # neither torch nor matplotlib
-    from headrank.util.fileio import check_writable
     from headrank.util.memory import gc_paused
 
     early = take_early()  # started before the options were parsed (headrank.cli.early); stopped if unused
@@ -62,24 +63,23 @@ def spectra(
     as_json = as_json or fmt == "json"
     if max_bytes is not None and not allow_full:
         raise HeadRankError("--max-bytes applies with --allow-full (the most one whole file may hold)")
-    if out is not None:
-        check_writable(out)  # before the analysis, not after it
-    figures = (early or FigureProcess()) if out is not None and plots else None  # imports matplotlib meanwhile
-    if early is not None and figures is not early:
-        early.close()
-    with gc_paused():  # torch's and pandas' import: no collections while ~1M objects are made
-        from headrank.analysis.scan import analyze, save
-    with progress_bar(quiet or as_json or fmt == "csv") as bar:
-        task = bar.add_task("layers", total=None)
-        result = analyze(path, config=config, tol=tol, layers=layers, layout=layout, threads=threads, revision=revision,
-                         base=base, delta=delta, fold_norm=fold_norm, download=download, remote=remote,
-                         allow_full=(max_bytes or True) if allow_full else False, rotary=rotary, vectors=vectors,
-                         device=device, precision=precision, convention=convention,
-                         progress=lambda done, total: bar.update(task, completed=done, total=total))
-    for rec in result.meta["nonfinite_heads"]:
-        err_console.print(styled("yellow", "warning: ", f"NaN/Inf weights in layer {rec['layer']} head {rec['head']} "
-                                                       f"({rec['product']}): metrics set to NaN"), highlight=False)
-    written = _save_set(lambda d: save(result, d, plots=plots, figures=figures), out)
+    with destination(out) as dest:  # --out checked once, before the analysis, and locked
+        figures = (early or FigureProcess()) if out is not None and plots else None  # imports matplotlib meanwhile
+        if early is not None and figures is not early:
+            early.close()
+        with gc_paused():  # torch's and pandas' import: no collections while ~1M objects are made
+            from headrank.analysis.scan import analyze, save
+        with progress_bar(quiet or as_json or fmt == "csv") as bar:
+            task = bar.add_task("layers", total=None)
+            result = analyze(path, config=config, tol=tol, layers=layers, layout=layout, threads=threads, revision=revision,
+                             base=base, delta=delta, fold_norm=fold_norm, download=download, remote=remote,
+                             allow_full=(max_bytes or True) if allow_full else False, rotary=rotary, vectors=vectors,
+                             device=device, precision=precision, convention=convention, energy=energy,
+                             progress=lambda done, total: bar.update(task, completed=done, total=total))
+        for rec in result.meta["nonfinite_heads"]:
+            err_console.print(styled("yellow", "warning: ", f"NaN/Inf weights in layer {rec['layer']} head {rec['head']} "
+                                                           f"({rec['product']}): metrics set to NaN"), highlight=False)
+        written = _save_set(lambda d: save(result, d, plots=plots, figures=figures), dest)
     _report(result, fmt=fmt, as_json=as_json, quiet=quiet, out=out, written=written)
 
 

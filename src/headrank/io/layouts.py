@@ -94,9 +94,8 @@ class HeadWeights:
     _errors: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def roots(self) -> dict[str, Any]:
-        """The roots of the four factors, ``q`` (of W_Q,hᵀ, per query head), ``k``, ``v`` (per kv
-        head) and ``p`` (of P_h), formed once (in one pool of threads) and cached
-        (:func:`headrank.core.linalg.factor_roots`, in the compute setting in force)."""
+        """Roots of the factors W_Q,hᵀ (``q``), W_Kᵀ, W_Vᵀ (``k``, ``v``, per kv head), P_h (``p``),
+        formed once in one pool and cached (:func:`headrank.core.linalg.factor_roots`)."""
         if not self._roots:
             from headrank.core.linalg import factor_roots
 
@@ -106,23 +105,18 @@ class HeadWeights:
         return self._roots
 
     def qk(self) -> Product:
-        """The QK products ``W_K,hᵀ W_Q,h`` of every query head (:class:`headrank.core.product.Product`),
-        each kv head's root formed once for its query group."""
-        from headrank.core.product import Product
-
-        r, e = self.roots(), self._errors
-        A, B = self.qk_factors()
-        return Product(A, B, roots=(self.kv_for_query_heads(r["k"]), r["q"]),
-                       errors=(self.kv_for_query_heads(e["k"]), e["q"]))
+        """The QK products W_K,hᵀ W_Q,h of every query head (a :class:`headrank.core.product.Product`)."""
+        return self._product(self.qk_factors(), "k", "q")
 
     def ov(self) -> Product:
-        """The OV products ``P_h W_V,h`` of every query head (:class:`headrank.core.product.Product`)."""
+        """The OV products P_h W_V,h of every query head (a :class:`headrank.core.product.Product`)."""
+        return self._product(self.ov_factors(), "p", "v")
+
+    def _product(self, factors: tuple[Any, Any], a: str, b: str) -> Product:
         from headrank.core.product import Product
 
-        r, e = self.roots(), self._errors
-        A, B = self.ov_factors()
-        return Product(A, B, roots=(r["p"], self.kv_for_query_heads(r["v"])),
-                       errors=(e["p"], self.kv_for_query_heads(e["v"])))
+        r, e, kv = self.roots(), self._errors, lambda k, x: self.kv_for_query_heads(x) if k in "kv" else x
+        return Product(*factors, roots=(kv(a, r[a]), kv(b, r[b])), errors=(kv(a, e[a]), kv(b, e[b])))
 
     @property
     def group(self) -> int:
@@ -731,7 +725,8 @@ class AttentionReader:
         many = getattr(self.ckpt, "get_many", None)  # a remote checkpoint fetches a layer's tensors at once
         raw = many(names) if many is not None else {role: self.ckpt.get(name) for role, name in names.items()}
         for role, t in raw.items():
-            check_dtype(names[role], t.dtype, self.ckpt.path)
+            check_dtype(names[role], t, self.ckpt.path)
+        self.ckpt.check_attention(names)  # a quantization config the stored tensors contradict (io.schemes)
         return names, raw
 
     def split_raw(self, names: dict[str, str], raw: dict[str, Any]) -> HeadWeights:

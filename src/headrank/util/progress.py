@@ -109,21 +109,32 @@ class LineProgress:
 
 
 class Heartbeat:
-    """For a long call that reports no progress of its own (a reproduction): a line ``LABEL ...
-    (N s)`` on ``console`` every ``every_s`` seconds from a daemon thread, the first after
-    ``every_s`` seconds (a quick call prints nothing); stops when the block ends."""
+    """For a long call that reports no progress of its own (a reproduction, loading a model): a
+    line ``LABEL ... (N s)`` on ``console`` every ``every_s`` seconds from a daemon thread, the
+    first after ``every_s`` seconds (a quick call prints nothing); stops when the block ends.
+    ``tick``, if given, is polled instead (four times per ``every_s``, at most once a second)
+    and its line, when it returns one, is printed.
 
-    def __init__(self, console: Any, label: str, every_s: float = 30.0):
+    The thread imports nothing and renders no markup: it writes plain text to the console's
+    file (a background thread importing a library while the main thread uses it is a race)."""
+
+    def __init__(self, console: Any, label: str, every_s: float = 30.0, tick: Any = None):
         import threading
 
-        self.console, self.label, self.every_s = console, label, every_s
+        self.console, self.label, self.every_s, self.tick = console, label, every_s, tick
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._beat, name="headrank-heartbeat", daemon=True)
 
     def _beat(self) -> None:
         start = time.monotonic()
-        while not self.stop.wait(self.every_s):
-            self.console.print(f"{self.label} ... ({time.monotonic() - start:.0f} s)", highlight=False)
+        wait = min(1.0, self.every_s / 4) if self.tick is not None else self.every_s
+        while not self.stop.wait(wait):
+            line = (self.tick() if self.tick is not None else
+                    f"{self.label} ... ({time.monotonic() - start:.0f} s)")
+            if line:
+                out = self.console.file
+                out.write(line + "\n")
+                out.flush()
 
     def __enter__(self) -> Heartbeat:
         self.thread.start()

@@ -145,7 +145,12 @@ def copy_dir(src: Path, out: str | os.PathLike) -> list[Path]:
         return sorted(p for p in src.rglob("*") if p.is_file())
     if dst.exists() and any(dst.iterdir()):
         raise HeadRankError(f"out {dst} is not empty: save a {src.name!r} result into a new directory")
-    shutil.copytree(src, dst, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".lock", ".stage-*"))
+    skip = shutil.ignore_patterns(".lock", ".stage-*", ".headrank-staging-*", ".headrank-output.json")
+
+    def ignore(d: str, names: list[str]) -> set[str]:  # never through a link (a planted one leaks its target)
+        return set(skip(d, names)) | {n for n in names if os.path.islink(os.path.join(d, n))}
+
+    shutil.copytree(src, dst, dirs_exist_ok=True, ignore=ignore)
     return sorted(p for p in dst.rglob("*") if p.is_file())
 
 
