@@ -26,7 +26,7 @@ from headrank.analysis.columns import (
 )
 from headrank.analysis.figproc import FigureProcess, figure_data
 from headrank.analysis.rotary import rotary_scan
-from headrank.core.baseline import BASELINE_COLUMNS, baseline_conventions, baseline_row
+from headrank.core import baseline as rb
 from headrank.core.linalg import DEFAULT_TOL, METRIC_COLUMNS, ProductMetrics
 from headrank.core.metrics import METRICS, PRODUCTS, SUMMARY_METRICS, conventions
 from headrank.core.precision import PRECISION_COLUMNS, precision_columns, precision_meta
@@ -50,7 +50,7 @@ from headrank.util.threads import (
 if TYPE_CHECKING:  # imported where used: a safetensors checkpoint is read, reduced and saved without torch,
     import pandas as pd  # and without pandas (the tables are numpy columns until a DataFrame is asked for)
 
-TABLE_COLUMNS = ("layer", "head", "kv_head", "product", *METRIC_COLUMNS, *BASELINE_COLUMNS, "head_dim", "finite",
+TABLE_COLUMNS = ("layer", "head", "kv_head", "product", *METRIC_COLUMNS, *rb.BASELINE_COLUMNS, "head_dim", "finite",
                  *PRECISION_COLUMNS)
 
 
@@ -211,11 +211,8 @@ class SpectraResult(ResultBase):
         return HeadSpectrum(int(layer), int(head), product, S[:k],
                             None if vec is None else vec["u"][i, head][:, :k], None if vec is None else vec["v"][i, head][:, :k])
 
-    def repr_lines(self) -> list[str]:
-        """``repr``'s lines (:func:`headrank.analysis.describe.repr_lines`)."""
-        from headrank.analysis.describe import repr_lines
-
-        return repr_lines(self._columns("table"), self.meta)
+    def repr_lines(self) -> list[str]:  # repr: layers, heads, convention; ranks against the random baseline's
+        return rb.measured_against_baseline(self._columns("table"), self.meta)
 
     def describe(self) -> pd.DataFrame:
         """One wide row per layer (WeightWatcher style): ``layer``, ``source``, ``model_type``,
@@ -236,16 +233,9 @@ class SpectraResult(ResultBase):
 def _rows(layer: int, product: str, m: ProductMetrics, group: int, head_dim: int) -> dict[str, Any]:
     """One layer's rows of one product as columns (numpy); :func:`_table` makes the DataFrame."""
     n = m.sv.shape[0]
-    cols: dict[str, Any] = {
-        "layer": layer,
-        "head": np.arange(n),
-        "kv_head": np.arange(n) // group,
-        "product": product,
-    }
+    cols: dict[str, Any] = {"layer": layer, "head": np.arange(n), "kv_head": np.arange(n) // group, "product": product}
     cols.update({k: np.asarray(v) for k, v in m.columns().items()})
-    cols["head_dim"] = head_dim
-    cols["finite"] = np.asarray(m.finite)
-    cols.update(precision_columns(m))
+    cols.update(head_dim=head_dim, finite=np.asarray(m.finite), **precision_columns(m))
     return cols
 
 
@@ -468,17 +458,15 @@ def analyze(
 
     ``source``, ``revision``, ``base``, ``delta``, ``fold_norm``, ``convention``, ``download``, ``remote``: open_reader.
 
-    ``layout``: a TOML layout file (or a :class:`Layout`) for a model_type not in the table;
-    the config then may be absent. ``progress(done, total)`` is called after each layer.
-    ``threads``: worker threads, each single-threaded over its own heads (default: the idle
-    cores, re-checked between layers; the one bound of every thread count,
+    ``layout``: a TOML layout file (or a :class:`Layout`) for a model_type not in the table; the config then may
+    be absent. ``progress(done, total)`` is called after each layer. ``threads``: worker threads, each single-threaded
+    over its own heads (default: the idle cores, re-checked between layers; bounded by
     :func:`headrank.util.threads.check_threads`; results are bit-identical for any count). ``device``:
     ``"auto"``, ``"cpu"`` (numpy LAPACK, no torch for safetensors) or ``"cuda[:N]"`` (torch
     float64 on that GPU); see docs/spectra-speed.md. ``precision``: ``"auto"`` or ``"float64"``
-    (docs/methods/precision.md). ``rotary``: for rotary models, also the per-band energies and the spectra
-    of the non-rotary part (``result.rotary``, :mod:`headrank.analysis.rotary`). ``vectors``:
-    also each head's singular vectors (``result.vectors``; refused when they would not fit in a
-    quarter of this machine's memory: select layers).
+    (docs/methods/precision.md). ``rotary``: for rotary models, also the per-band energies and the spectra of the
+    non-rotary part (``result.rotary``, :mod:`headrank.analysis.rotary`). ``vectors``: also each head's singular
+    vectors (``result.vectors``; refused when they would not fit in a quarter of this machine's memory).
     """
     layers, energy = _check_args(tol, layers, threads, progress), energy_levels_of(energy)
     dev, precision = resolve_device(device), check_precision(precision)
@@ -517,7 +505,7 @@ def _scan_layers(reader: AttentionReader, sel: list[int], tol: float, threads: i
     stream = _stream(reader, sel, tol, threads, timing, used)
     for done, (i, hw, metrics, row_norms) in enumerate(stream, 1):
         for product, m in metrics.items():
-            frames.append({**_rows(i, product, m, hw.group, head_dim), **baseline_row(hw, product, tol)})
+            frames.append({**_rows(i, product, m, hw.group, head_dim), **rb.baseline_row(hw, product, tol)})
             sv[product].append(np.asarray(m.sv))
         for k, v in row_norms.items():
             norms[k].append(np.asarray(v))
@@ -686,7 +674,7 @@ def _meta(reader: AttentionReader, sel: list[int], tol: float, table: Columns) -
             "qk_norm_note": ("q and k are normalised per head before the score: the static QK "
                              "product ignores that nonlinearity") if reader.qk_norm else None,
             "grouped_query": "query head h uses kv head h // (H // Hkv)",
-            **conventions(tol), **baseline_conventions(),
+            **conventions(tol), **rb.baseline_conventions(),
             "layer_head_index": "0-based",
         },
         "nonfinite_heads": bad,
@@ -733,7 +721,7 @@ def summary_columns(table: Columns) -> Columns:
         t["attention"] = np.asarray([kinds.index(k) for k in np.asarray(t["attention"]).tolist()], dtype=np.int64)
     out = group_agg(t, (*keys, "product"), [("heads", "head", "size"), ("rank_frac", "rank_frac", "mean"),
                                              *((k, k, "mean") for k in SUMMARY_METRICS),
-                                             *((k, k, "mean") for k in BASELINE_COLUMNS if k in t)])
+                                             *((k, k, "mean") for k in rb.BASELINE_COLUMNS if k in t)])
     if kinds:
         out["attention"] = np.asarray([kinds[i] for i in out["attention"].tolist()], dtype=object)
     return out
