@@ -52,8 +52,8 @@ def test_json_summary():
 
 @pytest.mark.parametrize("args, needle", [
     (["/no/such/dir"], "no such file"),
-    (["minilm", "--tol", "3"], "tolerance"),
-    (["minilm", "--tol", "nan"], "tolerance"),
+    (["minilm", "--tol", "3"], "--tol must lie in (0, 1)"),  # the flag named, as typed
+    (["minilm", "--tol", "nan"], "--tol"),
     (["minilm", "--layers", "9"], "out of range"),
 ])
 def test_bad_input_one_line_exit_2(args, needle):

@@ -46,7 +46,13 @@ from headrank.errors import HeadRankError
 from headrank.io.writer import OutputSet
 from headrank.util.args import checked
 from headrank.util.fileio import write_json
-from headrank.util.threads import resolve_device, torch_threads
+from headrank.util.threads import (
+    check_precision,
+    compute_setting,
+    computing,
+    resolve_device,
+    torch_threads,
+)
 
 
 def _original(reader, live) -> tuple[Any, Any]:
@@ -69,7 +75,8 @@ def compress(source: Any, out: str | os.PathLike, *, keep: float | None = None, 
              format: str | None = None, layers: str | Iterable[int] | None = None, threads: int = 1,
              allocate: str = "energy", config: Any = None, layout: Any = None, revision: str | None = None,
              progress: Callable[[int, int | None, str], None] | None = None, verbose: bool = False,
-             device: str | None = "auto", announce: Callable[[str], None] | None = None) -> CompressResult:
+             device: str | None = "auto", precision: str = "auto",
+             announce: Callable[[str], None] | None = None) -> CompressResult:
     """Write the compressed checkpoint and ``compress.json`` into ``out``; return compress.json
     as a :class:`~.result.CompressResult`.
 
@@ -86,6 +93,7 @@ def compress(source: Any, out: str | os.PathLike, *, keep: float | None = None, 
     the text protocol (docs/compress.md). ``layers``: cut only these (``"0,2,5-7"``). ``progress``:
     called ``(done, total, phase)``. ``device``: ``auto`` (a CUDA GPU when torch sees one), ``cpu``
     or ``cuda[:N]``: where the roots, SVDs and cut GEMMs run (float64 on a GPU; docs/compress.md).
+    ``precision``: ``auto`` or ``float64``, the Grams' route (docs/methods/precision.md).
     Arguments are checked with the CLI's rules.
     """
     rule = Rule.of(keep=keep, rank=rank, params=params)
@@ -96,8 +104,10 @@ def compress(source: Any, out: str | os.PathLike, *, keep: float | None = None, 
                             f"{str(whiten)[:40]!r}")
     tell = progress or (lambda *a: None)
     given = [Path(source)] if isinstance(source, (str, os.PathLike)) and os.path.exists(source) else []
+    precision = check_precision(precision)
     dest = OutputSet(out, sources=given, owns="compress.json")
-    with torch_threads(opts["threads"]), dest:  # --out checked once, before the model is read, and locked
+    with torch_threads(opts["threads"]), computing(precision=precision), dest:  # --out checked once (before
+        # the model is read) and locked
         tell(0, None, "loading")
         reader, live, gguf_note = open_source(source, config=config, layout=layout, revision=revision,
                                               verbose=verbose)
@@ -281,7 +291,7 @@ def _write(reader, live, plan: Plan, stage: Path, opts: dict[str, Any], fmt: _Fo
     _dequantized(reader, stage, notes)
     result = CompressResult(summary(reader, plan, rows, notes, files + [s for s in side if s not in files]))
     result["checkpoint"] = writer.report(opts["format"])
-    result["compute"] = _compute(plan, opts["threads"])
+    result["compute"] = {**_compute(plan, opts["threads"]), "precision": compute_setting().precision}
     return result
 
 
