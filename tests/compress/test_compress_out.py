@@ -242,3 +242,15 @@ def test_two_runs_into_one_out_never_mix(src, tmp_path):
     meta = json.loads((out / "compress.json").read_text())
     assert meta["totals"]["mean_k"]["ov"] == 1.0
     assert {p.name for p in out.iterdir()} == {f.rstrip("/") for f in meta["files"]} | {"compress.json", ".headrank-output.json"}
+
+
+def test_sizes_are_reported_against_the_input_on_disk_and_the_uncut_model(src, tmp_path):
+    from headrank.compress import report_lines
+
+    res = compress(str(src), tmp_path / "o", rank=2)
+    c = res["checkpoint"]
+    on_disk = sum(p.stat().st_size for p in src.glob("*.safetensors"))
+    assert c["bytes_input"] == on_disk and c["input_files"] == 1
+    assert c["bytes_written"] == (tmp_path / "o" / "factored-model.safetensors").stat().st_size
+    (line,) = [ln for ln in report_lines(res) if ln.startswith("checkpoint")]
+    assert f"against the input as on disk, {on_disk / 1e6:.1f} MB" in line and "against the uncut model in" in line

@@ -137,8 +137,15 @@ def report_lines(res: dict[str, Any], out: Any = None) -> list[str]:
                      f"{a['threshold']:.6g} on {a['calibration']}")
     c = res.get("checkpoint")
     if c:
-        lines.append(f"checkpoint ({c['format']}, {', '.join(c['dtypes'])}): weights {_mb(c['bytes_uncut'])} uncut -> "
-                     f"{_mb(c['bytes_written'])} written ({c['share_saved']:.2%} smaller)")
+        dt = ", ".join(c["dtypes"])
+        line = (f"checkpoint ({c['format']}, {dt}): {_mb(c['bytes_written'])} written; against the uncut model in "
+                f"{dt}, {_mb(c['bytes_uncut'])}: {c['share_saved']:.2%} smaller")
+        if c.get("bytes_input"):
+            n = c["bytes_input"]
+            line += (f"; against the input as on disk, {_mb(n)}: "
+                     + (f"{1 - c['bytes_written'] / n:.2%} smaller" if c["bytes_written"] <= n else
+                        f"{c['bytes_written'] / n:.2f}x larger"))
+        lines.append(line)
     if "eval" in res:
         lines.append(eval_line(res["eval"]))
         g = res["eval"].get("generation")

@@ -290,7 +290,7 @@ def _write(reader, live, plan: Plan, stage: Path, opts: dict[str, Any], fmt: _Fo
         side.append("config.json")
     _dequantized(reader, stage, notes)
     result = CompressResult(summary(reader, plan, rows, notes, files + [s for s in side if s not in files]))
-    result["checkpoint"] = writer.report(opts["format"])
+    result["checkpoint"] = {**writer.report(opts["format"]), **_input_bytes(reader)}
     result["compute"] = {**_compute(plan, opts["threads"]), "precision": compute_setting().precision}
     return result
 
@@ -309,6 +309,18 @@ def _dequantized(reader, stage: Path, notes: list[str]) -> None:
     write_json(stage / "config.json", cfg)
     notes.append(f"source quantized ({quant['method']}: {quant['scheme']}): read dequantized (code x scale, exact in "
                  "float64) and written dequantized, without its quantization_config")
+
+
+def _input_bytes(reader) -> dict[str, Any]:
+    """The input's weight files as they are on disk (a GGUF: its file, quantized), to compare the
+    output with what the user had, beside the uncut model in the output's dtype."""
+    files = [getattr(reader, "source_file", None)] if getattr(reader, "source_file", None) else \
+        list(getattr(reader.ckpt, "files", None) or [])
+    try:
+        n = sum(Path(f).stat().st_size for f in files)
+    except (OSError, TypeError):
+        return {}
+    return {"bytes_input": n, "input_files": len(files)} if files else {}
 
 
 def _compute(plan: Plan, threads: int) -> dict[str, Any]:
