@@ -95,6 +95,7 @@ def test_one_scale_per_tensor_and_fbgemm_rows(tmp_path, fp8):
     assert got.meta["quantization"]["method"] == "fbgemm_fp8"
 
 
+@pytest.mark.slow
 def test_cli_fresh_interpreter_writes_meta(fp8, tmp_path):
     out = tmp_path / "out dir"
     r = subprocess.run([sys.executable, "-m", "headrank", "spectra", str(fp8["root"] / "fp8 blocks"), "--no-plots",
@@ -147,8 +148,19 @@ def _set(name, value):
      "weight_block_size must be two integers"),
     ("unknown method", None, lambda c: c["quantization_config"].update(quant_method="gptq"), "'gptq'"),
 ])
-def test_bad_input_one_line_exit_2_nothing_written(fp8, tmp_path, case, tensors, config, needle):
+def test_bad_input_one_line(fp8, tmp_path, case, tensors, config, needle):
     d = _broken(fp8["root"] / "fp8 blocks", tmp_path / "bad", tensors, config)
+    with pytest.raises(HeadRankError) as e:
+        analyze(d)
+    assert needle in str(e.value) and "\n" not in str(e.value), (case, str(e.value))
+
+
+@pytest.mark.parametrize("case,tensors,needle", [
+    ("scale missing", lambda t: t.pop(S), "is missing: a code is not a weight"),
+    ("scale shape", _set(S, lambda s: s[:1].contiguous()), "the block size does not match the stored scales")])
+def test_bad_input_exit_2_nothing_written(fp8, tmp_path, case, tensors, needle):
+    """As a user runs it: a fresh interpreter, one error line, exit 2, no output left behind."""
+    d = _broken(fp8["root"] / "fp8 blocks", tmp_path / "bad", tensors)
     out = tmp_path / "out"
     r = subprocess.run([sys.executable, "-m", "headrank", "spectra", str(d), "--no-plots", "--out", str(out)],
                        capture_output=True, text=True, timeout=300)
@@ -159,6 +171,7 @@ def test_bad_input_one_line_exit_2_nothing_written(fp8, tmp_path, case, tensors,
 
 
 # -- the other verbs read the same dequantized weights -------------------------------------------------
+@pytest.mark.slow
 def test_compress_reads_dequantized_writes_dequantized_and_says_so(fp8, tmp_path):
     out = tmp_path / "cut"
     r = subprocess.run([sys.executable, "-m", "headrank", "compress", str(fp8["root"] / "fp8 blocks"), "--out",
@@ -174,6 +187,7 @@ def test_compress_reads_dequantized_writes_dequantized_and_says_so(fp8, tmp_path
     analyze(out)  # a plain checkpoint now, read without a scheme
 
 
+@pytest.mark.slow
 def test_track_reads_each_checkpoint_dequantized(fp8, tmp_path):
     from headrank.analysis.series import track
 

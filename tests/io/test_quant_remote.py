@@ -87,6 +87,7 @@ def test_fp8_llama_remote_equals_local_and_dense_float64(srv, ckpts):
     assert srv.sent <= 1.05 * tensors + headers + json_bytes, (srv.sent, tensors, headers)
 
 
+@pytest.mark.slow
 def test_deepseek_v3_fp8_mla_many_shards_fetches_only_attention_and_scales(srv, ckpts):
     d = ckpts["root"] / "deepseek"
     shards = sorted(d.glob("*.safetensors"))
