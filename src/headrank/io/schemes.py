@@ -35,6 +35,7 @@ from headrank.errors import HeadRankError
 from headrank.io.quant_base import Plan, Scheme, as_torch
 from headrank.io.quant_ct import CompressedTensors
 from headrank.io.quant_fp8 import FP8Blocks, FP8Rows
+from headrank.io.quant_int import IntGroups
 
 if TYPE_CHECKING:
     from headrank.io.quant_base import TensorMeta
@@ -91,12 +92,14 @@ def scheme_for(config: Mapping[str, Any], where: Any) -> Scheme | None:
         return FP8Rows(qc, where)
     if method == "compressed-tensors":
         return CompressedTensors(qc, where)
+    if method in ("gptq", "awq"):
+        return IntGroups(qc, where)
     what = KNOWN.get(method, "a quantization scheme headrank does not know")
     if method == "bitsandbytes":
         what = KNOWN["bitsandbytes_4bit" if qc.get("load_in_4bit") else "bitsandbytes_8bit"]
     raise HeadRankError(f"config {where}: quant_method {method!r} ({what}) is not read by headrank: its attention "
                         "tensors are codes, not weights, so nothing is read (read: fp8, fbgemm_fp8, "
-                        "compressed-tensors; docs/quantized.md)")
+                        "compressed-tensors, gptq, awq; docs/quantized.md)")
 
 # -- the logical view ----------------------------------------------------------------------------
 class View:
