@@ -199,3 +199,31 @@ def test_track_reads_each_checkpoint_dequantized(fp8, tmp_path):
     assert len(a) == len(b) == 2 * H * 2
     for col in ("sv_max", "nuclear", "frob"):
         np.testing.assert_allclose(a[col].to_numpy(), b[col].to_numpy(), rtol=1e-12, atol=0)
+
+
+def test_hub_cache_id_reads_dequantized(fp8, tmp_path, monkeypatch):
+    from tests.io.test_sources import lay_out_cache
+
+    cache = tmp_path / "hub"
+    lay_out_cache(cache, "org/fp8-llama", fp8["root"] / "fp8 blocks", "c" * 40)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    res = analyze("org/fp8-llama")
+    assert res.meta["input"] == "hub" and res.meta["quantization"]["method"] == "fp8"
+    for p in ("qk", "ov"):
+        np.testing.assert_array_equal(res.sv[p], analyze(fp8["root"] / "fp8 blocks").sv[p])
+
+
+def test_header_claiming_a_huge_scale_tensor_is_bounded(fp8, tmp_path):
+    """A header whose scale entry claims 10^12 elements: refused from the header, nothing allocated."""
+    src = (fp8["root"] / "fp8 blocks" / "model.safetensors").read_bytes()
+    n = int.from_bytes(src[:8], "little")
+    header = json.loads(src[8:8 + n])
+    header[S]["shape"] = [1_000_000, 1_000_000]
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    d = tmp_path / "huge"
+    d.mkdir()
+    (d / "model.safetensors").write_bytes(len(text).to_bytes(8, "little") + text + src[8 + n:])
+    (d / "config.json").write_text((fp8["root"] / "fp8 blocks" / "config.json").read_text())
+    with pytest.raises(HeadRankError, match="spans .* bytes but its shape and dtype need"):
+        analyze(d)
