@@ -26,7 +26,7 @@ from headrank.analysis.columns import (
 from headrank.analysis.figproc import FigureProcess, figure_data
 from headrank.analysis.rotary import rotary_scan
 from headrank.analysis.summary import overall, summary_columns
-from headrank.core.baseline import BASELINE_COLUMNS, baseline_conventions, baseline_row
+from headrank.core import baseline as rb
 from headrank.core.linalg import DEFAULT_TOL, METRIC_COLUMNS, ProductMetrics
 from headrank.core.metrics import METRICS, PRODUCTS, conventions
 from headrank.core.precision import PRECISION_COLUMNS, precision_columns, precision_meta
@@ -50,7 +50,7 @@ from headrank.util.threads import (
 if TYPE_CHECKING:  # imported where used: a safetensors checkpoint is read, reduced and saved without torch,
     import pandas as pd  # and without pandas (the tables are numpy columns until a DataFrame is asked for)
 
-TABLE_COLUMNS = ("layer", "head", "kv_head", "product", *METRIC_COLUMNS, *BASELINE_COLUMNS, "head_dim", "finite",
+TABLE_COLUMNS = ("layer", "head", "kv_head", "product", *METRIC_COLUMNS, *rb.BASELINE_COLUMNS, "head_dim", "finite",
                  *PRECISION_COLUMNS)
 
 
@@ -211,11 +211,8 @@ class SpectraResult(ResultBase):
         return HeadSpectrum(int(layer), int(head), product, S[:k],
                             None if vec is None else vec["u"][i, head][:, :k], None if vec is None else vec["v"][i, head][:, :k])
 
-    def repr_lines(self) -> list[str]:
-        """``repr``'s lines (:func:`headrank.analysis.describe.repr_lines`)."""
-        from headrank.analysis.describe import repr_lines
-
-        return repr_lines(self._columns("table"), self.meta)
+    def repr_lines(self) -> list[str]:  # repr: layers, heads, convention; ranks against the random baseline's
+        return rb.measured_against_baseline(self._columns("table"), self.meta)
 
     def describe(self) -> pd.DataFrame:
         """One wide row per layer (WeightWatcher style): ``layer``, ``source``, ``model_type``,
@@ -236,16 +233,9 @@ class SpectraResult(ResultBase):
 def _rows(layer: int, product: str, m: ProductMetrics, group: int, head_dim: int) -> dict[str, Any]:
     """One layer's rows of one product as columns (numpy); :func:`_table` makes the DataFrame."""
     n = m.sv.shape[0]
-    cols: dict[str, Any] = {
-        "layer": layer,
-        "head": np.arange(n),
-        "kv_head": np.arange(n) // group,
-        "product": product,
-    }
+    cols: dict[str, Any] = {"layer": layer, "head": np.arange(n), "kv_head": np.arange(n) // group, "product": product}
     cols.update({k: np.asarray(v) for k, v in m.columns().items()})
-    cols["head_dim"] = head_dim
-    cols["finite"] = np.asarray(m.finite)
-    cols.update(precision_columns(m))
+    cols.update(head_dim=head_dim, finite=np.asarray(m.finite), **precision_columns(m))
     return cols
 
 
@@ -405,9 +395,9 @@ def _check_args(tol: Any, layers: Any, threads: Any, progress: Any) -> list[int]
     """Types and ranges of analyze's arguments (an API caller may pass anything); the layer
     selection as a spec string or a list of ints."""
     if isinstance(tol, bool) or not isinstance(tol, (int, float, np.integer, np.floating)):
-        raise HeadRankError(f"tolerance must be a number in (0, 1); got {type(tol).__name__} {str(tol)[:40]!r}")
+        raise HeadRankError(f"`tol` must be a number in (0, 1); got {type(tol).__name__} {str(tol)[:40]!r}")
     if not tol > 0 or not tol < 1:
-        raise HeadRankError(f"tolerance must lie in (0, 1); got {tol}")
+        raise HeadRankError(f"`tol` must lie in (0, 1); got {tol}")
     if threads is not None:
         check_threads(threads)  # the one bound of every threads/workers count
     if progress is not None and not callable(progress):
@@ -445,7 +435,7 @@ def _compute_meta(device: str | None, threads: int | None, used: list[int]) -> d
     }
 
 
-@checked
+@checked(types=False)  # each value is checked below, in words of its own (tests/analysis/test_scan_args.py)
 def analyze(
     source: str | os.PathLike | BaseCheckpoint | Any,
     *,
@@ -473,17 +463,15 @@ def analyze(
 
     ``source``, ``revision``, ``base``, ``delta``, ``fold_norm``, ``convention``, ``download``, ``remote``: open_reader.
 
-    ``layout``: a TOML layout file (or a :class:`Layout`) for a model_type not in the table;
-    the config then may be absent. ``progress(done, total)`` is called after each layer.
-    ``threads``: worker threads, each single-threaded over its own heads (default: the idle
-    cores, re-checked between layers; the one bound of every thread count,
+    ``layout``: a TOML layout file (or a :class:`Layout`) for a model_type not in the table; the config then may
+    be absent. ``progress(done, total)`` is called after each layer. ``threads``: worker threads, each single-threaded
+    over its own heads (default: the idle cores, re-checked between layers; bounded by
     :func:`headrank.util.threads.check_threads`; results are bit-identical for any count). ``device``:
     ``"auto"``, ``"cpu"`` (numpy LAPACK, no torch for safetensors) or ``"cuda[:N]"`` (torch
     float64 on that GPU); see docs/spectra-speed.md. ``precision``: ``"auto"`` or ``"float64"``
-    (docs/methods/precision.md). ``rotary``: for rotary models, also the per-band energies and the spectra
-    of the non-rotary part (``result.rotary``, :mod:`headrank.analysis.rotary`). ``vectors``:
-    also each head's singular vectors (``result.vectors``; refused when they would not fit in a
-    quarter of this machine's memory: select layers).
+    (docs/methods/precision.md). ``rotary``: for rotary models, also the per-band energies and the spectra of the
+    non-rotary part (``result.rotary``, :mod:`headrank.analysis.rotary`). ``vectors``: also each head's singular
+    vectors (``result.vectors``; refused when they would not fit in a quarter of this machine's memory).
     """
     layers, (energy, dev, precision) = _check_args(tol, layers, threads, progress), _settings(energy, device, precision)
     reader = open_reader(source, config=config, layout=layout, revision=revision, base=base, delta=delta,
@@ -520,7 +508,7 @@ def _scan_layers(reader: AttentionReader, sel: list[int], tol: float, threads: i
     stream = _stream(reader, sel, tol, threads, timing, used)
     for done, (i, hw, metrics, row_norms) in enumerate(stream, 1):
         for product, m in metrics.items():
-            frames.append({**_rows(i, product, m, hw.group, head_dim), **baseline_row(hw, product, tol)})
+            frames.append({**_rows(i, product, m, hw.group, head_dim), **rb.baseline_row(hw, product, tol)})
             sv[product].append(np.asarray(m.sv))
         for k, v in row_norms.items():
             norms[k].append(np.asarray(v))
@@ -689,7 +677,7 @@ def _meta(reader: AttentionReader, sel: list[int], tol: float, table: Columns) -
             "qk_norm_note": ("q and k are normalised per head before the score: the static QK "
                              "product ignores that nonlinearity") if reader.qk_norm else None,
             "grouped_query": "query head h uses kv head h // (H // Hkv)",
-            **conventions(tol), **baseline_conventions(),
+            **conventions(tol), **rb.baseline_conventions(),
             "layer_head_index": "0-based",
         },
         "nonfinite_heads": bad,

@@ -51,7 +51,6 @@ failed run (a full disk, a kill) leaves the previous set whole.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -66,6 +65,8 @@ from headrank.analysis.series_plots import plot_series, series_figure
 from headrank.core.linalg import DEFAULT_TOL
 from headrank.core.metrics import SUMMARY_METRICS
 from headrank.errors import HeadRankError, one_line
+from headrank.io.validate import BOUNDS, bounded
+from headrank.io.validate import read_json as read_record
 from headrank.io.writer import OutputSet, confined
 from headrank.util.args import checked
 from headrank.util.fileio import write_atomic, write_json
@@ -111,15 +112,12 @@ _STEP_NAME = re.compile(r"(?:^|.*[^A-Za-z])(?:step|checkpoint|ckpt|iter|iteratio
 
 def _trainer_step(p: Path) -> int | None:
     """``global_step`` of a Trainer checkpoint's ``trainer_state.json`` (None when absent)."""
-    from headrank.io.validate import regular_file
-
     state = p / "trainer_state.json"
     if not state.is_file():
         return None
     try:
-        regular_file(state, "trainer state")
-        step = json.loads(state.read_text())["global_step"]
-    except (OSError, ValueError, KeyError, TypeError, HeadRankError):
+        step = read_record(state, "track record")["global_step"]
+    except (KeyError, TypeError, HeadRankError):
         return None
     return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
 
@@ -170,8 +168,9 @@ def _dir_step(p: Path, index: int) -> int:
     state = p / "trainer_state.json"
     if state.is_file():
         try:
-            return int(json.loads(state.read_text())["global_step"])
-        except (OSError, ValueError, KeyError, TypeError):
+            return bounded(read_record(state, "track record")["global_step"], "index", "global_step", str(state),
+                           lo=0)
+        except (KeyError, TypeError, HeadRankError):
             pass
     n = _trailing_int(p.name)
     return n if n is not None else index
@@ -188,6 +187,9 @@ def resolve_series(series: str | os.PathLike | Sequence[str | os.PathLike],
     if revisions is not None:
         revs = [r.strip() for r in (revisions.split(",") if isinstance(revisions, str) else revisions)]
         revs = [r for r in revs if r]
+        if len(revs) > BOUNDS["checkpoints"]:  # before one request per revision (10,000 refs: 20,000 requests)
+            raise HeadRankError(f"`revisions` names {len(revs):,} revisions, more than the {BOUNDS['checkpoints']:,} "
+                                "a series may hold; give fewer (every n-th step)")
         if not isinstance(series, (str, os.PathLike)) or not revs:
             raise HeadRankError("`revisions` takes one Hub id and a comma-separated list of revisions")
         if Path(series).exists():
@@ -577,7 +579,7 @@ def _check_args(tol: float, workers: int | None, out: str | os.PathLike, both: b
     if both:
         raise HeadRankError("`resume` continues a stopped run as it was started; `force` measures anew: give one")
     if not 0 < tol < 1:
-        raise HeadRankError(f"tolerance must lie in (0, 1); got {tol}")
+        raise HeadRankError(f"`tol` must lie in (0, 1); got {tol}")
     if workers is not None:
         from headrank.util.threads import check_threads
 
@@ -610,8 +612,8 @@ def analyse_or_fail(item: dict[str, Any], tol: float) -> pd.DataFrame | str:
 def _reusable(ckdir: Path, label: str, identity: str, tol: float) -> bool:
     """Whether ``ckdir/LABEL.csv`` was measured from this very checkpoint with this tolerance."""
     try:
-        rec = json.loads(confined(ckdir, f"{label}.json", "checkpoint label").read_text())
-    except (OSError, ValueError):
+        rec = read_record(confined(ckdir, f"{label}.json", "checkpoint label"), "track record")
+    except HeadRankError:  # missing, a FIFO, too large, corrupt: measured again
         return False
     return (isinstance(rec, dict) and rec.get("identity") == identity and rec.get("tol") == tol
             and confined(ckdir, f"{label}.csv", "checkpoint label").is_file())
@@ -630,13 +632,9 @@ def _tracker_rows(series: Any, revisions: Any, items: list[SeriesItem], arch: di
     if len(paths) != 1 or not (Path(paths[0]) / METRICS).is_file():
         return None
     run = Path(paths[0])
-    from headrank.io.validate import is_regular_file
-
-    if not is_regular_file(run / "config.json"):  # a FIFO would block the read
-        return None
     try:
-        cfg = upgrade(json.loads((run / "config.json").read_text()))
-    except (OSError, ValueError):
+        cfg = upgrade(read_record(run / "config.json", "run config"))
+    except HeadRankError:
         return None
     if not isinstance(cfg, dict) or cfg.get("tol") != tol:
         return None
@@ -764,6 +762,6 @@ def model_name(source: str, revision: str | None = None) -> str:
 def _title(items: list[SeriesItem], arch: dict[str, Any], tracker_steps: int = 0) -> str:
     names = list(dict.fromkeys(model_name(it.source, it.revision) for it in items))
     name = names[0] if len(names) == 1 else f"{names[0]} + {len(names) - 1} more"
-    more = f" + {tracker_steps} steps from metrics.jsonl" if tracker_steps else ""
+    more = f" + {tracker_steps} step{'s' if tracker_steps != 1 else ''} from metrics.jsonl" if tracker_steps else ""
     return (f"{name}: {len(items)} checkpoints{more}, {arch['model_type']} {arch['n_layers']} layers x "
             f"{arch['n_heads']} heads (dh {arch['head_dim']})")

@@ -101,13 +101,13 @@ def _report(result, *, fmt: str, as_json: bool, quiet: bool, out: Path | None, w
         return
     if quiet:
         return
-    _print_table(result, result.summary())
+    _print_table(result, result.summary(), out if written else None)
     if written:
         out_console.print(f"wrote {len(written)} files to {out}: " + ", ".join(p.name for p in written),
                           highlight=False)
 
 
-def _print_table(result, summary) -> None:
+def _print_table(result, summary, out: Path | None = None) -> None:
     """The header line (source, sizes, dtypes, τ) and the per-layer means of the console metrics."""
     from headrank.analysis.rotary import rotary_line
     from headrank.core.metrics import CONSOLE_CAPTION, CONSOLE_METRICS
@@ -119,7 +119,8 @@ def _print_table(result, summary) -> None:
         "bold", str(result.meta["source"]), f"  model_type={result.meta['model_type']}  layers={n_layers}  "
         f"d={c['d_model']}  heads={c['n_heads']} (kv {c['n_kv_heads']})  dh={c['head_dim']}  "
         f"dtype={','.join(result.meta['dtype_read'])}  tau={result.meta['tolerance']:g}"), highlight=False)
-    table = Table(title="mean over heads per layer", caption=CONSOLE_CAPTION)
+    where = f"{out / 'meta.json'}" if out is not None else "docs/outputs.md (--out also writes them to meta.json)"
+    table = Table(title="mean over heads per layer", caption=f"{CONSOLE_CAPTION}; definitions: {where}")
     table.add_column("layer", justify="right")
     for p in ("qk", "ov"):
         for _, head, _ in CONSOLE_METRICS:
