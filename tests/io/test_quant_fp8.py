@@ -146,7 +146,7 @@ def _set(name, value):
     ("codes without config", None, lambda c: c.pop("quantization_config"), "quantization codes"),
     ("block size garbled", None, lambda c: c["quantization_config"].update(weight_block_size=[0, 128]),
      "weight_block_size must be two integers"),
-    ("unknown method", None, lambda c: c["quantization_config"].update(quant_method="gptq"), "'gptq'"),
+    ("unknown method", None, lambda c: c["quantization_config"].update(quant_method="hqq"), "'hqq'"),
 ])
 def test_bad_input_one_line(fp8, tmp_path, case, tensors, config, needle):
     d = _broken(fp8["root"] / "fp8 blocks", tmp_path / "bad", tensors, config)
