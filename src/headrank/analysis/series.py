@@ -583,7 +583,7 @@ def _check_args(tol: float, workers: int | None, out: str | os.PathLike, both: b
     if both:
         raise HeadRankError("`resume` continues a stopped run as it was started; `force` measures anew: give one")
     if not 0 < tol < 1:
-        raise HeadRankError(f"tolerance must lie in (0, 1); got {tol}")
+        raise HeadRankError(f"`tol` must lie in (0, 1); got {tol}")
     if workers is not None:
         from headrank.util.threads import check_threads
 
@@ -766,6 +766,6 @@ def model_name(source: str, revision: str | None = None) -> str:
 def _title(items: list[SeriesItem], arch: dict[str, Any], tracker_steps: int = 0) -> str:
     names = list(dict.fromkeys(model_name(it.source, it.revision) for it in items))
     name = names[0] if len(names) == 1 else f"{names[0]} + {len(names) - 1} more"
-    more = f" + {tracker_steps} steps from metrics.jsonl" if tracker_steps else ""
+    more = f" + {tracker_steps} step{'s' if tracker_steps != 1 else ''} from metrics.jsonl" if tracker_steps else ""
     return (f"{name}: {len(items)} checkpoints{more}, {arch['model_type']} {arch['n_layers']} layers x "
             f"{arch['n_heads']} heads (dh {arch['head_dim']})")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,6 +19,9 @@ from rich.text import Text
 
 from headrank.errors import ERROR_LINE_LIMIT, HeadRankError, one_line
 
+#: when the command started (near enough: this module is among the first imported), on time.monotonic
+STARTED = time.monotonic()
+
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
@@ -26,7 +30,9 @@ app = typer.Typer(
 )
 # markup off: paths, model types and messages come from the user and may hold square brackets;
 # styled parts are rich Text objects, never markup strings.
-out_console = Console(width=None if sys.stdout.isatty() else 120, markup=False)
+# piped or redirected, nothing is cut to fit a screen: tables keep full headers and details, lines stay whole
+PIPE_WIDTH = 10_000
+out_console = Console(width=None if sys.stdout.isatty() else PIPE_WIDTH, markup=False)
 err_console = Console(stderr=True, markup=False)
 
 
@@ -166,7 +172,7 @@ def progress_bar(quiet: bool) -> Progress:
     if not quiet and not err_console.is_terminal:
         from headrank.util.progress import LineProgress
 
-        return LineProgress(err_console)
+        return LineProgress(err_console, start=STARTED)  # the interval counts from the command's start
     return Progress(
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),

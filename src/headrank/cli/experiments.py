@@ -177,8 +177,12 @@ def track(
         raise typer.Exit(1 if res.failed else 0)
     if quiet:
         raise typer.Exit(1 if res.failed else 0)
-    table = Table(title=f"{len(res.computed) + len(res.skipped)} checkpoints ({len(res.skipped)} already done)",
-                  caption=CONSOLE_CAPTION.replace("mean over heads", "means over layers and heads"))
+    n_ck = len(res.computed) + len(res.skipped)
+    extra = len(means[["checkpoint", "step"]].drop_duplicates()) - n_ck  # rows from the run's metrics.jsonl
+    more = f" + {extra} step{'s' if extra != 1 else ''} from metrics.jsonl" if extra > 0 else ""
+    table = Table(title=f"{n_ck} checkpoint{'s' if n_ck != 1 else ''} ({len(res.skipped)} already done){more}",
+                  caption=CONSOLE_CAPTION.replace("mean over heads", "means over layers and heads")
+                  + "; definitions: docs/outputs.md")
     for col in ("checkpoint", "step", *(f"{p.upper()} {h}" for p in ("qk", "ov") for _, h, _ in CONSOLE_METRICS)):
         table.add_column(col, justify="left" if col == "checkpoint" else "right")
     piv = means.set_index(["checkpoint", "product"])

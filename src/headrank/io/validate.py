@@ -394,7 +394,16 @@ def _gib(n: int) -> str:
 
 
 def check_dtype(name: str, dtype: Any, where: Any) -> None:
-    """Weights must be real floating point (or integer) numbers: complex and bool refused."""
-    s = str(dtype).removeprefix("torch.")
+    """Weights must be real floating point numbers: complex and bool refused, and integers and
+    float8, which are quantization codes unless a scheme (:mod:`headrank.io.schemes`) turned them
+    into weights first: a code is never read as a weight. ``dtype``: a dtype, or the tensor itself
+    (a numpy read's bfloat16, raw bits in uint16, is then known as bfloat16)."""
+    if type(dtype).__name__ == "BF16Bits":  # headrank.util.bf16: bfloat16 patterns, not integers
+        return
+    s = str(getattr(dtype, "dtype", dtype)).removeprefix("torch.")
     if s.startswith("complex") or s in ("C64", "C128", "C32") or s in ("bool", "BOOL"):
         raise HeadRankError(f"tensor {name} in {where} has dtype {s}: attention weights must be real numbers")
+    if s.startswith(("int", "uint", "float8", "qint", "quint")) or s in ("I8", "U8", "I16", "I32", "I64", "F8_E4M3",
+                                                                        "F8_E5M2"):
+        raise HeadRankError(f"tensor {name} in {where} is stored as {s}: quantization codes, and no quantization_config "
+                            "in config.json explains them (a code is not a weight; docs/quantized.md)")

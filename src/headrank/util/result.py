@@ -10,7 +10,9 @@ Every result has
 - ``ResultClass.load(out)``: the result read back from those files;
 - ``.plot()``: a matplotlib Figure;
 - ``.to_json()``: JSON-able data, exactly what the verb's ``--json`` prints;
-- ``._repr_html_()``: a notebook view (a header line and the summary).
+- ``._repr_html_()``: a notebook view (a header line and the summary);
+- ``repr(result)``: a few lines (what it is, how many rows, the headline numbers), never the
+  arrays (a REPL or a log shows it whole).
 
 The contract is documented in ``docs/python.md``; ``tests/test_contract.py`` checks it for every
 verb.
@@ -61,10 +63,33 @@ class ResultBase:
         """JSON-able data: what the verb's ``--json`` prints."""
         raise NotImplementedError
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # a result dataclass would get a generated __repr__ printing every array (25 KB for MiniLM):
+        # one in the class's own namespace is kept by @dataclass, so put ours there
+        if "__repr__" not in cls.__dict__:
+            cls.__repr__ = ResultBase.__repr__
+
     def headline(self) -> str:
         """One line naming the result (the notebook view's header)."""
         source = self.meta.get("source") if isinstance(self.meta, dict) else None
         return f"{type(self).__name__}" + (f" of {source}" if source else "")
+
+    def repr_lines(self) -> list[str]:
+        """The lines under :meth:`headline` in ``repr(result)``: the headline numbers (subclasses
+        add theirs); by default the table's size and the members to look at."""
+        t = self.table
+        shape = getattr(t, "shape", None)
+        size = f"{shape[0]} rows x {shape[1]} columns" if shape is not None and len(shape) == 2 else "no table"
+        return [f"  table: {size}; .summary(), .plot(), .save(out), .to_json()"]
+
+    def __repr__(self) -> str:
+        lines = [f"<{self.headline()}>"]
+        try:
+            lines += self.repr_lines()
+        except Exception as e:  # noqa: BLE001 - a repr never raises
+            lines.append(f"  ({type(e).__name__} while summarising)")
+        return "\n".join(lines)
 
     def _repr_html_(self) -> str:
         from html import escape
@@ -142,3 +167,13 @@ def check_dir(out: str | os.PathLike, marker: str) -> Path:
     if not (p / marker).is_file():
         raise HeadRankError(f"{p} has no {marker}: not a saved result of this kind")
     return p
+
+
+def negative_index(i: Any, n: Any, what: str) -> Any:
+    """``i`` counted from the end when negative (``res[-1, -1, "qk"]``: the model's last layer and
+    head, as Python counts); anything else as it is. Out of range is one line."""
+    if hasattr(i, "__index__") and not isinstance(i, bool) and int(i) < 0 and n is not None:  # numpy ints too
+        if int(i) + int(n) < 0:
+            raise HeadRankError(f"{what} {int(i)} is out of range: the model has {n} {what}s")
+        return int(i) + int(n)
+    return i
