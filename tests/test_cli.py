@@ -242,7 +242,8 @@ def test_temporaries_of_a_killed_run_are_cleaned(tmp_path):
     (out / f"{STAGING_PREFIX}{dead}-q1w2").mkdir()
     code, _, err = run_cli("spectra", str(write_tiny(tmp_path / "m")), "--out", str(out), "--no-plots", "--quiet")
     assert code == 0, err
-    assert sorted(p.name for p in out.iterdir()) == ["heads.csv", "meta.json", "spectra.npz", "summary.csv"]
+    assert sorted(p.name for p in out.iterdir()) == [".headrank-output.json", "heads.csv", "meta.json", "spectra.npz",
+                                                     "summary.csv"]
 
 
 @pytest.mark.parametrize("exc, needle", [

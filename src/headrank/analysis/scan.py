@@ -20,15 +20,15 @@ from headrank.analysis.columns import (
     energy_frames,
     energy_levels_of,
     from_frame,
-    group_agg,
     save_csv,
     to_frame,
 )
 from headrank.analysis.figproc import FigureProcess, figure_data
 from headrank.analysis.rotary import rotary_scan
+from headrank.analysis.summary import overall, summary_columns
 from headrank.core import baseline as rb
 from headrank.core.linalg import DEFAULT_TOL, METRIC_COLUMNS, ProductMetrics
-from headrank.core.metrics import METRICS, PRODUCTS, SUMMARY_METRICS, conventions
+from headrank.core.metrics import METRICS, PRODUCTS, conventions
 from headrank.core.precision import PRECISION_COLUMNS, precision_columns, precision_meta
 from headrank.errors import HeadRankError
 from headrank.io.layouts import AttentionReader, HeadWeights, Layout
@@ -147,7 +147,7 @@ class SpectraResult(ResultBase):
 
     def summary(self) -> pd.DataFrame:
         """Per layer and product: heads, mean rank / dh and the means of every summary metric
-        (:func:`summarize`; ``summary.csv``)."""
+        (:func:`headrank.analysis.summary.summarize`; ``summary.csv``)."""
         return to_frame(summary_columns(self._columns("table")))
 
     def save(self, out: str | os.PathLike, *, plots: bool = True) -> list[Path]:
@@ -416,6 +416,11 @@ def _check_args(tol: Any, layers: Any, threads: Any, progress: Any) -> list[int]
     return [int(i) for i in sel]
 
 
+def _settings(energy: Any, device: Any, precision: Any) -> tuple[Any, str | None, str]:
+    """The energy levels (``--energy``), the device and the precision analyze computes with."""
+    return energy_levels_of(energy), resolve_device(device), check_precision(precision)
+
+
 def _compute_meta(device: str | None, threads: int | None, used: list[int]) -> dict[str, Any]:
     """meta.json's ``compute``: where the arithmetic ran and with how many worker threads."""
     return {
@@ -430,7 +435,7 @@ def _compute_meta(device: str | None, threads: int | None, used: list[int]) -> d
     }
 
 
-@checked
+@checked(types=False)  # each value is checked below, in words of its own (tests/analysis/test_scan_args.py)
 def analyze(
     source: str | os.PathLike | BaseCheckpoint | Any,
     *,
@@ -468,8 +473,7 @@ def analyze(
     non-rotary part (``result.rotary``, :mod:`headrank.analysis.rotary`). ``vectors``: also each head's singular
     vectors (``result.vectors``; refused when they would not fit in a quarter of this machine's memory).
     """
-    layers, energy = _check_args(tol, layers, threads, progress), energy_levels_of(energy)
-    dev, precision = resolve_device(device), check_precision(precision)
+    layers, (energy, dev, precision) = _check_args(tol, layers, threads, progress), _settings(energy, device, precision)
     reader = open_reader(source, config=config, layout=layout, revision=revision, base=base, delta=delta,
                          fold_norm=fold_norm, download=download, remote=remote, allow_full=allow_full,
                          arrays="numpy", convention=convention)
@@ -477,11 +481,10 @@ def analyze(
     if reader.parts:  # an encoder-decoder: encoder, decoder and cross-attention layers
         return _analyze_parts(reader, spec, tol, threads, vectors, progress, dev, precision)
     sel = attention_layers(reader, parse_layers(spec, dims.n_layers), spec is None)
-    vecs = _Vectors(dims, len(sel)) if vectors else None
+    vecs = _Vectors(dims, len(sel)) if vectors else None  # refused here when they would not fit
     rot, rot_why = rotary_scan(reader.ckpt.config, reader.position, dims.head_dim, reader.qk_norm, tol, rotary)
-    used: list[int] = []
-    with computing(device=dev, precision=precision):
-        frames, sv, norms, timing = _scan_layers(reader, sel, tol, threads, rot, vecs, progress, used)
+    with computing(device=dev, precision=precision):  # `used`: the thread counts the stream ran with
+        frames, sv, norms, timing = _scan_layers(reader, sel, tol, threads, rot, vecs, progress, used := [])
     extra = energy_frames(frames, sv, energy)  # --energy: k columns for levels the metric table lacks
     table = _table(frames, TABLE_COLUMNS + tuple(extra))  # numpy columns: pandas only for SpectraResult.table
     meta = {**_meta(reader, sel, tol, table), "compute": _compute_meta(dev, threads, used),
@@ -701,43 +704,6 @@ def spectra(source: str | os.PathLike | BaseCheckpoint | Any, **kwargs: Any) -> 
         ``.table`` one row per (layer, head, product); ``res[layer, head, "qk"]`` one head.
     """
     return analyze(source, **kwargs)
-
-
-def summarize(table: pd.DataFrame) -> pd.DataFrame:
-    """Per layer (an encoder-decoder: per kind of attention and layer) and product: the number of
-    heads, mean numerical rank / dh, and the mean over heads of every summary metric of the table
-    (core.metrics.SUMMARY_METRICS: effective rank, k90, k99, gap / bound, relative balance …)."""
-    return to_frame(summary_columns(from_frame(table)))
-
-
-def summary_columns(table: Columns) -> Columns:
-    """:func:`summarize` on numpy columns, without pandas (the same numbers: pandas' grouped
-    means, :func:`headrank.analysis.columns.group_agg`). An encoder-decoder's kinds come in the
-    model's order (encoder, decoder, cross), not the alphabet's."""
-    t = {**table, "rank_frac": np.asarray(table["rank"]) / np.asarray(table["head_dim"])}
-    keys = unit_columns(t)
-    kinds = list(dict.fromkeys(np.asarray(t["attention"]).tolist())) if "attention" in keys else []
-    if kinds:
-        t["attention"] = np.asarray([kinds.index(k) for k in np.asarray(t["attention"]).tolist()], dtype=np.int64)
-    out = group_agg(t, (*keys, "product"), [("heads", "head", "size"), ("rank_frac", "rank_frac", "mean"),
-                                             *((k, k, "mean") for k in SUMMARY_METRICS),
-                                             *((k, k, "mean") for k in rb.BASELINE_COLUMNS if k in t)])
-    if kinds:
-        out["attention"] = np.asarray([kinds[i] for i in out["attention"].tolist()], dtype=object)
-    return out
-
-
-def unit_columns(table: Any) -> list[str]:
-    """The columns that name one attention layer: ``layer``, and for an encoder-decoder first
-    ``attention`` (encoder, decoder or cross). ``table``: numpy columns or a DataFrame."""
-    return ["attention", "layer"] if "attention" in table else ["layer"]
-
-
-def overall(table: pd.DataFrame) -> dict[str, dict[str, float]]:
-    """Means over all heads and layers, per product (for notes and --json)."""
-    s = table.assign(rank_frac=table["rank"] / table["head_dim"])
-    return {str(p): {k: float(g[k].mean()) for k in ("rank_frac", *SUMMARY_METRICS)}
-            for p, g in s.groupby("product")}
 
 
 def save(result: SpectraResult, out: str | os.PathLike, *, plots: bool = True,

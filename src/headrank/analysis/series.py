@@ -51,7 +51,6 @@ failed run (a full disk, a kill) leaves the previous set whole.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -67,6 +66,8 @@ from headrank.core.linalg import DEFAULT_TOL
 from headrank.core.metrics import SUMMARY_METRICS
 from headrank.errors import HeadRankError, one_line
 from headrank.io.convention import convention as check_convention
+from headrank.io.validate import BOUNDS, bounded
+from headrank.io.validate import read_json as read_record
 from headrank.io.writer import OutputSet, confined
 from headrank.util.args import checked
 from headrank.util.fileio import write_atomic, write_json
@@ -113,15 +114,12 @@ _STEP_NAME = re.compile(r"(?:^|.*[^A-Za-z])(?:step|checkpoint|ckpt|iter|iteratio
 
 def _trainer_step(p: Path) -> int | None:
     """``global_step`` of a Trainer checkpoint's ``trainer_state.json`` (None when absent)."""
-    from headrank.io.validate import regular_file
-
     state = p / "trainer_state.json"
     if not state.is_file():
         return None
     try:
-        regular_file(state, "trainer state")
-        step = json.loads(state.read_text())["global_step"]
-    except (OSError, ValueError, KeyError, TypeError, HeadRankError):
+        step = read_record(state, "track record")["global_step"]
+    except (KeyError, TypeError, HeadRankError):
         return None
     return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
 
@@ -172,8 +170,9 @@ def _dir_step(p: Path, index: int) -> int:
     state = p / "trainer_state.json"
     if state.is_file():
         try:
-            return int(json.loads(state.read_text())["global_step"])
-        except (OSError, ValueError, KeyError, TypeError):
+            return bounded(read_record(state, "track record")["global_step"], "index", "global_step", str(state),
+                           lo=0)
+        except (KeyError, TypeError, HeadRankError):
             pass
     n = _trailing_int(p.name)
     return n if n is not None else index
@@ -190,6 +189,9 @@ def resolve_series(series: str | os.PathLike | Sequence[str | os.PathLike],
     if revisions is not None:
         revs = [r.strip() for r in (revisions.split(",") if isinstance(revisions, str) else revisions)]
         revs = [r for r in revs if r]
+        if len(revs) > BOUNDS["checkpoints"]:  # before one request per revision (10,000 refs: 20,000 requests)
+            raise HeadRankError(f"`revisions` names {len(revs):,} revisions, more than the {BOUNDS['checkpoints']:,} "
+                                "a series may hold; give fewer (every n-th step)")
         if not isinstance(series, (str, os.PathLike)) or not revs:
             raise HeadRankError("`revisions` takes one Hub id and a comma-separated list of revisions")
         if Path(series).exists():
@@ -614,8 +616,8 @@ def analyse_or_fail(item: dict[str, Any], tol: float) -> pd.DataFrame | str:
 def _reusable(ckdir: Path, label: str, identity: str, tol: float, convention: str = "raw") -> bool:
     """Whether ``ckdir/LABEL.csv`` was measured from this very checkpoint with this tolerance and convention."""
     try:
-        rec = json.loads(confined(ckdir, f"{label}.json", "checkpoint label").read_text())
-    except (OSError, ValueError):
+        rec = read_record(confined(ckdir, f"{label}.json", "checkpoint label"), "track record")
+    except HeadRankError:  # missing, a FIFO, too large, corrupt: measured again
         return False
     return (isinstance(rec, dict) and rec.get("identity") == identity and rec.get("tol") == tol
             and rec.get("convention", "raw") == convention
@@ -635,13 +637,9 @@ def _tracker_rows(series: Any, revisions: Any, items: list[SeriesItem], arch: di
     if len(paths) != 1 or not (Path(paths[0]) / METRICS).is_file():
         return None
     run = Path(paths[0])
-    from headrank.io.validate import is_regular_file
-
-    if not is_regular_file(run / "config.json"):  # a FIFO would block the read
-        return None
     try:
-        cfg = upgrade(json.loads((run / "config.json").read_text()))
-    except (OSError, ValueError):
+        cfg = upgrade(read_record(run / "config.json", "run config"))
+    except HeadRankError:
         return None
     if not isinstance(cfg, dict) or cfg.get("tol") != tol:
         return None

@@ -71,6 +71,7 @@ def compress(
     allocate: Annotated[str, typer.Option("--allocate", help="how --params spends its budget: energy (the largest shares of each unit's energy) or loss (ASVD: each unit's measured calibration loss when cut alone, at 9 candidate ranks; slower)")] = "energy",
     threads: Annotated[int, typer.Option("--threads", min=1, max=256, help="torch threads (1 by default, kind to a shared machine)")] = 1,
     device: Annotated[str, typer.Option("--device", help="auto (a CUDA GPU when torch sees one, else the CPU), cpu or cuda[:N] (roots, SVDs and cut GEMMs in float64 on that GPU)")] = "auto",
+    precision: Annotated[str, typer.Option("--precision", help="auto (bfloat16 weights: Grams in float32 chunks summed in float64, bound-checked, float64 where the bound does not hold) or float64; docs/methods/precision.md")] = "auto",
     config: Annotated[Path | None, typer.Option("--config", help="config.json for a single weights file")] = None,
     layout: Annotated[Path | None, typer.Option("--layout", help="TOML layout for a model_type not in the table")] = None,
     revision: Annotated[str | None, typer.Option("--revision", help="Hub id: branch, tag or commit in the cache")] = None,
@@ -94,7 +95,7 @@ def compress(
                            evaluate=evaluate, text=text, n_eval=eval_n, n_calib=calib_n, seq_len=seq_len,
                            dataset=dataset, format=fmt, layers=layers, threads=threads, allocate=allocate,
                            config=config, layout=layout, revision=revision, progress=phases, verbose=verbose,
-                           device=device)
+                           device=device, precision=precision)
     for n in res["notes"]:
         err_console.print(styled("yellow", "note: ", n), highlight=False)
     if as_json:

@@ -45,7 +45,13 @@ from headrank.errors import HeadRankError
 from headrank.io.writer import OutputSet
 from headrank.util.args import checked
 from headrank.util.fileio import write_json
-from headrank.util.threads import resolve_device, torch_threads
+from headrank.util.threads import (
+    check_precision,
+    compute_setting,
+    computing,
+    resolve_device,
+    torch_threads,
+)
 
 
 def _original(reader, live) -> tuple[Any, Any]:
@@ -68,7 +74,7 @@ def compress(source: Any, out: str | os.PathLike, *, keep: float | None = None, 
              format: str | None = None, layers: str | Iterable[int] | None = None, threads: int = 1,
              allocate: str = "energy", config: Any = None, layout: Any = None, revision: str | None = None,
              progress: Callable[[int, int | None, str], None] | None = None, verbose: bool = False,
-             device: str | None = "auto") -> CompressResult:
+             device: str | None = "auto", precision: str = "auto") -> CompressResult:
     """Write the compressed checkpoint and ``compress.json`` into ``out``; return compress.json
     as a :class:`~.result.CompressResult`.
 
@@ -82,6 +88,7 @@ def compress(source: Any, out: str | os.PathLike, *, keep: float | None = None, 
     the text protocol (docs/compress.md). ``layers``: cut only these (``"0,2,5-7"``). ``progress``:
     called ``(done, total, phase)``. ``device``: ``auto`` (a CUDA GPU when torch sees one), ``cpu``
     or ``cuda[:N]``: where the roots, SVDs and cut GEMMs run (float64 on a GPU; docs/compress.md).
+    ``precision``: ``auto`` or ``float64``, the Grams' route (docs/methods/precision.md).
     Arguments are checked with the CLI's rules.
     """
     rule = Rule.of(keep=keep, rank=rank, params=params)
@@ -95,11 +102,11 @@ def compress(source: Any, out: str | os.PathLike, *, keep: float | None = None, 
     prods, note = parse_products(opts["products"], reader)
     fmt = _Format(opts, reader.split, _model_type(reader, live))
     todo = _layers(layers, reader.dims.n_layers)
-    dev = resolve_device(device)
+    dev, precision = resolve_device(device), check_precision(precision)
     spec = text_spec(opts, reader, live)
     notes = [n for n in (_gguf_note(gguf_note, fmt()) if live is not None else None, note) if n]
     dest = OutputSet(out, sources=_source_paths(reader, source), owns="compress.json")
-    with torch_threads(opts["threads"]), dest:  # --out checked once and locked, here
+    with torch_threads(opts["threads"]), computing(precision=precision), dest:  # --out checked once and locked, here
         orig = tok = None
         if whiten or evaluate or opts["allocate"] == "loss":
             orig, tok = _original(reader, live)
@@ -258,7 +265,7 @@ def _write(reader, live, plan: Plan, stage: Path, opts: dict[str, Any], fmt: _Fo
     _dequantized(reader, stage, notes)
     result = CompressResult(summary(reader, plan, rows, notes, files + [s for s in side if s not in files]))
     result["checkpoint"] = writer.report(opts["format"])
-    result["compute"] = _compute(plan, opts["threads"])
+    result["compute"] = {**_compute(plan, opts["threads"]), "precision": compute_setting().precision}
     return result
 
 

@@ -726,7 +726,6 @@ class AttentionReader:
         raw = many(names) if many is not None else {role: self.ckpt.get(name) for role, name in names.items()}
         for role, t in raw.items():
             check_dtype(names[role], t, self.ckpt.path)
-        self.ckpt.check_attention(names)  # a quantization config the stored tensors contradict (io.schemes)
         return names, raw
 
     def split_raw(self, names: dict[str, str], raw: dict[str, Any]) -> HeadWeights:

@@ -141,16 +141,20 @@ class BaseCheckpoint:
         view = self.scheme_view()
         if view is None:
             return self._read(name, self._entry(name))
-        return self.get_many({name: name})[name]
+        return self.get_many({name: name}, attention=False)[name]
 
-    def get_many(self, names: Mapping[str, str]) -> dict[str, Any]:
-        """Several tensors (``{role: name}``, e.g. one layer's), their stored parts read together."""
+    def get_many(self, names: Mapping[str, str], *, attention: bool = True) -> dict[str, Any]:
+        """Several tensors (``{role: name}``, one layer's attention tensors unless ``attention`` is
+        False), their stored parts read together; attention tensors are checked against the
+        quantization config (:meth:`check_attention`)."""
         view = self.scheme_view()
         if view is None:
             if type(self)._read_stored is BaseCheckpoint._read_stored:  # one at a time, each through ``get``
                 return {role: self.get(n) for role, n in names.items()}
             stored = self._read_stored(list(dict.fromkeys(names.values())))
             return {role: stored[n] for role, n in names.items()}
+        if attention:
+            self.check_attention(names)
         parts = {n: view.stored_parts(self._check_name(n)) for n in dict.fromkeys(names.values())}
         stored = self._read_stored(list(dict.fromkeys(p for ps in parts.values() for p in ps)))
         built = {n: view.build(n, stored, self._numpy_out) for n in parts}

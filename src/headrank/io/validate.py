@@ -42,7 +42,7 @@ MAX_INDEX = 1 << 40  # an index or offset read from a record (a tensor dimension
 #: reader checks a number against it (:func:`bounded`) before anything is allocated from it
 BOUNDS = {"layers": MAX_LAYERS, "width": MAX_WIDTH, "heads": MAX_HEADS, "head_dim": MAX_HEAD_DIM,
           "vocab": MAX_VOCAB, "ffn": MAX_FFN, "positions": MAX_POSITIONS, "index": MAX_INDEX,
-          "count": 1 << 20}
+          "count": 1 << 20, "checkpoints": 1000}
 MAX_JSON_BYTES = 256 << 20  # a JSON file of a kind without its own cap (JSON_CAPS) larger than this is not one
 # byte caps per kind of JSON, far above the largest seen on the Hub (configs: tens of KB, a few MB with
 # 20k labels; shard indexes: under 10 MB for 90k tensors; safetensors headers: a few MB; refs: KB)
@@ -220,34 +220,14 @@ def read_bytes(path: str | os.PathLike, what: str = "file", max_bytes: int | Non
     (``fstat``: a regular file, not a FIFO, device or directory, and no larger than the cap), so
     nothing swapped in between the check and the read is read; at most ``max_bytes + 1`` bytes
     are ever read (a file growing meanwhile is refused, not followed)."""
+    from headrank.util.fileio import read_regular
+
     cap = JSON_CAPS.get(what, MAX_JSON_BYTES) if max_bytes is None else max_bytes
     p = regular_file(path, what)
     try:
-        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        return read_regular(p, what, cap)
     except OSError as e:
         raise os_error(e, p, f"read the {what}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise HeadRankError(f"{p} is not a regular file ({_kind(st.st_mode)}): refusing to read it as a {what}")
-        if st.st_size > cap:
-            raise HeadRankError(f"{p} is larger than a {what} may be ({st.st_size:,} bytes, at most {cap:,}): "
-                                f"not a {what}")
-        chunks, left = [], cap + 1
-        while left > 0:
-            b = os.read(fd, min(left, 1 << 20))
-            if not b:
-                break
-            chunks.append(b)
-            left -= len(b)
-    except OSError as e:
-        raise os_error(e, p, f"read the {what}") from None
-    finally:
-        os.close(fd)
-    data = b"".join(chunks)
-    if len(data) > cap:
-        raise HeadRankError(f"{p} grew past {cap:,} bytes while being read, more than a {what} may be: not a {what}")
-    return data
 
 
 def file_identity(path: str | os.PathLike) -> tuple[int, int, int, int]:

@@ -125,7 +125,7 @@ class OutputSet:
         if real.is_dir() and self.owns is not None:
             names = [e for e in os.listdir(real) if not _ours_temporary(e)]
             if names and self.owns not in names and RECORD not in names:
-                raise HeadRankError(f"{self.flag} {out} holds other files (no {self.owns}): choose an empty or new "
+                raise HeadRankError(f"{self.flag} {out} is not empty and holds no {self.owns}: choose an empty or new "
                                     "directory")
         if not real.exists():
             parent = real.parent

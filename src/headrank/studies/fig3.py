@@ -368,6 +368,10 @@ def claims(data: dict[str, Any], params: Fig3Params) -> list[Claim]:
                                 SRC_MATCHED, "In both models, attention weight decay lambda = 0.1 (taken literally) "
                                 "lowers the effective rank of both products against no decay.", missing,
                                 supports="fig3.rank_falls" if one_contrast else "")
+    if one_contrast:  # its per-model evidence then supports the one counted contrast
+        for c in per:
+            if c.supports == "fig3.lam01_literal":
+                c.supports = "fig3.rank_falls"
     return [trend_all, literal_all, *per]
 
 

@@ -237,7 +237,8 @@ def _holm(out: list[dict[str, Any]], holm: Callable[..., set[Any]]) -> None:
             if i not in kept:
                 st["verdict"] = "inconclusive"
         elif st["verdict"] != "untested":
-            st["holm"] = "exact or threshold rule: outside the family" if st["p"] is None else "not in the family"
+            st["holm"] = ("no p recorded (an exact computation, or a threshold rule without a declared-margin test): "
+                          "outside the family" if st["p"] is None else "not in the family")
 
 
 def tally(claims: list[dict[str, Any]], names: set[Any] | None = None) -> dict[str, Any]:
