@@ -445,19 +445,19 @@ def track(series: str | os.PathLike | Sequence[str | os.PathLike], out: str | os
         Measure into an ``out`` made from other checkpoints or another tolerance (its tables of
         checkpoints that are not these are redone).
     metrics
-        For a run directory, also use the tracker rows of ``metrics.jsonl`` at steps without a
-        checkpoint.
+        For a run directory, also the tracker rows of ``metrics.jsonl`` at steps without a checkpoint.
     remote
-        Hub revisions read over HTTP ranges, each at the commit its architecture check read (the
-        ``commit`` column of the table and ``series.json``): a branch that moves meanwhile cannot
-        mix two models.
+        Hub revisions read over HTTP ranges, each at the commit its architecture check read (``commit`` in the
+        table and ``series.json``): a branch that moves meanwhile cannot mix two models.
     resume
         Continue the run that stopped in ``out`` at the commits it checked, measuring only what it
         had not (another series or options, or a checkpoint changed since: one line).
     progress, checking
         ``f(done, total)`` callbacks: the checkpoints measured; the architecture checks before them.
 
-    Returns a :class:`SeriesResult`.
+    Returns
+    -------
+    SeriesResult
     """
     out, conv = _check_args(tol, workers, out, resume and force), check_convention(convention).name
     asked = {**series_out.request(series, revisions, remote, tol, metrics), **({"convention": conv} if conv != "raw" else {})}
