@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_OUT ?= demo-out
 
-.PHONY: venv demo test test-fast fuzz lint docs bench gallery gallery-full gallery-paper reproduce-full clean
+.PHONY: venv demo test test-fast fuzz lint docs bench gallery gallery-full gallery-paper gallery-designs reproduce-full clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -70,6 +70,12 @@ gallery-full: reproduce-full
 gallery-paper: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/headrank reproduce all --profile paper --out out/paper
 	$(BIN)/python docs/gallery.py out/paper docs
+
+# The run designs fixed before they run (docs/paper_regime.md, "Designs"): about 4 h on 2 idle
+# CPU cores, resumable (out/design_runs), unchanged on a GPU or with HEADRANK_RAY.
+gallery-designs: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/headrank reproduce all --profile designs --out out/designs
+	$(BIN)/python docs/gallery.py out/designs docs
 
 clean:
 	rm -rf $(VENV) $(DEMO_OUT) site

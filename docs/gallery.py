@@ -17,7 +17,8 @@ from pathlib import Path
 
 from headrank.report.html import GROUP_TITLES, brief, claim_groups, measured_brief, reading
 from headrank.studies import coverage
-from headrank.studies.registry import citation_problems, tally
+from headrank.studies.registry import citation_problems, statements, tally
+from headrank.studies.verdicts import FAMILY_ALPHA, MARGIN_RULE, PLUS_MINUS
 from headrank.util.fileio import write_text
 
 FIGURES = {"fig1/fig1.png": "gallery_fig1.png", "fig2/fig2.png": "gallery_fig2.png",
@@ -64,17 +65,45 @@ def summary_table(summary: dict, claims: list[dict]) -> str:
     return "\n".join(lines)
 
 
-#: docs/preregistration.json's record (set by main): whether a claim's rule changed after the
-#: profile's stored run, for claims whose run recorded no rule hash
+#: docs/preregistration.json's record (set by main): per claim, whether its rule was set after
+#: data with the same seeds existed (the dagger) or changed after the run it judges
 PREREG: dict = {}
 
 
 def changed_after_run(c: dict) -> bool:
-    """Whether the rule that judged ``c`` was changed after its run was made: from the claim
-    (runs that recorded their rule's hash) or else from docs/preregistration.json."""
-    if c.get("rule_changed_after_run") is not None:
-        return bool(c["rule_changed_after_run"])
+    """† for ``c``: its rule was set after same-seed data existed (docs/preregistration.json's
+    ``dagger``), or changed after the run it judges (the claim's own record, or the file's)."""
+    if c.get("rule_changed_after_run"):
+        return True
     return bool(PREREG.get(c.get("name"), False))
+
+
+def _interval(t: dict) -> str:
+    if t.get("lo") is None or t.get("verdict") == "untested":
+        return f"n {t.get('n')}: no interval"
+    return (f"{t['diff']:.3g} ± {t['spread']:.3g} = [{t['lo']:.3g}, {t['hi']:.3g}], margin {t['margin']:.3g}, "
+            f"n {t['n']}")
+
+
+def statements_table(claims: list[dict]) -> str:
+    """The counted statements, each once: its claims, verdict after Holm, and each test's
+    interval, margin and n."""
+    rows = ["| statement (coverage row) | claims | verdict | Holm | tests: mean ± half-width = [lo, hi], margin, n |",
+            "| --- | --- | --- | --- | --- |"]
+    for st in statements(claims):
+        by = {c["name"]: c for c in claims}
+        tests = "; ".join(_interval(t) for n in st["claims"] for t in (by[n].get("tests") or [])) or "—"
+        row = coverage.COVERAGE[st["row"]] if st["row"] is not None else None
+        label = f"{row[1]}: {row[2]}" if row else st["claims"][0]
+        verdict = st["verdict"] + (" †" if any(changed_after_run(by[n]) for n in st["claims"]) else "")
+        rows.append(f"| {clean(label)} | {', '.join(f'`{n}`' for n in st['claims'])} | {verdict} | "
+                    f"{clean(st.get('holm', '') or '—')} | {clean(tests)} |")
+    return "\n".join(rows)
+
+
+RULES_LINE = (f"How a verdict is reached: each finding declares its margin before its run; {MARGIN_RULE}. "
+              f"Holm's family-wise control at {FAMILY_ALPHA:g} (one-sided) runs over the counted statements that "
+              "carry tests; a verdict that does not survive it is counted inconclusive. " + PLUS_MINUS + ".")
 
 
 def _verdict(c: dict) -> str:
@@ -161,13 +190,18 @@ def main(src: Path, docs: Path) -> None:
             if (src / rel).exists():
                 shutil.copyfile(src / rel, docs / name)
     record = json.loads((docs / "preregistration.json").read_text()) if (docs / "preregistration.json").exists() else {}
-    PREREG.update({n: r["changed_after_stored_run"].get(profile, False) for n, r in record.get("claims", {}).items()})
+    PREREG.update({n: bool(r.get("dagger", {}).get(profile) or r["changed_after_stored_run"].get(profile))
+                   for n, r in record.get("claims", {}).items()})
     table = summary_table(summary, claims)
     problems = citation_problems(claims)
-    text = (f"# Claims, {profile} profile\n\n{reading(claims)}\n\n{table}\n\n"
+    t = tally(claims)
+    holm = (f"Holm: {t['holm_family']} statements in the family, {t['holm_demoted']} demoted to inconclusive.")
+    text = (f"# Claims, {profile} profile\n\n{reading(claims)}\n\n{RULES_LINE}\n\n{table}\n\n{holm}\n\n"
             + (f"Citation problems: {'; '.join(problems)}\n\n" if problems else "")
-            + "† the rule that judged this claim was changed after its run was made (a departure from "
-              "pre-registration: docs/METHODS.md §4, docs/preregistration.json).\n\n"
+            + "† the rule that judged this claim was set after data with the same seeds existed, or changed after "
+              "its run was made (not a pre-registration in the strict sense: docs/METHODS.md §4, "
+              "docs/preregistration.json's dagger).\n\n"
+            + f"## The statements, each counted once\n\n{statements_table(claims)}\n\n"
             + f"## The documents' findings: quote, rule, verdict\n\n{quotes_and_rules(claims)}\n\n"
             f"## Every claim\n\n{claims_table(claims)}\n")
     if profile not in ("quick", "full"):  # a study's own profile (paper): its claims page only, with its notes

@@ -1,7 +1,7 @@
 """Write docs/preregistration.json: for every claim, the hash of its rule per profile and the
 commit at which that rule was first fixed, and whether it changed after the stored run.
 
-    PYTHONPATH=src python docs/preregistration.py            # rewrite docs/preregistration.json
+    PYTHONPATH=src python docs/preregistration.py --runs=quick=out/gallery   # rewrite it from those runs
     PYTHONPATH=src python docs/preregistration.py --check    # exit 1 if the file is not what the code gives
 
 The claims are enumerated by judging the test suite's synthetic data (tests/studies) and short
@@ -17,6 +17,15 @@ first-fixed commit per profile (``first_fixed_in``). A rule whose first-fixed co
 profile is not an ancestor of (or equal to) the commit that made that profile's stored run
 changed after that run: a departure (docs/METHODS.md §4). A profile without a stored run of the
 claim's study records None.
+
+The statistics every rule uses (src/headrank/studies/verdicts.py) are part of every hash, so a
+rule is fixed no earlier than that module's last change (the walk above sees only the judging
+module). ``dagger`` (the † of the claims pages): the rule was set after data with the same seeds
+existed (:data:`SAME_SEED_DATA`: the earlier stored runs of that profile; a re-run regenerates the
+same data), so it is not a pre-registration in the strict sense, whatever run it judges now.
+``stored_runs``: the runs that made today's tables, by the commit of the code that made their
+data (run.json's ``data_commit``) and the commit that judged them (``judged_commit``); a profile
+absent there has no table on today's rules.
 """
 
 from __future__ import annotations
@@ -29,31 +38,38 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "preregistration.json"
 
-#: the commit whose code made each profile's stored run (docs/claims_{quick,full}.md), as the
-#: record shows it (README, commit messages). "at or before": the record gives only an upper bound.
-STORED_RUNS = {
-    "quick": {"collapse": ("ee3ec44", "ran with this code (docs/claims_collapse_quick.md)"), "decouple": ("2b98701", "ran with this code"),
-              "fig3": ("16ea643", "at or before: the quick record names no commit; the full runs' commit"),
-              "table1": ("16ea643", "at or before: as fig3"), "compress": ("16ea643", "at or before: as fig3"),
-              "fig1": ("c3962e7", "at or before: runs made by earlier versions, last measured there"),
-              "fig2": ("c3962e7", "at or before: as fig1"), "fig4": ("c3962e7", "at or before: as fig1"),
-              "fig5": ("c3962e7", "at or before: as fig1"), "scale": ("c3962e7", "at or before: as fig1")},
-    "full": {"collapse": ("ee3ec44", "ran with this code (docs/claims_collapse_full.md)"), "decouple": ("2b98701", "ran with this code"),
-             "fig3": ("16ea643", "README: fig3, table1 and compress were run from commit 16ea643"),
-             "table1": ("16ea643", "as fig3"), "compress": ("16ea643", "as fig3"),
-             "fig1": ("c3962e7", "at or before: 'from earlier commits', last measured there"),
-             "fig2": ("c3962e7", "at or before: as fig1"), "fig4": ("c3962e7", "at or before: as fig1"),
-             "fig5": ("c3962e7", "at or before: as fig1"), "scale": ("c3962e7", "at or before: as fig1")},
+#: runs with the same seeds that existed before today's rules (the earlier stored runs of each
+#: profile, as the earlier record gave them): a rule fixed after them carries the dagger
+SAME_SEED_DATA = {
+    "quick": {"collapse": "ee3ec44", "decouple": "2b98701", "fig3": "16ea643", "table1": "16ea643",
+              "compress": "16ea643", "fig1": "c3962e7", "fig2": "c3962e7", "fig4": "c3962e7", "fig5": "c3962e7",
+              "scale": "c3962e7"},
+    "full": {"collapse": "ee3ec44", "decouple": "2b98701", "fig3": "16ea643", "table1": "16ea643",
+             "compress": "16ea643", "fig1": "c3962e7", "fig2": "c3962e7", "fig4": "c3962e7", "fig5": "c3962e7",
+             "scale": "c3962e7"},
+    "paper": {s: "d5f5380" for s in ("fig3", "table1", "decouple")},
+    "paper_vit": {"fig3": "f052453"},
 }
 
-# the paper profile (docs/paper_regime.md): its one run started at 16:08 on 25 November with the
-# code committed as d5f5380 at 16:09 (the sized regime); 50c063e and ec5afcd (16:13) touched only
-# the report's wording of the profile and the Makefile. docs/claims_paper.md is that run.
-STORED_RUNS["paper"] = {s: ("d5f5380", "ran with this code (the paper profile's one run, 25 Nov, 16:08-16:49)")
-                        for s in ("fig3", "table1", "decouple")}
-#: fig3's ViT half of the paper profile, re-run with the ViT chosen by the pilot (docs/paper_regime.md)
-STORED_RUNS["paper_vit"] = {"fig3": ("f052453", "ran with this code (the ten ViT runs, 26 Nov; "
-                                                "docs/claims_paper_vit.md)")}
+#: the runs that made today's tables: profile -> study -> (data commit, judged commit, what). Read
+#: from run.json of each part of the runs given on the command line (``--runs quick=out/gallery``).
+STORED_RUNS: dict[str, dict[str, tuple[str, str, str]]] = {}
+
+
+def stored_runs(specs: list[str]) -> dict[str, dict[str, tuple[str, str, str]]]:
+    """``profile=DIR`` → each part's (data_commit, judged_commit, note) from DIR/NAME/run.json."""
+    out: dict[str, dict[str, tuple[str, str, str]]] = {}
+    for spec in specs:
+        profile, d = spec.split("=", 1)
+        for run in sorted(Path(d).glob("*/run.json")):
+            meta = json.loads(run.read_text())
+            dc, jc = meta.get("data_commit") or "?", meta.get("judged_commit") or "?"
+            data, judged = dc[:7], jc[:7]
+            note = f"data made by {dc.replace('+dirty', ' with uncommitted changes')}, judged by " \
+                   f"{jc.replace('+dirty', ' with uncommitted changes')}"
+            out.setdefault(profile, {})[run.parent.name] = (data, judged, note)
+    return out
+
 
 #: rule changes made in params (thresholds, horizons, grids), which the code walk does not see,
 #: by claim name or by study
@@ -106,7 +122,8 @@ def first_fixed(judged_by: str) -> str:
                 break
             fixed = commit
         found.append(fixed)
-    return latest(found)
+    verdicts = git("log", "-1", "--format=%h", "--", "src/headrank/studies/verdicts.py").strip()
+    return latest([*found, verdicts]) if verdicts else latest(found)
 
 
 def is_ancestor(a: str, b: str) -> bool:
@@ -154,7 +171,8 @@ def build() -> dict:
     from headrank.studies import prereg
     from headrank.studies.registry import get
 
-    out: dict = {"about": __doc__.split("\n\n")[0].strip(), "stored_runs": STORED_RUNS, "claims": {}}
+    out: dict = {"about": __doc__.split("\n\n")[0].strip(), "stored_runs": STORED_RUNS,
+                 "same_seed_data": SAME_SEED_DATA, "claims": {}}
     for study, claims in sorted(probe_claims().items()):
         entry = get(study).study
         profiles = {p: entry.make_params(p) for p in entry.profiles()}
@@ -172,12 +190,19 @@ def build() -> dict:
             row["profile_notes"] = {k: profile_change(k, c.name)[1] for k in profiles if profile_change(k, c.name)}
             row["changed_after_stored_run"] = {
                 k: (not is_ancestor(row["first_fixed_in"][k], STORED_RUNS[k][study][0])
-                    if study in STORED_RUNS.get(k, {}) else None) for k in profiles}
+                    if study in STORED_RUNS.get(k, {}) and STORED_RUNS[k][study][0] != "?" else None)
+                for k in profiles}
+            row["dagger"] = {k: (not is_ancestor(row["first_fixed_in"][k], SAME_SEED_DATA[k][study])
+                                 if study in SAME_SEED_DATA.get(k, {}) else None) for k in profiles}
             out["claims"][c.name] = row
     return out
 
 
 def main(argv: list[str]) -> int:
+    STORED_RUNS.update(stored_runs([a.removeprefix("--runs=") for a in argv if a.startswith("--runs=")]))
+    if not STORED_RUNS and OUT.exists():  # --check without --runs: the runs on the record
+        STORED_RUNS.update({k: {s: tuple(v) for s, v in d.items()}
+                            for k, d in json.loads(OUT.read_text()).get("stored_runs", {}).items()})
     data = build()
     text = json.dumps(data, indent=1, sort_keys=True) + "\n"
     if "--check" in argv:

@@ -34,9 +34,18 @@ if TYPE_CHECKING:  # pragma: no cover
     from headrank.report.result import ReproduceResult
     from headrank.report.result import reproduce as reproduce
     from headrank.training.integrations import RankCallback
+    from headrank.training.lightning import RankLightningCallback
     from headrank.training.loop import RunResult
     from headrank.training.loop import train_task as train
-    from headrank.training.optim import param_groups
+    from headrank.training.optim import (
+        AttnDecayTrainer,
+        ParamGroups,
+        decay_exposure,
+        hf_optimizer_cls_and_kwargs,
+        optimizer,
+        param_groups,
+        track_exposure,
+    )
     from headrank.training.sweep import SweepResult
     from headrank.training.sweep import sweep_verb as sweep
     from headrank.util.env import __version__ as __version__
@@ -44,9 +53,11 @@ if TYPE_CHECKING:  # pragma: no cover
 #: the CLI's verbs, each a function taking what the verb takes (docs/python.md)
 VERBS = ("spectra", "compress", "track", "collapse", "scale", "train", "sweep", "reproduce")
 
-__all__ = ["CollapseResult", "CompressResult", "HeadRankError", "HeadSpectrum", "RankCallback", "RankTracker", "ReproduceResult",
-           "RunResult", "ScaleResult", "SeriesResult", "SpectraResult", "SweepResult", "__version__", "analyze",
-           "collapse", "compress", "load_compressed", "param_groups", "reproduce", "save", "scale", "spectra", "sweep", "track", "train"]
+__all__ = ["AttnDecayTrainer", "CollapseResult", "CompressResult", "HeadRankError", "HeadSpectrum", "ParamGroups",
+           "RankCallback", "RankLightningCallback", "RankTracker", "ReproduceResult", "RunResult", "ScaleResult",
+           "SeriesResult", "SpectraResult", "SweepResult", "__version__", "analyze", "collapse", "compress",
+           "decay_exposure", "hf_optimizer_cls_and_kwargs", "load_compressed", "optimizer", "param_groups",
+           "reproduce", "save", "scale", "spectra", "sweep", "track", "track_exposure", "train"]
 # public name -> (module that defines it, its name there), imported on first use (importing
 # headrank stays cheap: no torch, pandas or matplotlib until one of these is touched)
 _LAZY = {
@@ -74,6 +85,13 @@ _LAZY = {
     "RankTracker": ("headrank.analysis.tracker", "RankTracker"),
     "RankCallback": ("headrank.training.integrations", "RankCallback"),
     "param_groups": ("headrank.training.optim", "param_groups"),
+    "ParamGroups": ("headrank.training.optim", "ParamGroups"),
+    "optimizer": ("headrank.training.optim", "optimizer"),
+    "decay_exposure": ("headrank.training.optim", "decay_exposure"),
+    "track_exposure": ("headrank.training.optim", "track_exposure"),
+    "hf_optimizer_cls_and_kwargs": ("headrank.training.optim", "hf_optimizer_cls_and_kwargs"),
+    "AttnDecayTrainer": ("headrank.training.optim", "AttnDecayTrainer"),
+    "RankLightningCallback": ("headrank.training.lightning", "RankLightningCallback"),
 }
 
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 ONE_LINE_LIMIT = 300
+#: the longest error line the command line prints (a hostile value inside a message cannot make a
+#: line of hundreds of thousands of characters)
+ERROR_LINE_LIMIT = 2000
 _MARK = "..."
 
 

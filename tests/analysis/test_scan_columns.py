@@ -13,6 +13,7 @@ import torch
 
 from headrank.analysis import columns as C
 from headrank.analysis.scan import SpectraResult, analyze
+from headrank.core.baseline import BASELINE_COLUMNS
 from headrank.core.metrics import METRICS, SUMMARY_METRICS
 
 from .test_spectra_routes import _write_llama
@@ -90,7 +91,8 @@ def test_saved_tables_are_what_pandas_wrote_before(llama, tmp_path):
     heads = t.assign(source=str(res.meta["source"])).to_csv(index=False)
     assert (tmp_path / "o" / "heads.csv").read_text() == heads
     s = t.assign(rank_frac=t["rank"] / t["head_dim"]).groupby(["layer", "product"], sort=True).agg(
-        heads=("head", "size"), rank_frac=("rank_frac", "mean"), **{k: (k, "mean") for k in SUMMARY_METRICS})
+        heads=("head", "size"), rank_frac=("rank_frac", "mean"),
+        **{k: (k, "mean") for k in (*SUMMARY_METRICS, *BASELINE_COLUMNS)})  # the random baseline beside the means
     assert (tmp_path / "o" / "summary.csv").read_text() == s.reset_index().to_csv(index=False)
     pd.testing.assert_frame_equal(res.summary(), s.reset_index())
     rot = res.rotary

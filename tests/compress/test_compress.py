@@ -197,15 +197,12 @@ def test_out_with_other_files_is_refused_and_a_rerun_replaces_the_set(llama_dir,
     (tmp_path / "o" / "notes.txt").write_text("mine")
     with pytest.raises(HeadRankError, match="no compress.json"):
         compress(str(llama_dir), tmp_path / "o", rank=2)
-    compress(str(llama_dir), tmp_path / "p", rank=2)
-    (tmp_path / "p" / "1_Pooling").mkdir()  # as if the previous set had had it
-    old = json.loads((tmp_path / "p" / "compress.json").read_text())
-    old["files"] += ["1_Pooling/", "vocab.txt"]
-    (tmp_path / "p" / "compress.json").write_text(json.dumps(old))
-    (tmp_path / "p" / "vocab.txt").write_text("x")
-    res = compress(str(llama_dir), tmp_path / "p", rank=4)
+    compress(str(llama_dir), tmp_path / "p", rank=2, format="dense")
+    assert (tmp_path / "p" / "model.safetensors").is_file()
+    res = compress(str(llama_dir), tmp_path / "p", rank=4)  # factored: the dense weights are stale
     assert json.loads((tmp_path / "p" / "compress.json").read_text())["totals"] == json.loads(json.dumps(res["totals"]))
-    assert not (tmp_path / "p" / "vocab.txt").exists() and not (tmp_path / "p" / "1_Pooling").exists()
+    assert not (tmp_path / "p" / "model.safetensors").exists()  # the previous set's, by the writer's record
+    assert (tmp_path / "p" / "factored-model.safetensors").is_file()
 
 
 def test_params_budget_is_met_and_spent_on_the_largest_energy_shares(llama_dir, tmp_path):

@@ -276,7 +276,7 @@ def test_a_background_write_that_fails_is_one_line_and_nothing_written(bf16_dir,
         return real(tensors, path, metadata=metadata)
 
     monkeypatch.setattr(w, "SHARD_BYTES", 12_000)
-    monkeypatch.setattr(safetensors.torch, "save_file", second_fails)
+    monkeypatch.setattr(w, "save_file", second_fails)
     r = CliRunner().invoke(app, ["compress", str(bf16_dir), "--out", str(tmp_path / "o"), "--rank", "2"])
     assert r.exit_code == 2 and "no space left on the device" in r.output and r.output.count("\n") == 1, r.output
     assert len(calls) == 2 and not (tmp_path / "o").exists()

@@ -1,4 +1,5 @@
-"""One writer per run directory: the flock on RUN/.lock, across processes and through a kill."""
+"""One writer per run directory: the flock on the directory RUN itself, across processes and through a kill;
+no lock file is made or left."""
 
 import os
 import signal
@@ -40,11 +41,11 @@ def test_a_killed_writer_leaves_no_stale_lock(tmp_path):
     p = _holder(run)
     os.kill(p.pid, signal.SIGKILL)
     p.wait()
-    assert (run / LOCK).exists() and not run_locked(run)
+    assert not (run / LOCK).exists() and not run_locked(run)
     t0 = time.monotonic()
     with locked_run(run):
         assert run_locked(run)
-    assert time.monotonic() - t0 < 5 and not run_locked(run)
+    assert time.monotonic() - t0 < 5 and not run_locked(run) and list(run.iterdir()) == []
 
 
 def test_the_same_process_cannot_take_it_twice(tmp_path):

@@ -213,14 +213,14 @@ def test_permission_denied_names_the_path(tmp_path, monkeypatch):
 
 def test_permission_denied_on_the_config_is_not_no_such_file(tmp_path, monkeypatch):
     src = write_tiny(tmp_path / "m")
-    real_open = open
+    real_open = os.open  # every planted file is read through os.open (validate.read_bytes)
 
     def fake_open(path, *a, **k):
         if str(path) == str(src / "config.json"):
             raise PermissionError(13, "Permission denied", str(path))
         return real_open(path, *a, **k)
 
-    monkeypatch.setattr("builtins.open", fake_open)
+    monkeypatch.setattr(os, "open", fake_open)
     with pytest.raises(HeadRankError) as e:
         open_reader(str(src))
     assert "permission denied" in str(e.value) and "No such file" not in str(e.value)

@@ -151,8 +151,8 @@ def _by_name(data, p=P):
 def test_all_hold_on_collapsing_data():
     by = _by_name(_data(), P1)
     assert list(by) == ["collapse.pure_attention", "collapse.skip_prevents", "collapse.mlp_slows",
-                        "collapse.mlp_does_not_prevent", "collapse.doubly_exponential", "collapse.stated_bound",
-                        "collapse.heads_modulate", "collapse.mlp_lipschitz", "collapse.path_products",
+                        "collapse.mlp_does_not_prevent", "collapse.cubic_rate", "collapse.doubly_exponential",
+                        "collapse.stated_bound", "collapse.heads_modulate", "collapse.mlp_lipschitz", "collapse.path_products",
                         "collapse.path_restricted", "collapse.short_paths", "collapse.short_paths_init",
                         "collapse.path_sum_exact", "collapse.path_counts"]
     assert all(c.verdict == "held" for c in by.values()), {n: c.measured for n, c in by.items() if not c.held}
@@ -546,3 +546,24 @@ def test_quick_run_and_replot(tmp_path):
     (tmp_path / "depth_sweep.png").unlink()
     runner.run("collapse", tmp_path, replot=True)
     assert (tmp_path / "claims.json").read_text() == before and (tmp_path / "depth_sweep.png").exists()
+
+
+def test_cubic_rate_is_judged_over_networks_both_ways():
+    """The rate apart from the bound: kappa 3 on a cubic recursion (held), 1 on a single exponential
+    (not held: kappa - 1 inside the margin), one network untested."""
+    from headrank.studies.collapse.depth_claims import cubic_rate
+
+    def data(rows, seeds=(0, 1)):
+        d = _data()
+        d["depth_sweep"] = {"seeds": list(seeds), "n_seqs": 2, "depths": list(range(6)),
+                            "curves": {"0.3": _exact_curve(rows)}}
+        if len(seeds) == 1:
+            d["depth_sweep"]["curves"]["0.3"]["bound"]["log10_abs_res"] = [list(r) for r in rows]
+            d["depth_sweep"]["curves"]["0.3"]["bound"]["log10_rel_res"] = [list(r) for r in rows]
+        return d
+
+    cubic = cubic_rate(data([_cubic(-2.5, -1.0), _cubic(-2.6, -1.1)]), P1)
+    assert cubic.verdict == "held" and abs(cubic.tests[0]["diff"] - 2.0) < 1e-9 and cubic.tests[0]["n"] == 2
+    expo = [[-2.0 - 2 * i for i in range(6)], [-2.1 - 2 * i for i in range(6)]]
+    assert cubic_rate(data(expo), P1).verdict == "not held"
+    assert cubic_rate(data(expo, seeds=(0,)), P1).tests[0]["verdict"] == "untested"

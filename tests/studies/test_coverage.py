@@ -7,7 +7,7 @@ import json
 
 import pandas as pd
 
-from headrank.studies import coverage, decouple, fig3, fig4, table1
+from headrank.studies import coverage, decouple, designs, fig3, fig4, table1
 from headrank.studies.collapse.params import CollapseParams
 from headrank.studies.fig2 import claims as fig2_claims
 from headrank.studies.fig4 import Fig4Params
@@ -38,6 +38,7 @@ def _all_claims():
     out += [f(d4, Fig4Params()) for f in (fig4.llama_coincide, fig4.llama_rows, fig4.decay_balances)]
     out += fig5_claims.claims(test_fig5._data(), test_fig5.Q)
     out += decouple.claims({"runs": test_decouple.helping(18.0).to_dict("list")}, decouple.DecoupleParams.quick())
+    out += designs.claims({}, designs.DesignsParams.quick())
     return out
 
 

@@ -17,9 +17,11 @@ def lin(a, b):
     return [a + (b - a) * i / (N - 1) for i in range(N)]
 
 
-def series(eff, brel1, gap1):
+def series(eff, brel1, gap1, cross=N - 1):
+    """``balance`` (the absolute imbalance) stays at 1 until tracked index ``cross``, then sits at
+    ``brel1``: its time to e^-2 is step 25 * cross when brel1 <= e^-2."""
     return {"step": [25 * i for i in range(N)], "rank": [16.0] * N, "effective_rank": lin(14, eff),
-            "balance": lin(1.0, brel1), "balance_rel": lin(0.2, brel1), "gap": lin(0.06, gap1),
+            "balance": [1.0] * cross + [brel1] * (N - cross), "balance_rel": lin(0.2, brel1), "gap": lin(0.06, gap1),
             "gap_rel": lin(0.06, gap1), "nuclear": [1.0] * N, "frob_bound": [1.0] * N}
 
 
@@ -34,7 +36,7 @@ def make_data(eff, brel, gap, acc, exposure=(0.0, 6.0, 18.0), sigma_min=0.2):
         data["exposure"][k] = {"attn": exposure[i], "other": 0.1, "lr_sum": 1.0}
         for s, d in (("0", 0.0), ("1", 0.01)):
             sv = [[1.0, 0.5, 0.1 / (1 + i), sigma_min / (1 + 10 * i)]] * 2
-            x = series(eff[i] + d, brel[i] + d / 10, gap[i])
+            x = series(eff[i] + d, brel[i] + d / 10, gap[i], cross=(N - 1, 3, 1)[i])
             for prod in ("ov", "qk"):
                 data[prod].setdefault(k, {})[s] = {"0": x, "1": x}
                 data["sv"][prod].setdefault(k, {})[s] = [sv, sv]
@@ -65,13 +67,14 @@ def test_below_the_exposure_a_trend_is_not_judged(fn):
 
 def test_trend_is_tie_aware_and_paired():
     order = ["0", "1", "3"]
-    assert C.trend({"0": [16, 16], "1": [16, 16], "3": [9, 9.5]}, order)[0] == "held"  # ties then a drop
-    assert C.trend({"0": [16, 16], "1": [16, 16], "3": [16, 16]}, order)[0] == "not held"  # no drop at all
-    assert C.trend({"0": [10, 12], "1": [14, 16.1], "3": [8, 9]}, order)[0] == "not held"  # a rise beyond the spread
-    assert C.trend({"0": [10, 14], "1": [10, 13], "3": [9, 13]}, order)[0] == "held"  # paired: 1 in each seed
-    verdict, reason, _ = C.trend({"0": [10, 14], "1": [10, 13], "3": [9, 14]}, order)
-    assert verdict == "inconclusive" and "spread" in reason  # drops 1 and 0: inside t(0.975, 1) x SE = 6.4
-    assert C.trend({"0": [10]}, ["0"])[0] == "inconclusive"
+    m = C.MARGIN_RANK
+    assert C.trend({"0": [16, 16], "1": [16, 16], "3": [9, 9.5]}, order, m)[0] == "held"  # ties then a drop
+    assert C.trend({"0": [16, 16], "1": [16, 16], "3": [16, 16]}, order, m)[0] == "not held"  # no drop at all
+    assert C.trend({"0": [10, 12], "1": [14, 16.1], "3": [8, 9]}, order, m)[0] == "not held"  # a rise beyond the margin
+    assert C.trend({"0": [10, 14], "1": [10, 13], "3": [9, 13]}, order, m)[0] == "held"  # paired: 1 in each seed
+    verdict, reason, _ = C.trend({"0": [10, 14], "1": [10, 13], "3": [9, 14]}, order, m)
+    assert verdict == "inconclusive" and "margin" in reason  # drops 1 and 0: [-5.9, 6.9] reaches across 0.5
+    assert C.trend({"0": [10]}, ["0"], m)[0] == "inconclusive"
 
 
 def test_noise_floor_and_numerical_ranks_come_from_the_stored_singular_values():
@@ -106,7 +109,7 @@ def test_without_a_lambda_0_control_there_is_no_floor_and_no_rank_verdict():
 def test_claims_in_order_and_profiles():
     assert [c.name for c in C.claims(GOOD, P)] == ["fig2.rank_falls", "fig2.balance_time_constant",
                                                     "fig2.gap_vanishes", "fig2.balance_relative",
-                                                    "fig2.qk_identical", "fig2.early_stages",
+                                                    "fig2.gap_absolute", "fig2.qk_identical", "fig2.early_stages",
                                                     "fig2.balance_lasts", "fig2.sgd_control", "fig2.task_learned"]
     assert C.task_learned(GOOD, P).kind == "check" and C.rank_falls(GOOD, P).quote
     for p in (Fig2Params.quick(), Fig2Params.full()):
@@ -150,7 +153,12 @@ def test_time_constant_is_fitted_on_the_preregistered_window_and_compared_with_l
     assert rates["1"][0] == pytest.approx(slope)
     c = C.balance_time_constant(GOOD, P, metric="balance_rel")
     assert c.measured["rate_over_2_lambda_lr"]["1"] == pytest.approx(np.mean(rates["1"]) / (2 * 1.0 * P.lr))
-    assert c.measured["parts"] == {"rate_rises_with_lambda": "held", "vanishes": "held"}
+    # balance_rel falls linearly at lambda 1 and 3 alike: the same time to e^-2 (index 4), equivalent
+    # within the one-interval margin, so the time part is not held while the fitted rates differ
+    assert c.measured["parts"] == {"rate_rises_with_lambda": "not held", "vanishes": "held"}
+    a = C.balance_time_constant(GOOD, P)
+    assert a.measured["steps_to_e-2"] == {"0": [None, None], "1": [75, 75], "3": [25, 25]}
+    assert a.measured["parts"]["rate_rises_with_lambda"] == "held" and a.tests and a.tests[0]["n"] == 2
     slow = make_data(eff=[14, 8, 3], brel=[0.15, 0.05, 0.04], gap=[0.05, 0.005, 0.001], acc=[1, 1, 1])
     assert C.balance_time_constant(slow, P, metric="balance_rel").verdict == "not held"  # 0.04 / 0.2 > 0.1
 

@@ -165,3 +165,18 @@ def test_fig3_end_to_end_tiny():
         assert by[f"fig3.{model}.lam01_literal"].exposure["got_attn"] == got.get("0.1")
     literal = {c.name: c for c in cs}["fig3.lm.lam01_literal"]
     assert literal.exposure["eta_lambda_per_step"] == pytest.approx(0.1 * 3e-3)
+
+
+def test_two_lambda_levels_count_one_contrast_once():
+    """The paper profile: with lambda 0 and the literal lambda only, the trend and the literal drop
+    are one contrast: fig3.lam01_literal and its evidence support fig3.rank_falls, not counted again."""
+    from headrank.studies import fig3
+    from headrank.studies.registry import citation_problems, tally
+
+    m = _model({0.0: 16, 0.1: 4})
+    m["literal_lambda"] = 0.1
+    cl = fig3.claims({"lm": m, "vit": m}, fig3.Fig3Params.quick())
+    by = {c.name: c for c in cl}
+    assert by["fig3.lam01_literal"].supports == "fig3.rank_falls"
+    assert citation_problems([c.to_json() for c in cl]) == []
+    assert sum(tally([c.to_json() for c in cl])["findings"].values()) == 1

@@ -35,7 +35,7 @@ def test_paired_differences_beat_a_large_seed_offset():
 def test_attn_decay_hurts_fails_or_is_inconclusive():
     assert attn_decay_hurts(_runs(lambda a, m: 10 - 0.2 * (a == 3.0))).verdict == "not held"
     c = attn_decay_hurts(_runs(lambda a, m: 10 + 0.01 * (a == 3.0), jitter=0.5))
-    assert c.verdict == "inconclusive" and "spread" in c.reason
+    assert c.verdict == "inconclusive" and "margin" in c.reason and c.tests[0]["margin"] == 0.1
     low = attn_decay_hurts(_runs(lambda a, m: 10 + a, attn=(0.0, 0.5)))
     assert low.verdict == "inconclusive" and "exposure" in low.reason
 

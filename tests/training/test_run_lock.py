@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from headrank.io.rundir import LOCK, latest_checkpoint
+from headrank.io.rundir import latest_checkpoint, lock_holder
 
 FAST = ["--checkpoint-every", "25", "--track-every", "25", "--threads", "1"]
 _HOLD = ("import sys, time\nfrom headrank.io.rundir import locked_run\n"
@@ -89,7 +89,8 @@ def test_a_killed_sweep_takes_its_workers_and_a_rerun_never_shares_a_run(tmp_pat
         # run cannot finish before the other has started: the kill below always finds both running
         for r in runs.iterdir() if runs.is_dir() else ():
             if r.name not in stopped and latest_checkpoint(r) is not None:
-                pid = int((r / LOCK).read_text())
+                pid = lock_holder(r)
+                assert pid is not None
                 os.kill(pid, signal.SIGSTOP)
                 stopped[r.name] = pid
         return len(stopped) == 2

@@ -1,5 +1,5 @@
-"""Writing outputs: one line for a full disk or a refused write, whole sets or the old set,
---out probed before the work, temporaries of killed runs cleaned."""
+"""Writing files: one line for a full disk or a refused write, temporaries of killed runs cleaned
+(whole sets and --out: tests/io/test_writer.py)."""
 
 import errno
 import os
@@ -30,59 +30,6 @@ def test_permission_denied_while_writing_names_the_file(tmp_path):
 
     with pytest.raises(HeadRankError, match="permission denied: cannot write .*meta.json"):
         fileio.write_atomic(tmp_path / "meta.json", deny)
-
-
-def test_a_failed_set_leaves_the_previous_set(tmp_path):
-    out = tmp_path / "out"
-    out.mkdir()
-    (out / "heads.csv").write_text("old heads\n")
-    (out / "meta.json").write_text("old meta\n")
-    with pytest.raises(HeadRankError, match="no space left"):
-        with fileio.staged_output(out) as stage:
-            fileio.write_text(stage / "heads.csv", "new heads\n")
-            fileio.write_atomic(stage / "meta.json", _enospc)
-    assert sorted(p.name for p in out.iterdir()) == ["heads.csv", "meta.json"]
-    assert (out / "heads.csv").read_text() == "old heads\n" and (out / "meta.json").read_text() == "old meta\n"
-
-
-def test_a_whole_set_replaces_the_previous_one(tmp_path):
-    out = tmp_path / "out"
-    out.mkdir()
-    (out / "heads.csv").write_text("old\n")
-    (out / "notes.txt").write_text("the user's own file\n")
-    with fileio.staged_output(out) as stage:
-        written = [fileio.write_text(stage / "heads.csv", "new\n"), fileio.write_text(stage / "meta.json", "{}\n")]
-    assert fileio.moved(written, stage, out) == [out / "heads.csv", out / "meta.json"]
-    assert (out / "heads.csv").read_text() == "new\n" and (out / "notes.txt").exists()
-    assert not [p for p in out.iterdir() if p.name.startswith(".")]
-
-
-def test_check_writable_refuses_early(tmp_path):
-    f = tmp_path / "f"
-    f.write_text("x")
-    with pytest.raises(HeadRankError, match="exists and is not a directory"):
-        fileio.check_writable(f)
-    with pytest.raises(HeadRankError, match="cannot create output directory"):
-        fileio.check_writable(f / "sub")
-
-
-def test_check_writable_names_a_directory_it_cannot_write(tmp_path, monkeypatch):
-    import tempfile
-
-    monkeypatch.setattr(tempfile, "mkstemp", lambda **k: (_ for _ in ()).throw(
-        PermissionError(13, "Permission denied", k.get("dir"))))
-    (tmp_path / "out").mkdir()
-    with pytest.raises(HeadRankError) as e:
-        fileio.check_writable(tmp_path / "out")
-    assert str(e.value) == f"permission denied: cannot write into {tmp_path / 'out'}"
-
-
-def test_check_writable_does_not_create_out(tmp_path, monkeypatch):
-    assert fileio.check_writable(tmp_path / "a" / "b") == tmp_path / "a" / "b"
-    assert not (tmp_path / "a").exists()  # created only when the files are written
-    monkeypatch.setattr(os, "access", lambda p, mode: False)
-    with pytest.raises(HeadRankError, match=f"permission denied: cannot create output directory .* \\(in {tmp_path}\\)"):
-        fileio.check_writable(tmp_path / "a" / "b")
 
 
 def _dead_pid() -> int:

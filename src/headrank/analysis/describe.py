@@ -85,6 +85,9 @@ def plot(table: pd.DataFrame, sv: dict[str, np.ndarray], meta: dict[str, Any],
         if "k90" in t:
             k = t.groupby("layer")["k90"].mean()
             ax.plot(k.index, k.to_numpy(), ls="--", color=color, label=f"{p.upper()} k90")
+        if "effective_rank_random" in t:  # the random product of the same shapes (core.baseline)
+            r = t.groupby("layer")["effective_rank_random"].mean()
+            ax.plot(r.index, r.to_numpy(), ls=":", color=color, label=f"{p.upper()} random product")
     ax.set_xlabel("layer" + span)
     ax.set_ylabel("mean over heads (band: min to max)")
     ax.legend(fontsize=8)
@@ -112,3 +115,4 @@ def plot(table: pd.DataFrame, sv: dict[str, np.ndarray], meta: dict[str, Any],
         write_atomic(path, lambda q: fig.savefig(q, dpi=110, format="png"))
         plt.close(fig)
     return fig
+

@@ -50,6 +50,11 @@ def figure_data(result) -> dict[str, Any]:
     if result.meta.get("attention") is not None:  # an encoder-decoder: its kinds' layers in turn, numbered 0..
         t, layers, name = {**t, "layer": np.asarray(unit_positions(t, result.meta))}, np.arange(len(layers)), \
             f"{name} ({kinds_span(result.meta)})"
+    conv = result.meta.get("conventions", {})
+    if conv.get("convention", "raw") != "raw":  # the weights' convention travels with the numbers (titles)
+        name = f"{name}, {conv['convention']} convention"
+    elif str(conv.get("weights", "")).startswith("norm folded"):
+        name = f"{name}, norm folded"
     data: dict[str, Any] = {
         "layers": layers,
         "name": name,
@@ -71,6 +76,14 @@ def figure_data(result) -> dict[str, Any]:
                 data[f"{product}_{col}"] = grid
     for k, v in result.row_norms.items():
         data[f"rows_{k}"] = np.asarray(v, dtype=np.float64)[:, 0, :]  # head 0 of each layer
+    cfg = result.meta.get("config", {})
+    if result.meta.get("attention") is None and result.meta.get("layout", {}).get("split") != "mla" and cfg:
+        from headrank.core.baseline import (
+            random_singular_values,  # the random product of the same shapes
+        )
+
+        sv = random_singular_values(int(cfg["d_model"]), int(cfg["d_model"]), int(cfg["head_dim"]))
+        data["random_sv"] = (sv / sv[:, :1]).mean(0)
     return data
 
 

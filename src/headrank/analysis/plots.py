@@ -180,6 +180,9 @@ def sv_curves(data: dict) -> plt.Figure:
         lc.set_array(np.broadcast_to(layers[:, None], ok.shape)[ok].astype(float))
         ax.add_collection(lc)
         ax.axhline(float(data["tol"]), color="red", lw=0.8, ls=":", label="rank threshold")
+        if "random_sv" in data:  # mean σ_i/σ_1 of Gaussian factors of the same shapes (core.baseline)
+            r = np.asarray(data["random_sv"], dtype=float)
+            ax.plot(np.arange(1, len(r) + 1), r, color="black", lw=1.2, ls="--", label="random product")
         ax.set_xlim(0.5, k + 0.5)
         finite = y[np.isfinite(y)]
         if finite.size:

@@ -44,14 +44,13 @@ unless ``force``, which measures it anew)::
     OUT/over_training.png      effective rank (and k90), gap/bound, balance, numerical rank vs step
 
 ``series.json``, ``table.csv``, ``summary.csv`` and ``over_training.png`` are written into a
-staging directory and moved in together (:func:`headrank.util.fileio.staged_output`), so a
+staging directory and moved in together (:class:`headrank.io.writer.OutputSet`), so a
 failed run (a full disk, a kill) leaves the previous set whole.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -66,7 +65,11 @@ from headrank.analysis.series_plots import plot_series, series_figure
 from headrank.core.linalg import DEFAULT_TOL
 from headrank.core.metrics import SUMMARY_METRICS
 from headrank.errors import HeadRankError, one_line
-from headrank.util.fileio import moved, staged_output, write_atomic, write_json
+from headrank.io.validate import BOUNDS, bounded
+from headrank.io.validate import read_json as read_record
+from headrank.io.writer import OutputSet, confined
+from headrank.util.args import checked
+from headrank.util.fileio import write_atomic, write_json
 from headrank.util.legacy import upgrade
 from headrank.util.ray import ray_session
 from headrank.util.result import (
@@ -109,15 +112,12 @@ _STEP_NAME = re.compile(r"(?:^|.*[^A-Za-z])(?:step|checkpoint|ckpt|iter|iteratio
 
 def _trainer_step(p: Path) -> int | None:
     """``global_step`` of a Trainer checkpoint's ``trainer_state.json`` (None when absent)."""
-    from headrank.io.validate import regular_file
-
     state = p / "trainer_state.json"
     if not state.is_file():
         return None
     try:
-        regular_file(state, "trainer state")
-        step = json.loads(state.read_text())["global_step"]
-    except (OSError, ValueError, KeyError, TypeError, HeadRankError):
+        step = read_record(state, "track record")["global_step"]
+    except (KeyError, TypeError, HeadRankError):
         return None
     return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
 
@@ -168,8 +168,9 @@ def _dir_step(p: Path, index: int) -> int:
     state = p / "trainer_state.json"
     if state.is_file():
         try:
-            return int(json.loads(state.read_text())["global_step"])
-        except (OSError, ValueError, KeyError, TypeError):
+            return bounded(read_record(state, "track record")["global_step"], "index", "global_step", str(state),
+                           lo=0)
+        except (KeyError, TypeError, HeadRankError):
             pass
     n = _trailing_int(p.name)
     return n if n is not None else index
@@ -186,6 +187,9 @@ def resolve_series(series: str | os.PathLike | Sequence[str | os.PathLike],
     if revisions is not None:
         revs = [r.strip() for r in (revisions.split(",") if isinstance(revisions, str) else revisions)]
         revs = [r for r in revs if r]
+        if len(revs) > BOUNDS["checkpoints"]:  # before one request per revision (10,000 refs: 20,000 requests)
+            raise HeadRankError(f"`revisions` names {len(revs):,} revisions, more than the {BOUNDS['checkpoints']:,} "
+                                "a series may hold; give fewer (every n-th step)")
         if not isinstance(series, (str, os.PathLike)) or not revs:
             raise HeadRankError("`revisions` takes one Hub id and a comma-separated list of revisions")
         if Path(series).exists():
@@ -405,6 +409,7 @@ class SeriesResult(ResultBase):
         return plain({**self.meta, "checkpoints": records(self.checkpoint_means())})
 
 
+@checked
 def track(series: str | os.PathLike | Sequence[str | os.PathLike], out: str | os.PathLike, *,
           revisions: str | Sequence[str] | None = None, tol: float = DEFAULT_TOL, workers: int | None = None,
           ray: str | None = None, plots: bool = True, force: bool = False, metrics: bool = True,
@@ -456,15 +461,19 @@ def track(series: str | os.PathLike | Sequence[str | os.PathLike], out: str | os
     """
     out = _check_args(tol, workers, out, resume and force)
     asked = series_out.request(series, revisions, remote, tol, metrics)
-    items, ids, arch, gone = (_resumed(out, asked, tol, checking) if resume else
-                              _checked(resolve_series(series, revisions, remote=remote), checking))
-    spec = {"kind": "headrank-series", "tol": tol, "architecture": arch,
-            "items": [{**asdict(i), "identity": ids[i.label]} for i in items]}
-    series_out.check_out(out, spec, force, resume)
-    series_out.write_plan(out, asked, spec)
-    extra = _tracker_rows(series, revisions, items, arch, tol) if metrics else None
-    done, todo, failed = _measure(items, ids, out / "checkpoints", tol, workers, ray, progress, gone)
-    return _finish(out, items, arch, [t["label"] for t in todo], sorted(done), failed, gone, plots, spec, extra)
+    with OutputSet(out) as dest:  # --out checked once and locked for the run (one writer at a time)
+        items, ids, arch, gone = (_resumed(out, asked, tol, checking) if resume else
+                                  _checked(resolve_series(series, revisions, remote=remote), checking))
+        spec = {"kind": "headrank-series", "tol": tol, "architecture": arch, "items": _items(items, ids)}
+        series_out.check_out(out, spec, force, resume)
+        series_out.write_plan(out, asked, spec)
+        extra = _tracker_rows(series, revisions, items, arch, tol) if metrics else None
+        done, todo, failed = _measure(items, ids, out / "checkpoints", tol, workers, ray, progress, gone)
+        return _finish(dest, items, arch, [t["label"] for t in todo], sorted(done), failed, gone, plots, spec, extra)
+
+
+def _items(items: list[SeriesItem], ids: dict[str, str]) -> list[dict[str, Any]]:
+    return [{**asdict(i), "identity": ids[i.label]} for i in items]
 
 
 def _checked(items: list[SeriesItem], checking: Callable[[int, int], None] | None
@@ -512,6 +521,8 @@ def _measure(items: Sequence[SeriesItem], ids: dict[str, str], ckdir: Path, tol:
     """Measure the checkpoints of ``items`` not already measured in ``ckdir``, writing each one's
     table as it finishes: (labels reused, items measured now, labels that failed -> error); the
     labels of checkpoints that vanished meanwhile are appended to ``gone``."""
+    if ckdir.is_symlink():
+        raise HeadRankError(f"{ckdir} is a symlink: refusing to write the checkpoints' tables through it")
     ckdir.mkdir(parents=True, exist_ok=True)
     done = {it.label for it in items if _reusable(ckdir, it.label, ids[it.label], tol)}
     todo = [asdict(it) for it in items if it.label not in done]
@@ -528,8 +539,8 @@ def _measure(items: Sequence[SeriesItem], ids: dict[str, str], ckdir: Path, tol:
         if isinstance(table, str):  # failed after its tries: recorded, the others go on
             failed[label] = table
             return
-        write_atomic(ckdir / f"{label}.csv", lambda p: table.to_csv(p, index=False))
-        write_json(ckdir / f"{label}.json", {"identity": ids[label], "tol": tol})
+        write_atomic(confined(ckdir, f"{label}.csv", "checkpoint label"), lambda p: table.to_csv(p, index=False))
+        write_json(confined(ckdir, f"{label}.json", "checkpoint label"), {"identity": ids[label], "tol": tol})
         series_out.append_rows(ckdir.parent, table)  # a stopped run keeps a table of what it had
         count += 1
         if progress:
@@ -542,7 +553,7 @@ def _measure(items: Sequence[SeriesItem], ids: dict[str, str], ckdir: Path, tol:
     return done, todo, failed
 
 
-def _finish(out: Path, items: list[SeriesItem], arch: dict[str, Any], todo: list[str], done: list[str],
+def _finish(dest: OutputSet, items: list[SeriesItem], arch: dict[str, Any], todo: list[str], done: list[str],
             failed: dict[str, str], gone: list[str], plots: bool, spec: dict[str, Any],
             extra: pd.DataFrame | None) -> SeriesResult:
     """The combined table, summary, series.json and figure of the checkpoints that neither failed
@@ -557,7 +568,7 @@ def _finish(out: Path, items: list[SeriesItem], arch: dict[str, Any], todo: list
         spec = {**spec, "failed": failed}
     if gone:
         spec = {**spec, "vanished": gone, "items": [i for i in spec["items"] if i["label"] not in gone]}
-    res = _combine(out, ok, arch, [t for t in todo if t not in failed and t not in gone], done, plots, spec, extra)
+    res = _combine(dest, ok, arch, [t for t in todo if t not in failed and t not in gone], done, plots, spec, extra)
     res.failed, res.vanished = failed, gone
     return res
 
@@ -568,7 +579,7 @@ def _check_args(tol: float, workers: int | None, out: str | os.PathLike, both: b
     if both:
         raise HeadRankError("`resume` continues a stopped run as it was started; `force` measures anew: give one")
     if not 0 < tol < 1:
-        raise HeadRankError(f"tolerance must lie in (0, 1); got {tol}")
+        raise HeadRankError(f"`tol` must lie in (0, 1); got {tol}")
     if workers is not None:
         from headrank.util.threads import check_threads
 
@@ -601,11 +612,11 @@ def analyse_or_fail(item: dict[str, Any], tol: float) -> pd.DataFrame | str:
 def _reusable(ckdir: Path, label: str, identity: str, tol: float) -> bool:
     """Whether ``ckdir/LABEL.csv`` was measured from this very checkpoint with this tolerance."""
     try:
-        rec = json.loads((ckdir / f"{label}.json").read_text())
-    except (OSError, ValueError):
+        rec = read_record(confined(ckdir, f"{label}.json", "checkpoint label"), "track record")
+    except HeadRankError:  # missing, a FIFO, too large, corrupt: measured again
         return False
     return (isinstance(rec, dict) and rec.get("identity") == identity and rec.get("tol") == tol
-            and (ckdir / f"{label}.csv").is_file())
+            and confined(ckdir, f"{label}.csv", "checkpoint label").is_file())
 
 
 def _tracker_rows(series: Any, revisions: Any, items: list[SeriesItem], arch: dict[str, Any],
@@ -621,13 +632,9 @@ def _tracker_rows(series: Any, revisions: Any, items: list[SeriesItem], arch: di
     if len(paths) != 1 or not (Path(paths[0]) / METRICS).is_file():
         return None
     run = Path(paths[0])
-    from headrank.io.validate import is_regular_file
-
-    if not is_regular_file(run / "config.json"):  # a FIFO would block the read
-        return None
     try:
-        cfg = upgrade(json.loads((run / "config.json").read_text()))
-    except (OSError, ValueError):
+        cfg = upgrade(read_record(run / "config.json", "run config"))
+    except HeadRankError:
         return None
     if not isinstance(cfg, dict) or cfg.get("tol") != tol:
         return None
@@ -713,10 +720,12 @@ def _kind_rank(col: pd.Series) -> pd.Series:
     return col.map({"encoder": 0, "decoder": 1, "cross": 2}) if col.name == "attention" else col
 
 
-def _combine(out: Path, items: list[SeriesItem], arch: dict[str, Any], computed: list[str],
+def _combine(dest: OutputSet, items: list[SeriesItem], arch: dict[str, Any], computed: list[str],
              skipped: list[str], plots: bool, spec: dict[str, Any] | None = None,
              extra: pd.DataFrame | None = None) -> SeriesResult:
-    frames = [pd.read_csv(out / "checkpoints" / f"{it.label}.csv").assign(origin="checkpoint") for it in items]
+    out = dest.out
+    frames = [pd.read_csv(confined(out / "checkpoints", f"{it.label}.csv", "checkpoint label")).assign(
+        origin="checkpoint") for it in items]
     if extra is not None:
         frames.append(extra.reindex(columns=frames[0].columns))
     table = pd.concat(frames, ignore_index=True)
@@ -724,7 +733,7 @@ def _combine(out: Path, items: list[SeriesItem], arch: dict[str, Any], computed:
     unit = ["attention", "layer"] if "attention" in table.columns else ["layer"]
     table = table.sort_values(["step", "checkpoint", *unit, "product", "head"], ignore_index=True, key=_kind_rank)
     summary = summarize_series(table)
-    with staged_output(out) as stage:  # the set moves in whole, or the previous set stays
+    with dest.stage() as stage:  # the set moves in whole, or the previous set stays
         files = [write_atomic(stage / "table.csv", lambda p: table.to_csv(p, index=False)),
                  write_atomic(stage / "summary.csv", lambda p: summary.to_csv(p, index=False))]
         if spec is not None:
@@ -734,7 +743,7 @@ def _combine(out: Path, items: list[SeriesItem], arch: dict[str, Any], computed:
             files.append(plot_series(summary, stage / "over_training.png", title=_title(items, arch, more)))
     (out / series_out.PARTIAL).unlink(missing_ok=True)  # the whole table is in: the partial one goes
     return SeriesResult(out=out, table=table, layer_means=summary, architecture=arch, computed=computed,
-                        skipped=skipped, files=moved(files, stage, out))
+                        skipped=skipped, files=dest.moved(files, stage))
 
 
 def model_name(source: str, revision: str | None = None) -> str:
@@ -753,6 +762,6 @@ def model_name(source: str, revision: str | None = None) -> str:
 def _title(items: list[SeriesItem], arch: dict[str, Any], tracker_steps: int = 0) -> str:
     names = list(dict.fromkeys(model_name(it.source, it.revision) for it in items))
     name = names[0] if len(names) == 1 else f"{names[0]} + {len(names) - 1} more"
-    more = f" + {tracker_steps} steps from metrics.jsonl" if tracker_steps else ""
+    more = f" + {tracker_steps} step{'s' if tracker_steps != 1 else ''} from metrics.jsonl" if tracker_steps else ""
     return (f"{name}: {len(items)} checkpoints{more}, {arch['model_type']} {arch['n_layers']} layers x "
             f"{arch['n_heads']} heads (dh {arch['head_dim']})")

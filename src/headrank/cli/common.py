@@ -4,16 +4,23 @@ error wrapper for commands, the progress display and staged output sets."""
 from __future__ import annotations
 
 import functools
+import os
 import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from headrank.errors import HeadRankError, one_line
+from headrank.errors import ERROR_LINE_LIMIT, HeadRankError, one_line
+
+#: when the command started (near enough: this module is among the first imported), on time.monotonic
+STARTED = time.monotonic()
 
 app = typer.Typer(
     add_completion=False,
@@ -23,7 +30,9 @@ app = typer.Typer(
 )
 # markup off: paths, model types and messages come from the user and may hold square brackets;
 # styled parts are rich Text objects, never markup strings.
-out_console = Console(width=None if sys.stdout.isatty() else 120, markup=False)
+# piped or redirected, nothing is cut to fit a screen: tables keep full headers and details, lines stay whole
+PIPE_WIDTH = 10_000
+out_console = Console(width=None if sys.stdout.isatty() else PIPE_WIDTH, markup=False)
 err_console = Console(stderr=True, markup=False)
 
 
@@ -62,7 +71,7 @@ def print_error(message: str) -> None:
 
     if interrupted() and message != "interrupted":  # a consequence of the Ctrl-C: only "interrupted" is said
         return
-    err_console.print(styled("bold red", "error: ", redact_text(one_line(message, None))), highlight=False,
+    err_console.print(styled("bold red", "error: ", redact_text(one_line(message, ERROR_LINE_LIMIT))), highlight=False,
                       soft_wrap=True)
 
 
@@ -132,16 +141,30 @@ def user_errors(fn):
     return wrapper
 
 
-def _save_set(save, out: Path | None) -> list[Path]:
-    """``save(directory)`` into a fresh staging directory inside ``out``, moved in only when
-    every file is written (a failure leaves the previous set as it was); the final paths."""
+@contextmanager
+def destination(out: Path | None, *sources: Any) -> Iterator[Any]:
+    """``--out`` checked once and locked for the whole command (:class:`headrank.io.writer.OutputSet`;
+    ``sources``: the inputs, where they are local paths, which ``--out`` may not be nor be inside);
+    None without ``--out``."""
     if out is None:
-        return []
-    from headrank.util.fileio import moved, staged_output
+        yield None
+        return
+    from headrank.io.writer import OutputSet
 
-    with staged_output(out) as stage:
+    paths = [Path(s) for s in sources if isinstance(s, (str, Path)) and os.path.exists(s)]
+    with OutputSet(out, sources=paths) as dest:
+        yield dest
+
+
+def _save_set(save, dest: Any) -> list[Path]:
+    """``save(directory)`` into the staging directory of ``dest`` (:func:`destination`), moved
+    in as one set only when every file is written (a failure leaves the previous set as it
+    was); the final paths."""
+    if dest is None:
+        return []
+    with dest.stage() as stage:
         files = save(stage)
-    return moved(files, stage, out)
+    return dest.moved(files, stage)
 
 
 def progress_bar(quiet: bool) -> Progress:
@@ -149,7 +172,7 @@ def progress_bar(quiet: bool) -> Progress:
     if not quiet and not err_console.is_terminal:
         from headrank.util.progress import LineProgress
 
-        return LineProgress(err_console)
+        return LineProgress(err_console, start=STARTED)  # the interval counts from the command's start
     return Progress(
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),

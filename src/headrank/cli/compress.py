@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -14,44 +13,39 @@ import typer
 
 from headrank.cli.common import app, err_console, progress_bar, styled, user_errors
 from headrank.errors import HeadRankError
-
-EVERY_S = 15.0
+from headrank.util.progress import EVERY_S
 
 
 class Phases:
     """The progress callback ``(done, total, phase)`` on one bar, and a beat: on a console that
     is not a terminal, a line at least every 15 s even while a phase reports nothing (loading a
-    model, one long layer)."""
+    model, one long layer), from :class:`~headrank.util.progress.Heartbeat`."""
 
     def __init__(self, bar: Any, every_s: float = EVERY_S):
+        from headrank.util.progress import Heartbeat
+
         self.bar, self.task, self.every_s = bar, bar.add_task("starting", total=None), every_s
-        self.state = ["starting", 0, None]
-        self.stop = threading.Event()
-        self.thread = None
-        if hasattr(bar, "line"):  # LineProgress (stderr is not a terminal)
-            self.thread = threading.Thread(target=self._beat, name="headrank-compress-beat", daemon=True)
+        self.beat = (Heartbeat(bar.console, "compress", every_s, tick=self._line)
+                     if hasattr(bar, "line") and getattr(bar, "thread", None) is None else None)  # a LineProgress that does not beat by itself
 
     def __call__(self, done: int, total: int | None, phase: str) -> None:
-        self.state = [phase, done, total]
         self.bar.update(self.task, completed=done, total=total, description=phase)
 
-    def _beat(self) -> None:
-        while not self.stop.wait(min(1.0, self.every_s / 4)):
-            now = self.bar.clock()
-            if now - self.bar.last >= self.every_s:
-                self.bar.last = now
-                t = self.bar.tasks[self.task]
-                self.bar.console.print(self.bar.line(t, now), highlight=False)
+    def _line(self) -> str | None:
+        now = self.bar.clock()
+        if now - self.bar.last < self.every_s:
+            return None
+        self.bar.last = now
+        return self.bar.line(self.bar.tasks[self.task], now)
 
     def __enter__(self) -> Phases:
-        if self.thread is not None:
-            self.thread.start()
+        if self.beat is not None:
+            self.beat.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> bool:
-        self.stop.set()
-        if self.thread is not None:
-            self.thread.join()
+        if self.beat is not None:
+            self.beat.__exit__(*exc)
         return False
 
 
@@ -143,11 +137,23 @@ def _curve(path: str, out: Path, budgets: str, opts: dict[str, Any], source: dic
     """--curve: measured with :func:`cost_curve` (``source``: its layers, threads, device,
     config, layout, revision), written as compress_curve.json/.png; --json prints that JSON."""
     from headrank.compress import curve
-    from headrank.util.progress import Heartbeat
+    from headrank.io.writer import OutputSet
 
     b = curve.parse_budgets(budgets)
-    curve.check_out(out)
-    quiet_run = quiet or as_json
+    src = [Path(path)] if Path(path).exists() else []
+    with OutputSet(out, sources=src, owns=curve.JSON) as dest:  # --out checked once and held to the end
+        data, written = _measure_curve(path, curve, b, opts, source, dest, quiet or as_json)
+    if as_json:
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
+    elif not quiet:
+        sys.stdout.write("\n".join(curve.lines(data)) + "\n")
+        sys.stdout.write(f"wrote {', '.join(str(p) for p in written)}\n")
+
+
+def _measure_curve(path: str, curve: Any, b: list[float], opts: dict[str, Any], source: dict[str, Any], dest: Any,
+                   quiet_run: bool) -> tuple[dict[str, Any], list[Path]]:
+    from headrank.util.progress import Heartbeat
+
     start = time.monotonic()
 
     def tell(s: str) -> None:
@@ -162,9 +168,4 @@ def _curve(path: str, out: Path, budgets: str, opts: dict[str, Any], source: dic
     finally:
         if beat is not None:
             beat.__exit__(None, None, None)
-    written = curve.save(data, out)
-    if as_json:
-        sys.stdout.write(json.dumps(data, indent=2) + "\n")
-    elif not quiet:
-        sys.stdout.write("\n".join(curve.lines(data)) + "\n")
-        sys.stdout.write(f"wrote {', '.join(str(p) for p in written)}\n")
+    return data, curve.save(data, dest)

@@ -14,6 +14,7 @@ from rich.text import Text
 from headrank.cli.common import (
     _save_set,
     app,
+    destination,
     err_console,
     out_console,
     print_error,
@@ -39,15 +40,11 @@ def collapse(
     """Rank collapse by layer: pure attention, + MLP, + skip, full; pretrained and re-initialised."""
     from headrank.analysis.collapse import collapse as run_collapse
     from headrank.analysis.collapse import save
-    from headrank.util.fileio import check_writable
-
-    if out is not None:
-        check_writable(out)
-    with progress_bar(quiet or as_json) as bar:
+    with destination(out) as dest, progress_bar(quiet or as_json) as bar:
         task = bar.add_task("sequences", total=None)
         result = run_collapse(model, seqs=seqs, max_tokens=max_tokens, seed=seed, threads=threads,
                               progress=lambda done, total: bar.update(task, completed=done, total=total))
-    written = _save_set(lambda d: save(result, d), out)
+        written = _save_set(lambda d: save(result, d), dest)
     summary = result.summary()
     if as_json:
         payload = result.to_json()
@@ -92,16 +89,12 @@ def scale(
     or neither, measured on real inputs; and the per-head attention rescaling symmetries."""
     from headrank.analysis.scaling import save
     from headrank.analysis.scaling import scale as run_scale
-    from headrank.util.fileio import check_writable
-
-    if out is not None:
-        check_writable(out)
-    with progress_bar(quiet or as_json) as bar:
+    with destination(out) as dest, progress_bar(quiet or as_json) as bar:
         task = bar.add_task("tensors", total=None)
         result = run_scale(model, scales=scales, tol=tol, groups=group or None, pairs=pairs, with_eps=with_eps,
                            exhaustive=exhaustive, threads=threads,
                            progress=lambda stage, d, t: bar.update(task, description=stage, completed=d, total=t))
-    written = _save_set(lambda d: save(result, d), out)
+        written = _save_set(lambda d: save(result, d), dest)
     if as_json:
         payload = result.to_json()
         if out is not None:
@@ -184,8 +177,12 @@ def track(
         raise typer.Exit(1 if res.failed else 0)
     if quiet:
         raise typer.Exit(1 if res.failed else 0)
-    table = Table(title=f"{len(res.computed) + len(res.skipped)} checkpoints ({len(res.skipped)} already done)",
-                  caption=CONSOLE_CAPTION.replace("mean over heads", "means over layers and heads"))
+    n_ck = len(res.computed) + len(res.skipped)
+    extra = len(means[["checkpoint", "step"]].drop_duplicates()) - n_ck  # rows from the run's metrics.jsonl
+    more = f" + {extra} step{'s' if extra != 1 else ''} from metrics.jsonl" if extra > 0 else ""
+    table = Table(title=f"{n_ck} checkpoint{'s' if n_ck != 1 else ''} ({len(res.skipped)} already done){more}",
+                  caption=CONSOLE_CAPTION.replace("mean over heads", "means over layers and heads")
+                  + "; definitions: docs/outputs.md")
     for col in ("checkpoint", "step", *(f"{p.upper()} {h}" for p in ("qk", "ov") for _, h, _ in CONSOLE_METRICS)):
         table.add_column(col, justify="left" if col == "checkpoint" else "right")
     piv = means.set_index(["checkpoint", "product"])

@@ -53,10 +53,6 @@ def reproduce(
     profile = _profile(quick, full, profile, replot, force)
     if name == "all" and model is not None:
         raise HeadRankError("--model applies to one reproduction (e.g. fig4), not to 'all'")
-    from headrank.util.fileio import check_writable
-
-    if not replot:
-        check_writable(out or Path("out") / name)  # before any training, not after it
     if name == "all":
         _reproduce_all(out or Path("out") / "all", profile=profile, force=force, strict=strict, as_json=as_json,
                        quiet=quiet, replot=replot)

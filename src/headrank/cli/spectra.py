@@ -13,6 +13,7 @@ from rich.table import Table
 from headrank.cli.common import (
     _save_set,
     app,
+    destination,
     err_console,
     out_console,
     progress_bar,
@@ -36,7 +37,8 @@ def spectra(
     max_bytes: Annotated[int | None, typer.Option("--max-bytes", min=1, help="--allow-full: the most bytes one whole file may hold, checked against its Content-Length before anything is written (default: twice the attention bytes its safetensors header lists, 4 GiB when not known)")] = None,
     base: Annotated[str | None, typer.Option("--base", help="LoRA adapter: base model path or Hub id (default: the adapter's base_model_name_or_path)")] = None,
     delta: Annotated[bool, typer.Option("--delta", help="LoRA adapter: spectra of the change of the products (adapted minus base)")] = False,
-    fold_norm: Annotated[bool, typer.Option("--fold-norm", help="fold the norm before attention into W_Q, W_K, W_V (TransformerLens' fold_ln)")] = False,
+    fold_norm: Annotated[bool, typer.Option("--fold-norm", help="fold the norm before attention into W_Q, W_K, W_V (TransformerLens' fold_ln alone; W_O as stored)")] = False,
+    convention: Annotated[str, typer.Option("--convention", help="raw (the weights as stored) or transformerlens (as TransformerLens 4 holds them by default: norm folded, writing weights centred, value biases folded); recorded in meta.json")] = "raw",
     fmt: Annotated[str, typer.Option("--format", help="stdout: table (summary per layer), csv (the per-head table) or json (= --json)")] = "table",
     tol: Annotated[float, typer.Option("--tol", help="relative threshold tau of the numerical rank #{s_i > tau s_1}")] = DEFAULT_TOL,
     layers: Annotated[str | None, typer.Option("--layers", help="layers to analyse, e.g. 0,3,5-7 (0-based)")] = None,
@@ -48,11 +50,11 @@ def spectra(
     threads: Annotated[int | None, typer.Option("--threads", help="worker threads over heads, 1 to 4 per CPU [default: the idle cores (affinity and cgroup quota minus the load average), re-checked between layers]; results are identical for any value")] = None,
     device: Annotated[str, typer.Option("--device", help="auto (a CUDA GPU when torch sees one, else the CPU), cpu (numpy float64 LAPACK, no torch for safetensors) or cuda[:N] (float64 Grams and factorisations on that GPU)")] = "auto",
     precision: Annotated[str, typer.Option("--precision", help="auto (bfloat16 weights: Grams in float32 chunks summed in float64, every head's error bounded, float64 where the bound does not hold; docs/methods/precision.md) or float64 (every step in float64: the numbers of earlier versions, bit for bit)")] = "auto",
+    energy: Annotated[str | None, typer.Option("--energy", help="energy levels, each a k column of heads.csv (the fewest singular values holding that share of sum s_i^2), e.g. 0.9,0.99,0.999 [default: k90, k99, k999]")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress, no table")] = False,
 ) -> None:
     """Exact per-head spectra of W_K^T W_Q and P W_V, with balance and nuclear-norm diagnostics."""
     from headrank.analysis.figproc import FigureProcess, take_early  # neither torch nor matplotlib
-    from headrank.util.fileio import check_writable
     from headrank.util.memory import gc_paused
 
     early = take_early()  # started before the options were parsed (headrank.cli.early); stopped if unused
@@ -61,24 +63,23 @@ def spectra(
     as_json = as_json or fmt == "json"
     if max_bytes is not None and not allow_full:
         raise HeadRankError("--max-bytes applies with --allow-full (the most one whole file may hold)")
-    if out is not None:
-        check_writable(out)  # before the analysis, not after it
-    figures = (early or FigureProcess()) if out is not None and plots else None  # imports matplotlib meanwhile
-    if early is not None and figures is not early:
-        early.close()
-    with gc_paused():  # torch's and pandas' import: no collections while ~1M objects are made
-        from headrank.analysis.scan import analyze, save
-    with progress_bar(quiet or as_json or fmt == "csv") as bar:
-        task = bar.add_task("layers", total=None)
-        result = analyze(path, config=config, tol=tol, layers=layers, layout=layout, threads=threads, revision=revision,
-                         base=base, delta=delta, fold_norm=fold_norm, download=download, remote=remote,
-                         allow_full=(max_bytes or True) if allow_full else False, rotary=rotary, vectors=vectors,
-                         device=device, precision=precision,
-                         progress=lambda done, total: bar.update(task, completed=done, total=total))
-    for rec in result.meta["nonfinite_heads"]:
-        err_console.print(styled("yellow", "warning: ", f"NaN/Inf weights in layer {rec['layer']} head {rec['head']} "
-                                                       f"({rec['product']}): metrics set to NaN"), highlight=False)
-    written = _save_set(lambda d: save(result, d, plots=plots, figures=figures), out)
+    with destination(out) as dest:  # --out checked once, before the analysis, and locked
+        figures = (early or FigureProcess()) if out is not None and plots else None  # imports matplotlib meanwhile
+        if early is not None and figures is not early:
+            early.close()
+        with gc_paused():  # torch's and pandas' import: no collections while ~1M objects are made
+            from headrank.analysis.scan import analyze, save
+        with progress_bar(quiet or as_json or fmt == "csv") as bar:
+            task = bar.add_task("layers", total=None)
+            result = analyze(path, config=config, tol=tol, layers=layers, layout=layout, threads=threads, revision=revision,
+                             base=base, delta=delta, fold_norm=fold_norm, download=download, remote=remote,
+                             allow_full=(max_bytes or True) if allow_full else False, rotary=rotary, vectors=vectors,
+                             device=device, precision=precision, convention=convention, energy=energy,
+                             progress=lambda done, total: bar.update(task, completed=done, total=total))
+        for rec in result.meta["nonfinite_heads"]:
+            err_console.print(styled("yellow", "warning: ", f"NaN/Inf weights in layer {rec['layer']} head {rec['head']} "
+                                                           f"({rec['product']}): metrics set to NaN"), highlight=False)
+        written = _save_set(lambda d: save(result, d, plots=plots, figures=figures), dest)
     _report(result, fmt=fmt, as_json=as_json, quiet=quiet, out=out, written=written)
 
 
@@ -100,13 +101,13 @@ def _report(result, *, fmt: str, as_json: bool, quiet: bool, out: Path | None, w
         return
     if quiet:
         return
-    _print_table(result, result.summary())
+    _print_table(result, result.summary(), out if written else None)
     if written:
         out_console.print(f"wrote {len(written)} files to {out}: " + ", ".join(p.name for p in written),
                           highlight=False)
 
 
-def _print_table(result, summary) -> None:
+def _print_table(result, summary, out: Path | None = None) -> None:
     """The header line (source, sizes, dtypes, τ) and the per-layer means of the console metrics."""
     from headrank.analysis.rotary import rotary_line
     from headrank.core.metrics import CONSOLE_CAPTION, CONSOLE_METRICS
@@ -118,7 +119,8 @@ def _print_table(result, summary) -> None:
         "bold", str(result.meta["source"]), f"  model_type={result.meta['model_type']}  layers={n_layers}  "
         f"d={c['d_model']}  heads={c['n_heads']} (kv {c['n_kv_heads']})  dh={c['head_dim']}  "
         f"dtype={','.join(result.meta['dtype_read'])}  tau={result.meta['tolerance']:g}"), highlight=False)
-    table = Table(title="mean over heads per layer", caption=CONSOLE_CAPTION)
+    where = f"{out / 'meta.json'}" if out is not None else "docs/outputs.md (--out also writes them to meta.json)"
+    table = Table(title="mean over heads per layer", caption=f"{CONSOLE_CAPTION}; definitions: {where}")
     table.add_column("layer", justify="right")
     for p in ("qk", "ov"):
         for _, head, _ in CONSOLE_METRICS:

@@ -187,13 +187,19 @@ def read_layer(reader: AttentionReader, i: int) -> Layer:
 
 def stream_layers(reader: AttentionReader, todo: tuple[int, ...]) -> Iterator[Layer]:
     """:func:`read_layer` of each layer of ``todo`` in order, the next one read by a reader
-    thread meanwhile (the checkpoint is touched by that thread alone)."""
-    from concurrent.futures import ThreadPoolExecutor
+    thread meanwhile (the checkpoint is touched by one thread at a time). The first layer is
+    read in the caller's thread, so whatever the read path imports is imported there, never by
+    the reader thread."""
+    from concurrent.futures import Future, ThreadPoolExecutor
 
     from headrank.util.memory import trim_heap
 
+    if not todo:
+        return
+    first: Future = Future()
+    first.set_result(read_layer(reader, todo[0]))
     with ThreadPoolExecutor(1, thread_name_prefix="headrank-read") as io:
-        nxt = io.submit(read_layer, reader, todo[0]) if todo else None
+        nxt = first
         for k in range(len(todo)):
             layer = nxt.result()
             reader.ckpt.release()

@@ -75,22 +75,13 @@ def draw(data: dict[str, Any], path: str | os.PathLike) -> Path:
     return Path(path)
 
 
-def check_out(out: str | os.PathLike) -> None:
-    """``out`` empty, new, or holding a previous curve (replaced), as ``compress`` checks its own."""
-    from headrank.compress.options import check_out as check
-
-    check(out, JSON)
-
-
-def save(data: dict[str, Any], out: str | os.PathLike) -> list[Path]:
-    """``compress_curve.json`` and ``compress_curve.png`` into ``out`` (one set, staged)."""
-    from headrank.util.fileio import staged_output
-
-    out = Path(out)
-    with staged_output(out) as stage:
+def save(data: dict[str, Any], dest: Any) -> list[Path]:
+    """``compress_curve.json`` and ``compress_curve.png`` into ``dest`` (a
+    :class:`~headrank.io.writer.OutputSet` held since ``--out`` was checked; one staged set)."""
+    with dest.stage() as stage:
         (stage / JSON).write_text(json.dumps(data, indent=2) + "\n")
-        draw(data, stage / PNG)
-    return [out / JSON, out / PNG]
+        files = [stage / JSON, draw(data, stage / PNG)]
+    return dest.moved(files, stage)
 
 
 def lines(data: dict[str, Any]) -> list[str]:

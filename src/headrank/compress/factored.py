@@ -24,19 +24,19 @@ cache is reported, not realised (docs/compress.md).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from headrank.errors import HeadRankError
+from headrank.compress import factored_check as check
+from headrank.compress.factored_check import FORMAT, MANIFEST, STEM
+from headrank.errors import HeadRankError, one_line
+from headrank.util.args import checked
 
-MANIFEST = "factored.json"
-FORMAT = "headrank-factored"
-#: the weight files' stem: not ``model``, so that transformers' from_pretrained, which would
-#: re-initialise every shrunk tensor with a warning, finds no weights and says so instead
-STEM = "factored-model"
+__all__ = ["FORMAT", "MANIFEST", "STEM", "LatentLinear", "LatentOutput", "factor_layer", "load_compressed", "ranges"]
+#: the weight files' stem (:data:`STEM`) is not ``model``, so that transformers' from_pretrained,
+#: which would re-initialise every shrunk tensor with a warning, finds no weights and says so instead
 
 
 def ranges(idx: torch.Tensor) -> list[list[int]]:
@@ -120,9 +120,13 @@ class LatentOutput(torch.nn.Module):
         return torch.nn.functional.linear(x, self.weight, self.bias)
 
 
-def _latent(old: torch.nn.Module, spec: dict[str, Any]) -> torch.nn.Module:
+def _latent(old: torch.nn.Module, spec: dict[str, Any], where: Path) -> torch.nn.Module:
     if not isinstance(old, torch.nn.Linear):
-        raise HeadRankError(f"factored checkpoint: {type(old).__name__} is not a Linear layer")
+        raise HeadRankError(f"{where / MANIFEST}: {type(old).__name__} is not a Linear layer")
+    have = old.out_features if spec["keep"] == "rows" else old.in_features
+    if spec["features"] != have:
+        raise HeadRankError(f"{where / MANIFEST}: an entry of {spec['features']:,} features for a projection of "
+                            f"{have:,} (config.json)")
     idx = from_ranges(spec["index"])
     has_bias = old.bias is not None
     if spec["keep"] == "rows":
@@ -132,73 +136,78 @@ def _latent(old: torch.nn.Module, spec: dict[str, Any]) -> torch.nn.Module:
     return new.to(device=old.weight.device, dtype=old.weight.dtype)
 
 
-def _resolve(name: str, modules: dict[str, torch.nn.Module], prefix: str) -> str:
+def _resolve(name: str, modules: dict[str, torch.nn.Module], prefix: str, where: Path) -> str:
     """A checkpoint tensor's module name in the model (Hugging Face's base-model prefix added or dropped)."""
     for cand in (name, name.removeprefix(prefix + "."), f"{prefix}.{name}"):
         if cand in modules:
             return cand
-    raise HeadRankError(f"factored checkpoint: the model has no module {name!r}")
-
-
-def read_manifest(path: Path) -> dict[str, Any]:
-    p = path / MANIFEST
-    if not p.is_file():
-        raise HeadRankError(f"{path} holds no {MANIFEST}: not a factored compress output (a `format` dense "
-                            "output loads with transformers' from_pretrained)")
-    try:
-        m = json.loads(p.read_text())
-    except (OSError, ValueError) as e:
-        raise HeadRankError(f"{p}: unreadable ({e})") from None
-    if not isinstance(m, dict) or m.get("format") != FORMAT or not isinstance(m.get("modules"), dict):
-        raise HeadRankError(f"{p}: not a headrank factored manifest")
-    return m
+    raise HeadRankError(f"{where / MANIFEST}: the model (config.json) has no module {name[:80]!r}")
 
 
 def _state_dict(path: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
+    """Every tensor of the weight files, each header checked as safetensors checks it and each
+    tensor read with ``pread`` from a file that must not change meanwhile (:mod:`headrank.io.stfile`)."""
+    from headrank.io.stfile import SafetensorsFile
 
-    index = path / f"{STEM}.safetensors.index.json"
-    files = (sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file()
-             else [f"{STEM}.safetensors"])
     sd: dict[str, torch.Tensor] = {}
-    for f in files:
-        if not (path / f).is_file():
-            raise HeadRankError(f"{path / f}: missing")
-        sd.update(load_file(str(path / f)))
+    for f in check.weight_files(path):
+        st = SafetensorsFile(f)
+        try:
+            sd.update({k: st.get_tensor(k) for k in st.keys()})
+        finally:
+            st.close()
     return sd
 
 
+def _build(path: Path, dtype: torch.dtype | None, attn_implementation: str | None):
+    """The model of config.json on the meta device (its sizes bounded first; no remote code)."""
+    from headrank.compress.evaluate import is_causal
+    from headrank.models.opener import quiet_transformers
+
+    check.config(path, torch.empty((), dtype=dtype or torch.float32).element_size())
+    try:
+        with quiet_transformers() as tf:
+            cfg = tf.AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+            cls = tf.AutoModelForCausalLM if is_causal(cfg) else tf.AutoModel
+            kw = {"attn_implementation": attn_implementation} if attn_implementation else {}
+            with torch.device("meta"):
+                return cls.from_config(cfg, dtype=dtype, **kw)
+    except HeadRankError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a config transformers refuses (garbage rope, unknown type, ...)
+        raise HeadRankError(f"{path / 'config.json'}: transformers cannot build a model from it: "
+                            f"{one_line(e, 300, typed=True)}") from None
+
+
+@checked
 def load_compressed(path: str | Path, *, dtype: torch.dtype | None = None, attn_implementation: str | None = None,
                     latent_kv: bool = False):
     """The Hugging Face model of a factored ``compress`` output, with its cut projections
     replaced by :class:`LatentLinear` / :class:`LatentOutput` (``dtype``: default the stored one).
 
+    The whole directory is checked before the model is built (:mod:`.factored_check`): a hostile
+    or damaged output is one :class:`~headrank.errors.HeadRankError` line.
+
     ``latent_kv``: attention on the kept key and value dimensions only, and a KV cache that holds
     only those (:mod:`.latent`; ``generate`` with ``latent_cache(model)``); where the architecture
     does not allow it the model is the plain one and ``model.headrank_latent_kv`` says why."""
-    from headrank.compress.evaluate import is_causal
-    from headrank.models.opener import quiet_transformers
-
-    path = Path(path)
-    manifest = read_manifest(path)
+    path = check.arguments(path, dtype, attn_implementation, latent_kv)
+    manifest = check.manifest(path)
+    info = check.compress_info(path)
     sd = _state_dict(path)
     dtype = dtype or next((t.dtype for t in sd.values() if t.is_floating_point()), torch.float32)
-    with quiet_transformers() as tf:
-        cfg = tf.AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
-        cls = tf.AutoModelForCausalLM if is_causal(cfg) else tf.AutoModel
-        kw = {"attn_implementation": attn_implementation} if attn_implementation else {}
-        with torch.device("meta"):
-            model = cls.from_config(cfg, dtype=dtype, **kw)
+    model = _build(path, dtype, attn_implementation)
     modules = dict(model.named_modules())
     prefix = getattr(model, "base_model_prefix", "")
     latent = {}
-    for name, spec in manifest["modules"].items():
-        full = _resolve(name, modules, prefix)
+    for name, spec in manifest.items():
+        full = _resolve(name, modules, prefix, path)
+        check.in_attention(model, full, path)
         parent, _, child = full.rpartition(".")
-        latent[full] = _latent(modules[full], spec)
+        latent[full] = _latent(modules[full], spec, path)
         setattr(model.get_submodule(parent) if parent else model, child, latent[full])
-    index = {k: from_ranges(manifest["modules"][n]["index"]) for k, n in
-             zip(latent, manifest["modules"], strict=True)}
+    index = {k: from_ranges(spec["index"]) for k, spec in zip(latent, manifest.values(), strict=True)}
+    check.shapes(model, sd, prefix, path)
     model.to_empty(device="cpu")
     model.init_weights()  # buffers (rotary frequencies, position ids) and whatever the file lacks
     for k, m in latent.items():
@@ -212,18 +221,9 @@ def load_compressed(path: str | Path, *, dtype: torch.dtype | None = None, attn_
     if latent_kv:
         from headrank.compress.latent import STATUS, enable
 
-        names = {k: {**spec, "kept": index[k]} for k, spec in zip(latent, manifest["modules"].values(), strict=True)}
-        setattr(model, STATUS, enable(model, names, _config_info(path)))
+        names = {k: {**spec, "kept": index[k]} for k, spec in zip(latent, manifest.values(), strict=True)}
+        setattr(model, STATUS, enable(model, names, info))
     return model
-
-
-def _config_info(path: Path) -> dict[str, Any]:
-    """compress.json's ``config`` block (head layout, position encoding), or nothing."""
-    try:
-        info = json.loads((path / "compress.json").read_text()).get("config")
-    except (OSError, ValueError, AttributeError):
-        return {}
-    return info if isinstance(info, dict) else {}
 
 
 def _load(model: torch.nn.Module, sd: dict[str, torch.Tensor], prefix: str) -> None:

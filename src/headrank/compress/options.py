@@ -93,28 +93,6 @@ def check_context(model, spec: TextSpec, given: bool = True) -> TextSpec:
     raise HeadRankError(f"`seq_len` {spec.seq_len} exceeds the model's context of {n_ctx} tokens")
 
 
-def check_out(out: str | os.PathLike, marker: str = "compress.json") -> dict[str, Any] | None:
-    """``out`` must be empty or hold a previous output of the same kind (its ``marker`` file,
-    whose JSON is returned: that set is then replaced). A missing ``out`` is not created here: a
-    run that fails before writing leaves nothing behind."""
-    from headrank.util.fileio import check_writable
-
-    out = check_writable(out)
-    if not out.exists():
-        return None
-    entries = [p for p in out.iterdir() if not p.name.startswith(".")]
-    if not entries:
-        return None
-    prev = out / marker
-    try:
-        old = json.loads(prev.read_text()) if prev.is_file() else None
-    except (OSError, ValueError):
-        old = None
-    if not isinstance(old, dict):
-        raise HeadRankError(f"`out` {out} is not empty and holds no {marker}: choose an empty or new directory")
-    return old
-
-
 # -- the cached uncut baseline ---------------------------------------------------------------------
 def cache_dir() -> Path:
     """``$HEADRANK_CACHE`` or ``$XDG_CACHE_HOME/headrank`` (default ``~/.cache/headrank``)."""

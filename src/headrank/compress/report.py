@@ -86,8 +86,14 @@ def _kv_measured(res: dict[str, Any]) -> str:
     m = (res.get("kv_cache") or {}).get("measured")
     if not isinstance(m, dict):
         return " (not measured)"
-    return (f"; measured by a generate with the latent cache: {m['bytes_per_token']:,.0f} of "
-            f"{m['uncut_bytes_per_token']:,.0f} bytes/token ({m['dtype']}), {m['share_saved']:.1%} saved")
+    return (f"; measured by a generate with the latent cache: {m['bytes_per_token']:,.0f} bytes/token kept of "
+            f"{m['uncut_bytes_per_token']:,.0f} uncut ({m['dtype']}), {m['share_saved']:.1%} saved")
+
+
+def _kv_saved(t: dict[str, Any]) -> str:
+    """``N bytes/token saved of M (K kept)``: which number is which, said."""
+    saved, total = sum(t["kv_cache_bytes_saved_per_token"].values()), t["kv_cache_bytes_per_token"]
+    return f"{saved:,} bytes/token saved of {total:,} ({total - saved:,} kept)"
 
 
 def _mb(n: float) -> str:
@@ -123,8 +129,7 @@ def report_lines(res: dict[str, Any], out: Any = None) -> list[str]:
     ks = ", ".join(f"{p} {k:.2f}" for p, k in t["mean_k"].items())
     lines = [f"mean k ({ks}) of {res['config']['head_dim']}; {t['params_saved_factored']:,} parameters "
              f"saved ({1 - t['kept_fraction_of_cut_products']:.1%} of the cut products); KV cache "
-             f"{sum(t['kv_cache_bytes_saved_per_token'].values())} of {t['kv_cache_bytes_per_token']} bytes/token "
-             "saved in a factored deployment" + _kv_measured(res)]
+             f"{_kv_saved(t)} in a factored deployment" + _kv_measured(res)]
     if res.get("allocation"):
         a = res["allocation"]
         lines.append(f"ranks allocated by measured loss (ASVD): {a['metric']} uncut {a['baseline']:.6g}, threshold "

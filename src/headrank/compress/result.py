@@ -50,10 +50,11 @@ class CompressResult(dict):
         return json.loads(json.dumps(json_view(self)))
 
     def save(self, out: str | os.PathLike) -> list[Path]:
-        """Write ``compress.json`` into directory ``out`` (created); the path written."""
-        from headrank.util.fileio import prepare_out_dir, write_json
+        """Write ``compress.json`` into directory ``out`` (created; through the writer); the path written."""
+        from headrank.io.writer import save_set
+        from headrank.util.fileio import write_json
 
-        return [write_json(prepare_out_dir(out) / FILE, dict(self))]
+        return save_set(out, lambda stage: [write_json(stage / FILE, dict(self))], owns=FILE)
 
     @classmethod
     def load(cls, out: str | os.PathLike) -> CompressResult:

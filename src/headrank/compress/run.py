@@ -4,9 +4,8 @@
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,6 @@ from headrank.compress.options import (
     cached_baseline,
     check_context,
     check_options,
-    check_out,
     store_baseline,
     text_spec,
 )
@@ -44,7 +42,9 @@ from headrank.compress.report import kv_block, summary
 from headrank.compress.result import CompressResult
 from headrank.compress.write import ShardWriter, copy_side_files, save_hf_side
 from headrank.errors import HeadRankError
-from headrank.util.fileio import check_writable, staged_output, write_json
+from headrank.io.writer import OutputSet
+from headrank.util.args import checked
+from headrank.util.fileio import write_json
 from headrank.util.threads import (
     check_precision,
     compute_setting,
@@ -66,6 +66,7 @@ def _original(reader, live) -> tuple[Any, Any]:
     return load(src)
 
 
+@checked
 def compress(source: Any, out: str | os.PathLike, *, keep: float | None = None, rank: int | None = None,
              params: float | None = None, products: str | Iterable[str] | None = None, whiten: bool = False,
              evaluate: bool = False, text: str | os.PathLike | None = None, n_eval: int | None = None,
@@ -104,8 +105,8 @@ def compress(source: Any, out: str | os.PathLike, *, keep: float | None = None, 
     dev, precision = resolve_device(device), check_precision(precision)
     spec = text_spec(opts, reader, live)
     notes = [n for n in (_gguf_note(gguf_note, fmt()) if live is not None else None, note) if n]
-    with torch_threads(opts["threads"]), computing(precision=precision), _locked(out):
-        old = check_out(out)
+    dest = OutputSet(out, sources=_source_paths(reader, source), owns="compress.json")
+    with torch_threads(opts["threads"]), computing(precision=precision), dest:  # --out checked once and locked, here
         orig = tok = None
         if whiten or evaluate or opts["allocate"] == "loss":
             orig, tok = _original(reader, live)
@@ -116,14 +117,21 @@ def compress(source: Any, out: str | os.PathLike, *, keep: float | None = None, 
                          stream=opts["allocate"] == "energy")
         plan, alloc = reallocate(plan, opts["allocate"], orig, tok, reader if live is not None else None, spec,
                                  cut_in_place, lambda d, t: tell(d, t, "allocating"))
-        with staged_output(out) as stage:
+        with dest.stage() as stage:
             result = _write(reader, live, plan, stage, opts, fmt, notes, tell)
             annotate(result, alloc, plan)
             kv = _evaluate(orig, tok, stage, spec, opts["format"], reader, result, tell) if evaluate else None
             kv_block(result, kv)
             write_json(stage / "compress.json", dict(result))
-        _drop_stale(out, old, result["files"])
     return result
+
+
+def _source_paths(reader, source: Any) -> list[Path]:
+    """Every path the run reads from: ``--out`` may be none of them, nor inside one."""
+    paths = [getattr(reader.ckpt, "path", None), *(getattr(reader.ckpt, "files", None) or [])]
+    if isinstance(source, (str, os.PathLike)) and os.path.exists(source):
+        paths.append(source)
+    return [Path(p) for p in paths if isinstance(p, (str, os.PathLike))]
 
 
 def _fit_context(model, spec: TextSpec, opts: dict[str, Any], notes: list[str]) -> TextSpec:
@@ -151,37 +159,21 @@ def _model_type(reader, live) -> str | None:
 
 
 class _Format:
-    """``format``, chosen by :func:`_choose_format`. Where that needs transformers (is the
-    model_type one it builds?) and transformers is not imported yet (a second of CPU), it is
-    imported by a background thread while the first layer is cut, and the choice is made when
-    called (:func:`~.api.cut_layers` asks once that layer's cut is done)."""
+    """``format``, chosen by :func:`_choose_format` when made. Where the choice needs
+    transformers (is the model_type one it builds?), transformers is imported here, in the
+    caller's thread: never by a background thread (an import racing the main thread's use of
+    the same library hands one of them a half-initialised module)."""
 
     def __init__(self, opts: dict[str, Any], split: str, model_type: str | None):
         self.opts, self.split, self.model_type = opts, split, model_type
-        self.note: str | None = None
-        self.known: list[Any] = []
-        self.thread = None
+        known = False
         if split == "separate" and opts["format"] != "dense" and isinstance(model_type, str):
-            self.thread = threading.Thread(target=self._ask, name="headrank-import-transformers", daemon=True)
-            self.thread.start()
-        else:
-            self.note = _choose_format(opts, split, model_type, False)
-
-    def _ask(self) -> None:
-        try:
             from transformers import CONFIG_MAPPING
 
-            self.known.append(self.model_type in CONFIG_MAPPING)
-        except BaseException as e:  # noqa: BLE001 - raised where the choice is asked for
-            self.known.append(e)
+            known = model_type in CONFIG_MAPPING
+        self.note: str | None = _choose_format(opts, split, model_type, known)
 
     def __call__(self) -> str:
-        if self.thread is not None:
-            self.thread.join()
-            self.thread = None
-            if isinstance(self.known[0], BaseException):
-                raise self.known[0]
-            self.note = _choose_format(self.opts, self.split, self.model_type, bool(self.known[0]))
         return self.opts["format"]
 
 
@@ -222,25 +214,6 @@ def _layers(layers: str | Iterable[int] | None, n_layers: int) -> tuple[int, ...
         raise HeadRankError(f"layers must be a spec like '0,2,5-7' or a non-empty list of layer indices; got "
                             f"{str(layers)[:40]!r}")
     return tuple(parse_layers(",".join(map(str, sel)), n_layers))
-
-
-@contextmanager
-def _locked(out: Path) -> Iterator[None]:
-    """``train``'s writer lock on ``out`` for the run; a directory created only for the lock is
-    removed again when the run fails (a failed run leaves no --out behind)."""
-    from headrank.io.rundir import LOCK, locked_run
-
-    existed = out.exists()
-    check_writable(out)
-    try:
-        with locked_run(out):
-            yield
-    except BaseException:
-        if not existed:
-            (out / LOCK).unlink(missing_ok=True)
-            with suppress(OSError):
-                out.rmdir()
-        raise
 
 
 def _tied(model) -> set[str]:
@@ -285,14 +258,31 @@ def _write(reader, live, plan: Plan, stage: Path, opts: dict[str, Any], fmt: _Fo
         write_json(stage / MANIFEST, {"format": FORMAT, "version": 1, "modules": manifest})
         files.append(MANIFEST)
     side = (save_hf_side(live, stage, getattr(live, "_headrank_tokenizer", None)) if live is not None
-            else copy_side_files(source_dir(reader), stage))
+            else copy_side_files(source_dir(reader), stage, notes))
     if "config.json" not in side and reader.ckpt.config:  # a single weights file, a state_dict
         write_json(stage / "config.json", reader.ckpt.config)
         side.append("config.json")
+    _dequantized(reader, stage, notes)
     result = CompressResult(summary(reader, plan, rows, notes, files + [s for s in side if s not in files]))
     result["checkpoint"] = writer.report(opts["format"])
     result["compute"] = {**_compute(plan, opts["threads"]), "precision": compute_setting().precision}
     return result
+
+
+def _dequantized(reader, stage: Path, notes: list[str]) -> None:
+    """A quantized source is read dequantized (io.schemes: code x scale, float64): the weights written are
+    those values, not codes, so the config written loses its quantization_config, and a note says so."""
+    quant = getattr(reader.ckpt, "quantization", None)
+    if quant is None or not (stage / "config.json").is_file():
+        return
+    from headrank.io.validate import read_json
+
+    cfg = read_json(stage / "config.json", "config")
+    cfg.pop("quantization_config", None)
+    cfg.pop("compression_config", None)
+    write_json(stage / "config.json", cfg)
+    notes.append(f"source quantized ({quant['method']}: {quant['scheme']}): read dequantized (code x scale, exact in "
+                 "float64) and written dequantized, without its quantization_config")
 
 
 def _compute(plan: Plan, threads: int) -> dict[str, Any]:
@@ -320,20 +310,6 @@ def _dense_numel(reader, name: str, t: torch.Tensor) -> int:
         return int(torch.Size(reader.ckpt.meta(name).shape).numel())
     except Exception:  # noqa: BLE001 - a source without shapes up front: the tensor as written
         return t.numel()
-
-
-def _drop_stale(out: Path, old: dict[str, Any] | None, files: list[str]) -> None:
-    """Files of a previous compress output (listed in its compress.json) that the new set lacks."""
-    import shutil
-
-    for name in (old or {}).get("files", []):
-        if not isinstance(name, str) or name in files or name.strip("/") in ("", ".", "..") or "/" in name.rstrip("/"):
-            continue
-        p = out / name.rstrip("/")
-        if p.is_symlink() or p.is_file():
-            p.unlink()
-        elif p.is_dir():
-            shutil.rmtree(p)
 
 
 def _evaluate(orig, tok, stage: Path, spec: TextSpec, fmt: str, reader, result: dict[str, Any], tell

@@ -3,15 +3,20 @@ source's small side files (config, tokenizer, pooling config), staged by the cal
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError  # imported here, never by the writing thread
+from safetensors.torch import save_file
 
 from headrank.errors import HeadRankError
+from headrank.util.fileio import write_error
 
 SHARD_BYTES = 2 * 2**30
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5", ".onnx", ".ckpt")
@@ -122,9 +127,7 @@ class ShardWriter:
 
 
 def _save(tensors: dict[str, torch.Tensor], p: Path, where: Path, mask: int) -> None:
-    from safetensors import SafetensorError
-    from safetensors.torch import save_file
-
+    """Runs in the writing thread: imports nothing (the module imported safetensors)."""
     try:
         save_file(tensors, str(p), metadata={"format": "pt"})
         os.chmod(p, 0o666 & ~mask)  # safetensors writes 0600; a checkpoint is read by others
@@ -142,11 +145,8 @@ def _umask() -> int:
 
 def _write_error(e: Exception, where: Path) -> HeadRankError:
     """The one line spectra gives for the same failure (safetensors reports an OS error as a
-    SafetensorError whose message ends in "(os error N)")."""
-    import errno
-    import re
-
-    from headrank.util.fileio import write_error
+    SafetensorError whose message ends in "(os error N)"). Called in the writing thread: its
+    imports are the module's."""
 
     if not isinstance(e, OSError):
         m = re.search(r"os error (\d+)", str(e))
@@ -155,32 +155,95 @@ def _write_error(e: Exception, where: Path) -> HeadRankError:
     return write_error(e, where)
 
 
-def _is_side_file(p: Path) -> bool:
-    name = p.name
-    return (p.is_file() and not p.is_symlink() and not name.startswith(".")
-            and not name.endswith(_WEIGHT_SUFFIXES) and not name.endswith(".index.json")
-            and not any(name.startswith(s) for s in _SKIP) and p.stat().st_size < SIDE_DIR_BYTES)
+def _side_name(name: str) -> bool:
+    return (not name.startswith(".") and not name.endswith(_WEIGHT_SUFFIXES) and not name.endswith(".index.json")
+            and not any(name.startswith(s) for s in _SKIP))
 
 
-def _dir_bytes(d: Path) -> int:
-    return sum(p.stat().st_size for p in d.rglob("*") if p.is_file() and not p.is_symlink())
+def _regular(p: Path, root: Path) -> int | None:
+    """The size of ``p`` when it is a regular file, or a symlink to a regular file inside
+    ``root`` (a Hub snapshot's links into its blobs); None for anything else (a link out of the
+    checkpoint, a FIFO, a device)."""
+    import stat
+
+    try:
+        st = p.lstat()
+        if p.is_symlink():
+            real = Path(os.path.realpath(p))
+            if not real.is_relative_to(root):
+                return None
+            st = real.stat()
+    except OSError:
+        return None
+    return st.st_size if stat.S_ISREG(st.st_mode) else None
 
 
-def copy_side_files(src: Path | None, stage: Path) -> list[str]:
+def _copy_tree(src: Path, dst: Path, root: Path, skipped: list[str], budget: list[int]) -> bool:
+    """Copy the regular files of the side directory ``src`` (its own subdirectories too) into
+    ``dst``, never through a link leading out of ``root``; False (nothing kept) when it holds
+    weights or more than SIDE_DIR_BYTES."""
+    dst.mkdir()
+    for e in sorted(os.scandir(src), key=lambda e: e.name):
+        p = Path(e.path)
+        if e.name.endswith(_WEIGHT_SUFFIXES):
+            return False
+        if e.is_dir(follow_symlinks=False):
+            if not _copy_tree(p, dst / e.name, root, skipped, budget):
+                return False
+            continue
+        size = _regular(p, root)
+        if size is None:
+            skipped.append(str(p.relative_to(root)))
+            continue
+        budget[0] -= size
+        if budget[0] < 0:
+            return False
+        _copy_file(p, dst / e.name)
+    return True
+
+
+def _copy_file(src: Path, dst: Path) -> None:
+    """Copy one file whose path was checked; opened again without following a link the check did
+    not see (a Hub snapshot's checked links are followed by their resolved path)."""
+    real = Path(os.path.realpath(src))
+    fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(fd, "rb") as f, open(dst, "xb") as g:
+        shutil.copyfileobj(f, g, 2**20)
+
+
+def _root(src: Path) -> Path:
+    """What a side file's link may point into: the checkpoint directory, or a Hub cache repo's
+    folder for a snapshot (``.../snapshots/REV`` links into ``.../blobs``)."""
+    real = Path(os.path.realpath(src))
+    return real.parent.parent if real.parent.name == "snapshots" else real
+
+
+def copy_side_files(src: Path | None, stage: Path, notes: list[str] | None = None) -> list[str]:
     """Copy the config, tokenizer and other small non-weight files (and small subdirectories
-    such as sentence-transformers' ``1_Pooling``) of a checkpoint directory."""
+    such as sentence-transformers' ``1_Pooling``) of a checkpoint directory: regular files only,
+    never through a link out of the checkpoint (each one skipped is named in ``notes``)."""
     if src is None or not src.is_dir():
         return []
-    out = []
+    root, out, skipped = _root(src), [], []
     for p in sorted(src.iterdir()):
-        if _is_side_file(p):
-            shutil.copyfile(p, stage / p.name)
-            out.append(p.name)
-        elif (p.is_dir() and not p.is_symlink() and not p.name.startswith((".", "checkpoint"))
-              and _dir_bytes(p) < SIDE_DIR_BYTES
-              and not any(q.name.endswith(_WEIGHT_SUFFIXES) for q in p.rglob("*"))):
-            shutil.copytree(p, stage / p.name, symlinks=False)
-            out.append(p.name + "/")
+        if not _side_name(p.name):
+            continue
+        size = _regular(p, root)
+        if size is not None:
+            if size < SIDE_DIR_BYTES:
+                _copy_file(p, stage / p.name)
+                out.append(p.name)
+            continue
+        if p.is_dir() and not p.is_symlink() and not p.name.startswith("checkpoint"):
+            if _copy_tree(p, stage / p.name, root, skipped, [SIDE_DIR_BYTES]):
+                out.append(p.name + "/")
+            else:
+                shutil.rmtree(stage / p.name)
+        elif p.is_symlink() or not p.is_dir():
+            skipped.append(p.name)
+    if skipped and notes is not None:
+        notes.append(f"not copied (a link out of the checkpoint, or not a regular file): {', '.join(skipped[:5])}"
+                     + (f" and {len(skipped) - 5} more" if len(skipped) > 5 else ""))
     return out
 
 

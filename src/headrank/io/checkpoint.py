@@ -33,7 +33,7 @@ import os
 import pickle
 import re
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -145,6 +145,7 @@ class Checkpoint(BaseCheckpoint):
         path = loc.path
         self._handles: dict[Path, Any] = {}
         self._arrays = arrays
+        self._numpy_out = arrays == "numpy"  # a dequantized weight as numpy float64, like the rest
         cfg_path: Path | str
         try:
             if path.is_dir():
@@ -382,6 +383,44 @@ def read_config(p: Path) -> dict[str, Any]:
     if not isinstance(cfg, dict):
         raise HeadRankError(f"{p} is not a JSON object")
     return upgrade(cfg)
+
+
+#: a tensor name's layer index: ``model.layers.3.``, ``h.3.``, ``encoder.layer.3.``, ``blocks.3.``
+LAYER_INDEX = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks|block)\.(\d+)\.")
+_LAYER_KEYS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
+
+
+def declared_layers(config: Mapping[str, Any]) -> int | None:
+    """The number of layers a config declares (bounded), or None where it names none."""
+    from headrank.io.validate import bounded
+
+    for k in _LAYER_KEYS:
+        if config.get(k) is not None:
+            return bounded(config[k], "layers", k, "config.json")
+    return None
+
+
+def layers_missing(names: Iterable[str], n: int) -> list[int]:
+    """The layers ``0..n-1`` no tensor name holds (none where no name has a layer index: a
+    layout this cannot read says nothing)."""
+    held = {int(m.group(1)) for k in names for m in [LAYER_INDEX.search(k)] if m}
+    return [] if not held else sorted(set(range(n)) - held)
+
+
+def check_layers_present(path: Path, config: Mapping[str, Any]) -> None:
+    """Refuse, before a model is built from ``config``, a checkpoint whose weights do not hold
+    every layer the config declares (a config of 40 layers over weights of 2 would otherwise
+    give 38 randomly initialised layers measured as the pretrained model). Reads only the
+    weight files' headers."""
+    n = declared_layers(config)
+    if n is None:
+        return
+    with Checkpoint(path, config=dict(config)) as ck:
+        missing = layers_missing(ck.keys(), n)
+    if missing:
+        raise HeadRankError(f"{path}: config.json declares {n:,} layers but the weights hold no tensor of "
+                            f"{len(missing):,} of them (layer {missing[0]}{', ...' if len(missing) > 1 else ''}): "
+                            "refusing to measure randomly initialised layers as the pretrained model")
 
 
 def _exists(p: Path) -> bool:

@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from headrank.errors import HeadRankError
+from headrank.io.validate import read_json, tensor_pattern
 
 GENERATED = Path(__file__).with_name("layouts_generated.json")
 
@@ -30,18 +33,88 @@ def cache_path() -> Path:
     return Path(root) / "layouts_checked.json"
 
 
-def _load(p: Path) -> dict[str, dict[str, Any]]:
-    try:
-        data = json.loads(p.read_text())
-    except (OSError, ValueError):
+def _load(p: Path, *, trusted: bool = False) -> dict[str, dict[str, Any]]:
+    """The rows a layout file holds, each checked (:func:`check_row`). A missing file holds none;
+    the local cache, which any process may have written, is read as every planted file is (a
+    regular file, capped: :func:`~headrank.io.validate.read_json`) and a garbage row in it is one
+    line naming the file and the type. ``trusted``: the committed file (unreadable: no rows)."""
+    if not p.exists() and not p.is_symlink():
         return {}
+    try:
+        data = read_json(p, "layout cache")
+    except HeadRankError:
+        if trusted:
+            return {}
+        raise
     types = data.get("types") if isinstance(data, dict) else None
-    return {k: v for k, v in types.items() if isinstance(v, dict)} if isinstance(types, dict) else {}
+    if not isinstance(types, dict):
+        raise HeadRankError(f"{p}: not a layout cache (an object with \"types\"); remove it and check the "
+                            "types again (headrank architectures)")
+    return {str(k): check_row(k, v, p) for k, v in types.items()}
+
+
+_DIM_FORMS = ("=1", "=n_heads", "=d/n_heads")
+_DIM_KEYS = ("n_layers", "d", "n_heads", "n_kv_heads", "head_dim")
+
+
+def check_row(model_type: Any, row: Any, where: Any) -> dict[str, Any]:
+    """One generated row checked before anything is read through it: a status, a reason or
+    module paths that use only ``{i}`` (:func:`~headrank.io.validate.tensor_pattern`: no
+    ``{i:>2000000000}``), dims that name config fields, lists of names."""
+    at = f"{where}: row {str(model_type)[:60]!r}"
+    if not isinstance(row, dict) or row.get("status") not in ("verified", "refused"):
+        raise HeadRankError(f"{at} is not a layout row (an object whose status is verified or refused); remove "
+                            f"{where} or check {str(model_type)[:60]!r} again (headrank architectures)")
+    if row["status"] == "refused":
+        if not isinstance(row.get("reason", ""), str):
+            raise HeadRankError(f"{at}: its reason must be text")
+        return row
+    parts = row.get("parts")
+    if parts is not None:
+        if not isinstance(parts, list) or not parts or not all(isinstance(x, dict) for x in parts):
+            raise HeadRankError(f"{at}: parts must be a non-empty list of rows")
+        for x in parts:
+            _check_part(x, at)
+            if not isinstance(x.get("attention"), str):
+                raise HeadRankError(f"{at}: each part must name its attention")
+        return row
+    _check_part(row, at)
+    return row
+
+
+def _check_part(row: dict[str, Any], at: str) -> None:
+    mods, dims = row.get("modules"), row.get("dims")
+    if not isinstance(row.get("split"), str) or not isinstance(mods, dict) or not mods:
+        raise HeadRankError(f"{at}: a verified row needs a split and its modules")
+    for alt in [mods, *_list(row.get("alternatives", []), at, dict)]:
+        for role, path in alt.items():
+            tensor_pattern(path, f"{at} module {str(role)[:20]}", need_i=False)
+    if not isinstance(dims, dict) or any(not isinstance(dims.get(k), str) for k in _DIM_KEYS):
+        raise HeadRankError(f"{at}: dims must name a config field or a rule for each of {', '.join(_DIM_KEYS)}")
+    for k in _DIM_KEYS:
+        how = dims[k]
+        if not (how in _DIM_FORMS or how.isidentifier() or (how.startswith("=len:") and how[5:].isidentifier())):
+            raise HeadRankError(f"{at}: dims {k} {how[:40]!r} is neither a config field nor a known rule")
+    mla = dims.get("mla")
+    if mla is not None and (not isinstance(mla, dict) or not all(isinstance(v, str) for v in mla.values())
+                            or not {"nope", "rope", "v", "q_in", "kv"} <= set(mla)):
+        raise HeadRankError(f"{at}: dims mla must name nope, rope, v, q_in and kv config fields")
+    _list(row.get("config_path", []), at, str)
+    norm = row.get("norm")
+    if norm is not None and not (isinstance(norm, dict) and isinstance(norm.get("name"), str)
+                                 and isinstance(norm.get("kind"), str)):
+        raise HeadRankError(f"{at}: norm must name a tensor and its kind")
+
+
+def _list(v: Any, at: str, kind: type) -> list[Any]:
+    if not isinstance(v, list) or not all(isinstance(x, kind) for x in v) or len(v) > 64:
+        raise HeadRankError(f"{at}: expected a short list of {kind.__name__}; got {str(v)[:60]}")
+    return v
 
 
 @lru_cache(maxsize=1)
 def _committed() -> dict[str, dict[str, Any]]:
-    return _load(GENERATED)
+    return _load(GENERATED, trusted=True)
 
 
 def generated_rows() -> dict[str, dict[str, Any]]:
@@ -56,15 +129,30 @@ def generated_version() -> str:
         return "?"
 
 
-def save_rows(p: Path, rows: dict[str, dict[str, Any]], version: str) -> None:
-    """Write ``rows`` (merged over what ``p`` holds) atomically."""
-    have = _load(p)
-    have.update(rows)
+@contextmanager
+def cache_locked(p: Path) -> Iterator[None]:
+    """Hold an exclusive lock on the cache's directory for a read-modify-write of ``p``: two
+    ``architectures --check`` at once each merge into what the other wrote (no lock file: the
+    directory itself is locked, so nothing is created that a symlink could redirect)."""
+    import fcntl
+
     p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps({"transformers": version, "types": dict(sorted(have.items()))}, indent=1,
-                              sort_keys=False) + "\n")
-    os.replace(tmp, p)
+    fd = os.open(p.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def save_rows(p: Path, rows: dict[str, dict[str, Any]], version: str) -> None:
+    """Merge ``rows`` into what ``p`` holds now and write it atomically, under :func:`cache_locked`."""
+    from headrank.util.fileio import write_json
+
+    with cache_locked(p):
+        have = _load(p)
+        have.update(rows)
+        write_json(p, {"transformers": version, "types": dict(sorted(have.items()))})
     _committed.cache_clear()
 
 

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from headrank.errors import HeadRankError
+from headrank.io import convention as conv
 from headrank.io.tensor_source import BaseCheckpoint
 from headrank.io.validate import (
     MAX_HEAD_DIM,
@@ -630,12 +631,20 @@ class AttentionReader:
         self.prefix = self._find_prefix()
         self._check_last_layer()
         self.norm: NormSpec | None = None
+        self.convention = conv.convention("raw")
         if fold_norm:
-            self.norm = self.layout.norm(ckpt.config)
-            if self.norm is None:
-                raise HeadRankError(f"`fold_norm`: no norm precedes attention in {self.layout.model_types[0]!r} "
-                                    "(post-norm, no norm, or not described in its layout)")
-            self.norm_name(0)  # fails now, before any work, when the tensor is missing
+            self._set_norm("`fold_norm`")
+
+    def _set_norm(self, what: str) -> None:
+        self.norm = self.layout.norm(self.ckpt.config)
+        if self.norm is None:
+            raise HeadRankError(f"{what}: no norm precedes attention in {self.layout.model_types[0]!r} "
+                                "(post-norm, no norm, or not described in its layout)")
+        self.norm_name(0)  # fails now, before any work, when the tensor is missing
+
+    def apply_convention(self, name: str | conv.Convention | None) -> AttentionReader:
+        """Read in convention ``name`` from now on (:func:`headrank.io.convention.apply`)."""
+        return conv.apply(self, name)
 
     def _open_parts(self, fold_norm: bool) -> None:
         """One reader per kind of attention whose tensors the checkpoint holds (an encoder-decoder's
@@ -716,7 +725,7 @@ class AttentionReader:
         many = getattr(self.ckpt, "get_many", None)  # a remote checkpoint fetches a layer's tensors at once
         raw = many(names) if many is not None else {role: self.ckpt.get(name) for role, name in names.items()}
         for role, t in raw.items():
-            check_dtype(names[role], t.dtype, self.ckpt.path)
+            check_dtype(names[role], t, self.ckpt.path)
         return names, raw
 
     def split_raw(self, names: dict[str, str], raw: dict[str, Any]) -> HeadWeights:
@@ -731,7 +740,10 @@ class AttentionReader:
 
     def read_layer(self, i: int) -> HeadWeights:
         hw = self.split_raw(*self.read_raw(i))
-        return self._fold(hw, i) if self.norm is not None else hw
+        hw = self._fold(hw, i) if self.norm is not None else hw
+        if self.convention.center_writing and self.norm is not None and self.norm.kind == "layernorm":
+            hw = HeadWeights(hw.wq, hw.wk, hw.wv, conv.center_columns(_float64(hw.p)))  # W_O centred (TransformerLens)
+        return hw
 
     def norm_name(self, i: int) -> str:
         """The full name of layer ``i``'s pre-attention norm gain (``fold_norm``)."""
@@ -765,29 +777,13 @@ class AttentionReader:
         g = _float64(self.ckpt.get(name)) + self.norm.offset
         if tuple(g.shape) != (self.dims.d,):
             raise HeadRankError(f"norm gain {name} has shape {tuple(g.shape)}, expected ({self.dims.d},)")
-
-        def fold(w: torch.Tensor) -> torch.Tensor:  # (heads, dh, d): scale (and centre) the input columns
-            w = _float64(w)
-            if type(w) is not type(g):  # a torch gain with numpy weights or the reverse: both as numpy
-                w, gg = _as_numpy(w), _as_numpy(g)
-            else:
-                gg = g
-            w = w * gg
-            if self.norm.kind != "layernorm":
-                return w
-            return w - (w.mean(-1, keepdim=True) if hasattr(w, "permute") else w.mean(-1, keepdims=True))
-
-        return HeadWeights(fold(hw.wq), fold(hw.wk), fold(hw.wv), hw.p)
+        ws = [conv.fold_columns(_float64(w), g, self.norm.kind == "layernorm") for w in (hw.wq, hw.wk, hw.wv)]
+        return HeadWeights(*ws, hw.p)
 
     @property
     def weights_note(self) -> str:
         """How the factors relate to the stored weights (meta.json's conventions.weights)."""
-        if self.norm is None:
-            return "raw: no preceding norm gain folded in, W_O not centred"
-        centred = " and centred along d_model (LayerNorm)" if self.norm.kind == "layernorm" else ""
-        off = f" (1 + w: offset {self.norm.offset:g})" if self.norm.offset else ""
-        return (f"norm folded: W_Q, W_K, W_V multiplied by the gain of {self.norm.name}{off}{centred}, "
-                "as TransformerLens' fold_ln; norm biases (if any) and W_O untouched")
+        return conv.weights_note(self.norm, self.convention)
 
     def dtypes(self) -> list[str]:
         return sorted({self.ckpt.dtype(n) for n in self.tensor_names(self.layer_ids[0]).values()})

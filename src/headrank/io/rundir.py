@@ -4,10 +4,9 @@
     RUN/metrics.jsonl                one JSON object per logged step, append-only
     RUN/checkpoints/step-00000500/   config.json + model.safetensors + state.pt
     RUN/summary.json                 written when the run finishes
-    RUN/.lock                        held (flock) by the one process writing the run
 
-One writer per run: :func:`locked_run` takes an exclusive ``flock`` on ``RUN/.lock`` for as long
-as a process writes the run (``train``, ``--resume``, a sweep worker). A second writer gets one
+One writer per run: :func:`locked_run` takes an exclusive ``flock`` on the directory ``RUN`` itself
+for as long as a process writes the run (``train``, ``--resume``, a sweep worker). A second writer gets one
 line (the holder's PID) instead of interleaving its rows into ``metrics.jsonl``. The kernel
 drops the lock when its holder exits or is killed, so a crash never leaves a stale lock.
 """
@@ -28,7 +27,7 @@ METRICS = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
 STATE = "state.pt"
 STEP_DIR = "step-{:08d}"
-LOCK = ".lock"
+LOCK = ".lock"  # the lock file of earlier versions (now the directory is locked): ignored where found
 
 
 def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
@@ -76,58 +75,43 @@ def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
 
 @contextmanager
 def locked_run(run_dir: str | os.PathLike) -> Iterator[Path]:
-    """Hold the exclusive writer's lock of ``run_dir`` (created if missing) for the block.
+    """Hold the exclusive writer's lock of ``run_dir`` (created if missing) for the block: a
+    ``flock`` on the directory itself (:func:`headrank.io.writer.lock_dir`; no lock file to
+    plant a symlink at or to leave behind).
 
     Another live process holding it: HeadRankError naming the run and that process's PID, at
-    once (no waiting). Where ``fcntl`` is missing (Windows) the block runs unlocked.
+    once (no waiting).
     """
+    from headrank.io.writer import lock_dir
+
     run = Path(run_dir)
     try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not POSIX
-        yield run
-        return
-    try:
         run.mkdir(parents=True, exist_ok=True)
-        fd = os.open(run / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e:
-        raise os_error(e, run / LOCK, "lock the run directory") from None
+        raise os_error(e, run, "create the run directory") from None
+    fd = lock_dir(run, f"run directory {run}")
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            raise HeadRankError(f"run directory {run} is being written by another process ({_holder(fd)}): one "
-                                "writer per run; wait for it to finish or stop it") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield run
     finally:
         os.close(fd)  # releases the lock
 
 
-def _holder(fd: int) -> str:
-    try:
-        pid = os.pread(fd, 32, 0).decode().strip()
-    except (OSError, UnicodeDecodeError):
-        pid = ""
-    return f"pid {pid}" if pid.isdigit() else "pid unknown"
-
-
 def run_locked(run_dir: str | os.PathLike) -> bool:
     """Whether a live process holds the writer's lock of ``run_dir`` now."""
+    from headrank.io.writer import dir_locked
+
+    return dir_locked(run_dir)
+
+
+def lock_holder(run_dir: str | os.PathLike) -> int | None:
+    """The PID of the process writing ``run_dir`` now (None: none, or not known here)."""
+    from headrank.io.writer import lock_holder as holder
+
     try:
-        import fcntl
-    except ImportError:  # pragma: no cover
-        return False
-    p = Path(run_dir) / LOCK
-    try:
-        fd = os.open(p, os.O_RDONLY)
+        fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except OSError:
-        return False
+        return None
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError:
-        return True
+        return holder(fd) if run_locked(run_dir) else None
     finally:
         os.close(fd)
-    return False

@@ -19,7 +19,9 @@ Sources (:func:`open_reader`):
 - a PEFT LoRA adapter directory, merged onto ``base=`` (default: the adapter's
   ``base_model_name_or_path``); ``delta=True`` analyses the change of the products.
 
-``fold_norm=True`` folds the pre-attention norm gain into W_Q, W_K, W_V (TransformerLens' fold_ln).
+``fold_norm=True`` folds the pre-attention norm gain into W_Q, W_K, W_V (TransformerLens' fold_ln
+alone); ``convention="transformerlens"`` reads the weights as TransformerLens 4 holds them by
+default (:mod:`headrank.io.convention`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any
 
 from headrank.errors import HeadRankError
 from headrank.io.checkpoint import SHIPPED, Checkpoint, Located, locate
+from headrank.io.convention import convention as check_convention
 from headrank.io.layout_toml import layout_from_toml
 from headrank.io.layouts import AttentionReader, Layout
 from headrank.io.tensor_source import BaseCheckpoint
@@ -40,7 +43,7 @@ def open_reader(source: Any, *, config: str | os.PathLike | dict[str, Any] | Non
                 layout: str | os.PathLike | Layout | None = None, revision: str | None = None,
                 base: str | os.PathLike | None = None, delta: bool = False, fold_norm: bool = False,
                 download: bool = False, remote: bool = False, allow_full: bool = False,
-                arrays: str = "torch") -> AttentionReader:
+                arrays: str = "torch", convention: str | None = None) -> AttentionReader:
     """An :class:`AttentionReader` over ``source`` (see the module docstring); its ``origin``
     dict holds ``input`` (the kind of source), ``source``, ``path``, ``files`` and details.
     ``remote``: read a Hub id over HTTP ranges (:mod:`headrank.io.remote`; an ``http(s)://``
@@ -48,6 +51,13 @@ def open_reader(source: Any, *, config: str | os.PathLike | dict[str, Any] | Non
     ``arrays="numpy"``: a local checkpoint's safetensors tensors as numpy arrays, read without
     torch (:class:`~headrank.io.checkpoint.Checkpoint`); other sources give torch tensors."""
     _check_options(config=config, layout=layout, revision=revision, base=base)
+    check_convention(convention)  # an unknown name fails before anything is opened
+    return _open(source, config=config, layout=layout, revision=revision, base=base, delta=delta, fold_norm=fold_norm,
+                 download=download, remote=remote, allow_full=allow_full, arrays=arrays).apply_convention(convention)
+
+
+def _open(source: Any, *, config: Any, layout: Any, revision: str | None, base: Any, delta: bool, fold_norm: bool,
+          download: bool, remote: bool, allow_full: bool, arrays: str) -> AttentionReader:
     if layout is not None and not isinstance(layout, Layout):
         layout = layout_from_toml(layout)
     if remote or allow_full or _is_url(source):
@@ -200,6 +210,10 @@ def _gguf_in(path: Path) -> Path | None:
 
 def _origin(kind: str, ckpt: BaseCheckpoint, source: str | None = None) -> dict[str, Any]:
     path = getattr(ckpt, "path", None)
-    return {"input": kind, "source": source if source is not None else ckpt.source,
-            "path": str(Path(path).resolve()) if path is not None and kind not in ("live", "state_dict") else None,
-            "files": [p.name for p in ckpt.files]}
+    out = {"input": kind, "source": source if source is not None else ckpt.source,
+           "path": str(Path(path).resolve()) if path is not None and kind not in ("live", "state_dict") else None,
+           "files": [p.name for p in ckpt.files]}
+    quant = getattr(ckpt, "base", ckpt).quantization  # the scheme layer (io.schemes): what was dequantized
+    if quant is not None:
+        out["quantization"] = quant
+    return out

@@ -34,11 +34,24 @@ MAX_LAYERS = 100_000
 MAX_WIDTH = 1 << 22  # d_model
 MAX_HEADS = 1 << 16
 MAX_HEAD_DIM = 1 << 16
+MAX_VOCAB = 1 << 22  # 4M entries (the largest released vocabularies: ~260k)
+MAX_FFN = 1 << 22
+MAX_POSITIONS = 1 << 24
+MAX_INDEX = 1 << 40  # an index or offset read from a record (a tensor dimension, a byte offset)
+#: the one table of bounds on a number read from a config, an index or a record, by kind: every
+#: reader checks a number against it (:func:`bounded`) before anything is allocated from it
+BOUNDS = {"layers": MAX_LAYERS, "width": MAX_WIDTH, "heads": MAX_HEADS, "head_dim": MAX_HEAD_DIM,
+          "vocab": MAX_VOCAB, "ffn": MAX_FFN, "positions": MAX_POSITIONS, "index": MAX_INDEX,
+          "count": 1 << 20, "checkpoints": 1000}
 MAX_JSON_BYTES = 256 << 20  # a JSON file of a kind without its own cap (JSON_CAPS) larger than this is not one
 # byte caps per kind of JSON, far above the largest seen on the Hub (configs: tens of KB, a few MB with
 # 20k labels; shard indexes: under 10 MB for 90k tensors; safetensors headers: a few MB; refs: KB)
 JSON_CAPS = {"config": 16 << 20, "shard index": 64 << 20, "safetensors header": 64 << 20,
-             "list of refs": 16 << 20, "adapter config": 16 << 20}
+             "list of refs": 16 << 20, "adapter config": 16 << 20,
+             # records this project writes and reads back (a planted one may be anything): far above
+             # the largest written (a factored manifest of a 405B model: ~20 MB of runs)
+             "factored manifest": 64 << 20, "compress record": 16 << 20, "run record": 16 << 20,
+             "layout cache": 64 << 20, "layout file": 1 << 20, "track record": 16 << 20}
 JSON_BUDGET = 1 << 30  # at most this much memory for one parse (also at most half of what is free)
 
 
@@ -46,13 +59,13 @@ def as_int(value: Any, name: str, where: str, *, lo: int = 1, hi: int | None = N
     """``value`` as an int in ``[lo, hi]``: ints, and floats with an integral value (``8.0``);
     never a bool, a non-integral float, a non-finite number or a string."""
     if isinstance(value, bool) or not isinstance(value, Real):
-        raise HeadRankError(f"{where}: {name} must be an integer; got {_show(value)}")
+        raise HeadRankError(f"{_at(where)}{name} must be an integer; got {_show(value)}")
     if not isinstance(value, Integral):
         if not math.isfinite(float(value)) or float(value) != math.floor(float(value)):
-            raise HeadRankError(f"{where}: {name} must be an integer; got {_show(value)}")
+            raise HeadRankError(f"{_at(where)}{name} must be an integer; got {_show(value)}")
     if value < lo or (hi is not None and value > hi):
         rng = f"{lo}..{hi}" if hi is not None else f">= {lo}"
-        raise HeadRankError(f"{where}: {name} must lie in {rng}; got {_show(value)}")
+        raise HeadRankError(f"{_at(where)}{name} must lie in {rng}; got {_show(value)}")
     return int(value)
 
 
@@ -61,14 +74,74 @@ def as_float(value: Any, name: str, where: str, *, lo: float | None = None, hi: 
     """``value`` as a finite float in the range (``lo_open``: ``lo`` itself excluded); not a bool
     or a string."""
     if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(float(value)):
-        raise HeadRankError(f"{where}: {name} must be a finite number; got {_show(value)}")
+        raise HeadRankError(f"{_at(where)}{name} must be a finite number; got {_show(value)}")
     v = float(value)
     if (lo is not None and (v < lo or (lo_open and v == lo))) or (hi is not None and v > hi):
         lo_s = "" if lo is None else f"{'>' if lo_open else '>='} {lo:g}"
         hi_s = "" if hi is None else f"<= {hi:g}"
-        raise HeadRankError(f"{where}: {name} must be {' and '.join(s for s in (lo_s, hi_s) if s)}; "
+        raise HeadRankError(f"{_at(where)}{name} must be {' and '.join(s for s in (lo_s, hi_s) if s)}; "
                             f"got {_show(value)}")
     return v
+
+
+def bounded(value: Any, kind: str, name: str, where: str, *, lo: int = 1) -> int:
+    """``value`` as an int within the bound of its ``kind`` (:data:`BOUNDS`): the one check of
+    a size, count or index read from a file before anything is allocated from it."""
+    return as_int(value, name, where, lo=lo, hi=BOUNDS[kind])
+
+
+#: config.json fields that size what a model allocates, by kind of bound
+CONFIG_SIZES = {
+    "layers": ("num_hidden_layers", "n_layer", "n_layers", "num_layers", "num_decoder_layers", "encoder_layers",
+               "decoder_layers"),
+    "width": ("hidden_size", "n_embd", "d_model", "dim"),
+    "heads": ("num_attention_heads", "n_head", "n_heads", "num_key_value_heads", "num_heads",
+              "encoder_attention_heads", "decoder_attention_heads"),
+    "head_dim": ("head_dim",),
+    "vocab": ("vocab_size",),
+    "ffn": ("intermediate_size", "n_inner", "ffn_dim", "d_ff", "hidden_dim", "encoder_ffn_dim", "decoder_ffn_dim"),
+    "positions": ("max_position_embeddings", "n_positions"),
+}
+_SUBCONFIG_DEPTH = 3
+
+
+def check_config_sizes(cfg: Any, where: Any, *, dtype_bytes: int = 4, copies: int = 1) -> int:
+    """Bound every size field of a config dict (and its sub-configs: ``text_config``, ...) by
+    :data:`BOUNDS`, then refuse a model whose estimated parameters (embeddings, attention and
+    MLP of every layer) in ``dtype_bytes`` per number, ``copies`` times, exceed this machine's
+    memory: before a model is built from it (a ``to_empty`` of a 2³¹ vocabulary, a meta-device
+    build of a million layers). Returns the estimate of parameters."""
+    if not isinstance(cfg, dict):
+        raise HeadRankError(f"{where}: a config must be a JSON object; got {_show(cfg)}")
+    n = _config_params(cfg, str(where), 0)
+    check_fits(n * dtype_bytes * copies, f"{where}: a model of about {n:,} parameters")
+    return n
+
+
+def _config_params(cfg: dict[str, Any], where: str, depth: int) -> int:
+    got: dict[str, int] = {}
+    for kind, keys in CONFIG_SIZES.items():
+        for k in keys:
+            v = cfg.get(k)
+            if v is None:
+                continue
+            vals = v if isinstance(v, list) else [v]
+            if len(vals) > BOUNDS["layers"]:
+                raise HeadRankError(f"{where}: {k} lists {len(vals):,} values, more than {BOUNDS['layers']:,}")
+            lo = 0 if kind in ("ffn", "positions", "head_dim") else 1
+            got[kind] = max([got.get(kind, 0)] + [bounded(x, kind, k, where, lo=lo) for x in vals])
+    n = 0
+    if depth < _SUBCONFIG_DEPTH:
+        n = sum(_config_params(v, f"{where} {k}", depth + 1) for k, v in cfg.items() if isinstance(v, dict)
+                and k.endswith("config"))
+    d = got.get("width", 0)
+    layer = 4 * d * d + 3 * d * got.get("ffn", 4 * d)
+    return n + got.get("layers", 0) * layer + 2 * got.get("vocab", 0) * d
+
+
+def _at(where: Any) -> str:
+    """The prefix naming where a value was read (nothing for an empty ``where``: no ": : field")."""
+    return f"{where}: " if str(where) else ""
 
 
 def _show(value: Any) -> str:
@@ -138,19 +211,33 @@ def check_readable(path: str | os.PathLike, what: str = "file") -> Path:
     return p
 
 
-def read_bytes(path: str | os.PathLike, what: str = "file", max_bytes: int = MAX_JSON_BYTES) -> bytes:
-    """The contents of a regular file of at most ``max_bytes``; one line for anything else."""
+def read_bytes(path: str | os.PathLike, what: str = "file", max_bytes: int | None = None) -> bytes:
+    """The contents of a regular file of at most ``max_bytes`` (default the cap of its kind,
+    :data:`JSON_CAPS`, else :data:`MAX_JSON_BYTES`); one line for anything else.
+
+    The one way a planted file is read: it is opened without blocking (``O_NONBLOCK``: a FIFO put
+    where a record was expected cannot hang the open) and checked on the open descriptor
+    (``fstat``: a regular file, not a FIFO, device or directory, and no larger than the cap), so
+    nothing swapped in between the check and the read is read; at most ``max_bytes + 1`` bytes
+    are ever read (a file growing meanwhile is refused, not followed)."""
+    from headrank.util.fileio import read_regular
+
+    cap = JSON_CAPS.get(what, MAX_JSON_BYTES) if max_bytes is None else max_bytes
     p = regular_file(path, what)
     try:
-        if os.path.getsize(p) > max_bytes:
-            raise HeadRankError(f"{p} is larger than {max_bytes:,} bytes, more than a {what} may be: not a {what}")
-        with open(p, "rb") as fh:
-            return fh.read(max_bytes + 1)
+        return read_regular(p, what, cap)
     except OSError as e:
         raise os_error(e, p, f"read the {what}") from None
 
 
-def read_text(path: str | os.PathLike, what: str = "file", max_bytes: int = MAX_JSON_BYTES) -> str:
+def file_identity(path: str | os.PathLike) -> tuple[int, int, int, int]:
+    """What identifies a file's contents cheaply: device, inode, size and modification time (ns).
+    A file truncated, rewritten or replaced by rename between two calls gives two identities."""
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def read_text(path: str | os.PathLike, what: str = "file", max_bytes: int | None = None) -> str:
     """:func:`read_bytes` decoded as UTF-8 (one line if it is not)."""
     data = read_bytes(path, what, max_bytes)
     try:
@@ -163,7 +250,7 @@ def read_json(path: str | os.PathLike, what: str = "JSON file") -> Any:
     """A JSON file parsed; one line for a missing, special, unreadable, malformed, non-UTF-8,
     too large (:data:`JSON_CAPS`) or too deeply nested file, or one whose parse would need more
     memory than :func:`json_budget`."""
-    data = read_bytes(path, what, JSON_CAPS.get(what, MAX_JSON_BYTES))
+    data = read_bytes(path, what)
     return parse_json(data, what, path)
 
 
@@ -307,7 +394,16 @@ def _gib(n: int) -> str:
 
 
 def check_dtype(name: str, dtype: Any, where: Any) -> None:
-    """Weights must be real floating point (or integer) numbers: complex and bool refused."""
-    s = str(dtype).removeprefix("torch.")
+    """Weights must be real floating point numbers: complex and bool refused, and integers and
+    float8, which are quantization codes unless a scheme (:mod:`headrank.io.schemes`) turned them
+    into weights first: a code is never read as a weight. ``dtype``: a dtype, or the tensor itself
+    (a numpy read's bfloat16, raw bits in uint16, is then known as bfloat16)."""
+    if type(dtype).__name__ == "BF16Bits":  # headrank.util.bf16: bfloat16 patterns, not integers
+        return
+    s = str(getattr(dtype, "dtype", dtype)).removeprefix("torch.")
     if s.startswith("complex") or s in ("C64", "C128", "C32") or s in ("bool", "BOOL"):
         raise HeadRankError(f"tensor {name} in {where} has dtype {s}: attention weights must be real numbers")
+    if s.startswith(("int", "uint", "float8", "qint", "quint")) or s in ("I8", "U8", "I16", "I32", "I64", "F8_E4M3",
+                                                                        "F8_E5M2"):
+        raise HeadRankError(f"tensor {name} in {where} is stored as {s}: quantization codes, and no quantization_config "
+                            "in config.json explains them (a code is not a weight; docs/quantized.md)")

@@ -327,16 +327,29 @@ def _open_headrank(path: Path, config: dict[str, Any], source: str, dtype: torch
 
 
 def _open_hf(path: Path, config: dict[str, Any], source: str, dtype: torch.dtype) -> Opened:
+    from headrank.io.checkpoint import LAYER_INDEX, check_layers_present
+    from headrank.io.validate import check_config_sizes
+
+    # sizes bounded and every declared layer present in the weights, before anything is built
+    check_config_sizes(config, path / "config.json", dtype_bytes=torch.empty((), dtype=dtype).element_size(),
+                       copies=2)
+    check_layers_present(path, config)
     try:
         with quiet_transformers() as tf:
             hf_config = tf.AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
             check_model_fits(lambda: tf.AutoModel.from_config(hf_config, attn_implementation="eager"), dtype, path)
-            model = tf.AutoModel.from_pretrained(path, config=hf_config, attn_implementation="eager", dtype=dtype,
-                                                 local_files_only=True, trust_remote_code=False)
+            model, info = tf.AutoModel.from_pretrained(path, config=hf_config, attn_implementation="eager",
+                                                       dtype=dtype, local_files_only=True, trust_remote_code=False,
+                                                       output_loading_info=True)
     except HeadRankError:
         raise
     except Exception as e:  # noqa: BLE001 - unknown model_type, missing or corrupt weights, …
         raise HeadRankError(f"cannot load {path} with transformers: {one_line(e, 300)}") from None
+    random = [k for k in info.get("missing_keys", ()) if LAYER_INDEX.search(k)]  # a tensor of a layer
+    if random:
+        raise HeadRankError(f"{path}: the weights lack {len(random)} tensors of the layers config.json declares "
+                            f"({random[0]}, ...): refusing to measure randomly initialised layers as the pretrained "
+                            "model")
     model = model.to(dtype).eval()
     if hasattr(model.config, "use_cache"):
         model.config.use_cache = False

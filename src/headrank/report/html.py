@@ -15,7 +15,7 @@ arrive as base64 PNG and are embedded as ``data:`` URIs.
 from __future__ import annotations
 
 import math
-from html import escape
+from html import escape as _escape
 from typing import Any
 
 from headrank.studies.registry import statements, supporting, tally
@@ -54,13 +54,21 @@ MAX_CELL = 300  # characters of a statement shown in a claims row; the rest is f
 MAX_VISIBLE = 400  # characters of text any table cell shows; the rest goes into a fold beside it
 
 
+def esc(v: Any) -> str:
+    """Any value as HTML-safe text: a string escaped, anything else formatted (:func:`fmt_value`)
+    and escaped. The one way a value reaches the page: every string a run, a claim or a figure
+    holds may come from a planted run.json (``runtime_s`` = ``"<script>…"``)."""
+    return _escape(v if isinstance(v, str) else fmt_value(v))
+
+
 def clipped(text: str, limit: int = MAX_VISIBLE) -> str:
     """``text`` escaped for a table cell; longer than ``limit``, its start and the whole of it
     in a fold (so no visible cell grows with the rules or the data)."""
+    text = text if isinstance(text, str) else fmt_value(text)
     if len(text) <= limit:
-        return escape(text)
+        return esc(text)
     head = text[:limit - 40].rsplit(" ", 1)[0] + " …"
-    return f"{escape(head)}<details><summary>all of it</summary><div>{escape(text)}</div></details>"
+    return f"{esc(head)}<details><summary>all of it</summary><div>{esc(text)}</div></details>"
 
 
 # --------------------------------------------------------------------------- numbers
@@ -146,16 +154,16 @@ def value_html(v: Any) -> str:
         if all(isinstance(x, dict) for x in inner):
             cols = list(dict.fromkeys(k for x in inner for k in x))
             if len(cols) <= 8 and all(not isinstance(y, dict | list) for x in inner for y in x.values()):
-                head = "".join(f"<th>{escape(str(c))}</th>" for c in cols)
-                rows = "".join(f"<tr><th>{escape(str(k))}</th>"
-                               + "".join(f"<td class='n'>{escape(fmt_value(x.get(c), 4))}</td>" for c in cols) + "</tr>"
+                head = "".join(f"<th>{esc(str(c))}</th>" for c in cols)
+                rows = "".join(f"<tr><th>{esc(str(k))}</th>"
+                               + "".join(f"<td class='n'>{esc(fmt_value(x.get(c), 4))}</td>" for c in cols) + "</tr>"
                                for k, x in v.items())
                 return f"<div class='wrap'><table><tr><th></th>{head}</tr>{rows}</table></div>"
-        rows = "".join(f"<tr><th>{escape(str(k))}</th><td class='n'>{value_html(x)}</td></tr>" for k, x in v.items())
+        rows = "".join(f"<tr><th>{esc(str(k))}</th><td class='n'>{value_html(x)}</td></tr>" for k, x in v.items())
         return f"<div class='wrap'><table>{rows}</table></div>"
     if isinstance(v, list | tuple) and v and not all(_is_num(x) for x in v):
         return "<br>".join(value_html(x) for x in v)
-    return escape(fmt_value(v, 4))
+    return esc(fmt_value(v, 4))
 
 
 # --------------------------------------------------------------------------- pieces
@@ -166,12 +174,12 @@ def _badge(c: dict[str, Any]) -> str:
     if c.get("kind") == "identity":
         cls, text = ("held", "verified") if verdict == "held" else ("not-held", "identity failed")
     else:
-        cls, text = _VERDICT_CLASS[verdict], verdict
+        cls, text = _VERDICT_CLASS.get(verdict, "inconclusive"), verdict
     if c.get("untested"):
         text = f"untested ({c['untested']})"
     changed = (" <span class='sub' title='the rule that judged this claim was changed after its run was made'>"
                "(rule changed after the run)</span>" if c.get("rule_changed_after_run") else "")
-    return f"<span class='badge {cls}'>{escape(text)}</span>{changed}"
+    return f"<span class='badge {cls}'>{esc(text)}</span>{changed}"
 
 
 def _exposure_text(e: Any) -> str:
@@ -193,29 +201,29 @@ def _claim_rows(claims: list[dict[str, Any]], with_exposure: bool) -> str:
         quote = c.get("quote") if c.get("quote") and not c.get("supports") else ""
         fold = []
         if quote and len(c["name"]) + len(short) + len(quote) + len(c.get("source", "")) + 2 > MAX_VISIBLE:
-            fold.append(f"<blockquote>{escape(quote)}<cite>{escape(c.get('source', ''))}</cite></blockquote>")
+            fold.append(f"<blockquote>{esc(quote)}<cite>{esc(c.get('source', ''))}</cite></blockquote>")
             quote = ""  # too long to sit beside the statement: first in the fold
         if short != st:
-            fold.append(f"<p>{escape(st)}</p>")
+            fold.append(f"<p>{esc(st)}</p>")
         if c.get("reason"):
-            fold.append(f"<p><b>Why {escape(c.get('verdict', ''))}:</b> {escape(c['reason'])}</p>")
+            fold.append(f"<p><b>Why {esc(c.get('verdict', ''))}:</b> {esc(c['reason'])}</p>")
         fold.append(f"<p><b>Measured</b></p>{value_html(c.get('measured'))}")
         fold.append(f"<p><b>Expected</b></p>{value_html(c.get('expected'))}")
         if c.get("tolerance") not in (None, ""):
-            fold.append(f"<p><b>Tolerance:</b> {escape(fmt_value(c['tolerance']))}</p>")
+            fold.append(f"<p><b>Tolerance:</b> {esc(fmt_value(c['tolerance']))}</p>")
         if c.get("exposure") not in (None, {}):
             fold.append(f"<p><b>Decay exposure λ·Σlr</b></p>{value_html(c['exposure'])}")
         if c.get("detail"):
-            fold.append(f"<p><b>Method:</b> {escape(c['detail'])}</p>")
+            fold.append(f"<p><b>Method:</b> {esc(c['detail'])}</p>")
         if c.get("rule"):
-            fold.append(f"<p><b>Rule (fixed before the run):</b> {escape(c['rule'])}</p>")
+            fold.append(f"<p><b>Rule (fixed before the run):</b> {esc(c['rule'])}</p>")
         if c.get("supports"):
-            fold.append(f"<p><b>Supporting evidence of</b> {escape(c['supports'])} (not counted again where both are reported)</p>")
-        fold.append(f"<p class='sub'>source: {escape(c.get('source', ''))}</p>")
-        exp = f"<td class='n'>{escape(_exposure_text(c.get('exposure')))}</td>" if with_exposure else ""
+            fold.append(f"<p><b>Supporting evidence of</b> {esc(c['supports'])} (not counted again where both are reported)</p>")
+        fold.append(f"<p class='sub'>source: {esc(c.get('source', ''))}</p>")
+        exp = f"<td class='n'>{esc(_exposure_text(c.get('exposure')))}</td>" if with_exposure else ""
         rows.append(
-            f"<tr><td>{_badge(c)}</td><td class='st'><b>{escape(c['name'])}</b> {escape(short)}"
-            + (f"<blockquote>{escape(quote)}<cite>{escape(c.get('source', ''))}</cite></blockquote>" if quote else "")
+            f"<tr><td>{_badge(c)}</td><td class='st'><b>{esc(c['name'])}</b> {esc(short)}"
+            + (f"<blockquote>{esc(quote)}<cite>{esc(c.get('source', ''))}</cite></blockquote>" if quote else "")
             + f"<details><summary>details</summary><div>{''.join(fold)}</div></details></td>"
             f"<td class='n'>{clipped(measured_brief(c))}</td><td class='n'>{clipped(brief(c.get('expected')))}</td>"
             f"{exp}</tr>")
@@ -226,13 +234,22 @@ def _claim_rows(claims: list[dict[str, Any]], with_exposure: bool) -> str:
 
 def _figures_html(figures: list[dict[str, Any]]) -> str:
     return "".join(
-        f"<figure><img alt='{escape(f['name'])}' src='data:image/png;base64,{f['png_base64']}'>"
-        f"<figcaption><b>{escape(f['name'])}</b>: {escape(f.get('caption', ''))}</figcaption></figure>"
+        f"<figure><img alt='{esc(f['name'])}' src='data:image/png;base64,{_base64(f['png_base64'])}'>"
+        f"<figcaption><b>{esc(f['name'])}</b>: {esc(f.get('caption', ''))}</figcaption></figure>"
         for f in figures)
 
 
+def _base64(data: Any) -> str:
+    """A figure's PNG as base64 text, nothing else (no quote can leave the attribute)."""
+    import re
+
+    return data if isinstance(data, str) and re.fullmatch(r"[A-Za-z0-9+/=\s]*", data) else ""
+
+
 def _kv_table(d: dict[str, Any]) -> str:
-    rows = "".join(f"<tr><th>{escape(str(k))}</th><td class='n'>{value_html(v)}</td></tr>" for k, v in d.items())
+    if not isinstance(d, dict):  # a planted run.json: whatever it holds is shown as text
+        return value_html(d)
+    rows = "".join(f"<tr><th>{esc(str(k))}</th><td class='n'>{value_html(v)}</td></tr>" for k, v in d.items())
     return f"<div class='wrap'><table>{rows}</table></div>"
 
 
@@ -243,14 +260,14 @@ def _section(name: str, meta: dict[str, Any], claims: list[dict[str, Any]], figu
     cite = meta.get("quote_source") or meta.get("source", "")
     groups = claim_groups(claims)
     exposure = any(c.get("exposure") not in (None, {}) for c in claims if c.get("kind") != "identity")
-    notes = "".join(f"<li>{escape(n)}</li>" for n in meta.get("notes", []))
+    notes = "".join(f"<li>{esc(n)}</li>" for n in meta.get("notes", []))
     prof = meta.get("profile") or ("quick" if meta.get("quick") else "full")
-    parts = [f"<h2 id='{escape(name)}'>{escape(name)}: {escape(meta.get('title', ''))}</h2>",
-             f"<p class='sub'>{escape(prof)} profile; runtime {fmt_value(meta.get('runtime_s'), 3)} s</p>"]
+    parts = [f"<h2 id='{esc(name)}'>{esc(name)}: {esc(meta.get('title', ''))}</h2>",
+             f"<p class='sub'>{esc(prof)} profile; runtime {esc(fmt_value(meta.get('runtime_s'), 3))} s</p>"]
     if quote:
-        parts.append(f"<blockquote>{escape(quote)}<cite>{escape(cite)}</cite></blockquote>")
+        parts.append(f"<blockquote>{esc(quote)}<cite>{esc(cite)}</cite></blockquote>")
     if error:
-        parts.append(f"<p class='failed'>failed: {escape(error)}</p>")
+        parts.append(f"<p class='failed'>failed: {esc(error)}</p>")
     parts.append(_figures_html(figures))
     for key, title in GROUP_TITLES.items():
         if groups[key]:
@@ -292,11 +309,11 @@ def _summary_table(rows: list[tuple[str, dict[str, Any], list[dict[str, Any]], s
         ch = t["checks"]
         checks = f"{ch['held']} / {sum(ch.values())}" if sum(ch.values()) else "—"
         note = "<span class='failed'>failed</span>" if error else ""
-        out.append(f"<tr><td><a href='#{escape(name)}'>{escape(name)}</a> {note}</td>"
-                   f"<td>{escape(_short_title(meta.get('title', '')))}</td>"
+        out.append(f"<tr><td><a href='#{esc(name)}'>{esc(name)}</a> {note}</td>"
+                   f"<td>{esc(_short_title(meta.get('title', '')))}</td>"
                    f"<td class='n'>{f['held']}</td><td class='n'>{f['not held']}</td><td class='n'>{f['inconclusive']}</td>"
                    f"<td class='n'>{ident}</td><td class='n'>{checks}</td>"
-                   f"<td class='n'>{fmt_value(meta.get('runtime_s'), 3)} s</td></tr>")
+                   f"<td class='n'>{esc(fmt_value(meta.get('runtime_s'), 3))} s</td></tr>")
     head = ("<tr><th>reproduction</th><th>what</th><th>findings held</th><th>not held</th><th>inconclusive</th>"
             "<th>identities verified</th><th>our checks held</th><th>runtime</th></tr>")
     return f"<div class='wrap'><table>{head}{''.join(out)}</table></div>"
@@ -349,8 +366,8 @@ def coverage_html(by_name: dict[str, dict[str, Any]]) -> str:
         cells = []
         for n in (x.strip() for x in tested.split(",") if x.strip()):
             c = by_name.get(n)
-            cells.append(f"{escape(n)} {_badge(c)}" if c else f"{escape(n)} <span class='sub'>(not run)</span>")
-        rows.append(f"<tr><td>{escape(doc)}</td><td>{clipped(place)}</td><td>{clipped(statement)}</td>"
+            cells.append(f"{esc(n)} {_badge(c)}" if c else f"{esc(n)} <span class='sub'>(not run)</span>")
+        rows.append(f"<tr><td>{esc(doc)}</td><td>{clipped(place)}</td><td>{clipped(statement)}</td>"
                     f"<td class='n'>{'<br>'.join(cells) or '—'}</td><td>{clipped(why)}</td></tr>")
     head = "<tr><th>document</th><th>place</th><th>statement</th><th>tested by</th><th>note</th></tr>"
     return (f"<h2 id='coverage'>Coverage: every statement of the documents</h2><div class='wrap'><table>{head}"
@@ -360,10 +377,12 @@ def coverage_html(by_name: dict[str, dict[str, Any]]) -> str:
 def _page(title: str, body: str) -> str:
     return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
             "<meta name='viewport' content='width=device-width, initial-scale=1'>"
-            f"<title>{escape(title)}</title><style>{_CSS}</style></head><body>{body}</body></html>\n")
+            f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>{body}</body></html>\n")
 
 
 def _versions_line(v: dict[str, Any]) -> str:
+    if not isinstance(v, dict):
+        return fmt_value(v)
     keys = ("headrank", "torch", "numpy", "scipy", "python")
     return ", ".join(f"{k} {v[k]}" for k in keys if k in v)
 
@@ -379,11 +398,11 @@ def render_report(*, meta: dict[str, Any], claims: list[dict[str, Any]], figures
     name, caption, png_base64.
     """
     name = meta["name"]
-    body = (f"<h1>headrank reproduce {escape(name)}</h1>"
-            f"<p class='sub'>{escape(meta.get('profile') or ('quick' if meta.get('quick') else 'full'))} profile, "
-            f"{fmt_value(meta.get('runtime_s'), 3)} s; {escape(_versions_line(meta.get('versions', {})))}</p>"
+    body = (f"<h1>headrank reproduce {esc(name)}</h1>"
+            f"<p class='sub'>{esc(meta.get('profile') or ('quick' if meta.get('quick') else 'full'))} profile, "
+            f"{esc(fmt_value(meta.get('runtime_s'), 3))} s; {esc(_versions_line(meta.get('versions', {})))}</p>"
             + _summary_table([(name, meta, claims, None)])
-            + f"<p class='reading'>{escape(reading(claims))}</p>"
+            + f"<p class='reading'>{esc(reading(claims))}</p>"
             + _section(name, meta, claims, figures)
             + f"<details><summary>library versions</summary><div>{_kv_table(meta.get('versions', {}))}</div></details>"
             "<p class='sub'>Raw series: data.json; claims: claims.json; run metadata: run.json.</p>")
@@ -398,11 +417,11 @@ def render_combined(*, entries: list[Any], figures: dict[str, list[dict[str, Any
     all_claims = [c for e in entries for c in e.claims]
     rows = [(e.name, e.meta, e.claims, e.error) for e in entries]
     body = (f"<h1>headrank: which of the documents' statements hold here</h1>"
-            f"<p class='sub'>reproduce all, {escape(profile)} profile; total runtime "
-            f"{fmt_value(summary.get('total_runtime_s'), 4)} s; "
-            f"{escape(_versions_line(summary.get('versions', {})))}</p>"
+            f"<p class='sub'>reproduce all, {esc(profile)} profile; total runtime "
+            f"{esc(fmt_value(summary.get('total_runtime_s'), 4))} s; "
+            f"{esc(_versions_line(summary.get('versions', {})))}</p>"
             + _summary_table(rows)
-            + f"<p class='reading'>{escape(reading(all_claims))}</p>"
+            + f"<p class='reading'>{esc(reading(all_claims))}</p>"
             + "".join(_section(e.name, e.meta, e.claims, figures.get(e.name, []), e.error) for e in entries)
             + coverage_html({c["name"]: c for c in all_claims})
             + f"<h2>Environment</h2>{_kv_table(summary.get('versions', {}))}"

@@ -33,14 +33,13 @@ from pathlib import Path
 from typing import Any
 
 from headrank.errors import HeadRankError, one_line
+from headrank.io.writer import OutputSet, confined
 from headrank.studies.prereg import git_commit, stamp
 from headrank.studies.registry import QUOTES, Claim, Result, citation_problems, get, names, tally
 from headrank.util.env import versions
 from headrank.util.fileio import (
     jsonable,
-    moved,
     prepare_out_dir,
-    staged_output,
     write_atomic,
     write_json,
     write_text,
@@ -77,19 +76,47 @@ def _png_bytes(fig, dpi: int = 110) -> bytes:
 
 
 def _read_json(path: Path, what: str) -> Any:
-    import json
+    """A record of a finished run, read as every planted file is (a regular file, capped: a FIFO
+    or a 500 MB file is one line, :func:`headrank.io.validate.read_json`)."""
+    from headrank.io.validate import read_json
 
-    from headrank.io.validate import regular_file
-
-    try:
-        if path.exists():
-            regular_file(path, path.name)  # a FIFO or a device would block or never end
-        return json.loads(path.read_text())
-    except FileNotFoundError:
+    if not path.exists() and not path.is_symlink():
         raise HeadRankError(f"`replot` needs {path.name} of a finished run in {path.parent}; "
-                            f"run reproduction {what} into `out` {path.parent} first") from None
-    except (OSError, ValueError) as e:
-        raise HeadRankError(f"cannot read {path}: {e}") from None
+                            f"run reproduction {what} into `out` {path.parent} first")
+    return read_json(path, "run record")
+
+
+#: the fields of a stored run.json a replot takes back, and the types each may have
+_RUN_FIELDS = {"name": (str,), "runtime_s": (int, float, type(None)), "quick": (bool, type(None)),
+               "profile": (str, type(None)), "params": (dict, type(None)), "figures": (list, type(None))}
+
+
+def _run_meta(path: Path, what: str) -> dict[str, Any]:
+    """A stored run.json, each field a replot takes back of its type (a planted ``runtime_s``
+    of ``"<script>…"`` is refused in one line, not carried into the new report)."""
+    meta = _read_json(path, what)
+    if not isinstance(meta, dict):
+        raise HeadRankError(f"{path}: not a run record (a JSON object)")
+    for key, types in _RUN_FIELDS.items():
+        if not isinstance(meta.get(key), types):
+            raise HeadRankError(f"{path}: {key} must be {' or '.join(t.__name__ for t in types)}; "
+                                f"got {type(meta.get(key)).__name__}")
+    return meta
+
+
+def _stored(path: Path) -> Any:
+    """A record a finished run left, or None where there is none readable (then it runs again)."""
+    try:
+        return _read_json(path, path.parent.name)
+    except HeadRankError:
+        return None
+
+
+def figure_png(sub: Path, f: Any) -> Path:
+    """The PNG of a stored figure entry, confined to the run's directory ``sub`` (a planted name
+    ``../../secret_fig`` is refused, not embedded)."""
+    name = f.get("name") if isinstance(f, dict) else None
+    return confined(sub, f"{name}.png" if isinstance(name, str) and name else None, f"{sub / 'run.json'}: figure")
 
 
 def profile_of(meta: dict[str, Any]) -> str:
@@ -106,7 +133,7 @@ def _evaluate(name: str, out: Path, *, quick: bool, replot: bool, overrides: dic
     if overrides and replot:
         raise HeadRankError(f"reproduction {name!r} takes no parameters from the command line with `replot`")
     if replot:
-        old = _read_json(out / "run.json", name)
+        old = _run_meta(out / "run.json", name)
         if old.get("name") != name:
             raise HeadRankError(f"{out / 'run.json'} belongs to reproduction {old.get('name')!r}, not {name!r}")
         data = _read_json(out / "data.json", name)
@@ -168,12 +195,17 @@ def run(name: str, out: str | Path, *, quick: bool = False, replot: bool = False
     ``profile``: one the study offers (``quick``, ``full``, or its own, e.g. ``paper``); None:
     ``quick`` when ``quick`` else ``full``.
     """
+    get(name)  # an unknown name fails before --out is touched
+    out = Path(out)
+    with OutputSet(out) as dest:  # --out checked once and locked for the run
+        return _run(name, dest, quick=quick, replot=replot, overrides=overrides, profile=profile)
+
+
+def _run(name: str, dest: OutputSet, *, quick: bool, replot: bool, overrides: dict[str, Any] | None,
+         profile: str | None) -> RunSummary:
     from headrank.report.html import render_report
 
-    entry = get(name)
-    out = Path(out)
-    if not replot:
-        out = prepare_out_dir(out)
+    entry, out = get(name), dest.out
     old_meta = _read_json(out / "run.json", name) if replot else None
     result, facts = _evaluate(name, out, quick=quick, replot=replot, overrides=overrides, profile=profile)
     runtime = facts["runtime_s"]
@@ -206,14 +238,15 @@ def run(name: str, out: str | Path, *, quick: bool = False, replot: bool = False
     if facts.get("replotted"):
         meta["replotted_s"] = facts["judge_s"]
     html = render_report(meta=meta, claims=claims, figures=figures)
-    with staged_output(out) as stage:  # report, claims, data, run.json and figures move in as one set
+    with dest.stage() as stage:  # report, claims, data, run.json and figures move in as one set
         files = [write_text(stage / "report.html", html)]
-        files += [write_atomic(stage / n, lambda p, b=png: p.write_bytes(b)) for n, png in pngs.items()]
+        files += [write_atomic(confined(stage, n, "figure name"), lambda p, b=png: p.write_bytes(b))
+                  for n, png in pngs.items()]
         files.append(write_json(stage / "claims.json", claims))
         if not replot:
             files.append(write_json(stage / "data.json", jsonable(result.data)))
         files.append(write_json(stage / "run.json", meta))
-    files = moved(files, stage, out)
+    files = dest.moved(files, stage)
     return RunSummary(name=name, out=out, claims=result.claims, files=files, runtime_s=runtime)
 
 
@@ -303,12 +336,9 @@ def staleness(name: str, sub: Path, quick: bool, profile: str | None = None) -> 
     """``(run.json, "")`` when the finished run in ``sub`` can be reused: same profile, the same
     params as this version's profile, the same package version and experiment source hash.
     Otherwise ``(None, why)``."""
-    import json
 
-    try:
-        meta = json.loads((sub / "run.json").read_text())
-        json.loads((sub / "claims.json").read_text())
-    except (OSError, ValueError):
+    meta = _stored(sub / "run.json")
+    if not isinstance(meta, dict) or _stored(sub / "claims.json") is None:
         return None, "no finished run"
     if not (sub / "data.json").exists():
         return None, "no data.json"
@@ -328,14 +358,14 @@ def staleness(name: str, sub: Path, quick: bool, profile: str | None = None) -> 
 
 def _cached(sub: Path, profile: str) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
     """What :func:`run` wrote in ``sub`` (run.json written last), if it is of this profile."""
-    import json
 
-    try:
-        meta = json.loads((sub / "run.json").read_text())
-        claims = json.loads((sub / "claims.json").read_text())
-    except (OSError, ValueError):
+    meta, claims = _stored(sub / "run.json"), _stored(sub / "claims.json")
+    if not isinstance(meta, dict) or not isinstance(claims, list) or not isinstance(meta.get("figures", []), list):
         return None
-    figs_ok = all((sub / f"{f['name']}.png").exists() for f in meta.get("figures", []))
+    try:
+        figs_ok = all(figure_png(sub, f).is_file() for f in meta.get("figures", []))
+    except HeadRankError:
+        return None
     if profile_of(meta) != profile or "figures" not in meta or not figs_ok:
         return None
     return meta, claims
@@ -432,14 +462,19 @@ def _run_part(n: str, sub: Path, profile: str, force: bool,
     return AllEntry(n, meta, claims, cached=False)
 
 
+FIGURE_CAP = 64 << 20  # a stored figure's PNG larger than this is not one of ours
+
+
 def _write_combined(out: Path, entries: list[AllEntry], profile: str) -> None:
     """out/claims.json, out/summary.json and the self-contained out/report.html."""
+    from headrank.io.validate import read_bytes
     from headrank.report.html import render_combined
 
     figures: dict[str, list[dict[str, str]]] = {}
     for e in entries:
         figures[e.name] = [
-            {**f, "png_base64": base64.b64encode((out / e.name / f"{f['name']}.png").read_bytes()).decode("ascii")}
+            {**f, "png_base64": base64.b64encode(read_bytes(figure_png(out / e.name, f), "figure", FIGURE_CAP)
+                                                 ).decode("ascii")}
             for f in e.meta.get("figures", [])
         ]
     all_claims = [{"reproduction": e.name, **c} for e in entries for c in e.claims]

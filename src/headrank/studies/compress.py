@@ -39,8 +39,17 @@ from headrank.studies.lm_common import (
     sweep,
 )
 from headrank.studies.registry import CATALOGUE, Claim, FigureOut, Study, g3, register_study
-from headrank.studies.verdicts import SPREAD_RULE, combine_reason, paired, sign_verdict
+from headrank.studies.verdicts import (
+    MARGIN_RULE,
+    SPREAD_RULE,
+    combine_reason,
+    judge_paired,
+    paired,
+    sign_verdict,
+)
 
+#: the smallest difference in ln perplexity (nats per token) that matters, declared before the run
+MARGIN_NATS = 0.01
 SOURCE = "our check: compression cost against attention decay (headrank compress)"
 
 
@@ -150,8 +159,8 @@ def _compare(data: dict[str, Any], value_at) -> tuple[dict[str, str], dict[str, 
         key = f"{b:g}"
         v = _per_seed(data, lambda r, k=key: value_at(r, k))
         d = paired(v[lo], v[hi])
-        parts[key] = sign_verdict(d["diff"], d["spread"])
-        measured[key] = {"at_exposure_0": float(np.mean(list(v[lo].values()))),
+        parts[key] = sign_verdict(d["diff"], d["spread"], margin=MARGIN_NATS)
+        measured[key] = {"test": judge_paired(d, MARGIN_NATS), "at_exposure_0": float(np.mean(list(v[lo].values()))),
                          "at_top_exposure": float(np.mean(list(v[hi].values()))), **d, "verdict": parts[key],
                          "by_exposure": {f"{e:g}": float(np.mean(list(v[lam].values())))
                                          for e, lam in zip(data["exposures"], lams, strict=False)}}
@@ -166,8 +175,9 @@ def _claim(data: dict[str, Any], name: str, statement: str, value_at, what: str)
         verdict, reason = "inconclusive", f"largest exposure {top:.3g} < {MIN_EXPOSURE:g}"
     return Claim(
         name=name, source=SOURCE, kind="check", statement=statement,
-        rule=f"at every budget: {what}(exposure 0) - {what}(largest exposure) > spread, paired by seed "
-             f"({SPREAD_RULE}); not held if <= -spread at some budget; largest exposure >= {MIN_EXPOSURE:g}",
+        rule=f"at every budget: {what}(exposure 0) - {what}(largest exposure) against the margin {MARGIN_NATS:g} "
+             f"nats, paired by seed ({MARGIN_RULE}; {SPREAD_RULE}); not held if not held at some budget; largest "
+             f"exposure >= {MIN_EXPOSURE:g}", tests=[m["test"] for m in measured.values()],
         measured=measured, verdict=verdict, reason=reason, tolerance=SPREAD_RULE,
         expected=f"{what} lower at the largest exposure than at 0 by more than the seed spread, every budget",
         exposure={"needed": MIN_EXPOSURE, "got_attn": top},

@@ -39,7 +39,13 @@ from headrank.studies.lm_common import (
     sweep,
 )
 from headrank.studies.registry import CATALOGUE, Claim, FigureOut, Study, g3, register_study, span
-from headrank.studies.verdicts import SPREAD_RULE, combine_reason, paired, sign_verdict
+from headrank.studies.verdicts import (
+    SPREAD_RULE,
+    combine_reason,
+    judge_paired,
+    paired,
+    sign_verdict,
+)
 
 SOURCE = "Kobayashi et al. 2024, Figure 4 (paper)"
 SRC_CAPTION = "paper, Figure 4 caption (LLaMA-2-7B)"
@@ -47,6 +53,8 @@ QUOTE_COINCIDE = "The two norms almost perfectly coincide."
 QUOTE_ROWS = (r"The condition $W_KW_K^\top = W_QW_Q^\top$ would require these norms to be equal, which in fact is "
               "mostly true.")
 COINCIDE = 0.99  # "the two norms almost perfectly coincide": median nuclear / bound at least this
+#: the smallest rise of nuclear/bound (relative to its initial value) that matters, declared before the run
+MARGIN_BALANCE = 0.01
 ROWS_EQUAL = 0.1  # "mostly true" equal row norms: median |log10(ratio)| at most this (26 %)
 PRODUCTS = {"qk": ("W_K^T W_Q", "W_Q vs W_K"), "ov": ("P W_V", "W_V vs columns of P")}
 NULLS = ("rotation", "pairing")
@@ -273,8 +281,8 @@ def decay_balances(data: dict[str, Any], params: Fig4Params) -> Claim:
             parts[p] = "inconclusive"
             continue
         d = paired(rel[lam_top], rel[0.0])
-        parts[p] = sign_verdict(d["diff"], d["spread"])
-        measured[p] = {"final_over_initial_at_0": float(np.mean(list(rel[0.0].values()))),
+        parts[p] = sign_verdict(d["diff"], d["spread"], margin=MARGIN_BALANCE)
+        measured[p] = {"test": judge_paired(d, MARGIN_BALANCE), "final_over_initial_at_0": float(np.mean(list(rel[0.0].values()))),
                        "final_over_initial_at_top": float(np.mean(list(rel[lam_top].values()))), **d}
     verdict, reason = combine_reason(parts)
     if lam_top is None or not have_init:
@@ -283,8 +291,9 @@ def decay_balances(data: dict[str, Any], params: Fig4Params) -> Claim:
                  kind="check", statement=f"In our LMs, attention decay at exposure >= {PRETRAIN_EXPOSURE:g} raises "
                  "nuclear/bound (relative to its initial value) more than no decay.",
                  rule=f"(final/initial median nuclear/bound at the lambda with exposure >= {PRETRAIN_EXPOSURE:g}) - "
-                      f"(same at lambda 0) > spread, paired by seed ({SPREAD_RULE}), both products",
-                 measured={"lambda_top": lam_top, **measured}, verdict=verdict, reason=reason,
+                      f"(same at lambda 0) against the margin {MARGIN_BALANCE:g}, paired by seed ({SPREAD_RULE}; "
+                      "three-way, docs/methods/verdicts.md), both products",
+                 tests=[v["test"] for v in measured.values()], measured={"lambda_top": lam_top, **measured}, verdict=verdict, reason=reason,
                  expected="difference > seed spread, both products", tolerance=SPREAD_RULE,
                  exposure={"needed": PRETRAIN_EXPOSURE, "got_attn": sorted({r["exposure"]["attn"] for r in runs})},
                  key="; ".join(f"{p.upper()} final/initial {g3(v['final_over_initial_at_0'])} (lambda 0) vs "

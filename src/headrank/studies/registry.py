@@ -15,6 +15,8 @@ from headrank.util.fileio import jsonable
 
 # name → (module that registers it, one-line title). Imported lazily by get().
 CATALOGUE: dict[str, tuple[str, str]] = {
+    "designs": ("headrank.studies.designs", "Run designs fixed before they run: decoupling best against best, online "
+                                            "high-rank recall at exposure 8, exposure invariance (profile designs)"),
     "fig1": ("headrank.studies.fig1", "Figure 1 + Proposition 3.1: gradient descent on 5x5 factors; "
                               "L2 on factors becomes nuclear norm on the product"),
     "fig5": ("headrank.studies.fig5", "Figure 5: 2-D toy, AdamW vs Adam+L2, direct (L2 optimum) and "
@@ -103,7 +105,10 @@ class Claim:
     could not be tested here (a model not on this machine); such a claim is inconclusive and its
     statement is listed as untested, not counted among those checked. ``rule_sha256``: the hash
     of the rule that judged it (:mod:`headrank.studies.prereg`), set by the runner;
-    ``judged_by``: the study functions that built it (recorded here, hashed there).
+    ``judged_by``: the study functions that built it (recorded here, hashed there). ``tests``:
+    the three-way tests against declared margins that decided it
+    (:func:`headrank.studies.verdicts.judge` records: interval, margin, n, one-sided p-values),
+    read by the tally's family-wise control; a claim whose every test has n < 2 is untested.
     """
 
     name: str
@@ -125,6 +130,7 @@ class Claim:
     untested: str = ""
     rule_sha256: str = ""
     judged_by: str = ""
+    tests: list = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.verdict is None:
@@ -181,13 +187,23 @@ def supporting(c: dict[str, Any], names: set[Any]) -> bool:
     return bool(c.get("supports")) and c["supports"] in names
 
 
+def _untested_by_n(c: dict[str, Any]) -> bool:
+    """A claim whose recorded tests all lack an interval (n < 2 or NaN): too small to decide."""
+    t = c.get("tests") or []
+    return bool(t) and all(x.get("verdict") == "untested" for x in t)
+
+
 def statements(claims: list[dict[str, Any]], names: set[Any] | None = None) -> list[dict[str, Any]]:
     """The documents' statements these claims judge, each once: the counted findings (not
     supporting another listed claim) grouped by their row of the coverage table
     (:mod:`headrank.studies.coverage`; a finding in no row is its own statement). A statement's
     verdict combines its claims by the several-parts rule; one whose every claim is ``untested``
-    is ``untested`` (with the commands that would test it)."""
+    (no model here, or n too small: every test without an interval) is ``untested`` (with the
+    commands that would test it). Then Holm's family-wise control
+    (:func:`headrank.studies.verdicts.holm`) over the statements whose claims carry tests: a
+    held or not held that does not survive it is counted inconclusive (``holm`` says so)."""
     from headrank.studies.coverage import row_of
+    from headrank.studies.verdicts import holm, statement_p
 
     names = {c.get("name") for c in claims} if names is None else names
     groups: dict[Any, list[dict[str, Any]]] = {}
@@ -197,12 +213,32 @@ def statements(claims: list[dict[str, Any]], names: set[Any] | None = None) -> l
             groups.setdefault(("row", row) if row is not None else ("claim", c.get("name") or id(c)), []).append(c)
     out = []
     for key, group in groups.items():
-        tested = [c for c in group if not c.get("untested")]
+        tested = [c for c in group if not c.get("untested") and not _untested_by_n(c)]
         verdict = combine([c.get("verdict") or ("held" if c.get("held") else "not held") for c in tested]) if tested \
             else "untested"
+        tests = [t for c in tested for t in (c.get("tests") or [])]
         out.append({"row": key[1] if key[0] == "row" else None, "claims": [c.get("name", "") for c in group],
-                    "verdict": verdict, "untested": [c["untested"] for c in group if c.get("untested")]})
+                    "verdict": verdict, "untested": [c["untested"] or "n < 2: no interval" for c in group
+                                                     if c.get("untested") or _untested_by_n(c)],
+                    "p": statement_p(tests) if tests and all(c.get("tests") for c in tested) else None})
+    _holm(out, holm)
     return out
+
+
+def _holm(out: list[dict[str, Any]], holm: Callable[..., set[Any]]) -> None:
+    """Holm over the statements with p-values: each held / not held keeps its verdict only if the
+    p of its side is rejected in the family (``holm`` records the outcome on each statement)."""
+    fam = {i: st["p"][0 if st["verdict"] == "held" else 1] for i, st in enumerate(out)
+           if st["p"] is not None and st["verdict"] in ("held", "not held")}
+    kept = holm(fam)
+    for i, st in enumerate(out):
+        if i in fam:
+            st["holm"] = "kept" if i in kept else f"{st['verdict']} before Holm"
+            if i not in kept:
+                st["verdict"] = "inconclusive"
+        elif st["verdict"] != "untested":
+            st["holm"] = ("no p recorded (an exact computation, or a threshold rule without a declared-margin test): "
+                          "outside the family" if st["p"] is None else "not in the family")
 
 
 def tally(claims: list[dict[str, Any]], names: set[Any] | None = None) -> dict[str, Any]:
@@ -216,7 +252,8 @@ def tally(claims: list[dict[str, Any]], names: set[Any] | None = None) -> dict[s
     as two-way findings). ``names``: the claims reported beside these (default: these), so a
     reproduction's row of a combined report counts as the combined tally does."""
     out = {"findings": dict.fromkeys(VERDICTS, 0), "identities": {"verified": 0, "failed": 0},
-           "checks": dict.fromkeys(VERDICTS, 0), "supporting": 0, "untested": 0}
+           "checks": dict.fromkeys(VERDICTS, 0), "supporting": 0, "untested": 0, "holm_family": 0,
+           "holm_demoted": 0}
     names = {c.get("name") for c in claims} if names is None else names
     for c in claims:
         verdict = c.get("verdict") or ("held" if c.get("held") else "not held")
@@ -232,6 +269,8 @@ def tally(claims: list[dict[str, Any]], names: set[Any] | None = None) -> dict[s
             out["untested"] += 1
         else:
             out["findings"][st["verdict"]] += 1
+        out["holm_family"] += st.get("holm", "").startswith(("kept", "held before", "not held before"))
+        out["holm_demoted"] += st.get("holm", "").endswith("before Holm")
     return out
 
 
@@ -289,7 +328,7 @@ class Result:
 #: every profile a study may offer, smallest first: ``quick`` (minutes), ``full`` (the default),
 #: ``paper`` (the source document's own settings, where a study has them), ``paper_vit`` (fig3's
 #: ViT half of ``paper`` alone)
-PROFILES = ("quick", "full", "paper", "paper_vit")
+PROFILES = ("quick", "full", "paper", "paper_vit", "designs")
 
 
 @dataclass(frozen=True)

@@ -36,11 +36,14 @@ from headrank.studies.lm_common import (
     sweep,
 )
 from headrank.studies.registry import CATALOGUE, Claim, FigureOut, Study, g3, register_study
-from headrank.studies.verdicts import paired, sign_verdict
+from headrank.studies.verdicts import MARGIN_RULE, judge_paired, paired, sign_verdict
 
 SOURCE = "Kobayashi et al. 2024, Table 1 and abstract (paper)"
 SRC_HURTS = "paper, abstract (Table 1)"
 SRC_DECOUPLE = "paper, abstract (Table 1)"
+#: the smallest test-perplexity difference that matters (declared before the runs it judges; the
+#: equivalence margin of docs/methods/verdicts.md): 0.1 perplexity, about 1 % of these LMs' 8–20
+MARGIN_PPL = 0.1
 QUOTE_HURTS = "inducing low rank in attention matrix products can damage language model performance"
 QUOTE_DECOUPLE = "observe advantages when decoupling weight decay in attention layers from the rest of the parameters"
 RULE_DECOUPLE = ("regime and lambda* chosen on validation perplexity: only where some coupled lambda > 0 beats coupled 0 "
@@ -181,19 +184,21 @@ def attn_decay_hurts(runs: pd.DataFrame) -> Claim:
         d = paired(c[(a_max, m)], c[(0.0, m)])
         per[f"mlp_lambda={m:g}"] = {"ppl_attn0": float(np.mean(list(c[(0.0, m)].values()))),
                                     "ppl_attn_max": float(np.mean(list(c[(a_max, m)].values()))), **d,
-                                    "verdict": sign_verdict(d["diff"], d["spread"])}
+                                    "verdict": sign_verdict(d["diff"], d["spread"], margin=MARGIN_PPL)}
     seeds = set.intersection(*(set(c[(a, m)]) for m in mlps for a in (0.0, a_max))) if mlps else set()
     hi = {s: float(np.mean([c[(a_max, m)][s] for m in mlps])) for s in seeds}
     lo = {s: float(np.mean([c[(0.0, m)][s] for m in mlps])) for s in seeds}
     main = paired(hi, lo)
-    verdict = sign_verdict(main["diff"], main["spread"])
-    reason = {"held": "", "inconclusive": "the main effect is inside the seed spread",
-              "not held": "attention decay did not raise perplexity beyond the spread"}[verdict]
+    test = judge_paired(main, MARGIN_PPL)
+    verdict = sign_verdict(main["diff"], main["spread"], margin=MARGIN_PPL)
+    reason = {"held": "", "inconclusive": f"the interval reaches across the margin {MARGIN_PPL:g} ppl",
+              "not held": f"attention decay did not raise perplexity by {MARGIN_PPL:g} ({test['outcome']})"}[verdict]
     if e_max < MIN_EXPOSURE:
         verdict, reason = "inconclusive", f"largest attention exposure {e_max:.4g} < {MIN_EXPOSURE:g}"
     return Claim(name="table1.attn_decay_hurts", source=SRC_HURTS, statement=ST_HURTS.format(e=round(e_max, 2)),
-                 quote=QUOTE_HURTS, rule=f"main effect over the grid's MLP lambdas of ppl(attn max) - ppl(attn 0) > "
-                                         f"spread ({SPREAD}); exposure at attn max >= {MIN_EXPOSURE:g}",
+                 quote=QUOTE_HURTS, rule=f"main effect over the grid's MLP lambdas of ppl(attn max) - ppl(attn 0) "
+                                         f"against the margin {MARGIN_PPL:g} ppl ({MARGIN_RULE}; {SPREAD}); exposure "
+                                         f"at attn max >= {MIN_EXPOSURE:g}", tests=[test],
                  measured={"attn_lambda_max": a_max, "main_effect": main, "per_mlp_lambda": per}, verdict=verdict,
                  reason=reason, tolerance=SPREAD,
                  expected="mean over MLP lambdas of ppl(attn max) - ppl(attn 0) > seed spread (paired by seed)",
@@ -209,13 +214,15 @@ def hurts_literal(runs: pd.DataFrame, lam: float, lr_peak: float | None) -> Clai
     c = cells(runs)
     have = (lam, lam) in c and (0.0, lam) in c
     d = paired(c[(lam, lam)], c[(0.0, lam)]) if have else {"diff": float("nan"), "spread": float("nan"), "n_seeds": 0}
-    verdict = sign_verdict(d["diff"], d["spread"])
+    test = judge_paired(d, MARGIN_PPL)
+    verdict = sign_verdict(d["diff"], d["spread"], margin=MARGIN_PPL)
     e = _exp(runs, "exposure_attn", "attn_weight_decay", lam) if have else float("nan")
     eta_lam = lam * lr_peak if lr_peak else float("nan")
     return Claim(name="table1.attn_decay_hurts_lam01", source=SRC_HURTS, quote=QUOTE_HURTS,
                  supports="table1.attn_decay_hurts",
                  statement=f"At MLP decay {lam:g}, attention decay {lam:g} gives a higher test perplexity than none.",
-                 rule=f"ppl(attn {lam:g}, MLP {lam:g}) - ppl(attn 0, MLP {lam:g}) > spread ({SPREAD})",
+                 rule=f"ppl(attn {lam:g}, MLP {lam:g}) - ppl(attn 0, MLP {lam:g}) against the margin {MARGIN_PPL:g} "
+                      f"({MARGIN_RULE}; {SPREAD})", tests=[test],
                  measured={"difference": d, "exposure_attn": e, "eta_lambda_per_step": eta_lam}, verdict=verdict,
                  reason="" if verdict == "held" else ("no run at the literal lambda" if not have else
                                                       "inside the seed spread" if verdict == "inconclusive"
@@ -228,9 +235,11 @@ def hurts_literal(runs: pd.DataFrame, lam: float, lr_peak: float | None) -> Clai
 
 
 def _decouple_claim(measured: dict[str, Any], verdict: str, reason: str, key: str, detail: str = "", *,
-                    name: str = "table1.decoupling_helps", source: str = SRC_DECOUPLE, supports: str = "") -> Claim:
+                    name: str = "table1.decoupling_helps", source: str = SRC_DECOUPLE, supports: str = "",
+                    tests: list | None = None) -> Claim:
     return Claim(name=name, source=source, statement=ST_DECOUPLE, quote=QUOTE_DECOUPLE, supports=supports,
-                 rule=RULE_DECOUPLE, measured=measured, verdict=verdict, reason=reason, tolerance=SPREAD,
+                 rule=f"{RULE_DECOUPLE}; margin {MARGIN_PPL:g} ppl ({MARGIN_RULE})", measured=measured,
+                 tests=tests or [], verdict=verdict, reason=reason, tolerance=SPREAD,
                  expected="test ppl(coupled lambda*) - test ppl(attn 0, MLP lambda*) > seed spread (paired), lambda* "
                           "chosen on validation ppl", detail=detail, key=key)
 
@@ -267,7 +276,7 @@ def decoupling_helps(runs: pd.DataFrame, *, name: str = "table1.decoupling_helps
                                "validation perplexity in this grid (decay does not help here)", coupled_key, **as_)
     best = min(helping, key=lambda a: mv[(a, a)])
     d = paired(test[(best, best)], test[(0.0, best)])
-    verdict = sign_verdict(d["diff"], d["spread"])
+    verdict = sign_verdict(d["diff"], d["spread"], margin=MARGIN_PPL)
     edge = best == max(coupled)
     measured.update({"best_coupled_lambda": best, "chosen_on": "val_ppl", "judged_on": "test_ppl", "difference": d,
                      "regime_also_on_test": mt[(best, best)] < mt[(0.0, 0.0)], "lambda_star_at_grid_edge": edge})
@@ -275,13 +284,13 @@ def decoupling_helps(runs: pd.DataFrame, *, name: str = "table1.decoupling_helps
         measured, verdict, "" if verdict == "held" else ("inside the seed spread" if verdict == "inconclusive"
                                                          else "decoupled is not better beyond the spread"),
         f"coupled {best:g} (chosen on val) test {g3(mt[(best, best)])} vs attn 0 + MLP {best:g} "
-        f"{g3(mt[(0.0, best)])}: {d['diff']:+.3g} (spread {g3(d['spread'])})",
+        f"{g3(mt[(0.0, best)])}: {d['diff']:+.3g} ± {g3(d['spread'])} (margin {MARGIN_PPL:g}, n {d['n_seeds']})",
         "Regime and lambda*: coupled lambda* beats coupled 0 on mean validation perplexity (decay helps), lambda* the "
         "lowest such; the difference is then judged on test perplexity. The decoupled cell drops attention decay only."
         + (" Caveat: lambda* is the grid's largest coupled lambda, so the best coupled decay was not bracketed, and the "
            "decoupled twin has less total decay than lambda* by construction; a decoupled cell with its own MLP lambda "
            "was not in the grid." if edge else ""),
-        **as_)
+        **as_, tests=[judge_paired(d, MARGIN_PPL)])
 
 
 def claims(data: dict[str, Any], params: Table1Params) -> list[Claim]:

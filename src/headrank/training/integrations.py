@@ -20,7 +20,9 @@ A backend whose package is missing is one :class:`HeadRankError` naming the extr
 **Trainer** (:class:`RankCallback`): every ``every`` steps (and at steps 0 and the last) it
 measures every head through :class:`headrank.analysis.tracker.RankTracker` and logs the
 :func:`~headrank.analysis.tracker.scalars` (per-layer and overall QK/OV effective rank, numerical
-rank, gap/bound, balance) to whatever ``report_to`` names; it also appends the tracker rows to
+rank, gap/bound, balance) and each optimizer group's decay exposure λ·Σlr
+(``rank/exposure/{group}``, :func:`headrank.training.optim.decay_exposure`) to whatever
+``report_to`` names; it also appends the tracker rows to
 ``output_dir/headrank_ranks.jsonl`` (readable by :func:`headrank.analysis.tracker.tracker_table`).
 Passed the Hugging Face way, ``Trainer(..., callbacks=[RankCallback(every=50)])``, it finds the
 model in the callback arguments and logs as each integration does (:class:`ReportTo`):
@@ -44,6 +46,7 @@ from headrank.analysis.tracker import RankTracker, scalars
 from headrank.core.linalg import DEFAULT_TOL
 from headrank.core.metrics import SUMMARY_METRICS
 from headrank.errors import HeadRankError, one_line
+from headrank.training.optim import decay_exposure, track_exposure
 from headrank.util.fileio import write_json
 
 #: ``--log`` backends → (module to import, extra that installs it)
@@ -87,6 +90,11 @@ def row_scalars(row: dict[str, Any]) -> dict[str, float]:
     if "heads" in row:
         out.update(scalars(row))
     return out
+
+
+def exposure_scalars(exposure: dict[str, float], prefix: str = "rank") -> dict[str, float]:
+    """Each optimizer group's decay exposure λ·Σlr as ``{prefix}/exposure/{group}``, beside the ranks."""
+    return {f"{prefix}/exposure/{g}": float(v) for g, v in exposure.items()}
 
 
 class _TensorBoard:
@@ -317,11 +325,14 @@ class _RankCallbackLogic:
         self._last: int | None = None
         self.report: ReportTo | None = None
         self.reached: set[str] = set()
+        self.optimizer: Any = None
 
-    def on_train_begin(self, args, state, control, model=None, **kwargs):
+    def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         if model is None:
             raise HeadRankError("RankCallback: the Trainer passed no model to its callbacks")
         self.tracker = RankTracker(model, every=self.every, tol=self.tol, config=self.config)
+        if optimizer is not None:  # its groups' decay exposure λ·Σlr, counted from here on
+            self.optimizer = track_exposure(optimizer)
         if self.trainer is None and state.is_world_process_zero:
             self.report = ReportTo(args)
         if state.global_step == 0:
@@ -330,7 +341,7 @@ class _RankCallbackLogic:
     def on_step_end(self, args, state, control, model=None, **kwargs):
         s = state.global_step
         if self.tracker is None and model is not None:  # added after on_train_begin had passed
-            self.on_train_begin(args, state, control, model=model)
+            self.on_train_begin(args, state, control, model=model, optimizer=kwargs.get("optimizer"))
         if self.tracker is not None and (s % self.every == 0 or s == state.max_steps):
             self._measure(args, state)
 
@@ -344,8 +355,11 @@ class _RankCallbackLogic:
             return
         self._last = step
         row = self.tracker.measure(step)
-        self.rows.append(row)
         values = scalars(row, prefix=self.prefix, per_layer=self.per_layer)
+        if self.optimizer is not None:
+            row["exposure"] = decay_exposure(self.optimizer)
+            values.update(exposure_scalars(row["exposure"], self.prefix))
+        self.rows.append(row)
         values = {k: v for k, v in values.items() if math.isfinite(v)}
         if self.jsonl and state.is_world_process_zero:
             out = Path(args.output_dir)

@@ -42,12 +42,30 @@ the precedence above over all names, so an LM head tied to the token embedding i
 embedding (decayed with ``embedding_weight_decay``), never counted twice.
 
 Frozen parameters (``requires_grad=False``) are left out and listed in the summary.
+
+**Q/K against V/O.** ``qk_weight_decay`` and ``ov_weight_decay`` (each defaulting to
+``attn_weight_decay``) split ``attn`` into ``attn_qk`` (the query and key projections, whose
+product is ``W_Kᵀ W_Q``) and ``attn_ov`` (value and output, ``P W_V``) when they differ. The role
+follows the layout table's roles (docs/supported-models.md): ``q``/``k`` against ``v``/``o``; for
+multi-head latent attention the query path (``q_a_proj``, ``q_b_proj``) is QK and ``o_proj`` OV,
+while ``kv_a_proj_with_mqa`` and ``kv_b_proj`` hold keys and values in one tensor. A tensor that
+holds both sides (fused QKV such as GPT-2's ``c_attn``, MLA's ``kv_b_proj``) cannot take two
+decays: that is one :class:`HeadRankError` naming ``attn_patterns``, which may then be a mapping
+``{"qk": [regex, …], "ov": [regex, …]}`` placing the tensors by name.
+
+**One optimizer for any training stack** (:func:`optimizer`): a ``torch.optim`` optimizer over
+these groups that counts each group's decay exposure ``λ·Σlr`` as it steps (:func:`decay_exposure`;
+the sum is kept in the group, so it is saved and resumed with the optimizer's state). It goes
+to the Hugging Face ``Trainer`` and TRL's ``SFTTrainer`` as ``optimizers=(opt, None)`` (or
+:func:`hf_optimizer_cls_and_kwargs` as ``optimizer_cls_and_kwargs=``), is returned by a
+Lightning ``configure_optimizers``, is passed to ``accelerator.prepare``, or is stepped by hand
+(docs/verbs/train.md).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -55,7 +73,7 @@ import torch.nn as nn
 
 from headrank.errors import HeadRankError
 
-GROUPS = ("attn", "embedding", "decay", "no_decay")
+GROUPS = ("attn", "attn_qk", "attn_ov", "embedding", "decay", "no_decay")
 
 #: module leaf names of attention projections (only inside an attention module path)
 ATTN_PROJECTIONS = frozenset({
@@ -67,7 +85,14 @@ ATTN_PROJECTIONS = frozenset({
     "dense", "output",
     "q_lin", "k_lin", "v_lin", "out_lin",
     "to_q", "to_k", "to_v", "to_out",
+    "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj",  # multi-head latent attention
 })
+#: which side of the head each projection feeds (the layout's roles q, k | v, o); the rest of
+#: ATTN_PROJECTIONS hold both sides in one tensor (fused QKV, MLA's key-value latent)
+QK_PROJECTIONS = frozenset({"q", "k", "q_proj", "k_proj", "query", "key", "wq", "wk", "q_attn", "q_lin", "k_lin",
+                            "to_q", "to_k", "q_a_proj", "q_b_proj", "q_proj_weight", "k_proj_weight"})
+OV_PROJECTIONS = frozenset({"v", "o", "v_proj", "o_proj", "out_proj", "value", "wv", "wo", "c_proj", "dense",
+                            "output", "v_lin", "out_lin", "to_v", "to_out", "v_proj_weight"})
 _ATTN_CONTAINER = re.compile(r"attn|attention", re.IGNORECASE)
 #: names of raw ``nn.Parameter`` embeddings (not inside an ``nn.Embedding``)
 EMBEDDING_PARAMS = frozenset({
@@ -149,18 +174,55 @@ class ParamGroups(list):
 
 
 def _group_decays(weight_decay: float, attn_weight_decay: float | None, embedding_weight_decay: float | None,
-                  decay_bias_and_norm: bool) -> dict[str, float]:
-    """Each group's λ, the three decays checked (finite, >= 0; None defaults to ``weight_decay``)."""
+                  decay_bias_and_norm: bool, qk_weight_decay: float | None = None,
+                  ov_weight_decay: float | None = None) -> dict[str, float]:
+    """Each group's λ, the decays checked (finite, >= 0; None defaults to ``weight_decay``, and
+    ``qk_weight_decay``/``ov_weight_decay`` to ``attn_weight_decay``)."""
     for label, v in (("weight_decay", weight_decay), ("attn_weight_decay", attn_weight_decay),
-                     ("embedding_weight_decay", embedding_weight_decay)):
-        if v is not None and not (isinstance(v, int | float) and v >= 0 and v == v and v != float("inf")):
+                     ("embedding_weight_decay", embedding_weight_decay), ("qk_weight_decay", qk_weight_decay),
+                     ("ov_weight_decay", ov_weight_decay)):
+        if (v is not None or label == "weight_decay") and not (
+                isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 and v == v and v != float("inf")):
             raise HeadRankError(f"{label} must be a finite number >= 0, got {v!r}")
+    attn = float(weight_decay if attn_weight_decay is None else attn_weight_decay)
+    qk = float(attn if qk_weight_decay is None else qk_weight_decay)
+    ov = float(attn if ov_weight_decay is None else ov_weight_decay)
     return {
-        "attn": float(weight_decay if attn_weight_decay is None else attn_weight_decay),
+        "attn": qk if qk == ov else attn,  # one group when both sides get the same λ
+        "attn_qk": qk,
+        "attn_ov": ov,
         "embedding": float(weight_decay if embedding_weight_decay is None else embedding_weight_decay),
         "decay": float(weight_decay),
         "no_decay": float(weight_decay) if decay_bias_and_norm else 0.0,
     }
+
+
+def _side(name: str) -> str | None:
+    """``attn_qk``, ``attn_ov`` or None (both sides in one tensor, or not known) for an attention
+    parameter, from its own name (``nn.MultiheadAttention``'s ``q_proj_weight``) or its module's."""
+    parts = name.lower().split(".")
+    for leaf in (parts[-1], parts[-2] if len(parts) > 1 else ""):
+        if leaf in QK_PROJECTIONS:
+            return "attn_qk"
+        if leaf in OV_PROJECTIONS:
+            return "attn_ov"
+    return None
+
+
+def _patterns(attn_patterns: Sequence[str] | Mapping[str, Sequence[str]] | None
+              ) -> tuple[list[re.Pattern[str]] | None, dict[str, list[re.Pattern[str]]]]:
+    """``attn_patterns`` → (patterns of every attention tensor, patterns per side)."""
+    if attn_patterns is None:
+        return None, {}
+    if isinstance(attn_patterns, Mapping):
+        bad = sorted(set(attn_patterns) - {"qk", "ov"})
+        if bad:
+            raise HeadRankError(f"attn_patterns: unknown side {bad[0]!r}; a mapping takes the keys 'qk' and 'ov'")
+        sides = {f"attn_{k}": [re.compile(p) for p in v] for k, v in attn_patterns.items()}
+        return [r for v in sides.values() for r in v], sides
+    if isinstance(attn_patterns, str):
+        attn_patterns = [attn_patterns]
+    return [re.compile(p) for p in attn_patterns], {}
 
 
 def _group_of(p: nn.Parameter, names: list[str], modules: dict[str, nn.Module],
@@ -177,25 +239,53 @@ def _group_of(p: nn.Parameter, names: list[str], modules: dict[str, nn.Module],
     return "decay"
 
 
+def _split_sides(model: nn.Module, attn: list[tuple[str, nn.Parameter]],
+                 sides: dict[str, list[re.Pattern[str]]]) -> dict[str, list[tuple[str, nn.Parameter]]]:
+    """The attention tensors placed on the QK or the OV side; one tensor that holds both is an error."""
+    out: dict[str, list[tuple[str, nn.Parameter]]] = {"attn_qk": [], "attn_ov": []}
+    for name, p in attn:
+        if sides:
+            side = next((s for s, rs in sides.items() if any(r.search(name) for r in rs)), None)
+        else:
+            side = _side(name)
+        if side is None:
+            leaves = name.lower().split(".")[-2:]
+            how = ("no pattern of attn_patterns['qk'] or ['ov'] matches it" if sides else
+                   "it holds both sides in one tensor" if set(leaves) & (ATTN_PROJECTIONS | {"in_proj_weight"})
+                   else "its side is not known from its name")
+            raise HeadRankError(
+                f"qk_weight_decay and ov_weight_decay differ, but {type(model).__name__} parameter {name!r} cannot "
+                f"be placed on the QK or the OV side ({how}); pass attn_patterns={{'qk': [regex, …], "
+                f"'ov': [regex, …]}} naming the tensors of each side, or give both the same decay")
+        out[side].append((name, p))
+    return out
+
+
 def param_groups(
     model: nn.Module,
     weight_decay: float = 0.1,
     attn_weight_decay: float | None = None,
     *,
+    qk_weight_decay: float | None = None,
+    ov_weight_decay: float | None = None,
     embedding_weight_decay: float | None = None,
     decay_bias_and_norm: bool = False,
-    attn_patterns: Sequence[str] | None = None,
+    attn_patterns: Sequence[str] | Mapping[str, Sequence[str]] | None = None,
     keep_empty: bool = False,
 ) -> ParamGroups:
     """Group ``model``'s trainable parameters by role (see the module docstring).
 
-    ``attn_weight_decay`` / ``embedding_weight_decay`` default to ``weight_decay``.
+    ``attn_weight_decay`` / ``embedding_weight_decay`` default to ``weight_decay``;
+    ``qk_weight_decay`` / ``ov_weight_decay`` to ``attn_weight_decay`` (when they differ, the
+    attention group becomes ``attn_qk`` and ``attn_ov``).
     ``attn_patterns``: regular expressions (``re.search`` on full parameter names) that
-    define the attention parameters instead of the built-in rule; matching tensors with
-    ndim < 2 still go to ``no_decay``. Empty groups are dropped unless ``keep_empty``.
+    define the attention parameters instead of the built-in rule, or a mapping ``{"qk": […],
+    "ov": […]}`` that also places them; matching tensors with ndim < 2 still go to
+    ``no_decay``. Empty groups are dropped unless ``keep_empty``.
     """
-    lam = _group_decays(weight_decay, attn_weight_decay, embedding_weight_decay, decay_bias_and_norm)
-    patterns = [re.compile(p) for p in attn_patterns] if attn_patterns else None
+    lam = _group_decays(weight_decay, attn_weight_decay, embedding_weight_decay, decay_bias_and_norm,
+                        qk_weight_decay, ov_weight_decay)
+    patterns, sides = _patterns(attn_patterns)
     modules = dict(model.named_modules(remove_duplicate=False))
 
     names_of: dict[int, list[str]] = {}
@@ -205,27 +295,117 @@ def param_groups(
         params[id(p)] = p
 
     buckets: dict[str, list[tuple[str, nn.Parameter]]] = {g: [] for g in GROUPS}
-    records, frozen = [], []
+    group_of, frozen = {}, []
     for pid, names in names_of.items():
         p = params[pid]
         if not p.requires_grad:
             frozen.extend(names)
             continue
-        group = _group_of(p, names, modules, patterns)
-        buckets[group].append((names[0], p))
-        records.append({"name": names[0], "aliases": names[1:], "group": group,
-                        "weight_decay": lam[group], "shape": tuple(p.shape), "numel": p.numel()})
+        group_of[pid] = _group_of(p, names, modules, patterns)
+        buckets[group_of[pid]].append((names[0], p))
 
-    if not buckets["attn"] and lam["attn"] != lam["decay"]:
+    split = lam["attn_qk"] != lam["attn_ov"]
+    if not buckets["attn"] and (lam["attn_qk"] != lam["decay"] or lam["attn_ov"] != lam["decay"]):
         raise HeadRankError(
-            f"no attention projection recognised in {type(model).__name__}, so attn_weight_decay="
-            f"{lam['attn']:g} would apply to nothing; pass attn_patterns=[regex, …] naming them")
+            f"no attention projection recognised in {type(model).__name__}, so the attention decay would apply "
+            f"to nothing; pass attn_patterns=[regex, …] naming them")
+    if split:
+        buckets.update(_split_sides(model, buckets.pop("attn"), sides), attn=[])
+        group_of.update({id(p): g for g in ("attn_qk", "attn_ov") for _, p in buckets[g]})
+    records = [{"name": names_of[pid][0], "aliases": names_of[pid][1:], "group": g, "weight_decay": lam[g],
+                "shape": tuple(params[pid].shape), "numel": params[pid].numel()} for pid, g in group_of.items()]
+    shown = [g for g in GROUPS if g not in (("attn",) if split else ("attn_qk", "attn_ov"))]
     groups = [
         {"params": [p for _, p in buckets[g]], "param_names": [n for n, _ in buckets[g]],
          "weight_decay": lam[g], "name": g}
-        for g in GROUPS if buckets[g] or keep_empty
+        for g in shown if buckets[g] or keep_empty
     ]
     return ParamGroups(groups, records, frozen)
+
+
+#: the key in each optimizer parameter group that sums the learning rates it has stepped with
+LR_SUM = "headrank_lr_sum"
+
+
+def _count_lr(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    for g in opt.param_groups:
+        g[LR_SUM] = g.get(LR_SUM, 0.0) + float(g["lr"])
+
+
+def track_exposure(opt: Any) -> Any:
+    """Count ``Σlr`` in every parameter group of ``opt`` from now on (a step pre-hook: a step
+    skipped by a gradient scaler, or not taken under gradient accumulation, is not counted).
+    Idempotent; ``opt`` may be wrapped (``accelerate``'s ``AcceleratedOptimizer``). Returns ``opt``."""
+    inner = _unwrap(opt)
+    if not getattr(inner, "_headrank_counts_lr", False):
+        inner.register_step_pre_hook(_count_lr)
+        inner._headrank_counts_lr = True
+        for g in inner.param_groups:
+            g.setdefault(LR_SUM, 0.0)
+    return opt
+
+
+def _unwrap(opt: Any) -> torch.optim.Optimizer:
+    while getattr(opt, "optimizer", None) is not None:
+        opt = opt.optimizer  # accelerate's AcceleratedOptimizer, Lightning's LightningOptimizer
+    if not isinstance(opt, torch.optim.Optimizer):
+        raise HeadRankError(f"expected a torch.optim optimizer, got {type(opt).__name__}")
+    return opt
+
+
+def decay_exposure(opt: Any) -> dict[str, float]:
+    """Each group's decay exposure ``λ·Σlr`` so far (docs/METHODS.md), keyed by the group's name
+    (``group_N`` for an unnamed one); counted since :func:`track_exposure` (or :func:`optimizer`)."""
+    inner = _unwrap(opt)
+    return {str(g.get("name", f"group_{i}")): float(g["weight_decay"]) * float(g.get(LR_SUM, 0.0))
+            for i, g in enumerate(inner.param_groups) if "weight_decay" in g}
+
+
+def optimizer(
+    model: nn.Module,
+    lr: float = 1e-3,
+    weight_decay: float = 0.1,
+    attn_weight_decay: float | None = None,
+    *,
+    qk_weight_decay: float | None = None,
+    ov_weight_decay: float | None = None,
+    embedding_weight_decay: float | None = None,
+    decay_bias_and_norm: bool = False,
+    attn_patterns: Sequence[str] | Mapping[str, Sequence[str]] | None = None,
+    optimizer_cls: type[torch.optim.Optimizer] = torch.optim.AdamW,
+    **optimizer_kwargs: Any,
+) -> torch.optim.Optimizer:
+    """The one optimizer factory: ``optimizer_cls`` (AdamW by default; betas, eps … in
+    ``optimizer_kwargs``) over :func:`param_groups`, counting each group's decay exposure
+    (:func:`decay_exposure`). Use it with any stack::
+
+        opt = headrank.optimizer(model, lr=3e-4, weight_decay=0.1, qk_weight_decay=0.1, ov_weight_decay=0.0)
+        Trainer(model=model, args=args, optimizers=(opt, None))   # Hugging Face; TRL's SFTTrainer the same
+        def configure_optimizers(self): return headrank.optimizer(self, lr=3e-4, ...)   # Lightning
+        model, opt = accelerator.prepare(model, opt)               # Accelerate
+    """
+    groups = param_groups(model, weight_decay, attn_weight_decay, qk_weight_decay=qk_weight_decay,
+                          ov_weight_decay=ov_weight_decay, embedding_weight_decay=embedding_weight_decay,
+                          decay_bias_and_norm=decay_bias_and_norm, attn_patterns=attn_patterns)
+    opt = optimizer_cls(groups, lr=lr, **optimizer_kwargs)
+    opt.headrank_groups = groups  # the audit (print it)
+    return track_exposure(opt)
+
+
+def hf_optimizer_cls_and_kwargs(model: nn.Module, **kwargs: Any) -> tuple[type, dict[str, Any]]:
+    """For the Hugging Face ``Trainer``'s ``optimizer_cls_and_kwargs=`` argument: the optimizer
+    class and its keyword arguments, with ``params`` the groups of :func:`param_groups` (the
+    Trainer takes ``params`` from the kwargs over its own grouping). ``kwargs`` as for
+    :func:`optimizer`; ``lr`` and ``weight_decay`` are required here, as the Trainer passes neither.
+    Exposure is counted once :class:`~headrank.training.integrations.RankCallback` sees the optimizer."""
+    for key in ("lr", "weight_decay"):
+        if key not in kwargs:
+            raise HeadRankError(f"hf_optimizer_cls_and_kwargs needs {key}= (the Trainer passes no {key} here)")
+    cls = kwargs.pop("optimizer_cls", torch.optim.AdamW)
+    group_keys = ("weight_decay", "attn_weight_decay", "qk_weight_decay", "ov_weight_decay", "embedding_weight_decay",
+                  "decay_bias_and_norm", "attn_patterns")
+    group_kwargs = {k: kwargs.pop(k) for k in group_keys if k in kwargs}
+    return cls, {"params": param_groups(model, **group_kwargs), **kwargs}
 
 
 def adamw(
@@ -238,9 +418,8 @@ def adamw(
     eps: float = 1e-8,
     **group_kwargs: Any,
 ) -> torch.optim.AdamW:
-    """``torch.optim.AdamW`` over :func:`param_groups` (decoupled decay per group)."""
-    return torch.optim.AdamW(param_groups(model, weight_decay, attn_weight_decay, **group_kwargs),
-                             lr=lr, betas=betas, eps=eps)
+    """``torch.optim.AdamW`` over :func:`param_groups` (:func:`optimizer` with its defaults)."""
+    return optimizer(model, lr, weight_decay, attn_weight_decay, betas=betas, eps=eps, **group_kwargs)
 
 
 # -- Hugging Face Trainer integration ----------------------------------------------------------
@@ -254,7 +433,9 @@ def _make_trainer_class() -> type:
     class AttnDecayTrainer(Trainer):
         """A Hugging Face ``Trainer`` whose optimizer gets :func:`param_groups`.
 
-        Two lines::
+        Deprecated: a subclass cannot be combined with another (TRL's ``SFTTrainer``). Pass
+        ``optimizers=(headrank.optimizer(model, lr=…, weight_decay=…, attn_weight_decay=…), None)``
+        to any ``Trainer`` instead (docs/verbs/train.md). Still works::
 
             from headrank.training.optim import AttnDecayTrainer
             trainer = AttnDecayTrainer(model=model, args=args, train_dataset=ds, attn_weight_decay=0.0)
@@ -268,9 +449,15 @@ def _make_trainer_class() -> type:
 
         def __init__(self, *args: Any, attn_weight_decay: float | None = None,
                      embedding_weight_decay: float | None = None, decay_bias_and_norm: bool = False,
-                     attn_patterns: Sequence[str] | None = None, **kwargs: Any):
+                     attn_patterns: Sequence[str] | None = None, qk_weight_decay: float | None = None,
+                     ov_weight_decay: float | None = None, **kwargs: Any):
+            import warnings
+
+            warnings.warn("AttnDecayTrainer is deprecated: pass optimizers=(headrank.optimizer(model, ...), None) "
+                          "to the Trainer (docs/verbs/train.md)", DeprecationWarning, stacklevel=2)
             super().__init__(*args, **kwargs)
-            self.attn_group_kwargs = {"attn_weight_decay": attn_weight_decay,
+            self.attn_group_kwargs = {"attn_weight_decay": attn_weight_decay, "qk_weight_decay": qk_weight_decay,
+                                      "ov_weight_decay": ov_weight_decay,
                                       "embedding_weight_decay": embedding_weight_decay,
                                       "decay_bias_and_norm": decay_bias_and_norm,
                                       "attn_patterns": attn_patterns}
@@ -286,7 +473,7 @@ def _make_trainer_class() -> type:
                     cls, kwargs = self.get_optimizer_cls_and_kwargs(self.args, opt_model)
                 kwargs = {k: v for k, v in kwargs.items() if k not in ("params", "model", "optimizer_dict")}
                 self.attn_param_groups = groups
-                self.optimizer = cls(groups, **kwargs)
+                self.optimizer = track_exposure(cls(groups, **kwargs))
             return self.optimizer
 
     return AttnDecayTrainer

@@ -59,7 +59,8 @@ import pandas as pd
 from headrank.core.metrics import SUMMARY_METRICS
 from headrank.errors import HeadRankError, one_line
 from headrank.io.rundir import locked_run, run_locked
-from headrank.util.fileio import staged_output, write_json, write_text
+from headrank.io.writer import OutputSet
+from headrank.util.fileio import write_json, write_text
 from headrank.util.ray import ray_session
 from headrank.util.result import ResultBase, check_dir, copy_dir, plain, read_csv, read_json
 from headrank.util.result import records as frame_records
@@ -649,7 +650,7 @@ def aggregate(spec: SweepSpec, out: Path, records: list[dict[str, Any]]) -> Swee
     counts = {"runs": len(records), "ok": int((runs["status"] == "ok").sum()),
               "failed": int((runs["status"] != "ok").sum()),
               "skipped": sum(bool(r.get("skipped")) for r in records)}
-    with staged_output(out) as stage:  # runs.csv, summary.csv and counts.json move in together
+    with OutputSet(out, held=True) as dest, dest.stage() as stage:  # runs.csv, summary.csv, counts.json: one set
         write_text(stage / "runs.csv", runs.to_csv(index=False))
         write_text(stage / "summary.csv", summary.to_csv(index=False))
         write_json(stage / "counts.json", counts)

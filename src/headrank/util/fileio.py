@@ -2,11 +2,8 @@
 
 - :func:`atomic_path` / :func:`write_atomic`: one file written beside its target under a hidden
   temporary name (``.NAME.PID.XXXX.tmpSUFFIX``) and renamed onto it only when complete.
-- :func:`staged_output`: a whole output set (heads.csv, meta.json, figures, ...) written into a
-  fresh hidden directory inside ``--out`` (``.headrank-staging-PID-XXXX``) and moved in only
-  when every file is written, so a failure (a full disk, a kill) never leaves new files beside
-  the previous run's.
-- :func:`check_writable`: ``--out`` created and probed before an analysis starts.
+- Whole output sets, ``--out`` checked and locked: :mod:`headrank.io.writer`, the one writer
+  (its staging directories, ``.headrank-staging-PID-XXXX``, are named here).
 - :func:`clean_stale`: temporaries of killed runs (their PID no longer alive) are removed.
 
 Errors while writing (no space left, permission denied, read-only file system) become one
@@ -36,6 +33,41 @@ _TMP_RE = re.compile(r"^\..+\.(\d+)\.[^.]+\.tmp")  # .NAME.PID.XXXX.tmpSUFFIX
 _STAGING_RE = re.compile(r"^\.(?:headrank|attnrank)-staging-(\d+)-")
 _LEGACY_TMP_RE = re.compile(r"^\..+\.[A-Za-z0-9_]{8}\.tmp")  # before the PID was in the name
 _LEGACY_AGE_S = 3600.0
+
+
+def read_regular(path: str | os.PathLike, what: str, cap: int) -> bytes:
+    """The bytes of a regular file of at most ``cap`` bytes: the one read of a file a user or
+    another process may have planted (:func:`headrank.io.validate.read_bytes` adds the messages
+    of its kind). It is opened without blocking (``O_NONBLOCK``: a FIFO put where a record was
+    expected cannot hang the open) and checked on the open descriptor (``fstat``: a regular
+    file, not a FIFO, device or directory, no larger than ``cap``), so nothing swapped in between
+    a check and the read is read; at most ``cap + 1`` bytes are ever read (a file growing
+    meanwhile is refused, not followed). OSError passes through."""
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else \
+                "a device or socket"
+            raise HeadRankError(f"{path} is not a regular file ({kind}): refusing to read it as a {what}")
+        if st.st_size > cap:
+            raise HeadRankError(f"{path} is larger than a {what} may be ({st.st_size:,} bytes, at most {cap:,}): "
+                                f"not a {what}")
+        chunks, left = [], cap + 1
+        while left > 0:
+            b = os.read(fd, min(left, 1 << 20))
+            if not b:
+                break
+            chunks.append(b)
+            left -= len(b)
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > cap:
+        raise HeadRankError(f"{path} grew past {cap:,} bytes while being read, more than a {what} may be: not a {what}")
+    return data
 
 
 def write_error(e: OSError, path: str | os.PathLike, doing: str = "write") -> HeadRankError:
@@ -89,34 +121,6 @@ def prepare_out_dir(out: str | os.PathLike) -> Path:
     return out
 
 
-def check_writable(out: str | os.PathLike) -> Path:
-    """Check, before any long analysis, that files can be written in ``out``: an existing
-    directory is probed with a temporary file (and temporaries left there by killed runs are
-    cleaned); a missing one is not created yet (a run that fails leaves nothing behind), but its
-    nearest existing ancestor must be a directory the user may write. One line naming ``out``
-    otherwise."""
-    out = Path(out)
-    if out.exists():
-        if not out.is_dir():
-            raise HeadRankError(f"`out` {out} exists and is not a directory")
-        try:
-            fd, probe = tempfile.mkstemp(prefix=f".headrank-probe.{os.getpid()}.", suffix=".tmp", dir=out)
-            os.close(fd)
-            os.unlink(probe)
-        except OSError as e:
-            raise write_error(e, out, "write into") from None
-        clean_stale(out)
-        return out
-    parent = out.absolute().parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        raise HeadRankError(f"cannot create output directory {out}: {parent} is not a directory")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise HeadRankError(f"permission denied: cannot create output directory {out} (in {parent})")
-    return out
-
-
 def _alive(pid: int) -> bool:
     if pid == os.getpid():
         return True
@@ -129,10 +133,12 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def clean_stale(out: str | os.PathLike) -> list[str]:
+def clean_stale(out: str | os.PathLike, finish: Callable[[Path, Path], bool] | None = None) -> list[str]:
     """Remove temporaries of killed runs from ``out``: ``.NAME.PID.XXXX.tmp*`` files and
     staging directories whose process is gone, and old-style temporaries older than an hour.
-    Returns the names removed; errors removing them are ignored (a later run tries again)."""
+    ``finish(stage, out)``, if given, is offered each dead run's staging directory first (the
+    writer finishes a commit a kill interrupted). Returns the names removed; errors removing
+    them are ignored (a later run tries again)."""
     removed = []
     try:
         entries = list(os.scandir(out))
@@ -151,6 +157,8 @@ def clean_stale(out: str | os.PathLike) -> list[str]:
             if not stale:
                 continue
             if e.is_dir(follow_symlinks=False):
+                if finish is not None and _STAGING_RE.match(e.name):
+                    finish(Path(e.path), Path(out))
                 shutil.rmtree(e.path)
             else:
                 os.unlink(e.path)
@@ -158,74 +166,6 @@ def clean_stale(out: str | os.PathLike) -> list[str]:
         except OSError:
             continue
     return removed
-
-
-@contextmanager
-def staged_output(out: str | os.PathLike) -> Iterator[Path]:
-    """Write a set of output files together: yields a fresh hidden directory inside ``out``;
-    when the block ends without error every file in it is moved onto ``out`` (renames within
-    one directory tree: no new data is written, so a full disk cannot leave half a set), else
-    the directory is removed and ``out`` keeps the previous set untouched."""
-    out = check_writable(prepare_out_dir(out))
-    try:
-        stage = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-", dir=out))
-    except OSError as e:
-        raise write_error(e, out, "write into") from None
-    try:
-        yield stage
-        _move_set(stage, out)
-    except OSError as e:
-        raise write_error(e, getattr(e, "filename", None) or out) from None
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
-
-
-def _move_set(stage: Path, out: Path) -> None:
-    """Move every entry of ``stage`` onto ``out`` as one set: a name that is a directory in
-    ``out`` where the set has a file is refused before anything moves; the previous entries are
-    set aside first and put back if any move fails, so ``out`` holds the old set or the new one."""
-    entries = sorted(stage.iterdir())
-    for p in entries:
-        t = out / p.name
-        if t.is_dir() and not t.is_symlink() and not p.is_dir():
-            raise HeadRankError(f"cannot write {t}: a directory of that name is in the way; "
-                                "remove it or choose another `out`")
-    aside = Path(tempfile.mkdtemp(prefix=".previous-", dir=stage))
-    done: list[str] = []
-    try:
-        for p in entries:
-            t = out / p.name
-            if t.exists() or t.is_symlink():
-                os.replace(t, aside / p.name)
-            done.append(p.name)
-            os.replace(p, t)
-    except BaseException:
-        for name in reversed(done):
-            t = out / name
-            try:
-                if not (stage / name).exists() and (t.exists() or t.is_symlink()):
-                    shutil.rmtree(t) if t.is_dir() and not t.is_symlink() else t.unlink()
-                if (aside / name).exists() or (aside / name).is_symlink():
-                    os.replace(aside / name, t)
-            except OSError:
-                continue
-        raise
-
-
-def moved(paths: list[Path], stage: Path, out: str | os.PathLike) -> list[Path]:
-    """The final paths in ``out`` (as the user gave it) of files written under ``stage``, for
-    messages. ``stage`` and ``paths`` may be relative or absolute, or reach the same directory
-    through a symlink: each is compared in absolute, then in resolved form."""
-    return [Path(out) / _under(Path(p), Path(stage)) for p in paths]
-
-
-def _under(p: Path, stage: Path) -> Path:
-    for f in (os.path.abspath, os.path.realpath):
-        try:
-            return Path(f(p)).relative_to(f(stage))
-        except ValueError:
-            continue
-    raise HeadRankError(f"internal: {p} was not written under {stage}")
 
 
 def _umask() -> int:

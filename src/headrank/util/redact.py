@@ -1,9 +1,12 @@
 """URLs with their secrets removed, for everything written or printed (docs/remote-security.md).
 
-A URL may carry credentials in two places: its userinfo (``http://alice:secret@host/``) and its
-query string (a presigned URL's ``X-Amz-Signature=…``, ``?token=…``, ``sig=…``). :func:`redact_url`
-replaces the password (or a lone user name) by ``***`` and the value of every query key that
-looks like a signature, token or credential by ``REDACTED``; :func:`redact_text` does it for
+A URL may carry credentials in three places: its userinfo (``http://alice:secret@host/``), its
+query string (a presigned URL's ``X-Amz-Signature=…``, ``?token=…``, ``sig=…``, Akamai's
+``?hdnts=exp=…~hmac=…``) and its fragment (an OAuth implicit grant's ``#access_token=…``).
+:func:`redact_url` replaces the password (or a lone user name) by ``***`` and, in the query and
+the fragment alike, the value of every key that looks like a signature, token or credential, or
+whose value carries one (``…~hmac=…``), by ``REDACTED`` (an opaque fragment or query, not
+``key=value`` pairs, whole); :func:`redact_text` does it for
 every URL found inside a message. The URL actually requested is never changed: only what is
 shown or stored.
 """
@@ -18,13 +21,35 @@ MASK = "REDACTED"
 # query keys whose values are secrets: AWS/GCS/Azure presigned URLs, tokens, API keys, signatures
 _SECRET_KEY = re.compile(
     r"^(x-amz-.*|x-goog-.*|x-ms-.*|.*sig|.*signature.*|.*token.*|.*key.*|.*credential.*|.*secret.*|.*password.*|"
-    r"passwd|pwd|auth.*|.*session.*|policy)$", re.IGNORECASE)
+    r"passwd|pwd|auth.*|.*session.*|policy|hdnts|hdnea|.*hmac.*|md5|hash|jwt|code|signed.*|.*sas)$", re.IGNORECASE)
+# a value that itself carries a signature (Akamai's ``hdnts=exp=…~acl=…~hmac=…``, a nested signed URL)
+_SECRET_VALUE = re.compile(r"(?:^|[~&;,:])(?:hmac|sig|signature|token|key|secret|password)\w*=", re.IGNORECASE)
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]{1,15}://[^\s'\"<>`]+")
 
 
 def secret_key(key: str) -> bool:
     """Whether a query key's value is to be hidden."""
     return bool(_SECRET_KEY.match(key.strip()))
+
+
+def _secret_pair(key: str, value: str) -> bool:
+    return secret_key(key) or bool(_SECRET_VALUE.search(value))
+
+
+def _masked(part: str) -> str:
+    """A query string or fragment with the value of every secret pair masked; one that is not
+    ``key=value`` pairs but is not empty (``#eyJhbGciOi…``, an opaque token) masked whole."""
+    if not part:
+        return part
+    try:
+        pairs = parse_qsl(part, keep_blank_values=True, strict_parsing=True)
+    except ValueError:
+        pairs = []
+    if not pairs:
+        return MASK if len(part) > 16 or "=" in part else part  # a short anchor (#section-2) is no secret
+    if not any(_secret_pair(k, v) for k, v in pairs):
+        return part
+    return urlencode([(k, MASK if _secret_pair(k, v) else v) for k, v in pairs], safe="*/")
 
 
 def redact_url(url: Any) -> Any:
@@ -40,12 +65,7 @@ def redact_url(url: Any) -> Any:
             user, host = netloc.rsplit("@", 1)
             name = user.split(":", 1)[0]
             netloc = f"{'***' if ':' not in user else name + ':***'}@{host}" if user else host
-        query = parts.query
-        if query:
-            pairs = parse_qsl(query, keep_blank_values=True)
-            if any(secret_key(k) for k, _ in pairs) or not pairs:
-                query = urlencode([(k, MASK if secret_key(k) else v) for k, v in pairs], safe="*") if pairs else MASK
-        return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+        return urlunsplit((parts.scheme, netloc, parts.path, _masked(parts.query), _masked(parts.fragment)))
     except ValueError:  # not parseable (http://[::1/): keep the scheme only
         head = url.split("://", 1)[0]
         return f"{head}://{MASK}" if any(c in url for c in "@?") else url

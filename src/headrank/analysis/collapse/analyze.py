@@ -34,6 +34,7 @@ from headrank.analysis.collapse.surgery import (
 )
 from headrank.errors import HeadRankError
 from headrank.models.opener import PROJECT_TYPE, Opened, open_model, resolve
+from headrank.util.args import checked
 from headrank.util.result import ResultBase, plain, read_csv, read_json, records
 from headrank.util.threads import check_threads, torch_threads
 
@@ -60,7 +61,9 @@ class CollapseResult(ResultBase):
     def save(self, out: str | os.PathLike, *, plots: bool = True) -> list[Path]:
         """``layers.csv``, ``summary.csv``, ``paths.csv``, ``collapse.npz``, ``meta.json`` and
         figures into ``out`` (:func:`save`)."""
-        return save(self, out, plots=plots)
+        from headrank.io.writer import save_set
+
+        return save_set(out, lambda stage: save(self, stage, plots=plots))  # one set, through the writer
 
     @classmethod
     def load(cls, out: str | os.PathLike) -> CollapseResult:
@@ -130,6 +133,7 @@ def analyze(source: str | os.PathLike, *, n_seqs: int = 32, max_tokens: int = 64
                         progress=progress)
 
 
+@checked
 def collapse(model: str | os.PathLike, *, seqs: int = 32, max_tokens: int = 64, seed: int = 0, threads: int = 1,
              progress: Callable[[int, int], None] | None = None) -> CollapseResult:
     """``headrank collapse MODEL``: rank collapse by layer for pure attention, + MLP, + skip and

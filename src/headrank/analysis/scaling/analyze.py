@@ -22,6 +22,7 @@ from headrank.analysis.scaling.invariance import (
 from headrank.analysis.scaling.symmetries import pair_symmetries
 from headrank.errors import HeadRankError
 from headrank.io.layouts import Layout, layout_for
+from headrank.util.args import checked
 from headrank.util.result import ResultBase, plain, read_csv, read_json, records
 from headrank.util.threads import check_threads, torch_threads
 
@@ -46,7 +47,9 @@ class ScaleResult(ResultBase):
 
     def save(self, out: str | os.PathLike, *, plots: bool = True) -> list[Path]:
         """``tensors.csv``, ``pairs.csv``, ``meta.json`` and figures into ``out`` (:func:`save`)."""
-        return save(self, out, plots=plots)
+        from headrank.io.writer import save_set
+
+        return save_set(out, lambda stage: save(self, stage, plots=plots))  # one set, through the writer
 
     @classmethod
     def load(cls, out: str | os.PathLike) -> ScaleResult:
@@ -106,13 +109,14 @@ def analyze_scaling(source: str | os.PathLike, *, scales: Iterable[float] = DEFA
     """
     scales = check_scales(scales)
     if not (isinstance(tol, int | float) and tol > 0):
-        raise HeadRankError(f"tolerance must be > 0, got {tol}")
+        raise HeadRankError(f"`tol` must be > 0, got {tol}")
     if threads is not None:
         check_threads(threads)
     with torch_threads(threads):
         return _analyze_scaling(source, scales, tol, groups, pairs, seed, exhaustive, structural, progress)
 
 
+@checked
 def scale(model: str | os.PathLike, *, scales: str | Iterable[float] = DEFAULT_SCALES, tol: float = INVARIANCE_TOL,
           groups: dict[str, Sequence[str]] | Sequence[str] | None = None, pairs: bool = True,
           with_eps: bool = False, exhaustive: bool = False, threads: int = 1,

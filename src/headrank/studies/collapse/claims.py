@@ -9,7 +9,12 @@ from typing import Any
 import numpy as np
 
 from headrank.analysis.collapse import INITS, WELL_KNOWN, path_counts, path_length_stats
-from headrank.studies.collapse.depth_claims import doubly_exponential, heads_modulate, stated_bound
+from headrank.studies.collapse.depth_claims import (
+    cubic_rate,
+    doubly_exponential,
+    heads_modulate,
+    stated_bound,
+)
 from headrank.studies.collapse.params import CollapseParams
 from headrank.studies.registry import Claim, arrow, g3
 from headrank.studies.verdicts import combine_reason, mean_spread, side
@@ -436,6 +441,6 @@ def path_counts_claim(data: dict[str, Any], p: CollapseParams) -> Claim:
 
 def claims(data: dict[str, Any], p: CollapseParams) -> list[Claim]:
     """Every collapse claim, in report order."""
-    return [f(data, p) for f in (pure_attention, skip_prevents, mlp_slows, mlp_does_not_prevent, doubly_exponential,
-                                 stated_bound, heads_modulate, mlp_lipschitz, path_products, path_restricted,
+    return [f(data, p) for f in (pure_attention, skip_prevents, mlp_slows, mlp_does_not_prevent, cubic_rate,
+                                 doubly_exponential, stated_bound, heads_modulate, mlp_lipschitz, path_products, path_restricted,
                                  short_paths, short_paths_init, path_sum_exact, path_counts_claim)]

@@ -12,7 +12,7 @@ from headrank.analysis.collapse import INITS, fit_depth
 from headrank.analysis.collapse.bound import bound_verdict, check_bound, summarize_thresholds
 from headrank.studies.collapse.params import CollapseParams
 from headrank.studies.registry import Claim, g3
-from headrank.studies.verdicts import combine_reason, mean_spread, paired, side
+from headrank.studies.verdicts import MARGIN_RULE, combine_reason, judge, mean_spread, paired, side
 
 SRC_ART = "article on Dong, Cordonnier, Loukas 2021 (collapse)"  # as in .claims
 SRC_DEXP = f"{SRC_ART}, Research Paper Focus; §3.1"
@@ -114,8 +114,10 @@ def stated_bound(data: dict[str, Any], p: CollapseParams) -> Claim:
         measured = {k: {**measured[k], **judged[k]} for k in measured}
     else:
         verdict, reason = "inconclusive", _gamma_reason(measured)
+    untested = ("" if p.bound_log10_gamma is not None or not stacks else
+                "gamma is not defined in the document: headrank reproduce collapse with a declared bound_log10_gamma")
     return Claim(
-        name="collapse.stated_bound", source=f"{SRC_ART}, §3.1-3.2", quote=Q_BOUND, rule=rule,
+        name="collapse.stated_bound", untested=untested, source=f"{SRC_ART}, §3.1-3.2", quote=Q_BOUND, rule=rule,
         statement="The residual of a pure self-attention network obeys the stated doubly exponential bound, with "
                   "beta computed from the real weights.",
         measured=measured, expected="|res(X_L)| <= the right-hand side at every depth", verdict=verdict,
@@ -215,6 +217,61 @@ def depth_fits(data: dict[str, Any], p: CollapseParams) -> dict[str, dict[str, A
     return out
 
 
+#: the rate claim: log r_{L+1} = kappa log r_L + c per network; doubly exponential means kappa > 1
+#: (the stated form: 3). The smallest excess over 1 that matters, declared before the run judged by it
+MARGIN_KAPPA = 0.5
+#: the regime the rate is read in: relative residual at most this (far below the input's)
+RATE_REGIME = 1e-2
+ST_RATE = ("In a pure self-attention network the log residual of each layer is a multiple kappa > 1 of the previous "
+           "layer's (log r_{L+1} = kappa log r_L + c): doubly exponential decay, the document's rate (its bound has "
+           "kappa = 3); judged per network, over independent networks.")
+
+
+def network_kappas(data: dict[str, Any]) -> dict[str, float]:
+    """Per network (init std × seed of the depth sweep): the least-squares slope kappa of
+    log10 r_{L+1} on log10 r_L (absolute residuals, mean over the network's sequences) over the
+    exact depths whose relative residual is ≤ :data:`RATE_REGIME`; networks with < 3 such depths
+    are left out. Rows of the stored residuals are seed-major (an equal share per seed)."""
+    sw = data["depth_sweep"]
+    out: dict[str, float] = {}
+    for std, c in sw["curves"].items():
+        b = c.get("bound") or {}
+        if not b.get("exact"):
+            continue
+        a, rel = np.asarray(b["log10_abs_res"], float), np.asarray(b["log10_rel_res"], float)
+        per = a.shape[0] // len(sw["seeds"])
+        for i, seed in enumerate(sw["seeds"]):
+            rows = slice(i * per, (i + 1) * per)
+            la, lr = a[rows].mean(0), rel[rows].mean(0)
+            x, y = la[:-1], la[1:]
+            ok = np.isfinite(x) & np.isfinite(y) & (lr[:-1] <= math.log10(RATE_REGIME))
+            if ok.sum() >= 3:
+                out[f"std {std}, seed {seed}"] = float(np.polyfit(x[ok], y[ok], 1)[0])
+    return out
+
+
+def cubic_rate(data: dict[str, Any], p: CollapseParams) -> Claim:
+    """The rate, apart from the bound (whose gamma the document never defines): per network of the
+    depth sweep, kappa of log r_{L+1} = kappa log r_L + c (:func:`network_kappas`); kappa − 1 over
+    the independent networks judged three-way against :data:`MARGIN_KAPPA` (held: doubly
+    exponential beyond the margin; not held: kappa within 1 + margin, a single exponential or
+    slower)."""
+    kap = network_kappas(data)
+    mean, spread = mean_spread(kap.values()) if kap else (math.nan, math.nan)
+    test = judge(mean - 1.0, spread, len(kap), MARGIN_KAPPA)
+    verdict = "inconclusive" if test["verdict"] == "untested" else test["verdict"]
+    return Claim(
+        name="collapse.cubic_rate", source=SRC_DEXP, statement=ST_RATE, quote=Q_DEXP, tests=[test],
+        rule=f"kappa - 1 over the independent networks (init std x seed; per network the mean over its sequences, depths "
+             f"with relative residual <= {RATE_REGIME:g}, >= 3 of them) against the margin {MARGIN_KAPPA:g} "
+             f"({MARGIN_RULE})",
+        measured={"kappa_per_network": kap, "test": test}, verdict=verdict,
+        reason="" if verdict == "held" else test["outcome"], expected=f"kappa > 1 + {MARGIN_KAPPA:g} (the bound's: 3)",
+        key=f"kappa {g3(mean)} ± {g3(spread)} over {len(kap)} networks (1 = exponential, 3 = the bound's)",
+        detail="The residuals are computed exactly past the float64 floor (headrank.analysis.collapse.exact). "
+               "Independent networks, not the sequences of one network, are the replicates.")
+
+
 def doubly_exponential(data: dict[str, Any], p: CollapseParams) -> Claim:
     """The document's form, judged where the stated bound says something (docs/METHODS.md §4,
     item 15): per SAN curve of the depth sweep (exact residuals past the float64 floor), over the
@@ -234,6 +291,7 @@ def doubly_exponential(data: dict[str, Any], p: CollapseParams) -> Claim:
     sw = data["depth_sweep"]
     return Claim(
         name="collapse.doubly_exponential", source=SRC_DEXP, statement=ST_DEXP, quote=Q_DEXP,
+        supports="collapse.cubic_rate",
         measured={**fits, "judged": sorted(judged)},
         rule=f"per SAN curve (exact residuals past the float64 floor): window = from the first depth L0 at which the "
              f"stated bound restarted at X_L0 is non-vacuous (at the smallest gamma under which it holds at every later "

@@ -35,7 +35,8 @@ ST_RATE = ("|A^T A - B^T B| vanishes exponentially with a time constant proporti
 ST_RECURSION = ("Under gradient descent, A^TA - B^TB <- (1 - eta lam)^2 (A^TA - B^TB) + eta^2 (B^T G^T G B - "
                 "A^T G G^T A), G = grad L(AB^T), holds exactly.")
 ST_SOFT = ("The singular values of AB^T at the end of training are s_i = max(d_i - lam/2, 0): "
-           "they decay linearly with lam until they vanish.")
+           "they decay linearly with lam (slope 1/2) and vanish at lam = 2 d_i, not at the caption's lam >= s_i "
+           "(a factor 2: this loss puts lam/2 on each factor's squared norm).")
 ST_BALANCED = "If A^TA = B^TB then |AB^T|_* = (1/2)(|A|_F^2 + |B|_F^2)."
 ST_UNBALANCED = ("Unbalanced factorizations have a strict gap: bound - nuclear > 0; for (cA, B/c) of a balanced "
                  "pair it is exactly (1/2)(c - 1/c)^2 |A|_F^2.")
@@ -205,6 +206,8 @@ def soft_threshold(data: dict[str, Any]) -> Claim:
         name="fig1.soft_threshold", source=SRC_SOFT, statement=ST_SOFT, quote=Q_SOFT,
         rule=f"max |s_i - max(d_i - lam/2, 0)| <= {SOFT_TOL:g} at the last step (threshold case lam = 2 d_i apart)",
         measured=max_err, expected=0.0, tolerance=SOFT_TOL, held=max_err <= SOFT_TOL,
+        key=f"max |s_i - max(d_i - lam/2, 0)| = {max_err:.3g}: s_i vanishes at lam = 2 d_i (the caption's "
+            "'lam >= s_i' is off by a factor 2)",
         detail=f"max |s_i - max(d_i - lam/2, 0)| at t = {steps} over lam in {lambdas.tolist()} and all i, except the "
                "threshold case lam = 2 d_i exactly (lam = 0.4, d = 0.2), where convergence is algebraic (next claim). "
                f"On the {sweep.size}-point lam sweep of the figure the largest error at t = {steps} is "

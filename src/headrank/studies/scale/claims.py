@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from headrank.studies.registry import Claim, arrow, g3, span
+from headrank.studies.scale import article_claims
 from headrank.studies.scale.params import ScaleParams
 from headrank.studies.scale.summary import EQ_DRIFT, TIME_CONSTANTS_NEEDED, run_summary, summaries
 
@@ -52,6 +53,7 @@ Q_SHRINK_POST = ("If we apply LayerNorm and only then the residual connection, i
 Q_SHRINK_PRE = ("Now, when we apply LayerNorm to this, the scaling factor can no longer cancel out: LayerNorm(x + a f(x)) "
                 "≠ LayerNorm(x + f(x)).")
 VARIANTS = ("none", "post", "pre")
+MIN_SEEDS = 3  # independent networks any SGD comparison needs before it is judged
 INVARIANT = ("none", "post")
 
 SHRINK_FREE = ("{v}: every W sits before a LayerNorm, so W -> {c} W (decay penalty x{c2:g}) leaves the function, "
@@ -164,16 +166,15 @@ def _paired_by_seed(rows: list[dict[str, Any]], lam: float, key: str) -> dict[in
     return {r["seed"]: r[key] for r in rows if r.get("group", "grid") == "grid" and r["lam"] == lam}
 
 
-def _equivalent(diff: float, spread: float, margin: float) -> str:
-    """Equivalence within ±``margin``: held when diff ± spread lies inside, not held when wholly
-    outside, else inconclusive (NaN too)."""
-    from headrank.studies.verdicts import side
+def _equivalent(diff: float, spread: float, margin: float, n: int = 2) -> str:
+    """Equivalence within ±``margin`` (:func:`headrank.studies.verdicts.equivalence`): held when
+    diff ± spread lies inside, not held when wholly outside, else inconclusive (NaN too)."""
+    from headrank.studies.verdicts import equivalence
 
-    if not (math.isfinite(diff) and math.isfinite(spread) and math.isfinite(margin)):
+    if not math.isfinite(margin):
         return "inconclusive"
-    if side(abs(diff), spread, margin, below=True) == "held":
-        return "held"
-    return "not held" if abs(diff) - spread > margin else "inconclusive"
+    v = equivalence(diff, spread, n, margin)["verdict"]
+    return "inconclusive" if v == "untested" else v
 
 
 def _lam_max_effect(summ: dict[str, list[dict[str, Any]]], key: str, p: ScaleParams) -> dict[str, Any]:
@@ -198,11 +199,15 @@ def optimal_loss_unchanged(summ: dict[str, list[dict[str, Any]]], p: ScaleParams
     λ equals the λ = 0 one within ±``p.no_change_margin`` × the λ = 0 test loss (paired by
     seed, t-spread; an equivalence test); runs short of decay exposure: inconclusive."""
     e = _lam_max_effect(summ, "train_loss", p)
-    verdict = "inconclusive" if e["short"] else _equivalent(e["diff"], e["spread"], e["margin"])
+    verdict = "inconclusive" if e["short"] else _equivalent(e["diff"], e["spread"], e["margin"], len(e["per_seed"]))
+    if len(e["per_seed"]) < MIN_SEEDS:
+        verdict, e["short"] = "inconclusive", [f"{len(e['per_seed'])} seeds < {MIN_SEEDS}"]
     reason = ("not decided: " + "; ".join(e["short"]) if e["short"] else "" if verdict == "held" else
               f"|difference| {g3(abs(e['diff']))} +- {g3(e['spread'])} against the margin {g3(e['margin'])}")
     return Claim(
-        name="scale.optimal_loss_unchanged", source=f"{ARTICLE}, TL;DR", quote=Q_OPTIMAL, rule=RULE_EQUIV.format(
+        name="scale.optimal_loss_unchanged", kind="check",
+        source="our check: the TL;DR on the loss SGD reaches (the TL;DR itself is the identity scale.tldr_identity)",
+        quote=Q_OPTIMAL, rule=RULE_EQUIV.format(
             what="clean training loss", m=p.no_change_margin),
         statement="In a ReLU network with LayerNorm and no residual connections, weight decay does not change the "
                   "training loss reached (largest lambda of the grid against lambda = 0).",
@@ -224,7 +229,9 @@ def free_to_overfit(summ: dict[str, list[dict[str, Any]]], p: ScaleParams) -> Cl
         for r in rows:
             r.setdefault("gen_gap", r["test_loss"] - r["train_loss"])
     e = _lam_max_effect(summ, "gen_gap", p)
-    verdict = "inconclusive" if e["short"] else _equivalent(e["diff"], e["spread"], e["margin"])
+    verdict = "inconclusive" if e["short"] else _equivalent(e["diff"], e["spread"], e["margin"], len(e["per_seed"]))
+    if len(e["per_seed"]) < MIN_SEEDS:
+        verdict, e["short"] = "inconclusive", [f"{len(e['per_seed'])} seeds < {MIN_SEEDS}"]
     reason = ("not decided: " + "; ".join(e["short"]) if e["short"] else "" if verdict == "held" else
               f"|difference| {g3(abs(e['diff']))} +- {g3(e['spread'])} against the margin {g3(e['margin'])}")
     return Claim(
@@ -472,4 +479,4 @@ def claims(data: dict[str, Any], p: ScaleParams) -> list[Claim]:
     out += [angular_update_sgd(summ, p), equilibrium_norm_sgd(summ), lambda_only_through_product(summ, p),
             adamw_norm_scaling(asum), verdicts_trained(data["verdicts_trained"]), optimal_loss_unchanged(summ, p),
             free_to_overfit(summ, p)]
-    return out
+    return out + article_claims.claims(data, summ, p.lams)

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from headrank.analysis.scaling import DEFAULT_SCALES, norm_eps_zero, scale_test, scaled
+from headrank.studies.scale import article
 from headrank.studies.scale.params import ScaleParams
 from headrank.training.batched import (
     RESIDUAL_VARIANTS,
@@ -53,7 +54,10 @@ def run(p: ScaleParams) -> dict[str, Any]:
         shrink = {v: shrink_checks(runs[v]["model"], index[v].index("grid"), data, p.shrink) for v in RESIDUAL_VARIANTS}
         verdicts = {v: trained_verdicts(runs[v]["model"], data, p) for v in RESIDUAL_VARIANTS}
         homog = homogeneity(data, p)
+        zero = [i * len(p.lams) + list(p.lams).index(0.0) for i in range(len(p.seeds))] if 0.0 in p.lams else []
+        art = article.measure(runs["none"]["model"], zero, data, p.data_seed)
     return {
+        "article": {**art, "seeds": list(p.seeds)},
         "homogeneity": homog,
         "setup": _setup(p, data),
         "runs": {v: {**history(runs[v]), "group": index[v]} for v in RESIDUAL_VARIANTS},
