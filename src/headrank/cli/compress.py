@@ -16,6 +16,12 @@ from headrank.errors import HeadRankError
 from headrank.util.progress import EVERY_S
 
 
+def _beating(bar: Any) -> bool:
+    """Whether ``bar`` (a LineProgress) prints at its fixed interval by itself: its beat thread runs."""
+    thread = getattr(bar, "thread", None)
+    return thread is not None and thread.is_alive()
+
+
 class Phases:
     """The progress callback ``(done, total, phase)`` on one bar, and a beat: on a console that
     is not a terminal, a line at least every 15 s even while a phase reports nothing (loading a
@@ -26,7 +32,7 @@ class Phases:
 
         self.bar, self.task, self.every_s = bar, bar.add_task("starting", total=None), every_s
         self.beat = (Heartbeat(bar.console, "compress", every_s, tick=self._line)
-                     if hasattr(bar, "line") and getattr(bar, "thread", None) is None else None)  # a LineProgress that does not beat by itself
+                     if hasattr(bar, "line") and not _beating(bar) else None)  # a LineProgress that does not beat by itself
 
     def __call__(self, done: int, total: int | None, phase: str) -> None:
         self.bar.update(self.task, completed=done, total=total, description=phase)

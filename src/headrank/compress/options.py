@@ -103,7 +103,10 @@ def _model_key(reader) -> str | None:
     p = Path(path)
     try:
         files = sorted(q for q in p.iterdir() if q.is_file()) if p.is_dir() else [p]
-        return json.dumps([[str(q.resolve()), q.stat().st_size, q.stat().st_mtime_ns] for q in files])
+        from headrank.io.validate import file_identity
+
+        # device and inode too: a file replaced by rename with its size and time kept is another model
+        return json.dumps([[str(q.resolve()), *file_identity(q)] for q in files])
     except OSError:
         return None
 
@@ -120,8 +123,10 @@ def cached_baseline(key: str | None) -> float | None:
     if key is None:
         return None
     try:
-        v = json.loads((cache_root() / "baselines" / f"{key}.json").read_text())["value"]
-    except (OSError, ValueError, KeyError, TypeError):
+        from headrank.io.validate import read_json
+
+        v = read_json(cache_root() / "baselines" / f"{key}.json", "compress record")["value"]
+    except (HeadRankError, KeyError, TypeError):  # missing, a FIFO, too large, corrupt: measured again
         return None
     return float(v) if isinstance(v, (int, float)) else None
 

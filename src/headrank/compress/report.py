@@ -8,6 +8,8 @@ from headrank.compress.api import KV_BYTES, Plan
 from headrank.util.env import versions
 
 CONVENTIONS = {
+    # the weights are cut as stored (a folded convention would change what is written): headrank.io.convention
+    "convention": "raw",
     "unit": "one kv head: its query group's products cut jointly (one query head without GQA)",
     "cut": "best rank-k approximation of the unit's stacked product (Eckart-Young), factors U_k S_k^1/2, "
            "V_k S_k^1/2 (balanced)",
