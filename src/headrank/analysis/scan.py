@@ -331,11 +331,11 @@ def _stream(reader: AttentionReader, sel: list[int], tol: float, threads: int | 
             reader.ckpt.release()  # unmap what the read touched (tensors read are copies)
             trim_heap()  # the previous layer's temporaries, back to the OS (resident set stays flat)
             nxt = io.submit(read, sel[k + 1]) if k + 1 < len(sel) else None
-            workers = cores.threads()  # the idle cores now (others' load since the last layer), unless pinned
+            threads_now = cores.threads()  # the idle cores now (others' load since the last layer), unless set
             if used is not None:
-                used.append(workers)
+                used.append(threads_now)
             t0 = time.perf_counter()
-            with computing(threads=workers):
+            with computing(threads=threads_now):
                 metrics, row_norms = layer_metrics(hw, tol)
             t["compute"] += time.perf_counter() - t0
             if timing is not None:
