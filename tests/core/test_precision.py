@@ -277,3 +277,24 @@ def test_cli_records_the_precision_and_refuses_a_bad_one(tmp_path):
                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert bad.returncode == 2 and "precision" in bad.stderr and "Traceback" not in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_an_energy_level_asked_is_certified_too():
+    """A head whose cumulative energy sits at an asked level (here 0.5, to 1e-7): the level's
+    decision is float64's, by the bound or by the fallback."""
+    g = _gen(12)
+    n, d, dh = 3, 512, 8
+    Ua = torch.linalg.qr(torch.randn(n, d, dh, generator=g, dtype=torch.float64)).Q
+    Ub = torch.linalg.qr(torch.randn(n, d, dh, generator=g, dtype=torch.float64)).Q
+    s = torch.tensor([1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0], dtype=torch.float64).repeat(n, 1)
+    s[:, 1] = 1 + 1e-7  # σ₁² + σ₂² against half of the total: at the 0.25 level's edge
+    A, B = bf16(Ua * s.sqrt()[:, None, :]), bf16(Ub * s.sqrt()[:, None, :])
+    with computing(precision="auto"):
+        m = Product(A, B).metrics(TOL, energy=(0.25,))
+    ref = dense(A, B)
+    from headrank.core.metrics import energy_rank
+
+    got = energy_rank(torch.as_tensor(np.asarray(m.sv)), 0.25).numpy()
+    want = energy_rank(torch.as_tensor(ref["sv"]), 0.25).numpy()
+    assert np.array_equal(got, want)
+    check_contract(m, ref)

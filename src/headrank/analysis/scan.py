@@ -239,7 +239,8 @@ def _rows(layer: int, product: str, m: ProductMetrics, group: int, head_dim: int
     return cols
 
 
-def layer_metrics(hw: HeadWeights, tol: float = DEFAULT_TOL) -> tuple[dict[str, ProductMetrics], dict[str, Any]]:
+def layer_metrics(hw: HeadWeights, tol: float = DEFAULT_TOL, energy: tuple[float, ...] = ()
+                  ) -> tuple[dict[str, ProductMetrics], dict[str, Any]]:
     """QK and OV metrics of every query head of one layer (``hw.qk()``, ``hw.ov()``:
     :class:`headrank.core.product.Product`), plus the Figure 4 row norms, in the compute setting
     in force (threads, device, precision: :func:`headrank.util.threads.computing`).
@@ -249,7 +250,7 @@ def layer_metrics(hw: HeadWeights, tol: float = DEFAULT_TOL) -> tuple[dict[str, 
     norms of W_Q, W_K, W_V and column norms of P are the diagonals of the factors' Gram matrices
     ``RᵀR`` (column sums of ``R²``), so they cost nothing extra.
     """
-    metrics = {"qk": hw.qk().metrics(tol), "ov": hw.ov().metrics(tol)}
+    metrics = {"qk": hw.qk().metrics(tol, energy), "ov": hw.ov().metrics(tol, energy)}  # energy: levels certified
     r = hw.roots()
     gram_diag = lambda r: (r * r).sum(-2)  # noqa: E731
     norms = {"q": gram_diag(r["q"]), "k": gram_diag(hw.kv_for_query_heads(r["k"])),
@@ -284,7 +285,7 @@ def _fault_in(hw: HeadWeights) -> None:
 
 
 def _stream(reader: AttentionReader, sel: list[int], tol: float, threads: int | None,
-            timing: dict[str, float] | None = None, used: list[int] | None = None):
+            timing: dict[str, float] | None = None, used: list[int] | None = None, energy: tuple[float, ...] = ()):
     """Yield ``(i, hw, metrics, row_norms)`` per selected layer; layer i+1 is read meanwhile.
 
     The checkpoint is touched by one thread at a time (the reader thread; ``release`` only
@@ -331,12 +332,12 @@ def _stream(reader: AttentionReader, sel: list[int], tol: float, threads: int | 
             reader.ckpt.release()  # unmap what the read touched (tensors read are copies)
             trim_heap()  # the previous layer's temporaries, back to the OS (resident set stays flat)
             nxt = io.submit(read, sel[k + 1]) if k + 1 < len(sel) else None
-            workers = cores.threads()  # the idle cores now (others' load since the last layer), unless pinned
+            threads_now = cores.threads()  # the idle cores now (others' load since the last layer), unless set
             if used is not None:
-                used.append(workers)
+                used.append(threads_now)
             t0 = time.perf_counter()
-            with computing(threads=workers):
-                metrics, row_norms = layer_metrics(hw, tol)
+            with computing(threads=threads_now):
+                metrics, row_norms = layer_metrics(hw, tol, energy)
             t["compute"] += time.perf_counter() - t0
             if timing is not None:
                 wall = time.perf_counter() - start
@@ -484,7 +485,7 @@ def analyze(
     vecs = _Vectors(dims, len(sel)) if vectors else None  # refused here when they would not fit
     rot, rot_why = rotary_scan(reader.ckpt.config, reader.position, dims.head_dim, reader.qk_norm, tol, rotary)
     with computing(device=dev, precision=precision):  # `used`: the thread counts the stream ran with
-        frames, sv, norms, timing = _scan_layers(reader, sel, tol, threads, rot, vecs, progress, used := [])
+        frames, sv, norms, timing = _scan_layers(reader, sel, tol, threads, rot, vecs, progress, used := [], energy or ())
     extra = energy_frames(frames, sv, energy)  # --energy: k columns for levels the metric table lacks
     table = _table(frames, TABLE_COLUMNS + tuple(extra))  # numpy columns: pandas only for SpectraResult.table
     meta = {**_meta(reader, sel, tol, table), "compute": _compute_meta(dev, threads, used),
@@ -497,7 +498,8 @@ def analyze(
 
 
 def _scan_layers(reader: AttentionReader, sel: list[int], tol: float, threads: int | None, rot: Any,
-                 vecs: _Vectors | None, progress: Callable[[int, int], None] | None, used: list[int] | None = None):
+                 vecs: _Vectors | None, progress: Callable[[int, int], None] | None, used: list[int] | None = None,
+                 energy: tuple[float, ...] = ()):
     """Stream the selected layers: each one's table rows, singular values and row norms (and its
     rotary bands and singular vectors where asked), then the stream's timing."""
     frames: list[dict[str, Any]] = []
@@ -505,7 +507,7 @@ def _scan_layers(reader: AttentionReader, sel: list[int], tol: float, threads: i
     norms: dict[str, list[np.ndarray]] = {k: [] for k in ("q", "k", "v", "p")}
     timing: dict[str, float] = {}
     head_dim = reader.dims.head_dim
-    stream = _stream(reader, sel, tol, threads, timing, used)
+    stream = _stream(reader, sel, tol, threads, timing, used, energy)
     for done, (i, hw, metrics, row_norms) in enumerate(stream, 1):
         for product, m in metrics.items():
             frames.append({**_rows(i, product, m, hw.group, head_dim), **rb.baseline_row(hw, product, tol)})

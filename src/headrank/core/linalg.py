@@ -91,7 +91,7 @@ CHUNK_BYTES = 16 * 2**20  # heads are upcast to float64 this many bytes at a tim
 DEVICE_CHUNK_BYTES = 512 * 2**20  # the torch route (a GPU): fewer, larger batches (each head still alone)
 _BUFFERS: list = []  # free float64 upcast buffers (numpy), one per worker in use
 _BUF_LOCK = threading.Lock()
-METRIC_CHUNK = 8  # heads per task in metrics_from_roots (fixed: results never depend on workers)
+METRIC_CHUNK = 8  # heads per task in metrics_from_roots (fixed: results never depend on threads)
 
 
 def _is_torch(x: object) -> bool:

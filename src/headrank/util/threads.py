@@ -140,10 +140,10 @@ class IdleCores:
     MIN_INTERVAL_S = 0.05  # shorter intervals are noise at the kernel's 10 ms accounting
     FRESH_S = 5.0  # the module's import mark starts the first interval if it is at most this old
 
-    def __init__(self, pinned: int | None = None):
-        self.pinned = pinned
+    def __init__(self, threads: int | None = None):
+        self.pinned = threads  # --threads N: returned unchanged
         self.budget = core_budget()
-        self.current = pinned if pinned is not None else default_threads(self.budget)
+        self.current = threads if threads is not None else default_threads(self.budget)
         self.history: list[int] = [self.current]
         now = self._sample()
         # the first interval: from this module's import (a command's start-up) when that was recent,
