@@ -52,8 +52,8 @@ def test_json_summary():
 
 @pytest.mark.parametrize("args, needle", [
     (["/no/such/dir"], "no such file"),
-    (["minilm", "--tol", "3"], "tolerance"),
-    (["minilm", "--tol", "nan"], "tolerance"),
+    (["minilm", "--tol", "3"], "--tol must lie in (0, 1)"),  # the flag named, as typed
+    (["minilm", "--tol", "nan"], "--tol"),
     (["minilm", "--layers", "9"], "out of range"),
 ])
 def test_bad_input_one_line_exit_2(args, needle):
@@ -242,7 +242,8 @@ def test_temporaries_of_a_killed_run_are_cleaned(tmp_path):
     (out / f"{STAGING_PREFIX}{dead}-q1w2").mkdir()
     code, _, err = run_cli("spectra", str(write_tiny(tmp_path / "m")), "--out", str(out), "--no-plots", "--quiet")
     assert code == 0, err
-    assert sorted(p.name for p in out.iterdir()) == ["heads.csv", "meta.json", "spectra.npz", "summary.csv"]
+    assert sorted(p.name for p in out.iterdir()) == [".headrank-output.json", "heads.csv", "meta.json", "spectra.npz",
+                                                     "summary.csv"]
 
 
 @pytest.mark.parametrize("exc, needle", [

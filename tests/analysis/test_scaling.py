@@ -388,7 +388,7 @@ def test_cli_scale_json_and_out(tmp_path, hf_dirs):
     (["scale", "minilm", "--scales", "1"], "scale factors"),
     (["scale", "minilm", "--group", "x"], "--group"),
     (["scale", "minilm", "--group", "x=nomatch*", "--no-pairs"], "no parameter matches"),
-    (["scale", "minilm", "--tol", "0", "--no-pairs"], "tolerance"),
+    (["scale", "minilm", "--tol", "0", "--no-pairs"], "--tol"),
     (["scale", "minilm", "--threads", "0"], "threads"),
 ])
 def test_cli_scale_user_errors_exit_2(args, needle):

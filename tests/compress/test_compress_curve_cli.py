@@ -79,13 +79,15 @@ def test_out_guard_as_compress(lm, tmp_path):
     src_before = sorted(p.name for p in (tmp_path / "lm").iterdir())
     for out in ("other", "lm"):
         line = _one_line_refusal(_run(lm, "--out", out, "--curve", "1", "--eval-n", "2", "--seq-len", "16"))
-        assert "holds no compress_curve.json" in line and f"--out {out}" in line
+        why = "holds no compress_curve.json" if out == "other" else "is the source directory"
+        assert why in line and f"--out {out}" in line
     assert [p.name for p in (tmp_path / "other").iterdir()] == ["notes.txt"]
     assert sorted(p.name for p in (tmp_path / "lm").iterdir()) == src_before
     for _ in range(2):  # the second run replaces the first's set
         r = _run(lm, "--out", "my curve", "--curve", "1", "--eval-n", "2", "--seq-len", "16", "-q")
         assert r.exit_code == 0 and r.output == "", r.output
-    assert sorted(p.name for p in (tmp_path / "my curve").iterdir()) == ["compress_curve.json", "compress_curve.png"]
+    assert sorted(p.name for p in (tmp_path / "my curve").iterdir()) == [".headrank-output.json", "compress_curve.json",
+                                                                         "compress_curve.png"]
 
 
 def test_json_layers_and_the_capped_default_seq_len(lm, tmp_path):
@@ -101,7 +103,8 @@ def test_json_layers_and_the_capped_default_seq_len(lm, tmp_path):
     panel = data["lm"]
     assert panel["text"] == "2 x 64"
     row = next(x for x in panel["rows"] if (x["method"], x["budget"]) == ("weight", 0.5))
-    w = _run(lm, "--out", "o", "--params", "0.5", "--layers", "1", "--format", "dense", "--eval", "--eval-n", "2")
+    w = _run(lm, "--out", "o", "--params", "0.5", "--layers", "1", "--format", "dense", "--eval", "--eval-n", "2",
+             "--no-whiten")  # the weight-only row
     assert w.exit_code == 0, w.output
     res = json.loads((tmp_path / "o" / "compress.json").read_text())
     assert res["eval"]["text"].startswith("2 windows of 64 tokens")

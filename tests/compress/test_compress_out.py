@@ -130,7 +130,7 @@ def test_a_non_empty_foreign_directory_is_refused(src, tmp_path):
     out.mkdir()
     (out / "thesis.tex").write_text("x")
     code, text = _cli(src, "--out", out, "--rank", "2")
-    _one_line(code, text, "holds other files")
+    _one_line(code, text, "is not empty and holds no compress.json")
     assert [p.name for p in out.iterdir()] == ["thesis.tex"]
 
 

@@ -66,6 +66,7 @@ DENSE = {
     "stable_rank": lambda M, s, A, B, tol: (s**2).sum() / s[0] ** 2 if s[0] > 0 else 0.0,
     "k90": lambda M, s, A, B, tol: _energy_k(s, 0.90),
     "k99": lambda M, s, A, B, tol: _energy_k(s, 0.99),
+    "k999": lambda M, s, A, B, tol: _energy_k(s, 0.999),
     "gap_rel": lambda M, s, A, B, tol: _ratio(_bound(A, B) - s.sum(), _bound(A, B)),
 }
 INTEGER = {m.name for m in METRICS if m.integer}

@@ -159,3 +159,30 @@ def series_mean(values: np.ndarray) -> float:
     if count == 0:
         return float("nan")
     return float(np.where(mask, 0.0, v).sum() / count) if mask.any() else float(v.sum() / count)
+
+
+def energy_levels_of(spec: Any) -> tuple[float, ...] | None:
+    """``spectra --energy`` (``"0.9,0.99,0.999"`` or numbers) as levels, checked before any reading."""
+    if spec is None:
+        return None
+    from headrank.core.metrics import energy_levels
+    from headrank.errors import HeadRankError
+
+    try:
+        return energy_levels(spec)
+    except ValueError as e:
+        raise HeadRankError(f"`energy`: {e}") from None
+
+
+def energy_frames(frames: list[dict[str, Any]], sv: dict[str, list[np.ndarray]], levels: Any) -> dict[str, str]:
+    """``spectra --energy``: each frame (one layer's rows of one product) gets the energy ranks of its
+    singular values at the ``levels`` that the metric table lacks; returns {column: definition}."""
+    if levels is None:
+        return {}
+    from headrank.core.metrics import METRIC_COLUMNS, energy_columns, energy_name
+
+    per_product = {p: iter(v) for p, v in sv.items()}  # each product's layers, in the frames' order
+    for f in frames:
+        f.update(energy_columns(next(per_product[f["product"]]), levels))
+    return {energy_name(v): f"energy rank: fewest sigma_i holding {v * 100:g}% of sum sigma^2" for v in levels
+            if energy_name(v) not in METRIC_COLUMNS}

@@ -116,24 +116,3 @@ def plot(table: pd.DataFrame, sv: dict[str, np.ndarray], meta: dict[str, Any],
         plt.close(fig)
     return fig
 
-
-def repr_lines(t: dict[str, Any], meta: dict[str, Any]) -> list[str]:
-    """A spectra result's ``repr`` under its headline: layers and heads, the convention, and per
-    product the mean effective and stable rank against the random baseline's
-    (:mod:`headrank.core.baseline`) and gap / bound."""
-    import numpy as np
-
-    cfg = meta.get("config", {})
-    conv = meta.get("conventions", {}).get("convention", "raw")
-    out = [f"  {len(meta.get('layers', []))} layers x {cfg.get('n_heads', '?')} heads (head dim "
-           f"{cfg.get('head_dim', '?')}), {conv} weights, tol {meta.get('tolerance', '?')}"]
-    for p in ("qk", "ov"):
-        rows = np.asarray(t["product"]) == p
-        mean = {k: float(np.nanmean(np.asarray(t[k], dtype=float)[rows])) if k in t and rows.any() else float("nan")
-                for k in ("effective_rank", "effective_rank_random", "stable_rank", "stable_rank_random", "gap_rel")}
-        out.append(f"  {p}: effective rank {mean['effective_rank']:.2f} (random {mean['effective_rank_random']:.2f}),"
-                   f" stable rank {mean['stable_rank']:.2f} (random {mean['stable_rank_random']:.2f}),"
-                   f" gap/bound {mean['gap_rel']:.3f}")
-    return [*out, f"  .table: {len(t['product'])} rows (layer, head, product); .summary(), .describe(), .plot(), "
-                  "res[layer, head, 'qk']"]
-

@@ -7,19 +7,28 @@ through :mod:`headrank.core.linalg`; everything architectural through :mod:`head
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from headrank.analysis.columns import Columns, concat, from_frame, group_agg, save_csv, to_frame
+from headrank.analysis.columns import (
+    Columns,
+    concat,
+    energy_frames,
+    energy_levels_of,
+    from_frame,
+    save_csv,
+    to_frame,
+)
 from headrank.analysis.figproc import FigureProcess, figure_data
 from headrank.analysis.rotary import rotary_scan
-from headrank.core.baseline import BASELINE_COLUMNS, baseline_conventions, baseline_row
+from headrank.analysis.summary import overall, summary_columns
+from headrank.core import baseline as rb
 from headrank.core.linalg import DEFAULT_TOL, METRIC_COLUMNS, ProductMetrics
-from headrank.core.metrics import METRICS, PRODUCTS, SUMMARY_METRICS, conventions
+from headrank.core.metrics import METRICS, PRODUCTS, conventions
 from headrank.core.precision import PRECISION_COLUMNS, precision_columns, precision_meta
 from headrank.errors import HeadRankError
 from headrank.io.layouts import AttentionReader, HeadWeights, Layout
@@ -41,7 +50,7 @@ from headrank.util.threads import (
 if TYPE_CHECKING:  # imported where used: a safetensors checkpoint is read, reduced and saved without torch,
     import pandas as pd  # and without pandas (the tables are numpy columns until a DataFrame is asked for)
 
-TABLE_COLUMNS = ("layer", "head", "kv_head", "product", *METRIC_COLUMNS, *BASELINE_COLUMNS, "head_dim", "finite",
+TABLE_COLUMNS = ("layer", "head", "kv_head", "product", *METRIC_COLUMNS, *rb.BASELINE_COLUMNS, "head_dim", "finite",
                  *PRECISION_COLUMNS)
 
 
@@ -138,7 +147,7 @@ class SpectraResult(ResultBase):
 
     def summary(self) -> pd.DataFrame:
         """Per layer and product: heads, mean rank / dh and the means of every summary metric
-        (:func:`summarize`; ``summary.csv``)."""
+        (:func:`headrank.analysis.summary.summarize`; ``summary.csv``)."""
         return to_frame(summary_columns(self._columns("table")))
 
     def save(self, out: str | os.PathLike, *, plots: bool = True) -> list[Path]:
@@ -202,11 +211,8 @@ class SpectraResult(ResultBase):
         return HeadSpectrum(int(layer), int(head), product, S[:k],
                             None if vec is None else vec["u"][i, head][:, :k], None if vec is None else vec["v"][i, head][:, :k])
 
-    def repr_lines(self) -> list[str]:
-        """``repr``'s lines (:func:`headrank.analysis.describe.repr_lines`)."""
-        from headrank.analysis.describe import repr_lines
-
-        return repr_lines(self._columns("table"), self.meta)
+    def repr_lines(self) -> list[str]:  # repr: layers, heads, convention; ranks against the random baseline's
+        return rb.measured_against_baseline(self._columns("table"), self.meta)
 
     def describe(self) -> pd.DataFrame:
         """One wide row per layer (WeightWatcher style): ``layer``, ``source``, ``model_type``,
@@ -227,16 +233,9 @@ class SpectraResult(ResultBase):
 def _rows(layer: int, product: str, m: ProductMetrics, group: int, head_dim: int) -> dict[str, Any]:
     """One layer's rows of one product as columns (numpy); :func:`_table` makes the DataFrame."""
     n = m.sv.shape[0]
-    cols: dict[str, Any] = {
-        "layer": layer,
-        "head": np.arange(n),
-        "kv_head": np.arange(n) // group,
-        "product": product,
-    }
+    cols: dict[str, Any] = {"layer": layer, "head": np.arange(n), "kv_head": np.arange(n) // group, "product": product}
     cols.update({k: np.asarray(v) for k, v in m.columns().items()})
-    cols["head_dim"] = head_dim
-    cols["finite"] = np.asarray(m.finite)
-    cols.update(precision_columns(m))
+    cols.update(head_dim=head_dim, finite=np.asarray(m.finite), **precision_columns(m))
     return cols
 
 
@@ -396,9 +395,9 @@ def _check_args(tol: Any, layers: Any, threads: Any, progress: Any) -> list[int]
     """Types and ranges of analyze's arguments (an API caller may pass anything); the layer
     selection as a spec string or a list of ints."""
     if isinstance(tol, bool) or not isinstance(tol, (int, float, np.integer, np.floating)):
-        raise HeadRankError(f"tolerance must be a number in (0, 1); got {type(tol).__name__} {str(tol)[:40]!r}")
+        raise HeadRankError(f"`tol` must be a number in (0, 1); got {type(tol).__name__} {str(tol)[:40]!r}")
     if not tol > 0 or not tol < 1:
-        raise HeadRankError(f"tolerance must lie in (0, 1); got {tol}")
+        raise HeadRankError(f"`tol` must lie in (0, 1); got {tol}")
     if threads is not None:
         check_threads(threads)  # the one bound of every threads/workers count
     if progress is not None and not callable(progress):
@@ -417,6 +416,11 @@ def _check_args(tol: Any, layers: Any, threads: Any, progress: Any) -> list[int]
     return [int(i) for i in sel]
 
 
+def _settings(energy: Any, device: Any, precision: Any) -> tuple[Any, str | None, str]:
+    """The energy levels (``--energy``), the device and the precision analyze computes with."""
+    return energy_levels_of(energy), resolve_device(device), check_precision(precision)
+
+
 def _compute_meta(device: str | None, threads: int | None, used: list[int]) -> dict[str, Any]:
     """meta.json's ``compute``: where the arithmetic ran and with how many worker threads."""
     return {
@@ -431,7 +435,7 @@ def _compute_meta(device: str | None, threads: int | None, used: list[int]) -> d
     }
 
 
-@checked
+@checked(types=False)  # each value is checked below, in words of its own (tests/analysis/test_scan_args.py)
 def analyze(
     source: str | os.PathLike | BaseCheckpoint | Any,
     *,
@@ -453,25 +457,23 @@ def analyze(
     device: str | None = "auto",
     precision: str = "auto",
     convention: str = "raw",
+    energy: str | Sequence[float] | None = None,
 ) -> SpectraResult:
     """Exact per-head QK and OV spectra of every (or the selected) attention layer.
 
     ``source``, ``revision``, ``base``, ``delta``, ``fold_norm``, ``convention``, ``download``, ``remote``: open_reader.
 
-    ``layout``: a TOML layout file (or a :class:`Layout`) for a model_type not in the table;
-    the config then may be absent. ``progress(done, total)`` is called after each layer.
-    ``threads``: worker threads, each single-threaded over its own heads (default: the idle
-    cores, re-checked between layers; the one bound of every thread count,
+    ``layout``: a TOML layout file (or a :class:`Layout`) for a model_type not in the table; the config then may
+    be absent. ``progress(done, total)`` is called after each layer. ``threads``: worker threads, each single-threaded
+    over its own heads (default: the idle cores, re-checked between layers; bounded by
     :func:`headrank.util.threads.check_threads`; results are bit-identical for any count). ``device``:
     ``"auto"``, ``"cpu"`` (numpy LAPACK, no torch for safetensors) or ``"cuda[:N]"`` (torch
     float64 on that GPU); see docs/spectra-speed.md. ``precision``: ``"auto"`` or ``"float64"``
-    (docs/methods/precision.md). ``rotary``: for rotary models, also the per-band energies and the spectra
-    of the non-rotary part (``result.rotary``, :mod:`headrank.analysis.rotary`). ``vectors``:
-    also each head's singular vectors (``result.vectors``; refused when they would not fit in a
-    quarter of this machine's memory: select layers).
+    (docs/methods/precision.md). ``rotary``: for rotary models, also the per-band energies and the spectra of the
+    non-rotary part (``result.rotary``, :mod:`headrank.analysis.rotary`). ``vectors``: also each head's singular
+    vectors (``result.vectors``; refused when they would not fit in a quarter of this machine's memory).
     """
-    layers = _check_args(tol, layers, threads, progress)
-    dev, precision = resolve_device(device), check_precision(precision)
+    layers, (energy, dev, precision) = _check_args(tol, layers, threads, progress), _settings(energy, device, precision)
     reader = open_reader(source, config=config, layout=layout, revision=revision, base=base, delta=delta,
                          fold_norm=fold_norm, download=download, remote=remote, allow_full=allow_full,
                          arrays="numpy", convention=convention)
@@ -479,16 +481,16 @@ def analyze(
     if reader.parts:  # an encoder-decoder: encoder, decoder and cross-attention layers
         return _analyze_parts(reader, spec, tol, threads, vectors, progress, dev, precision)
     sel = attention_layers(reader, parse_layers(spec, dims.n_layers), spec is None)
-    vecs = _Vectors(dims, len(sel)) if vectors else None
+    vecs = _Vectors(dims, len(sel)) if vectors else None  # refused here when they would not fit
     rot, rot_why = rotary_scan(reader.ckpt.config, reader.position, dims.head_dim, reader.qk_norm, tol, rotary)
-    used: list[int] = []
-    with computing(device=dev, precision=precision):
-        frames, sv, norms, timing = _scan_layers(reader, sel, tol, threads, rot, vecs, progress, used)
-    table = _table(frames)  # numpy columns: pandas only when a DataFrame is asked for (SpectraResult.table)
+    with computing(device=dev, precision=precision):  # `used`: the thread counts the stream ran with
+        frames, sv, norms, timing = _scan_layers(reader, sel, tol, threads, rot, vecs, progress, used := [])
+    extra = energy_frames(frames, sv, energy)  # --energy: k columns for levels the metric table lacks
+    table = _table(frames, TABLE_COLUMNS + tuple(extra))  # numpy columns: pandas only for SpectraResult.table
     meta = {**_meta(reader, sel, tol, table), "compute": _compute_meta(dev, threads, used),
             "precision": precision_meta(precision, table), "timing_s": {k: round(v, 4) for k, v in timing.items()}}
     rotary = rot.columns() if rot is not None else None
-    meta["conventions"]["rotary_bands"] = rot.meta(rotary) if rot is not None else rot_why
+    meta["conventions"].update(extra, rotary_bands=rot.meta(rotary) if rot is not None else rot_why)
     return SpectraResult(table=table, sv={p: np.stack(v) for p, v in sv.items()},
                          row_norms={k: np.stack(v) for k, v in norms.items()}, meta=meta, rotary=rotary,
                          vectors=vecs.arrays() if vecs is not None else None)
@@ -506,7 +508,7 @@ def _scan_layers(reader: AttentionReader, sel: list[int], tol: float, threads: i
     stream = _stream(reader, sel, tol, threads, timing, used)
     for done, (i, hw, metrics, row_norms) in enumerate(stream, 1):
         for product, m in metrics.items():
-            frames.append({**_rows(i, product, m, hw.group, head_dim), **baseline_row(hw, product, tol)})
+            frames.append({**_rows(i, product, m, hw.group, head_dim), **rb.baseline_row(hw, product, tol)})
             sv[product].append(np.asarray(m.sv))
         for k, v in row_norms.items():
             norms[k].append(np.asarray(v))
@@ -630,10 +632,9 @@ def _table(frames: list[dict[str, Any]], columns: tuple[str, ...] = TABLE_COLUMN
     non-finite head made them NaN."""
     table = concat(frames, columns)
     table["finite"] = table["finite"].astype(bool)
-    for m in METRICS:
-        if m.integer:
-            col = table[m.name]
-            table[m.name] = col.astype(np.float64 if col.dtype.kind == "f" and np.isnan(col).any() else np.int64)
+    for name in [m.name for m in METRICS if m.integer] + [c for c in columns if c not in TABLE_COLUMNS]:
+        col = table[name]
+        table[name] = col.astype(np.float64 if col.dtype.kind == "f" and np.isnan(col).any() else np.int64)
     return table
 
 
@@ -676,7 +677,7 @@ def _meta(reader: AttentionReader, sel: list[int], tol: float, table: Columns) -
             "qk_norm_note": ("q and k are normalised per head before the score: the static QK "
                              "product ignores that nonlinearity") if reader.qk_norm else None,
             "grouped_query": "query head h uses kv head h // (H // Hkv)",
-            **conventions(tol), **baseline_conventions(),
+            **conventions(tol), **rb.baseline_conventions(),
             "layer_head_index": "0-based",
         },
         "nonfinite_heads": bad,
@@ -703,43 +704,6 @@ def spectra(source: str | os.PathLike | BaseCheckpoint | Any, **kwargs: Any) -> 
         ``.table`` one row per (layer, head, product); ``res[layer, head, "qk"]`` one head.
     """
     return analyze(source, **kwargs)
-
-
-def summarize(table: pd.DataFrame) -> pd.DataFrame:
-    """Per layer (an encoder-decoder: per kind of attention and layer) and product: the number of
-    heads, mean numerical rank / dh, and the mean over heads of every summary metric of the table
-    (core.metrics.SUMMARY_METRICS: effective rank, k90, k99, gap / bound, relative balance …)."""
-    return to_frame(summary_columns(from_frame(table)))
-
-
-def summary_columns(table: Columns) -> Columns:
-    """:func:`summarize` on numpy columns, without pandas (the same numbers: pandas' grouped
-    means, :func:`headrank.analysis.columns.group_agg`). An encoder-decoder's kinds come in the
-    model's order (encoder, decoder, cross), not the alphabet's."""
-    t = {**table, "rank_frac": np.asarray(table["rank"]) / np.asarray(table["head_dim"])}
-    keys = unit_columns(t)
-    kinds = list(dict.fromkeys(np.asarray(t["attention"]).tolist())) if "attention" in keys else []
-    if kinds:
-        t["attention"] = np.asarray([kinds.index(k) for k in np.asarray(t["attention"]).tolist()], dtype=np.int64)
-    out = group_agg(t, (*keys, "product"), [("heads", "head", "size"), ("rank_frac", "rank_frac", "mean"),
-                                             *((k, k, "mean") for k in SUMMARY_METRICS),
-                                             *((k, k, "mean") for k in BASELINE_COLUMNS if k in t)])
-    if kinds:
-        out["attention"] = np.asarray([kinds[i] for i in out["attention"].tolist()], dtype=object)
-    return out
-
-
-def unit_columns(table: Any) -> list[str]:
-    """The columns that name one attention layer: ``layer``, and for an encoder-decoder first
-    ``attention`` (encoder, decoder or cross). ``table``: numpy columns or a DataFrame."""
-    return ["attention", "layer"] if "attention" in table else ["layer"]
-
-
-def overall(table: pd.DataFrame) -> dict[str, dict[str, float]]:
-    """Means over all heads and layers, per product (for notes and --json)."""
-    s = table.assign(rank_frac=table["rank"] / table["head_dim"])
-    return {str(p): {k: float(g[k].mean()) for k in ("rank_frac", *SUMMARY_METRICS)}
-            for p, g in s.groupby("product")}
 
 
 def save(result: SpectraResult, out: str | os.PathLike, *, plots: bool = True,

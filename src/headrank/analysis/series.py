@@ -51,7 +51,6 @@ failed run (a full disk, a kill) leaves the previous set whole.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -66,6 +65,9 @@ from headrank.analysis.series_plots import plot_series, series_figure
 from headrank.core.linalg import DEFAULT_TOL
 from headrank.core.metrics import SUMMARY_METRICS
 from headrank.errors import HeadRankError, one_line
+from headrank.io.convention import convention as check_convention
+from headrank.io.validate import BOUNDS, bounded, file_identity
+from headrank.io.validate import read_json as read_record
 from headrank.io.writer import OutputSet, confined
 from headrank.util.args import checked
 from headrank.util.fileio import write_atomic, write_json
@@ -94,6 +96,7 @@ class SeriesItem:
     revision: str | None = None
     remote: bool = False  # a Hub revision read over HTTP ranges (headrank.io.remote)
     commit: str | None = None  # remote: the commit the architecture check read, and the analysis reads
+    convention: str = "raw"  # the weights' convention (headrank.io.convention)
 
 
 def _trailing_int(text: str) -> int | None:
@@ -111,15 +114,12 @@ _STEP_NAME = re.compile(r"(?:^|.*[^A-Za-z])(?:step|checkpoint|ckpt|iter|iteratio
 
 def _trainer_step(p: Path) -> int | None:
     """``global_step`` of a Trainer checkpoint's ``trainer_state.json`` (None when absent)."""
-    from headrank.io.validate import regular_file
-
     state = p / "trainer_state.json"
     if not state.is_file():
         return None
     try:
-        regular_file(state, "trainer state")
-        step = json.loads(state.read_text())["global_step"]
-    except (OSError, ValueError, KeyError, TypeError, HeadRankError):
+        step = read_record(state, "track record")["global_step"]
+    except (KeyError, TypeError, HeadRankError):
         return None
     return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
 
@@ -170,8 +170,9 @@ def _dir_step(p: Path, index: int) -> int:
     state = p / "trainer_state.json"
     if state.is_file():
         try:
-            return int(json.loads(state.read_text())["global_step"])
-        except (OSError, ValueError, KeyError, TypeError):
+            return bounded(read_record(state, "track record")["global_step"], "index", "global_step", str(state),
+                           lo=0)
+        except (KeyError, TypeError, HeadRankError):
             pass
     n = _trailing_int(p.name)
     return n if n is not None else index
@@ -188,6 +189,9 @@ def resolve_series(series: str | os.PathLike | Sequence[str | os.PathLike],
     if revisions is not None:
         revs = [r.strip() for r in (revisions.split(",") if isinstance(revisions, str) else revisions)]
         revs = [r for r in revs if r]
+        if len(revs) > BOUNDS["checkpoints"]:  # before one request per revision (10,000 refs: 20,000 requests)
+            raise HeadRankError(f"`revisions` names {len(revs):,} revisions, more than the {BOUNDS['checkpoints']:,} "
+                                "a series may hold; give fewer (every n-th step)")
         if not isinstance(series, (str, os.PathLike)) or not revs:
             raise HeadRankError("`revisions` takes one Hub id and a comma-separated list of revisions")
         if Path(series).exists():
@@ -229,8 +233,9 @@ def _dir_series(p: Path) -> list[SeriesItem]:
 
 
 def _identity(origin: dict[str, Any]) -> str:
-    """What a checkpoint is, for telling two apart: its resolved path and the name, size and
-    modification time of its files (a retrained run at the same path is another checkpoint)."""
+    """What a checkpoint is, for telling two apart: its resolved path and the name, device, inode,
+    size and modification time of its files (a retrained run at the same path, or a file replaced
+    by rename with its size and time kept, is another checkpoint)."""
     path = origin.get("path")
     parts = [str(path)]
     if path is not None:
@@ -238,10 +243,10 @@ def _identity(origin: dict[str, Any]) -> str:
         for name in sorted({*origin.get("files", []), "config.json"}):
             f = root / name if root.is_dir() else root
             try:
-                st = f.stat()
+                dev, ino, size, mtime = file_identity(f)
             except OSError:
                 continue
-            parts.append(f"{name}:{st.st_size}:{st.st_mtime_ns}")
+            parts.append(f"{name}:{dev}:{ino}:{size}:{mtime}")  # a file replaced by rename: another inode
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
 
 
@@ -326,10 +331,13 @@ def analyse_checkpoint(item: dict[str, Any], tol: float) -> pd.DataFrame:
     pinned = item.get("commit")
     with torch_threads(1):
         res = analyze(item["source"], revision=pinned or item["revision"], tol=tol, threads=1,
-                      remote=item.get("remote", False), rotary=False)
+                      remote=item.get("remote", False), rotary=False, convention=item.get("convention", "raw"))
     if pinned and (res.meta.get("hub") or {}).get("commit") not in (None, pinned):
         raise HeadRankError(f"{item['source']}@{item['revision']}: the server answered commit "
                             f"{res.meta['hub']['commit']} for commit {pinned}")
+    if item.get("identity") and not item.get("remote") and _identity(res.meta) != item["identity"]:
+        raise HeadRankError(f"{item['source']} changed while it was read (truncated, rewritten or replaced since "
+                            "its architecture was checked): not measured; run again once it is complete")
     table = res.table  # only the head table is kept
     if pinned:
         table.insert(0, "commit", pinned)
@@ -412,12 +420,10 @@ def track(series: str | os.PathLike | Sequence[str | os.PathLike], out: str | os
           revisions: str | Sequence[str] | None = None, tol: float = DEFAULT_TOL, workers: int | None = None,
           ray: str | None = None, plots: bool = True, force: bool = False, metrics: bool = True,
           remote: bool = False, resume: bool = False, progress: Callable[[int, int], None] | None = None,
-          checking: Callable[[int, int], None] | None = None) -> SeriesResult:
-    """``headrank track SERIES --out OUT``: measure every checkpoint of ``series`` into ``out``
-    (see the module docstring and ``docs/verbs/track.md``).
-
-    A checkpoint whose analysis fails is tried :data:`CHECKPOINT_TRIES` times, then recorded as failed
-    (``result.failed``, ``series.json``'s ``failed``) while the others go on; a re-run tries it again.
+          checking: Callable[[int, int], None] | None = None, convention: str = "raw") -> SeriesResult:
+    """``headrank track SERIES --out OUT``: measure every checkpoint of ``series`` into ``out`` (the module
+    docstring, ``docs/verbs/track.md``). A checkpoint whose analysis fails is tried :data:`CHECKPOINT_TRIES`
+    times, then recorded as failed (``result.failed``, ``series.json``'s ``failed``) while the others go on.
 
     Parameters
     ----------
@@ -431,6 +437,8 @@ def track(series: str | os.PathLike | Sequence[str | os.PathLike], out: str | os
         ref named by a step.
     tol
         Relative threshold τ of the numerical rank.
+    convention
+        ``raw`` or ``transformerlens`` (:mod:`headrank.io.convention`; ``metrics`` rows are raw: ``raw`` only).
     workers
         Worker processes, one checkpoint each (1 to 4 per CPU; default: the CPUs).
     ray
@@ -441,12 +449,10 @@ def track(series: str | os.PathLike | Sequence[str | os.PathLike], out: str | os
         Measure into an ``out`` made from other checkpoints or another tolerance (its tables of
         checkpoints that are not these are redone).
     metrics
-        For a run directory, also use the tracker rows of ``metrics.jsonl`` at steps without a
-        checkpoint.
+        For a run directory, also the tracker rows of ``metrics.jsonl`` at steps without a checkpoint.
     remote
-        Hub revisions read over HTTP ranges, each at the commit its architecture check read (the
-        ``commit`` column of the table and ``series.json``): a branch that moves meanwhile cannot
-        mix two models.
+        Hub revisions read over HTTP ranges, each at the commit its architecture check read (``commit`` in the
+        table and ``series.json``): a branch that moves meanwhile cannot mix two models.
     resume
         Continue the run that stopped in ``out`` at the commits it checked, measuring only what it
         had not (another series or options, or a checkpoint changed since: one line).
@@ -457,15 +463,16 @@ def track(series: str | os.PathLike | Sequence[str | os.PathLike], out: str | os
     -------
     SeriesResult
     """
-    out = _check_args(tol, workers, out, resume and force)
-    asked = series_out.request(series, revisions, remote, tol, metrics)
+    out, conv = _check_args(tol, workers, out, resume and force), check_convention(convention).name
+    asked = {**series_out.request(series, revisions, remote, tol, metrics), **({"convention": conv} if conv != "raw" else {})}
     with OutputSet(out) as dest:  # --out checked once and locked for the run (one writer at a time)
         items, ids, arch, gone = (_resumed(out, asked, tol, checking) if resume else
                                   _checked(resolve_series(series, revisions, remote=remote), checking))
-        spec = {"kind": "headrank-series", "tol": tol, "architecture": arch, "items": _items(items, ids)}
+        items = [replace(it, convention=conv) for it in items]
+        spec = {"kind": "headrank-series", "tol": tol, "convention": conv, "architecture": arch, "items": _items(items, ids)}
         series_out.check_out(out, spec, force, resume)
         series_out.write_plan(out, asked, spec)
-        extra = _tracker_rows(series, revisions, items, arch, tol) if metrics else None
+        extra = _tracker_rows(series, revisions, items, arch, tol) if metrics and conv == "raw" else None
         done, todo, failed = _measure(items, ids, out / "checkpoints", tol, workers, ray, progress, gone)
         return _finish(dest, items, arch, [t["label"] for t in todo], sorted(done), failed, gone, plots, spec, extra)
 
@@ -501,7 +508,8 @@ def _resumed(out: Path, asked: dict[str, Any], tol: float, checking: Callable[[i
     except (TypeError, KeyError, AttributeError):
         raise HeadRankError(f"`resume`: {out / series_out.PLAN} is not a track run's record; run without `resume` "
                             "and with `force`") from None
-    finished = {it.label for it in items if _reusable(out / "checkpoints", it.label, planned[it.label], tol)}
+    conv = asked.get("convention", "raw")
+    finished = {it.label for it in items if _reusable(out / "checkpoints", it.label, planned[it.label], tol, conv)}
     ids: dict[str, str] = {}
     arch = plan["architecture"]
     check = [it for it in items if not (it.remote and it.label in finished)]  # a local one: changed since?
@@ -522,8 +530,9 @@ def _measure(items: Sequence[SeriesItem], ids: dict[str, str], ckdir: Path, tol:
     if ckdir.is_symlink():
         raise HeadRankError(f"{ckdir} is a symlink: refusing to write the checkpoints' tables through it")
     ckdir.mkdir(parents=True, exist_ok=True)
-    done = {it.label for it in items if _reusable(ckdir, it.label, ids[it.label], tol)}
-    todo = [asdict(it) for it in items if it.label not in done]
+    conv = items[0].convention if items else "raw"
+    done = {it.label for it in items if _reusable(ckdir, it.label, ids[it.label], tol, conv)}
+    todo = [{**asdict(it), "identity": ids[it.label]} for it in items if it.label not in done]
     count = len(done)
     failed: dict[str, str] = {}
     if progress:
@@ -538,7 +547,8 @@ def _measure(items: Sequence[SeriesItem], ids: dict[str, str], ckdir: Path, tol:
             failed[label] = table
             return
         write_atomic(confined(ckdir, f"{label}.csv", "checkpoint label"), lambda p: table.to_csv(p, index=False))
-        write_json(confined(ckdir, f"{label}.json", "checkpoint label"), {"identity": ids[label], "tol": tol})
+        write_json(confined(ckdir, f"{label}.json", "checkpoint label"),
+                   {"identity": ids[label], "tol": tol, "convention": conv})
         series_out.append_rows(ckdir.parent, table)  # a stopped run keeps a table of what it had
         count += 1
         if progress:
@@ -577,7 +587,7 @@ def _check_args(tol: float, workers: int | None, out: str | os.PathLike, both: b
     if both:
         raise HeadRankError("`resume` continues a stopped run as it was started; `force` measures anew: give one")
     if not 0 < tol < 1:
-        raise HeadRankError(f"tolerance must lie in (0, 1); got {tol}")
+        raise HeadRankError(f"`tol` must lie in (0, 1); got {tol}")
     if workers is not None:
         from headrank.util.threads import check_threads
 
@@ -607,13 +617,14 @@ def analyse_or_fail(item: dict[str, Any], tol: float) -> pd.DataFrame | str:
     return err
 
 
-def _reusable(ckdir: Path, label: str, identity: str, tol: float) -> bool:
-    """Whether ``ckdir/LABEL.csv`` was measured from this very checkpoint with this tolerance."""
+def _reusable(ckdir: Path, label: str, identity: str, tol: float, convention: str = "raw") -> bool:
+    """Whether ``ckdir/LABEL.csv`` was measured from this very checkpoint with this tolerance and convention."""
     try:
-        rec = json.loads(confined(ckdir, f"{label}.json", "checkpoint label").read_text())
-    except (OSError, ValueError):
+        rec = read_record(confined(ckdir, f"{label}.json", "checkpoint label"), "track record")
+    except HeadRankError:  # missing, a FIFO, too large, corrupt: measured again
         return False
     return (isinstance(rec, dict) and rec.get("identity") == identity and rec.get("tol") == tol
+            and rec.get("convention", "raw") == convention
             and confined(ckdir, f"{label}.csv", "checkpoint label").is_file())
 
 
@@ -630,13 +641,9 @@ def _tracker_rows(series: Any, revisions: Any, items: list[SeriesItem], arch: di
     if len(paths) != 1 or not (Path(paths[0]) / METRICS).is_file():
         return None
     run = Path(paths[0])
-    from headrank.io.validate import is_regular_file
-
-    if not is_regular_file(run / "config.json"):  # a FIFO would block the read
-        return None
     try:
-        cfg = upgrade(json.loads((run / "config.json").read_text()))
-    except (OSError, ValueError):
+        cfg = upgrade(read_record(run / "config.json", "run config"))
+    except HeadRankError:
         return None
     if not isinstance(cfg, dict) or cfg.get("tol") != tol:
         return None
@@ -764,6 +771,6 @@ def model_name(source: str, revision: str | None = None) -> str:
 def _title(items: list[SeriesItem], arch: dict[str, Any], tracker_steps: int = 0) -> str:
     names = list(dict.fromkeys(model_name(it.source, it.revision) for it in items))
     name = names[0] if len(names) == 1 else f"{names[0]} + {len(names) - 1} more"
-    more = f" + {tracker_steps} steps from metrics.jsonl" if tracker_steps else ""
+    more = f" + {tracker_steps} step{'s' if tracker_steps != 1 else ''} from metrics.jsonl" if tracker_steps else ""
     return (f"{name}: {len(items)} checkpoints{more}, {arch['model_type']} {arch['n_layers']} layers x "
             f"{arch['n_heads']} heads (dh {arch['head_dim']})")

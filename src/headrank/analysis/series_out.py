@@ -13,7 +13,6 @@ goes on, and how a new run is checked against it.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -63,14 +62,14 @@ def read_plan(out: Path, asked: dict[str, Any]) -> dict[str, Any]:
     """The run ``resume`` continues: ``OUT/started.json``, made by the same request; one line
     when there is none or when the request differs (another series, revisions, tolerance ...)."""
     p = out / PLAN
+    from headrank.io.validate import read_json
+
+    if not p.exists() and not p.is_symlink():
+        raise HeadRankError(f"`resume`: {out} holds no track run to continue (no {PLAN}); run without `resume`")
     try:
-        plan = upgrade(json.loads(p.read_text()))
-    except FileNotFoundError:
-        raise HeadRankError(f"`resume`: {out} holds no track run to continue (no {PLAN}); run without `resume`") \
-            from None
-    except (OSError, ValueError):
-        raise HeadRankError(f"`resume`: {p} is unreadable or corrupt; run without `resume` and with `force` to "
-                            "measure anew") from None
+        plan = upgrade(read_json(p, "track record"))  # a FIFO or a 500 MB file: one line, not a hang
+    except HeadRankError as e:
+        raise HeadRankError(f"`resume`: {e}; run without `resume` and with `force` to measure anew") from None
     old = plan.get("request") if isinstance(plan, dict) else None
     if not isinstance(old, dict) or not isinstance(plan.get("items"), list):
         raise HeadRankError(f"`resume`: {p} is not a track run's record; run without `resume` and with `force`")
@@ -129,14 +128,19 @@ def check_out(out: Path, spec: dict[str, Any], force: bool = False, resume: bool
 
 
 def _same_series(out: Path, p: Path, spec: dict[str, Any]) -> None:
+    from headrank.io.validate import read_json
+
     try:
-        old = json.loads(p.read_text())
-    except (OSError, ValueError):
+        old = read_json(p, "track record")
+    except HeadRankError:
         old = {}
     old = upgrade(old) if isinstance(old, dict) else {}
     if old.get("tol") != spec["tol"]:
         raise HeadRankError(f"{out} holds a series measured with other settings (tol {old.get('tol')}); "
                             "use the same `tol`, `force` to measure anew, or another `out`")
+    if old.get("convention", "raw") != spec.get("convention", "raw"):
+        raise HeadRankError(f"{out} holds a series read in the {old.get('convention', 'raw')} convention; use the same "
+                            "`convention`, `force` to measure anew, or another `out`")
     if old.get("architecture") != spec["architecture"]:
         raise HeadRankError(f"{out} holds a series of another architecture ({old.get('architecture')}); "
                             "use `force` to measure anew, or another `out`")

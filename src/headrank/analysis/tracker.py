@@ -40,7 +40,7 @@ class RankTracker:
         if not isinstance(every, int) or every <= 0:
             raise HeadRankError(f"tracker interval must be a positive integer, got {every!r}")
         if not 0 < tol < 1:
-            raise HeadRankError(f"tolerance must lie in (0, 1); got {tol}")
+            raise HeadRankError(f"`tol` must lie in (0, 1); got {tol}")
         self.every, self.tol = every, tol
         self.reader = AttentionReader(LiveCheckpoint(model, config))
         if self.reader.parts:

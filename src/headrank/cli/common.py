@@ -30,7 +30,9 @@ app = typer.Typer(
 )
 # markup off: paths, model types and messages come from the user and may hold square brackets;
 # styled parts are rich Text objects, never markup strings.
-out_console = Console(width=None if sys.stdout.isatty() else 120, markup=False)
+# piped or redirected, nothing is cut to fit a screen: tables keep full headers and details, lines stay whole
+PIPE_WIDTH = 10_000
+out_console = Console(width=None if sys.stdout.isatty() else PIPE_WIDTH, markup=False)
 err_console = Console(stderr=True, markup=False)
 
 
@@ -118,6 +120,8 @@ def user_errors(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        global STARTED
+        STARTED = time.monotonic()  # the command's start (not the import's: an in-process run comes later)
         try:
             return fn(*args, **kwargs)
         except HeadRankError as e:

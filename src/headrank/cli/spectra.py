@@ -50,6 +50,7 @@ def spectra(
     threads: Annotated[int | None, typer.Option("--threads", help="worker threads over heads, 1 to 4 per CPU [default: the idle cores (affinity and cgroup quota minus the load average), re-checked between layers]; results are identical for any value")] = None,
     device: Annotated[str, typer.Option("--device", help="auto (a CUDA GPU when torch sees one, else the CPU), cpu (numpy float64 LAPACK, no torch for safetensors) or cuda[:N] (float64 Grams and factorisations on that GPU)")] = "auto",
     precision: Annotated[str, typer.Option("--precision", help="auto (bfloat16 weights: Grams in float32 chunks summed in float64, every head's error bounded, float64 where the bound does not hold; docs/methods/precision.md) or float64 (every step in float64: the numbers of earlier versions, bit for bit)")] = "auto",
+    energy: Annotated[str | None, typer.Option("--energy", help="energy levels, each a k column of heads.csv (the fewest singular values holding that share of sum s_i^2), e.g. 0.9,0.99,0.999 [default: k90, k99, k999]")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress, no table")] = False,
 ) -> None:
     """Exact per-head spectra of W_K^T W_Q and P W_V, with balance and nuclear-norm diagnostics."""
@@ -73,7 +74,7 @@ def spectra(
             result = analyze(path, config=config, tol=tol, layers=layers, layout=layout, threads=threads, revision=revision,
                              base=base, delta=delta, fold_norm=fold_norm, download=download, remote=remote,
                              allow_full=(max_bytes or True) if allow_full else False, rotary=rotary, vectors=vectors,
-                             device=device, precision=precision, convention=convention,
+                             device=device, precision=precision, convention=convention, energy=energy,
                              progress=lambda done, total: bar.update(task, completed=done, total=total))
         for rec in result.meta["nonfinite_heads"]:
             err_console.print(styled("yellow", "warning: ", f"NaN/Inf weights in layer {rec['layer']} head {rec['head']} "
@@ -100,13 +101,13 @@ def _report(result, *, fmt: str, as_json: bool, quiet: bool, out: Path | None, w
         return
     if quiet:
         return
-    _print_table(result, result.summary())
+    _print_table(result, result.summary(), out if written else None)
     if written:
         out_console.print(f"wrote {len(written)} files to {out}: " + ", ".join(p.name for p in written),
                           highlight=False)
 
 
-def _print_table(result, summary) -> None:
+def _print_table(result, summary, out: Path | None = None) -> None:
     """The header line (source, sizes, dtypes, τ) and the per-layer means of the console metrics."""
     from headrank.analysis.rotary import rotary_line
     from headrank.core.metrics import CONSOLE_CAPTION, CONSOLE_METRICS
@@ -118,7 +119,8 @@ def _print_table(result, summary) -> None:
         "bold", str(result.meta["source"]), f"  model_type={result.meta['model_type']}  layers={n_layers}  "
         f"d={c['d_model']}  heads={c['n_heads']} (kv {c['n_kv_heads']})  dh={c['head_dim']}  "
         f"dtype={','.join(result.meta['dtype_read'])}  tau={result.meta['tolerance']:g}"), highlight=False)
-    table = Table(title="mean over heads per layer", caption=CONSOLE_CAPTION)
+    where = f"{out / 'meta.json'}" if out is not None else "docs/outputs.md (--out also writes them to meta.json)"
+    table = Table(title="mean over heads per layer", caption=f"{CONSOLE_CAPTION}; definitions: {where}")
     table.add_column("layer", justify="right")
     for p in ("qk", "ov"):
         for _, head, _ in CONSOLE_METRICS:

@@ -8,6 +8,8 @@ from headrank.compress.api import KV_BYTES, Plan
 from headrank.util.env import versions
 
 CONVENTIONS = {
+    # the weights are cut as stored (a folded convention would change what is written): headrank.io.convention
+    "convention": "raw",
     "unit": "one kv head: its query group's products cut jointly (one query head without GQA)",
     "cut": "best rank-k approximation of the unit's stacked product (Eckart-Young), factors U_k S_k^1/2, "
            "V_k S_k^1/2 (balanced)",
@@ -86,8 +88,14 @@ def _kv_measured(res: dict[str, Any]) -> str:
     m = (res.get("kv_cache") or {}).get("measured")
     if not isinstance(m, dict):
         return " (not measured)"
-    return (f"; measured by a generate with the latent cache: {m['bytes_per_token']:,.0f} of "
-            f"{m['uncut_bytes_per_token']:,.0f} bytes/token ({m['dtype']}), {m['share_saved']:.1%} saved")
+    return (f"; measured by a generate with the latent cache: {m['bytes_per_token']:,.0f} bytes/token kept of "
+            f"{m['uncut_bytes_per_token']:,.0f} uncut ({m['dtype']}), {m['share_saved']:.1%} saved")
+
+
+def _kv_saved(t: dict[str, Any]) -> str:
+    """``N bytes/token saved of M (K kept)``: which number is which, said."""
+    saved, total = sum(t["kv_cache_bytes_saved_per_token"].values()), t["kv_cache_bytes_per_token"]
+    return f"{saved:,} bytes/token saved of {total:,} ({total - saved:,} kept)"
 
 
 def _mb(n: float) -> str:
@@ -95,7 +103,8 @@ def _mb(n: float) -> str:
 
 
 #: the parts of compress.json that ``headrank compress --json`` prints (``CompressResult.to_json``)
-JSON_KEYS = ("rule", "products", "notes", "totals", "checkpoint", "files", "eval", "kv_cache", "allocation")
+JSON_KEYS = ("rule", "products", "whitened", "notes", "warnings", "totals", "checkpoint", "files", "eval", "kv_cache",
+             "allocation")
 
 NOT_MEASURED = "factored deployment, not measured"
 
@@ -123,8 +132,7 @@ def report_lines(res: dict[str, Any], out: Any = None) -> list[str]:
     ks = ", ".join(f"{p} {k:.2f}" for p, k in t["mean_k"].items())
     lines = [f"mean k ({ks}) of {res['config']['head_dim']}; {t['params_saved_factored']:,} parameters "
              f"saved ({1 - t['kept_fraction_of_cut_products']:.1%} of the cut products); KV cache "
-             f"{sum(t['kv_cache_bytes_saved_per_token'].values())} of {t['kv_cache_bytes_per_token']} bytes/token "
-             "saved in a factored deployment" + _kv_measured(res)]
+             f"{_kv_saved(t)} in a factored deployment" + _kv_measured(res)]
     if res.get("allocation"):
         a = res["allocation"]
         lines.append(f"ranks allocated by measured loss (ASVD): {a['metric']} uncut {a['baseline']:.6g}, threshold "
@@ -135,6 +143,10 @@ def report_lines(res: dict[str, Any], out: Any = None) -> list[str]:
                      f"{_mb(c['bytes_written'])} written ({c['share_saved']:.2%} smaller)")
     if "eval" in res:
         lines.append(eval_line(res["eval"]))
+        g = res["eval"].get("generation")
+        if g and g.get("agreement") is not None:
+            lines.append(f"generation: greedy tokens agreeing with the uncut model {g['agreement']:.0%} "
+                         f"({len(g['prompts'])} prompts x {g['new_tokens']} tokens)")
     if out is not None and res.get("files"):
         lines.append(f"wrote {len(res['files']) + 1} files to {out} (compress.json, {res['files'][0]}, ...)")
     return lines

@@ -94,3 +94,23 @@ def baseline_conventions() -> dict[str, str]:
     return {**{col: d for col, (_, d) in BASELINE_COLUMNS.items()},
             "random_baseline": f"mean over {DRAWS} draws, seeded by the shape (SeedSequence([{SEED}, rows_a, rows_b, k])),"
                                " each drawn exactly through Bartlett's decomposition of the Gaussian factors' R"}
+
+
+def measured_against_baseline(t: dict[str, Any], meta: dict[str, Any]) -> list[str]:
+    """A spectra result's ``repr`` under its headline: layers and heads, the convention, and per
+    product the mean effective and stable rank against the random baseline's
+    (this module) and gap / bound. ``t``: heads.csv's columns; ``meta``: meta.json's dict."""
+    cfg = meta.get("config", {})
+    conv = meta.get("conventions", {}).get("convention", "raw")
+    out = [f"  {len(meta.get('layers', []))} layers x {cfg.get('n_heads', '?')} heads (head dim "
+           f"{cfg.get('head_dim', '?')}), {conv} weights, tol {meta.get('tolerance', '?')}"]
+    for p in ("qk", "ov"):
+        rows = np.asarray(t["product"]) == p
+        mean = {k: float(np.nanmean(np.asarray(t[k], dtype=float)[rows])) if k in t and rows.any() else float("nan")
+                for k in ("effective_rank", "effective_rank_random", "stable_rank", "stable_rank_random", "gap_rel")}
+        out.append(f"  {p}: effective rank {mean['effective_rank']:.2f} (random {mean['effective_rank_random']:.2f}),"
+                   f" stable rank {mean['stable_rank']:.2f} (random {mean['stable_rank_random']:.2f}),"
+                   f" gap/bound {mean['gap_rel']:.3f}")
+    return [*out, f"  .table: {len(t['product'])} rows (layer, head, product); .summary(), .describe(), .plot(), "
+                  "res[layer, head, 'qk']"]
+

@@ -230,6 +230,8 @@ METRICS: tuple[Metric, ...] = (
            lambda q: _energy_rank(q["sv"], 0.90), integer=True, summary=True, console=(2, "k90")),
     Metric("k99", "energy rank: fewest sigma_i holding 99% of sum sigma^2", "dims", _DIMS,
            lambda q: _energy_rank(q["sv"], 0.99), integer=True, summary=True),
+    Metric("k999", "energy rank: fewest sigma_i holding 99.9% of sum sigma^2", "dims", _DIMS,
+           lambda q: _energy_rank(q["sv"], 0.999), integer=True, summary=True),
     Metric("gap_rel", "gap / frob_bound, in [0, 1]; 0 for a zero product", "ratio",
            "larger = further from balanced (0 = balanced)", lambda q: _ratio(q["gap"], q["frob_bound"]),
            summary=True, console=(3, "gap")),
@@ -245,7 +247,42 @@ SUMMARY_METRICS: tuple[str, ...] = tuple(m.name for m in sorted(
 CONSOLE_METRICS: tuple[tuple[str, str, str], ...] = tuple(
     (m.name, m.console[1], {"dims": ".2f", "ratio": ".4f"}.get(m.unit, ".4g"))
     for m in sorted((m for m in METRICS if m.console), key=lambda m: m.console[0]))
-CONSOLE_CAPTION = "; ".join(f"{h} = {n}" for n, h, _ in CONSOLE_METRICS) + " (mean over heads; definitions in meta.json)"
+#: the console tables' caption; the caller says where the definitions are (meta.json only with --out)
+CONSOLE_CAPTION = "; ".join(f"{h} = {n}" for n, h, _ in CONSOLE_METRICS) + " (mean over heads)"
+
+
+#: the energy levels of the table's own energy-rank rows (``spectra --energy`` adds others)
+ENERGY_LEVELS = (0.90, 0.99, 0.999)
+
+
+def energy_name(level: float) -> str:
+    """The column of energy level ``level``: 0.9 -> ``k90``, 0.99 -> ``k99``, 0.999 -> ``k999``,
+    0.95 -> ``k95``, 1 -> ``k100``."""
+    digits = f"{level:.10f}".rstrip("0").split(".")[1] if level < 1 else "100"
+    return "k" + digits.ljust(2, "0")
+
+
+def energy_levels(spec: str | Any) -> tuple[float, ...]:
+    """``"0.9,0.99,0.999"`` (or numbers) as energy levels, each in (0, 1], at most 6 decimals, no repeats;
+    ValueError otherwise."""
+    items = [x.strip() for x in spec.split(",")] if isinstance(spec, str) else list(spec)
+    levels = []
+    for x in items:
+        try:
+            v = float(x)
+        except (TypeError, ValueError):
+            raise ValueError(f"an energy level must be a number in (0, 1]; got {x!r}") from None
+        if not 0 < v <= 1 or round(v, 6) != v:
+            raise ValueError(f"an energy level must be in (0, 1] with at most 6 decimals; got {x!r}")
+        levels.append(v)
+    if not levels or len({energy_name(v) for v in levels}) != len(levels):
+        raise ValueError(f"energy levels must be distinct and at least one; got {spec!r}")
+    return tuple(levels)
+
+
+def energy_columns(sv: Any, levels: Any) -> dict[str, np.ndarray]:
+    """``{k…: energy rank}`` for each of ``levels`` that the metric table lacks (``spectra --energy``)."""
+    return {energy_name(v): _energy_rank(_sv(sv), v) for v in levels if energy_name(v) not in BY_NAME}
 
 
 def evaluate(inputs: Inputs) -> dict[str, np.ndarray]:

@@ -72,6 +72,8 @@ class AdaptedCheckpoint(BaseCheckpoint):
     """The base checkpoint with each LoRA-targeted weight replaced by ``W + s · B A`` (float64);
     ``source``, ``path`` and ``config`` are the base's."""
 
+    stored_tensors = False  # reads its base's tensors, already through the base's scheme layer
+
     def __init__(self, adapter: Path, base: BaseCheckpoint):
         self.adapter_path, self.base = adapter, base
         self.adapter_config = cfg = read_adapter_config(adapter)

@@ -145,6 +145,7 @@ class Checkpoint(BaseCheckpoint):
         path = loc.path
         self._handles: dict[Path, Any] = {}
         self._arrays = arrays
+        self._numpy_out = arrays == "numpy"  # a dequantized weight as numpy float64, like the rest
         cfg_path: Path | str
         try:
             if path.is_dir():

@@ -29,8 +29,9 @@ GENERATED = Path(__file__).with_name("layouts_generated.json")
 
 def cache_path() -> Path:
     """Where on-demand checks (``architectures --check``) are kept."""
-    root = os.environ.get("HEADRANK_CACHE") or Path.home() / ".cache" / "headrank"
-    return Path(root) / "layouts_checked.json"
+    from headrank.util.env import cache_root
+
+    return cache_root() / "layouts_checked.json"  # the one cache root (XDG_CACHE_HOME honoured)
 
 
 def _load(p: Path, *, trusted: bool = False) -> dict[str, dict[str, Any]]:
@@ -48,8 +49,8 @@ def _load(p: Path, *, trusted: bool = False) -> dict[str, dict[str, Any]]:
         raise
     types = data.get("types") if isinstance(data, dict) else None
     if not isinstance(types, dict):
-        raise HeadRankError(f"{p}: not a layout cache (an object with \"types\"); remove it and run "
-                            "`headrank architectures --check TYPE` again")
+        raise HeadRankError(f"{p}: not a layout cache (an object with \"types\"); remove it and check the "
+                            "types again (headrank architectures)")
     return {str(k): check_row(k, v, p) for k, v in types.items()}
 
 
@@ -64,7 +65,7 @@ def check_row(model_type: Any, row: Any, where: Any) -> dict[str, Any]:
     at = f"{where}: row {str(model_type)[:60]!r}"
     if not isinstance(row, dict) or row.get("status") not in ("verified", "refused"):
         raise HeadRankError(f"{at} is not a layout row (an object whose status is verified or refused); remove "
-                            f"{where} or run `headrank architectures --check {str(model_type)[:60]}` again")
+                            f"{where} or check {str(model_type)[:60]!r} again (headrank architectures)")
     if row["status"] == "refused":
         if not isinstance(row.get("reason", ""), str):
             raise HeadRankError(f"{at}: its reason must be text")

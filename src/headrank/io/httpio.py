@@ -310,6 +310,7 @@ class Transfer:
     def __init__(self, where: str):
         self._lock = threading.Lock()
         self.sizes: dict[str, int] = {}  # weight file -> size
+        self.total: int | None = None  # the checkpoint's size as its shard index declares it (total_size)
         self.started = time.perf_counter()
         self.stats: dict[str, Any] = {
             "url": where, "protocol": "HTTP range requests, one per tensor; no weights written to disk",
@@ -344,8 +345,16 @@ class Transfer:
     def weight_file(self, name: str, size: int) -> None:
         with self._lock:
             self.sizes[name] = size
-            self.stats["checkpoint_bytes"] = sum(self.sizes.values())
+            self.stats["checkpoint_bytes"] = self.total if self.total is not None else sum(self.sizes.values())
             self.stats["share"] = self.stats["bytes_fetched"] / max(self.stats["checkpoint_bytes"], 1)
+
+    def declared(self, total: int) -> None:
+        """A sharded checkpoint whose shards are read only where needed: its size is what the shard
+        index declares (``metadata.total_size``, the tensors' bytes), not the sum of the shards seen."""
+        with self._lock:
+            self.total = total
+            self.stats["checkpoint_bytes"] = total
+            self.stats["share"] = self.stats["bytes_fetched"] / total
 
 
 def transfer_line(s: dict[str, Any]) -> str:

@@ -725,7 +725,7 @@ class AttentionReader:
         many = getattr(self.ckpt, "get_many", None)  # a remote checkpoint fetches a layer's tensors at once
         raw = many(names) if many is not None else {role: self.ckpt.get(name) for role, name in names.items()}
         for role, t in raw.items():
-            check_dtype(names[role], t.dtype, self.ckpt.path)
+            check_dtype(names[role], t, self.ckpt.path)
         return names, raw
 
     def split_raw(self, names: dict[str, str], raw: dict[str, Any]) -> HeadWeights:

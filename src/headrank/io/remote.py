@@ -96,6 +96,7 @@ BACKOFF_S = 0.5  # first wait between tries; doubles
 MAX_HEADER = min(MAX_ST_HEADER, JSON_CAPS["safetensors header"])  # bytes of one safetensors header
 GGUF_FIRST_CHUNK = 1 << 20
 HEADER_THREADS = 8  # shard headers fetched concurrently
+FETCH_THREADS = 16  # one layer's stored tensors (weights and their scales) fetched concurrently
 MAX_FULL_BYTES = 4 << 30  # --allow-full: the most one file downloaded whole may hold (--max-bytes)
 
 
@@ -264,7 +265,8 @@ class RemoteFile:
                 return self.read(start, end, kind)
             if size is not None and size > most:
                 raise HeadRankError(f"{redact_url(self.url)} ignores HTTP range requests and its whole {self.name} is "
-                                    f"{_mb(size)}, more than {why} ({_mb(most)}): refusing to download it")
+                                    f"{_mb(size)}, more than {why} ({_mb(most)}): refusing to download it; give "
+                                    f"`max_bytes` of at least {size:,} to read it whole")
             self._full = self._download(head or b"", chunks, size, most, clock)
             self.size = os.fstat(self._full.fileno()).st_size
             self.transfer.whole_file(self.name)
@@ -437,6 +439,7 @@ class RemoteCheckpoint(BaseCheckpoint):
     def __init__(self, loc: Location, transfer: Transfer, *, weights: str | None = None,
                  config: dict[str, Any] | None = None, allow_full: bool = False, max_full: int | None = None):
         self.loc, self.transfer, self.allow_full = loc, transfer, allow_full
+        self._declared_size: int | None = None
         cfg_file = RemoteFile(loc, "config.json", transfer, what="config.json (for a GGUF file, pass its URL: "
                               ".../resolve/REVISION/FILE.gguf on the Hub)" if loc.repo_id else None)
         if config is None:
@@ -453,20 +456,38 @@ class RemoteCheckpoint(BaseCheckpoint):
         reads = _attention_names(config)
         for f in self._files.values():
             f.max_full, f.attention = max_full, reads
-        with ThreadPoolExecutor(min(HEADER_THREADS, len(self._files))) as pool:
-            headers = dict(zip(self._files, pool.map(read_safetensors_header, self._files.values()),
-                               strict=True))
-        tensors: dict[str, _At] = {}
-        for name, f in self._files.items():
-            transfer.weight_file(name, f.size or 0)
-            for t, at in headers[name].items():
-                tensors.setdefault(t, at)
-        for t, shard in (weight_map or {}).items():  # the index decides which shard holds a tensor
-            if t not in headers[shard]:
-                raise HeadRankError(f"shard {shard} lacks tensors its index names, e.g. {t}")
-            tensors[t] = headers[shard][t]
+        self._headers: dict[str, dict[str, _At]] = {}
+        self._header_locks = {n: threading.Lock() for n in self._files}
+        tensors: dict[str, _At | str] = {}
+        if weight_map:  # the index decides which shard holds a tensor; a shard's header is fetched when one of
+            tensors.update(weight_map)  # its tensors is first needed, so a shard the analysis skips costs nothing
+            if self._declared_size is not None:
+                transfer.declared(self._declared_size)
+        else:
+            with ThreadPoolExecutor(min(HEADER_THREADS, len(self._files))) as pool:
+                for header in pool.map(self._header, self._files):
+                    for t, at in header.items():
+                        tensors.setdefault(t, at)
         super().__init__(tensors, source=loc.label, path=loc.where, config=config,
                          config_path=redact_url(cfg_file.url))
+
+    def _header(self, shard: str) -> dict[str, _At]:
+        """The safetensors header of weight file ``shard``, fetched once (two ranged GETs)."""
+        with self._header_locks[shard]:
+            if shard not in self._headers:
+                f = self._files[shard]
+                self._headers[shard] = read_safetensors_header(f)
+                self.transfer.weight_file(shard, f.size or 0)
+        return self._headers[shard]
+
+    def _entry(self, name: str) -> _At:
+        at = super()._entry(name)
+        if isinstance(at, str):  # a shard named by the index whose header has not been fetched yet
+            header = self._header(at)
+            if name not in header:
+                raise HeadRankError(f"shard {at} lacks tensors its index names, e.g. {name}")
+            at = self._entries[name] = header[name]
+        return at
 
     def _weight_map(self) -> dict[str, str] | None:
         """The shard index's ``weight_map`` (tensor -> shard file), None without an index."""
@@ -476,6 +497,9 @@ class RemoteCheckpoint(BaseCheckpoint):
         if raw is None:
             return None
         data = _json(raw, "shard index", idx_file.url)
+        total = data.get("metadata", {}).get("total_size") if isinstance(data, dict) and isinstance(
+            data.get("metadata"), dict) else None
+        self._declared_size = total if isinstance(total, int) and not isinstance(total, bool) and total > 0 else None
         wm = data.get("weight_map") if isinstance(data, dict) else None
         if not isinstance(wm, dict) or not wm or not all(isinstance(v, str) for v in wm.values()):
             raise HeadRankError(f"corrupt shard index {idx_file.url}: its weight_map must be a non-empty object "
@@ -500,14 +524,14 @@ class RemoteCheckpoint(BaseCheckpoint):
         dtype = dtype_name(ST_DTYPES[at.dtype]) if at.dtype in ST_DTYPES else at.dtype
         return TensorMeta(dtype, at.shape, at.end - at.start, at.file.name)
 
-    def get_many(self, names: dict[str, str]) -> dict[str, torch.Tensor]:
-        """Several tensors (``{role: name}``, one layer's) fetched concurrently: one round trip of
-        latency per layer instead of one per tensor."""
+    def _read_stored(self, names: list[str]) -> dict[str, torch.Tensor]:
+        """Several stored tensors (one layer's, with their quantization scales) fetched
+        concurrently: one round trip of latency per layer instead of one per tensor."""
         if len(names) < 2:
-            return {role: self.get(n) for role, n in names.items()}
-        with ThreadPoolExecutor(len(names), thread_name_prefix="headrank-fetch") as pool:
-            futures = {role: pool.submit(self.get, n) for role, n in names.items()}
-            return {role: f.result() for role, f in futures.items()}
+            return {n: self._read(n, self._entry(n)) for n in names}
+        with ThreadPoolExecutor(min(len(names), FETCH_THREADS), thread_name_prefix="headrank-fetch") as pool:
+            futures = {n: pool.submit(self._read, n, self._entry(n)) for n in names}
+            return {n: f.result() for n, f in futures.items()}
 
     @property
     def files(self) -> list[Any]:
@@ -695,6 +719,8 @@ def _open_remote(source: str, revision: str | None, allow_full: bool | int, conf
     if loc.repo_id is not None:
         origin["hub"] = {"repo_id": loc.repo_id, "revision": loc.revision, "commit": loc.commit,
                          "endpoint": redact_url(loc.endpoint)}
+    if ckpt.quantization is not None:  # the scheme layer (io.schemes): what was dequantized
+        origin["quantization"] = ckpt.quantization
     origin["remote"] = transfer.stats
     return ckpt, origin, layout
 

@@ -210,6 +210,10 @@ def _gguf_in(path: Path) -> Path | None:
 
 def _origin(kind: str, ckpt: BaseCheckpoint, source: str | None = None) -> dict[str, Any]:
     path = getattr(ckpt, "path", None)
-    return {"input": kind, "source": source if source is not None else ckpt.source,
-            "path": str(Path(path).resolve()) if path is not None and kind not in ("live", "state_dict") else None,
-            "files": [p.name for p in ckpt.files]}
+    out = {"input": kind, "source": source if source is not None else ckpt.source,
+           "path": str(Path(path).resolve()) if path is not None and kind not in ("live", "state_dict") else None,
+           "files": [p.name for p in ckpt.files]}
+    quant = getattr(ckpt, "base", ckpt).quantization  # the scheme layer (io.schemes): what was dequantized
+    if quant is not None:
+        out["quantization"] = quant
+    return out

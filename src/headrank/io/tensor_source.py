@@ -8,6 +8,11 @@ what a reader resolved at construction (``source``, ``path``, ``config``, ``conf
 tensor entries by name) and gives the mapping helpers (``in``, iteration, ``dtype``, the
 context manager) once. A reader passes all of it to ``BaseCheckpoint.__init__`` and implements
 ``_read`` and ``_meta`` for one entry; nothing sets another class's fields.
+
+``BaseCheckpoint`` also applies the scheme layer (:mod:`headrank.io.schemes`): where config.json
+names a ``quantization_config``, ``keys``, ``get`` and ``meta`` give the dequantized weights
+(float64) under their own names, their scales hidden, whatever reader holds the bytes; a
+method that is not read is refused on first access. ``quantization`` says which (meta.json).
 """
 
 from __future__ import annotations
@@ -77,6 +82,12 @@ class BaseCheckpoint:
     model in memory); ``config``: the config.json dict; ``config_path``: where it came from.
     """
 
+    #: False for a reader that reads another reader's tensors (an adapter over its base): the scheme
+    #: layer is applied once, by the reader of the stored tensors
+    stored_tensors = True
+    #: a tensor that a scheme dequantizes comes back as numpy float64 (True) or torch float64
+    _numpy_out = False
+
     def __init__(self, entries: Mapping[str, Any], *, source: str, path: Path | str, config: Mapping[str, Any],
                  config_path: Path | str):
         self.source = source
@@ -84,6 +95,8 @@ class BaseCheckpoint:
         self.config: dict[str, Any] = dict(config)
         self.config_path = config_path
         self._entries = entries
+        self._view_built = False
+        self._view: Any = None
 
     # -- what a reader implements --------------------------------------------------------------
     def _read(self, name: str, entry: Any) -> torch.Tensor:
@@ -92,16 +105,80 @@ class BaseCheckpoint:
     def _meta(self, name: str, entry: Any) -> TensorMeta:
         raise NotImplementedError
 
+    def _read_stored(self, names: list[str]) -> dict[str, Any]:
+        """Stored tensors by name, as stored (a remote reader fetches them concurrently)."""
+        return {n: self._read(n, self._entry(n)) for n in names}
+
+    # -- the scheme layer ------------------------------------------------------------------------
+    def scheme_view(self) -> Any:
+        """The :class:`headrank.io.schemes.View` of a quantized checkpoint, None otherwise; built
+        on first use (a method that is not read is refused here)."""
+        if not self._view_built:
+            view = None
+            if self.stored_tensors and self.config and (
+                    "quantization_config" in self.config or "compression_config" in self.config):
+                from headrank.io.schemes import View, scheme_for
+
+                scheme = scheme_for(self.config, self.config_path)
+                view = View(self, scheme) if scheme is not None else None
+            self._view, self._view_built = view, True
+        return self._view
+
+    @property
+    def quantization(self) -> dict[str, Any] | None:
+        """What the scheme layer did (meta.json's ``quantization``), None for plain weights."""
+        view = self.scheme_view()
+        return view.record() if view is not None else None
+
     # -- the protocol ----------------------------------------------------------------------------
     def keys(self) -> list[str]:
-        return list(self._entries)
+        view = self.scheme_view()
+        return list(self._entries) if view is None else list(view.keys)
 
     def get(self, name: str) -> torch.Tensor:
-        """One tensor (its stored dtype unless the reader says otherwise)."""
-        return self._read(name, self._entry(name))
+        """One tensor (its stored dtype unless the reader says otherwise; a quantized weight
+        dequantized, in float64)."""
+        view = self.scheme_view()
+        if view is None:
+            return self._read(name, self._entry(name))
+        return self.get_many({name: name}, attention=False)[name]
+
+    def get_many(self, names: Mapping[str, str], *, attention: bool = True) -> dict[str, Any]:
+        """Several tensors (``{role: name}``, one layer's attention tensors unless ``attention`` is
+        False), their stored parts read together; attention tensors are checked against the
+        quantization config (:meth:`check_attention`)."""
+        view = self.scheme_view()
+        if view is None:
+            if type(self)._read_stored is BaseCheckpoint._read_stored:  # one at a time, each through ``get``
+                return {role: self.get(n) for role, n in names.items()}
+            stored = self._read_stored(list(dict.fromkeys(names.values())))
+            return {role: stored[n] for role, n in names.items()}
+        if attention:
+            self.check_attention(names)
+        parts = {n: view.stored_parts(self._check_name(n)) for n in dict.fromkeys(names.values())}
+        stored = self._read_stored(list(dict.fromkeys(p for ps in parts.values() for p in ps)))
+        built = {n: view.build(n, stored, self._numpy_out) for n in parts}
+        return {role: built[n] for role, n in names.items()}
 
     def meta(self, name: str) -> TensorMeta:
-        return self._meta(name, self._entry(name))
+        view = self.scheme_view()
+        m = view.meta(self._check_name(name)) if view is not None else None
+        return m if m is not None else self._meta(name, self._entry(name))
+
+    def check_attention(self, names: Mapping[str, str]) -> None:
+        """Under a quantization config, refuse attention tensors (``{role: name}``) stored plain that
+        the config does not exclude: the config contradicts them (:mod:`headrank.io.schemes`)."""
+        view = self.scheme_view()
+        if view is not None:
+            view.check_attention(list(names.values()))
+
+    def _check_name(self, name: str) -> str:
+        view = self.scheme_view()
+        if view is not None and not view.has(name):
+            raise HeadRankError(f"tensor {name!r} not found in {self.path}"
+                                + (" (it is a quantization scale, read with its weight)" if view.is_hidden(name)
+                                   else ""))
+        return name
 
     def _entry(self, name: str) -> Any:
         try:
@@ -111,10 +188,11 @@ class BaseCheckpoint:
 
     # -- helpers, the same for every reader ------------------------------------------------------
     def __contains__(self, name: object) -> bool:
-        return name in self._entries
+        view = self.scheme_view()
+        return name in self._entries if view is None else isinstance(name, str) and view.has(name)
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._entries)
+        return iter(self.keys())
 
     def dtype(self, name: str) -> str:
         """The stored dtype of ``name`` (meta.json's ``dtypes``)."""

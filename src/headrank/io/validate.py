@@ -42,7 +42,7 @@ MAX_INDEX = 1 << 40  # an index or offset read from a record (a tensor dimension
 #: reader checks a number against it (:func:`bounded`) before anything is allocated from it
 BOUNDS = {"layers": MAX_LAYERS, "width": MAX_WIDTH, "heads": MAX_HEADS, "head_dim": MAX_HEAD_DIM,
           "vocab": MAX_VOCAB, "ffn": MAX_FFN, "positions": MAX_POSITIONS, "index": MAX_INDEX,
-          "count": 1 << 20}
+          "count": 1 << 20, "checkpoints": 1000}
 MAX_JSON_BYTES = 256 << 20  # a JSON file of a kind without its own cap (JSON_CAPS) larger than this is not one
 # byte caps per kind of JSON, far above the largest seen on the Hub (configs: tens of KB, a few MB with
 # 20k labels; shard indexes: under 10 MB for 90k tensors; safetensors headers: a few MB; refs: KB)
@@ -51,7 +51,8 @@ JSON_CAPS = {"config": 16 << 20, "shard index": 64 << 20, "safetensors header": 
              # records this project writes and reads back (a planted one may be anything): far above
              # the largest written (a factored manifest of a 405B model: ~20 MB of runs)
              "factored manifest": 64 << 20, "compress record": 16 << 20, "run record": 16 << 20,
-             "layout cache": 64 << 20, "layout file": 1 << 20, "track record": 16 << 20}
+             "layout cache": 64 << 20, "layout file": 1 << 20, "track record": 16 << 20,
+             "sweep spec": 1 << 20, "run config": 16 << 20}
 JSON_BUDGET = 1 << 30  # at most this much memory for one parse (also at most half of what is free)
 
 
@@ -220,34 +221,14 @@ def read_bytes(path: str | os.PathLike, what: str = "file", max_bytes: int | Non
     (``fstat``: a regular file, not a FIFO, device or directory, and no larger than the cap), so
     nothing swapped in between the check and the read is read; at most ``max_bytes + 1`` bytes
     are ever read (a file growing meanwhile is refused, not followed)."""
+    from headrank.util.fileio import read_regular
+
     cap = JSON_CAPS.get(what, MAX_JSON_BYTES) if max_bytes is None else max_bytes
     p = regular_file(path, what)
     try:
-        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        return read_regular(p, what, cap)
     except OSError as e:
         raise os_error(e, p, f"read the {what}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise HeadRankError(f"{p} is not a regular file ({_kind(st.st_mode)}): refusing to read it as a {what}")
-        if st.st_size > cap:
-            raise HeadRankError(f"{p} is larger than a {what} may be ({st.st_size:,} bytes, at most {cap:,}): "
-                                f"not a {what}")
-        chunks, left = [], cap + 1
-        while left > 0:
-            b = os.read(fd, min(left, 1 << 20))
-            if not b:
-                break
-            chunks.append(b)
-            left -= len(b)
-    except OSError as e:
-        raise os_error(e, p, f"read the {what}") from None
-    finally:
-        os.close(fd)
-    data = b"".join(chunks)
-    if len(data) > cap:
-        raise HeadRankError(f"{p} grew past {cap:,} bytes while being read, more than a {what} may be: not a {what}")
-    return data
 
 
 def file_identity(path: str | os.PathLike) -> tuple[int, int, int, int]:
@@ -414,7 +395,16 @@ def _gib(n: int) -> str:
 
 
 def check_dtype(name: str, dtype: Any, where: Any) -> None:
-    """Weights must be real floating point (or integer) numbers: complex and bool refused."""
-    s = str(dtype).removeprefix("torch.")
+    """Weights must be real floating point numbers: complex and bool refused, and integers and
+    float8, which are quantization codes unless a scheme (:mod:`headrank.io.schemes`) turned them
+    into weights first: a code is never read as a weight. ``dtype``: a dtype, or the tensor itself
+    (a numpy read's bfloat16, raw bits in uint16, is then known as bfloat16)."""
+    if type(dtype).__name__ == "BF16Bits":  # headrank.util.bf16: bfloat16 patterns, not integers
+        return
+    s = str(getattr(dtype, "dtype", dtype)).removeprefix("torch.")
     if s.startswith("complex") or s in ("C64", "C128", "C32") or s in ("bool", "BOOL"):
         raise HeadRankError(f"tensor {name} in {where} has dtype {s}: attention weights must be real numbers")
+    if s.startswith(("int", "uint", "float8", "qint", "quint")) or s in ("I8", "U8", "I16", "I32", "I64", "F8_E4M3",
+                                                                        "F8_E5M2"):
+        raise HeadRankError(f"tensor {name} in {where} is stored as {s}: quantization codes, and no quantization_config "
+                            "in config.json explains them (a code is not a weight; docs/quantized.md)")

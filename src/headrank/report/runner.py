@@ -115,10 +115,8 @@ def _stored(path: Path) -> Any:
 def figure_png(sub: Path, f: Any) -> Path:
     """The PNG of a stored figure entry, confined to the run's directory ``sub`` (a planted name
     ``../../secret_fig`` is refused, not embedded)."""
-    from headrank.io.validate import inside
-
     name = f.get("name") if isinstance(f, dict) else None
-    return inside(sub, f"{name}.png" if isinstance(name, str) and name else None, f"{sub / 'run.json'}: figure")
+    return confined(sub, f"{name}.png" if isinstance(name, str) and name else None, f"{sub / 'run.json'}: figure")
 
 
 def profile_of(meta: dict[str, Any]) -> str:

@@ -30,8 +30,11 @@ _ITEMS_CHECKED = 64  # the items of a longer sequence are left to the function
 _NOT_CHECKED = object()
 
 
-def checked(fn):
-    """``fn`` with its arguments checked on each call (module docstring)."""
+def checked(fn=None, *, types: bool = True):
+    """``fn`` with its arguments checked on each call (module docstring). ``types=False``: only
+    their names and number (a function that checks each value itself, with its own words)."""
+    if fn is None:
+        return functools.partial(checked, types=types)
     sig = inspect.signature(fn)
     hints: dict[str, Any] | None = None
 
@@ -42,6 +45,8 @@ def checked(fn):
             bound = sig.bind(*args, **kwargs)
         except TypeError as e:
             raise HeadRankError(f"{fn.__name__}(): {_bind_message(e, sig)}") from None
+        if not types:
+            return fn(*args, **kwargs)
         if hints is None:
             hints = _hints(fn, sig)
         for name, value in bound.arguments.items():

@@ -35,6 +35,41 @@ _LEGACY_TMP_RE = re.compile(r"^\..+\.[A-Za-z0-9_]{8}\.tmp")  # before the PID wa
 _LEGACY_AGE_S = 3600.0
 
 
+def read_regular(path: str | os.PathLike, what: str, cap: int) -> bytes:
+    """The bytes of a regular file of at most ``cap`` bytes: the one read of a file a user or
+    another process may have planted (:func:`headrank.io.validate.read_bytes` adds the messages
+    of its kind). It is opened without blocking (``O_NONBLOCK``: a FIFO put where a record was
+    expected cannot hang the open) and checked on the open descriptor (``fstat``: a regular
+    file, not a FIFO, device or directory, no larger than ``cap``), so nothing swapped in between
+    a check and the read is read; at most ``cap + 1`` bytes are ever read (a file growing
+    meanwhile is refused, not followed). OSError passes through."""
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else \
+                "a device or socket"
+            raise HeadRankError(f"{path} is not a regular file ({kind}): refusing to read it as a {what}")
+        if st.st_size > cap:
+            raise HeadRankError(f"{path} is larger than a {what} may be ({st.st_size:,} bytes, at most {cap:,}): "
+                                f"not a {what}")
+        chunks, left = [], cap + 1
+        while left > 0:
+            b = os.read(fd, min(left, 1 << 20))
+            if not b:
+                break
+            chunks.append(b)
+            left -= len(b)
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > cap:
+        raise HeadRankError(f"{path} grew past {cap:,} bytes while being read, more than a {what} may be: not a {what}")
+    return data
+
+
 def write_error(e: OSError, path: str | os.PathLike, doing: str = "write") -> HeadRankError:
     """One line for an OSError met while writing ``path``."""
     if e.errno in (errno.ENOSPC, errno.EDQUOT):

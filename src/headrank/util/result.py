@@ -26,7 +26,7 @@ import shutil
 from pathlib import Path
 from typing import Any, ClassVar
 
-from headrank.errors import HeadRankError
+from headrank.errors import HeadRankError, one_line
 
 
 class ResultBase:
@@ -127,14 +127,21 @@ def read_csv(path: Path):
         return pd.DataFrame()
 
 
+SAVED_JSON_CAP = 256 << 20  # a saved result's JSON record (meta.json, series.json) larger than this is not one
+
+
 def read_json(path: Path) -> Any:
     """A JSON file of a saved result (a missing or broken file is one line)."""
-    if not path.is_file():
+    from headrank.util.fileio import read_regular
+
+    if not os.path.lexists(path):
         raise HeadRankError(f"{path.parent} has no {path.name}: not a saved result of this kind")
     try:
-        return json.loads(path.read_text())
+        return json.loads(read_regular(path, "saved result", SAVED_JSON_CAP))  # no FIFO, no 500 MB file
+    except RecursionError:
+        raise HeadRankError(f"cannot read {path}: nested too deeply") from None
     except (OSError, ValueError) as e:
-        raise HeadRankError(f"cannot read {path}: {e}") from None
+        raise HeadRankError(f"cannot read {path}: {one_line(e, 200)}") from None
 
 
 def copy_dir(src: Path, out: str | os.PathLike) -> list[Path]:

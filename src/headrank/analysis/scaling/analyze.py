@@ -109,7 +109,7 @@ def analyze_scaling(source: str | os.PathLike, *, scales: Iterable[float] = DEFA
     """
     scales = check_scales(scales)
     if not (isinstance(tol, int | float) and tol > 0):
-        raise HeadRankError(f"tolerance must be > 0, got {tol}")
+        raise HeadRankError(f"`tol` must be > 0, got {tol}")
     if threads is not None:
         check_threads(threads)
     with torch_threads(threads):

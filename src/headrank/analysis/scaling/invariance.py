@@ -253,7 +253,7 @@ def _inv_dev_eps(model: nn.Module, forward: Callable[[], Any], table: pd.DataFra
 
 def _scale_test(model, forward, names, groups, scales, tol, seed, exhaustive, progress) -> pd.DataFrame:
     if not tol > 0:
-        raise HeadRankError(f"tolerance must be > 0, got {tol}")
+        raise HeadRankError(f"`tol` must be > 0, got {tol}")
     params = dict(model.named_parameters())
     names = list(params) if names is None else list(names)
     missing = [n for n in names if n not in params]
