@@ -245,6 +245,9 @@ def _run(name: str, dest: OutputSet, *, quick: bool, replot: bool, overrides: di
         files.append(write_json(stage / "claims.json", claims))
         if not replot:
             files.append(write_json(stage / "data.json", jsonable(result.data)))
+        else:  # the stored data move in with the set (the set replaces the folder: data.json would be lost)
+            stored = (out / "data.json").read_bytes()
+            files.append(write_atomic(stage / "data.json", lambda p, b=stored: p.write_bytes(b)))
         files.append(write_json(stage / "run.json", meta))
     files = dest.moved(files, stage)
     return RunSummary(name=name, out=out, claims=result.claims, files=files, runtime_s=runtime)

@@ -237,7 +237,10 @@ def hurts_literal(runs: pd.DataFrame, lam: float, lr_peak: float | None) -> Clai
 def _decouple_claim(measured: dict[str, Any], verdict: str, reason: str, key: str, detail: str = "", *,
                     name: str = "table1.decoupling_helps", source: str = SRC_DECOUPLE, supports: str = "",
                     tests: list | None = None) -> Claim:
+    gate = reason.startswith("untested:")  # the regime's gate failed: listed apart, not counted
     return Claim(name=name, source=source, statement=ST_DECOUPLE, quote=QUOTE_DECOUPLE, supports=supports,
+                 untested="the gate failed here (no coupled decay beats none on validation): headrank reproduce "
+                          "designs --profile designs, design (a)" if gate else "",
                  rule=f"{RULE_DECOUPLE}; margin {MARGIN_PPL:g} ppl ({MARGIN_RULE})", measured=measured,
                  tests=tests or [], verdict=verdict, reason=reason, tolerance=SPREAD,
                  expected="test ppl(coupled lambda*) - test ppl(attn 0, MLP lambda*) > seed spread (paired), lambda* "
