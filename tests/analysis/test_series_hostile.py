@@ -86,3 +86,39 @@ def test_ten_thousand_step_refs_are_one_line_after_one_request(tmp_path, monkeyp
         with pytest.raises(HeadRankError, match="names 10,000 revisions"):
             track("org/many", tmp_path / "t", revisions="all", remote=True)
         assert len(s.log) <= 2  # the refs, nothing per revision
+
+
+def test_a_checkpoint_replaced_by_rename_is_measured_again(run, tmp_path, alarm):  # noqa: F811
+    """Same size, same modification time, another file (`cp -p` then `mv`): its table is not reused."""
+    src = tmp_path / "src"
+    shutil.copytree(run, src)
+    out = tmp_path / "t"
+    track(src, out, workers=1, plots=False)
+    f = src / "checkpoints" / "step-00000004" / "model.safetensors"
+    tmp = f.with_name("new.tmp")
+    shutil.copy2(f, tmp)  # same bytes, size and times: only the inode differs
+    os.replace(tmp, f)
+    with pytest.raises(HeadRankError, match="was made from other checkpoints .* or changed since"):
+        track(src, out, workers=1, plots=False)
+    res = track(src, out, workers=1, plots=False, force=True)
+    assert res.computed == ["step-00000004"] and res.skipped == ["step-00000008", "step-00000012"]
+
+
+def test_a_checkpoint_changed_while_it_is_read_is_not_measured(run, tmp_path, monkeypatch, alarm):  # noqa: F811
+    from headrank.analysis import scan, series
+
+    src = tmp_path / "src"
+    shutil.copytree(run, src)
+    real = scan.analyze
+
+    def analyze_then_rewrite(source, **kw):
+        res = real(source, **kw)
+        if str(source).endswith("step-00000008"):  # rewritten once the analysis has read it
+            f = src / "checkpoints" / "step-00000008" / "model.safetensors"
+            f.write_bytes(f.read_bytes())
+        return res
+
+    monkeypatch.setattr(scan, "analyze", analyze_then_rewrite)
+    monkeypatch.setattr(series, "CHECKPOINT_TRIES", 1)
+    res = track(src, tmp_path / "t", workers=1, plots=False)
+    assert list(res.failed) == ["step-00000008"] and "changed while it was read" in res.failed["step-00000008"]

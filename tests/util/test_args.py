@@ -25,7 +25,7 @@ CASES = {
     "load_compressed(None)": ("headrank.load_compressed(None)", "`path` must be"),
     "load_compressed(7)": ("headrank.load_compressed(7)", "`path` must be"),
     "collapse(seqs='x')": ("headrank.collapse('minilm', seqs='x')", "`seqs` must be an integer"),
-    "spectra(tol='x')": ("headrank.spectra('minilm', tol='x')", "tolerance must be a number"),
+    "spectra(tol='x')": ("headrank.spectra('minilm', tol='x')", "must be a number"),
 }
 
 

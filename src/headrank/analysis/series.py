@@ -66,7 +66,7 @@ from headrank.core.linalg import DEFAULT_TOL
 from headrank.core.metrics import SUMMARY_METRICS
 from headrank.errors import HeadRankError, one_line
 from headrank.io.convention import convention as check_convention
-from headrank.io.validate import BOUNDS, bounded
+from headrank.io.validate import BOUNDS, bounded, file_identity
 from headrank.io.validate import read_json as read_record
 from headrank.io.writer import OutputSet, confined
 from headrank.util.args import checked
@@ -233,8 +233,9 @@ def _dir_series(p: Path) -> list[SeriesItem]:
 
 
 def _identity(origin: dict[str, Any]) -> str:
-    """What a checkpoint is, for telling two apart: its resolved path and the name, size and
-    modification time of its files (a retrained run at the same path is another checkpoint)."""
+    """What a checkpoint is, for telling two apart: its resolved path and the name, device, inode,
+    size and modification time of its files (a retrained run at the same path, or a file replaced
+    by rename with its size and time kept, is another checkpoint)."""
     path = origin.get("path")
     parts = [str(path)]
     if path is not None:
@@ -242,10 +243,10 @@ def _identity(origin: dict[str, Any]) -> str:
         for name in sorted({*origin.get("files", []), "config.json"}):
             f = root / name if root.is_dir() else root
             try:
-                st = f.stat()
+                dev, ino, size, mtime = file_identity(f)
             except OSError:
                 continue
-            parts.append(f"{name}:{st.st_size}:{st.st_mtime_ns}")
+            parts.append(f"{name}:{dev}:{ino}:{size}:{mtime}")  # a file replaced by rename: another inode
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
 
 
@@ -334,6 +335,9 @@ def analyse_checkpoint(item: dict[str, Any], tol: float) -> pd.DataFrame:
     if pinned and (res.meta.get("hub") or {}).get("commit") not in (None, pinned):
         raise HeadRankError(f"{item['source']}@{item['revision']}: the server answered commit "
                             f"{res.meta['hub']['commit']} for commit {pinned}")
+    if item.get("identity") and not item.get("remote") and _identity(res.meta) != item["identity"]:
+        raise HeadRankError(f"{item['source']} changed while it was read (truncated, rewritten or replaced since "
+                            "its architecture was checked): not measured; run again once it is complete")
     table = res.table  # only the head table is kept
     if pinned:
         table.insert(0, "commit", pinned)
@@ -528,7 +532,7 @@ def _measure(items: Sequence[SeriesItem], ids: dict[str, str], ckdir: Path, tol:
     ckdir.mkdir(parents=True, exist_ok=True)
     conv = items[0].convention if items else "raw"
     done = {it.label for it in items if _reusable(ckdir, it.label, ids[it.label], tol, conv)}
-    todo = [asdict(it) for it in items if it.label not in done]
+    todo = [{**asdict(it), "identity": ids[it.label]} for it in items if it.label not in done]
     count = len(done)
     failed: dict[str, str] = {}
     if progress:

@@ -21,6 +21,7 @@ from headrank.compress.evaluate import (
     is_causal,
 )
 from headrank.errors import HeadRankError
+from headrank.util.env import cache_root
 
 FORMATS = ("factored", "dense")
 ALLOCATE = ("energy", "loss")
@@ -94,24 +95,18 @@ def check_context(model, spec: TextSpec, given: bool = True) -> TextSpec:
 
 
 # -- the cached uncut baseline ---------------------------------------------------------------------
-def cache_dir() -> Path:
-    """``$HEADRANK_CACHE`` or ``$XDG_CACHE_HOME/headrank`` (default ``~/.cache/headrank``)."""
-    root = os.environ.get("HEADRANK_CACHE")
-    if root:
-        return Path(root)
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(xdg) / "headrank"
-
-
 def _model_key(reader) -> str | None:
     """The source's identity: its weight files' resolved paths, sizes and modification times."""
-    path = getattr(reader.ckpt, "path", None)
-    if path is None or reader.origin.get("input") in ("live", "state_dict"):
+    path = getattr(reader, "source_file", None) or getattr(reader.ckpt, "path", None)  # a GGUF: its file
+    if path is None or (reader.origin.get("input") in ("live", "state_dict") and not hasattr(reader, "source_file")):
         return None
     p = Path(path)
     try:
         files = sorted(q for q in p.iterdir() if q.is_file()) if p.is_dir() else [p]
-        return json.dumps([[str(q.resolve()), q.stat().st_size, q.stat().st_mtime_ns] for q in files])
+        from headrank.io.validate import file_identity
+
+        # device and inode too: a file replaced by rename with its size and time kept is another model
+        return json.dumps([[str(q.resolve()), *file_identity(q)] for q in files])
     except OSError:
         return None
 
@@ -128,8 +123,10 @@ def cached_baseline(key: str | None) -> float | None:
     if key is None:
         return None
     try:
-        v = json.loads((cache_dir() / "baselines" / f"{key}.json").read_text())["value"]
-    except (OSError, ValueError, KeyError, TypeError):
+        from headrank.io.validate import read_json
+
+        v = read_json(cache_root() / "baselines" / f"{key}.json", "compress record")["value"]
+    except (HeadRankError, KeyError, TypeError):  # missing, a FIFO, too large, corrupt: measured again
         return None
     return float(v) if isinstance(v, (int, float)) else None
 
@@ -138,7 +135,7 @@ def store_baseline(key: str | None, value: float) -> None:
     """Best effort: a cache that cannot be written only costs the next run the recomputation."""
     if key is None:
         return
-    d = cache_dir() / "baselines"
+    d = cache_root() / "baselines"
     try:
         d.mkdir(parents=True, exist_ok=True)
         tmp = d / f".{key}.{os.getpid()}.tmp"

@@ -61,12 +61,11 @@ class CompressResult(dict):
         """The result saved in ``out`` (a compress output directory or its compress.json)."""
         p = Path(out)
         p = p / FILE if p.is_dir() else p
-        try:
-            data = json.loads(p.read_text())
-        except FileNotFoundError:
-            raise HeadRankError(f"{p}: no such file (not a compress output)") from None
-        except (OSError, ValueError) as e:
-            raise HeadRankError(f"{p}: unreadable ({e})") from None
+        from headrank.io.validate import read_json
+
+        if not p.exists() and not p.is_symlink():
+            raise HeadRankError(f"{p}: no such file (not a compress output)")
+        data = read_json(p, "compress record")  # a FIFO or a 500 MB file: one line
         if not isinstance(data, dict) or "totals" not in data:
             raise HeadRankError(f"{p}: not a compress.json")
         return cls(data)

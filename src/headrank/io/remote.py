@@ -265,7 +265,8 @@ class RemoteFile:
                 return self.read(start, end, kind)
             if size is not None and size > most:
                 raise HeadRankError(f"{redact_url(self.url)} ignores HTTP range requests and its whole {self.name} is "
-                                    f"{_mb(size)}, more than {why} ({_mb(most)}): refusing to download it")
+                                    f"{_mb(size)}, more than {why} ({_mb(most)}): refusing to download it; give "
+                                    f"`max_bytes` of at least {size:,} to read it whole")
             self._full = self._download(head or b"", chunks, size, most, clock)
             self.size = os.fstat(self._full.fileno()).st_size
             self.transfer.whole_file(self.name)

@@ -51,7 +51,8 @@ JSON_CAPS = {"config": 16 << 20, "shard index": 64 << 20, "safetensors header": 
              # records this project writes and reads back (a planted one may be anything): far above
              # the largest written (a factored manifest of a 405B model: ~20 MB of runs)
              "factored manifest": 64 << 20, "compress record": 16 << 20, "run record": 16 << 20,
-             "layout cache": 64 << 20, "layout file": 1 << 20, "track record": 16 << 20}
+             "layout cache": 64 << 20, "layout file": 1 << 20, "track record": 16 << 20,
+             "sweep spec": 1 << 20, "run config": 16 << 20}
 JSON_BUDGET = 1 << 30  # at most this much memory for one parse (also at most half of what is free)
 
 

@@ -318,9 +318,11 @@ def check_model_fits(build: Callable[[], nn.Module], dtype: torch.dtype, where: 
 
 
 def _open_headrank(path: Path, config: dict[str, Any], source: str, dtype: torch.dtype) -> Opened:
+    from headrank.io.validate import check_config_sizes
     from headrank.models.transformer import Transformer, ViT, load_model
 
     cls = ViT if config.get("architecture") == "ViT" else Transformer
+    check_config_sizes(config, path / "config.json", dtype_bytes=torch.empty((), dtype=dtype).element_size(), copies=2)
     check_model_fits(lambda: cls.from_config_dict(config), dtype, path)
     model = load_model(path).to(dtype).eval()
     return Opened(model, config, path, source, "headrank", dtype)

@@ -93,13 +93,9 @@ def _prepare_run_dir(run: Path, cfg: TrainConfig, resume: bool) -> None:
     if cfg_path.exists():
         if not resume:
             raise HeadRankError(f"{run} already holds a run: pass `resume` to continue it, or choose another `out`")
-        from headrank.io.validate import regular_file
+        from headrank.io.validate import read_json as read_record
 
-        regular_file(cfg_path, "run config")  # a FIFO would block the read forever
-        try:
-            old = upgrade(json.loads(cfg_path.read_text()))
-        except (OSError, ValueError) as e:
-            raise HeadRankError(f"cannot read {cfg_path}: {e}") from None
+        old = upgrade(read_record(cfg_path, "run config"))  # a regular file under its cap: a FIFO is one line
         new = run_config(cfg)
         if comparable(old) != comparable(new):
             diff = sorted(k for k in set(comparable(old)) | set(comparable(new)) if old.get(k) != new.get(k))
@@ -132,17 +128,13 @@ def resume_config(run_dir: str | os.PathLike, kind: str, given: dict[str, Any]) 
     None when ``run_dir`` holds no ``config.json`` yet (a fresh run: build it from the options)."""
     from dataclasses import fields, replace
 
-    from headrank.io.validate import regular_file
+    from headrank.io.validate import read_json as read_record
     from headrank.training.config import CONFIG_CLASSES
 
     p = Path(run_dir) / "config.json"
     if not p.exists() and not p.is_symlink():
         return None
-    regular_file(p, "run config")
-    try:
-        stored = upgrade(json.loads(p.read_text()))
-    except (OSError, ValueError, UnicodeDecodeError) as e:
-        raise HeadRankError(f"cannot read {p}: {one_line(e, 200)}") from None
+    stored = upgrade(read_record(p, "run config"))  # a regular file under its cap: a FIFO is one line
     if not isinstance(stored, dict) or stored.get("kind") != "headrank-run":
         raise HeadRankError(f"{p} is not the config.json of a headrank run")
     if stored.get("task_name") != kind:

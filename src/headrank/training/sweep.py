@@ -164,10 +164,9 @@ def parse_assignment(text: str, many: bool) -> tuple[str, Any]:
 def load_spec(path: str | os.PathLike) -> SweepSpec:
     """A spec from a JSON or TOML file with keys ``kind``, ``base``, ``grid``, ``seeds``."""
     p = Path(path)
-    try:
-        raw = p.read_bytes()
-    except OSError as e:
-        raise HeadRankError(f"cannot read sweep spec {p}: {e.strerror or e}") from None
+    from headrank.io.validate import read_bytes
+
+    raw = read_bytes(p, "sweep spec")  # a regular file under its cap (a FIFO or a 200 MB TOML: one line)
     try:
         if p.suffix.lower() == ".toml":
             import tomllib
@@ -276,8 +275,10 @@ def _finished(run: Path, kind: str, overrides: dict[str, Any]) -> dict[str, Any]
     if not (run / "summary.json").is_file() or not (run / "config.json").is_file():
         return None
     try:
-        old = json.loads((run / "config.json").read_text())
-        summary = json.loads((run / "summary.json").read_text())
+        from headrank.io.validate import read_json
+
+        old = read_json(run / "config.json", "run config")
+        summary = read_json(run / "summary.json", "run record")
         same = comparable(old) == comparable(json.loads(json.dumps(run_config(make_config(kind, **overrides)))))
     except (OSError, ValueError, HeadRankError):
         return None
@@ -373,7 +374,9 @@ def merge_rerun(out: Path, spec: SweepSpec, extend: bool = False) -> SweepSpec:
     if not p.is_file():
         return spec
     try:
-        d = json.loads(p.read_text())
+        from headrank.io.validate import read_json
+
+        d = read_json(p, "run record")
         old = SweepSpec(kind=d["kind"], base=dict(d["base"]), grid=dict(d["grid"]), seeds=list(d["seeds"]))
     except (OSError, ValueError, KeyError, TypeError, HeadRankError):
         raise HeadRankError(f"{p} does not describe a sweep: choose another `out`") from None
