@@ -135,8 +135,8 @@ def test_fused_projections_default_to_dense_and_refuse_factored(tmp_path):
 
 
 @pytest.mark.parametrize("kw, msg", [
-    ({"rank": "2"}, "`rank` must be a whole number"),
-    ({"rank": 2, "products": 5}, "`products` must name"),
+    ({"rank": "2"}, "`rank` must be"),
+    ({"rank": 2, "products": 5}, "`products` must"),
     ({"rank": 2, "n_eval": 0}, "`n_eval` must be >= 1"),
     ({"rank": 2, "seq_len": -1}, "`seq_len` must be >= 2"),
     ({"rank": 2, "format": "gguf"}, "`format` must be one of"),
@@ -295,7 +295,7 @@ def test_a_phase_that_reports_nothing_still_prints_a_line():
 
     con = Console()
     bar = LineProgress(con, every_s=0.2)
-    with Phases(bar, every_s=0.2) as ph:
+    with bar, Phases(bar, every_s=0.2) as ph:  # the line bar beats by itself; Phases adds none
         ph(0, None, "loading")
         assert two.wait(60), "no second beat line within 60 s"  # an event, not a sleep: load does not matter
     assert len(con.lines) >= 2 and all(line.startswith("loading 0") for line in con.lines)

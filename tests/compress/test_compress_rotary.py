@@ -37,7 +37,7 @@ def _out(m):
 def test_llama_bands_dropped_by_energy_equal_zeroed_rows(tmp_path):
     ref = _model(tf.LlamaForCausalLM, tf.LlamaConfig(**LLAMA), tmp_path / "src")
     full = compress(str(tmp_path / "src"), tmp_path / "full", rank=8, products="ov,qk", format="dense")
-    assert full["products"] == ["ov", "qk"] and not full["notes"]
+    assert full["products"] == ["ov", "qk"] and not [n for n in full["notes"] if "without whitening" not in n]
     got = _out(tf.LlamaForCausalLM.from_pretrained(tmp_path / "full", dtype=torch.float64).eval())
     assert torch.allclose(got, _out(ref), rtol=0, atol=1e-10)
 

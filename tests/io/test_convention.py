@@ -122,3 +122,23 @@ def test_convention_in_figure_titles(tmp_path):
     fig = plots.sv_curves(figure_data(res))
     assert "transformerlens convention" in fig._suptitle.get_text()
     assert "convention" not in plots.sv_curves(figure_data(analyze(tmp_path / "m")))._suptitle.get_text()
+
+
+def test_track_reads_every_checkpoint_in_the_convention(tmp_path):
+    import pandas as pd
+
+    for i in (1, 2):
+        _gpt2(tmp_path / f"step-{i}")
+    r = subprocess.run([sys.executable, "-m", "headrank", "track", str(tmp_path / "step-1"), str(tmp_path / "step-2"),
+                        "--out", str(tmp_path / "t"), "--convention", "transformerlens", "--workers", "1",
+                        "--no-plots", "-q"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    table = pd.read_csv(tmp_path / "t" / "table.csv")
+    want = analyze(tmp_path / "step-1", convention="transformerlens").table
+    got = table[table["checkpoint"] == table["checkpoint"].iloc[0]]
+    np.testing.assert_allclose(np.sort(got["sv_max"].to_numpy()), np.sort(want["sv_max"].to_numpy()), rtol=1e-12)
+    assert json.loads((tmp_path / "t" / "series.json").read_text())["convention"] == "transformerlens"
+    again = subprocess.run([sys.executable, "-m", "headrank", "track", str(tmp_path / "step-1"),
+                            str(tmp_path / "step-2"), "--out", str(tmp_path / "t"), "--workers", "1", "-q"],
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 2 and "transformerlens convention" in again.stderr and "--convention" in again.stderr

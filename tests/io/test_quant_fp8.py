@@ -95,6 +95,7 @@ def test_one_scale_per_tensor_and_fbgemm_rows(tmp_path, fp8):
     assert got.meta["quantization"]["method"] == "fbgemm_fp8"
 
 
+@pytest.mark.slow
 def test_cli_fresh_interpreter_writes_meta(fp8, tmp_path):
     out = tmp_path / "out dir"
     r = subprocess.run([sys.executable, "-m", "headrank", "spectra", str(fp8["root"] / "fp8 blocks"), "--no-plots",
@@ -145,10 +146,21 @@ def _set(name, value):
     ("codes without config", None, lambda c: c.pop("quantization_config"), "quantization codes"),
     ("block size garbled", None, lambda c: c["quantization_config"].update(weight_block_size=[0, 128]),
      "weight_block_size must be two integers"),
-    ("unknown method", None, lambda c: c["quantization_config"].update(quant_method="gptq"), "'gptq'"),
+    ("unknown method", None, lambda c: c["quantization_config"].update(quant_method="hqq"), "'hqq'"),
 ])
-def test_bad_input_one_line_exit_2_nothing_written(fp8, tmp_path, case, tensors, config, needle):
+def test_bad_input_one_line(fp8, tmp_path, case, tensors, config, needle):
     d = _broken(fp8["root"] / "fp8 blocks", tmp_path / "bad", tensors, config)
+    with pytest.raises(HeadRankError) as e:
+        analyze(d)
+    assert needle in str(e.value) and "\n" not in str(e.value), (case, str(e.value))
+
+
+@pytest.mark.parametrize("case,tensors,needle", [
+    ("scale missing", lambda t: t.pop(S), "is missing: a code is not a weight"),
+    ("scale shape", _set(S, lambda s: s[:1].contiguous()), "the block size does not match the stored scales")])
+def test_bad_input_exit_2_nothing_written(fp8, tmp_path, case, tensors, needle):
+    """As a user runs it: a fresh interpreter, one error line, exit 2, no output left behind."""
+    d = _broken(fp8["root"] / "fp8 blocks", tmp_path / "bad", tensors)
     out = tmp_path / "out"
     r = subprocess.run([sys.executable, "-m", "headrank", "spectra", str(d), "--no-plots", "--out", str(out)],
                        capture_output=True, text=True, timeout=300)
@@ -159,6 +171,7 @@ def test_bad_input_one_line_exit_2_nothing_written(fp8, tmp_path, case, tensors,
 
 
 # -- the other verbs read the same dequantized weights -------------------------------------------------
+@pytest.mark.slow
 def test_compress_reads_dequantized_writes_dequantized_and_says_so(fp8, tmp_path):
     out = tmp_path / "cut"
     r = subprocess.run([sys.executable, "-m", "headrank", "compress", str(fp8["root"] / "fp8 blocks"), "--out",
@@ -174,6 +187,7 @@ def test_compress_reads_dequantized_writes_dequantized_and_says_so(fp8, tmp_path
     analyze(out)  # a plain checkpoint now, read without a scheme
 
 
+@pytest.mark.slow
 def test_track_reads_each_checkpoint_dequantized(fp8, tmp_path):
     from headrank.analysis.series import track
 
@@ -185,3 +199,31 @@ def test_track_reads_each_checkpoint_dequantized(fp8, tmp_path):
     assert len(a) == len(b) == 2 * H * 2
     for col in ("sv_max", "nuclear", "frob"):
         np.testing.assert_allclose(a[col].to_numpy(), b[col].to_numpy(), rtol=1e-12, atol=0)
+
+
+def test_hub_cache_id_reads_dequantized(fp8, tmp_path, monkeypatch):
+    from tests.io.test_sources import lay_out_cache
+
+    cache = tmp_path / "hub"
+    lay_out_cache(cache, "org/fp8-llama", fp8["root"] / "fp8 blocks", "c" * 40)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    res = analyze("org/fp8-llama")
+    assert res.meta["input"] == "hub" and res.meta["quantization"]["method"] == "fp8"
+    for p in ("qk", "ov"):
+        np.testing.assert_array_equal(res.sv[p], analyze(fp8["root"] / "fp8 blocks").sv[p])
+
+
+def test_header_claiming_a_huge_scale_tensor_is_bounded(fp8, tmp_path):
+    """A header whose scale entry claims 10^12 elements: refused from the header, nothing allocated."""
+    src = (fp8["root"] / "fp8 blocks" / "model.safetensors").read_bytes()
+    n = int.from_bytes(src[:8], "little")
+    header = json.loads(src[8:8 + n])
+    header[S]["shape"] = [1_000_000, 1_000_000]
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    d = tmp_path / "huge"
+    d.mkdir()
+    (d / "model.safetensors").write_bytes(len(text).to_bytes(8, "little") + text + src[8 + n:])
+    (d / "config.json").write_text((fp8["root"] / "fp8 blocks" / "config.json").read_text())
+    with pytest.raises(HeadRankError, match="spans .* bytes but its shape and dtype need"):
+        analyze(d)

@@ -1,7 +1,7 @@
 """Every quantization method transformers knows is read exactly or refused in one line
 (headrank.io.schemes): the names come from transformers itself (``QuantizationMethod`` and
 ``AUTO_QUANTIZATION_CONFIG_MAPPING``), so a method added there is walked here too. A method that
-is read has its own exactness tests (test_quant_fp8.py, test_quant_ct.py); with plain float
+is read has its own exactness tests (test_quant_fp8.py, test_quant_ct.py, test_quant_int.py); with plain float
 tensors under its config it is refused as a contradiction. Every other method is refused by
 name, whatever the tensors hold."""
 
@@ -23,7 +23,8 @@ from headrank.io.schemes import KNOWN
 from tests.io import quantlib as ql
 
 METHODS = sorted({m.value for m in QuantizationMethod} | set(AUTO_QUANTIZATION_CONFIG_MAPPING))
-READ = {"fp8": "test_quant_fp8.py", "fbgemm_fp8": "test_quant_fp8.py", "compressed-tensors": "test_quant_ct.py"}
+READ = {"fp8": "test_quant_fp8.py", "fbgemm_fp8": "test_quant_fp8.py", "compressed-tensors": "test_quant_ct.py",
+        "gptq": "test_quant_int.py", "awq": "test_quant_int.py"}
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +44,8 @@ def _config(method):
                 "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "int",
                                                                                   "strategy": "group",
                                                                                   "group_size": 8}}}}
+    if method in ("gptq", "awq"):
+        return {"quant_method": method, "bits": 4, "group_size": 16}
     return {"quant_method": method, "weight_block_size": [16, 16]} if method == "fp8" else {"quant_method": method}
 
 
@@ -68,14 +71,14 @@ def test_every_method_read_exactly_or_refused_in_one_line(plain, tmp_path, metho
 
 def test_refusal_from_the_command_line_exit_2(plain, tmp_path):
     src, cfg = plain
-    d = tmp_path / "awq model"
+    d = tmp_path / "hqq model"
     d.mkdir()
     (d / "model.safetensors").symlink_to(src / "model.safetensors")
-    (d / "config.json").write_text(json.dumps({**cfg, "quantization_config": {"quant_method": "awq", "bits": 4}}))
-    r = subprocess.run([sys.executable, "-m", "headrank", "spectra", "awq model", "--no-plots", "--out", "o"],
+    (d / "config.json").write_text(json.dumps({**cfg, "quantization_config": {"quant_method": "hqq", "nbits": 4}}))
+    r = subprocess.run([sys.executable, "-m", "headrank", "spectra", "hqq model", "--no-plots", "--out", "o"],
                        capture_output=True, text=True, timeout=300, cwd=tmp_path)
     errors = [ln for ln in r.stderr.strip().splitlines() if not ln.startswith("layers ")]  # progress lines aside
-    assert r.returncode == 2 and len(errors) == 1 and "'awq'" in errors[0], r.stderr
+    assert r.returncode == 2 and len(errors) == 1 and "'hqq'" in errors[0], r.stderr
     assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
 
 

@@ -87,6 +87,7 @@ def test_fp8_llama_remote_equals_local_and_dense_float64(srv, ckpts):
     assert srv.sent <= 1.05 * tensors + headers + json_bytes, (srv.sent, tensors, headers)
 
 
+@pytest.mark.slow
 def test_deepseek_v3_fp8_mla_many_shards_fetches_only_attention_and_scales(srv, ckpts):
     d = ckpts["root"] / "deepseek"
     shards = sorted(d.glob("*.safetensors"))
@@ -123,3 +124,21 @@ def test_deepseek_v3_fp8_mla_many_shards_fetches_only_attention_and_scales(srv, 
     assert q["method"] == "fp8" and q["weight_block_size"] == [64, 64]
     assert got.meta["remote"]["checkpoint_bytes"] == json.loads((d / "model.safetensors.index.json").read_text())[
         "metadata"]["total_size"]
+
+
+def test_bad_scales_over_remote_are_one_line(srv, ckpts, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from headrank.errors import HeadRankError
+
+    src = ckpts["root"] / "llama"
+    d = ckpts["root"] / "llama-no-scale"
+    if not d.exists():
+        d.mkdir()
+        t = load_file(str(src / "model.safetensors"))
+        t.pop("model.layers.1.self_attn.o_proj.weight_scale_inv")
+        save_file(t, str(d / "model.safetensors"))
+        (d / "config.json").write_text((src / "config.json").read_text())
+    srv.add("org/no-scale", "main", d)
+    with pytest.raises(HeadRankError, match="o_proj.weight_scale_inv is missing: a code is not a weight"):
+        analyze("org/no-scale", remote=True)

@@ -199,8 +199,8 @@ def test_reproduction_quick_and_replot(tmp_path):
     for name in ("scale.shrink_free_none", "scale.shrink_free_post", "scale.shrink_costly_pre",
                  "scale.verdicts_trained"):
         assert claims[name].held, (name, claims[name].measured)
-    for c in s.claims:
-        assert c.kind == "finding" or c.verdict == "held"
+    for c in s.claims:  # findings, our checks of SGD and the epsilon breakdown may go either way
+        assert c.kind in ("finding", "check") or c.verdict == "held", c.name
     data = json.loads((tmp_path / "data.json").read_text())
     measured_from_data(s.claims, data)
     for v in ("none", "post", "pre"):
@@ -232,10 +232,11 @@ def test_homogeneous_identity_both_ways_and_the_dynamics_are_our_checks():
 
 
 def _loss_rows(train0, train1, test0, test1, exposure=1.0):
-    """variant none: two seeds at lambda 0 and at the grid's largest lambda (the others ignored)."""
+    """variant none: three seeds (the fewest an SGD comparison is judged on) at lambda 0 and at the
+    grid's largest lambda (the others ignored)."""
     lam = max(P.lams)
     rows = []
-    for seed, d in ((0, 0.0), (1, 0.002)):
+    for seed, d in ((0, 0.0), (1, 0.002), (2, 0.001)):
         rows.append(_row("none", 0.0, seed=seed, train_loss=train0 + d, test_loss=test0 + d))
         rows.append(_row("none", lam, seed=seed, train_loss=train1 + d, test_loss=test1 + 1.5 * d, exposure=exposure))
     return {"none": rows, "post": [], "pre": []}
@@ -243,7 +244,7 @@ def _loss_rows(train0, train1, test0, test1, exposure=1.0):
 
 def test_optimal_loss_unchanged_both_ways():
     same = C.optimal_loss_unchanged(_loss_rows(0.10, 0.101, 0.5, 0.5), P)
-    assert same.kind == "finding" and same.verdict == "held", same.reason
+    assert same.kind == "check" and same.verdict == "held", same.reason  # the TL;DR itself is an identity
     assert same.measured["margin"] == pytest.approx(P.no_change_margin * 0.501)
     moved = C.optimal_loss_unchanged(_loss_rows(0.10, 0.40, 0.5, 0.8), P)  # 0.3 away: far outside 0.05
     assert moved.verdict == "not held"
@@ -255,6 +256,8 @@ def test_optimal_loss_unchanged_both_ways():
 def test_free_to_overfit_both_ways():
     free = C.free_to_overfit(_loss_rows(0.10, 0.12, 0.50, 0.52), P)  # gap 0.40 at both
     assert free.verdict == "held", free.reason
-    assert free.measured["diff"] == pytest.approx((0.0 + 0.001) / 2)  # per seed: 0.40 - 0.40, 0.401 - 0.400
+    assert free.measured["diff"] == pytest.approx((0.0 + 0.001 + 0.0005) / 3)  # per seed: gap(top) - gap(0)
     regularised = C.free_to_overfit(_loss_rows(0.10, 0.30, 0.50, 0.35), P)  # gap 0.40 -> 0.05: decay helps
     assert regularised.verdict == "not held"
+    two = {"none": [r for r in _loss_rows(0.10, 0.12, 0.50, 0.52)["none"] if r["seed"] < 2], "post": [], "pre": []}
+    assert C.free_to_overfit(two, P).verdict == "inconclusive"  # two seeds: fewer than three networks

@@ -65,6 +65,7 @@ from headrank.analysis.series_plots import plot_series, series_figure
 from headrank.core.linalg import DEFAULT_TOL
 from headrank.core.metrics import SUMMARY_METRICS
 from headrank.errors import HeadRankError, one_line
+from headrank.io.convention import convention as check_convention
 from headrank.io.validate import BOUNDS, bounded, file_identity
 from headrank.io.validate import read_json as read_record
 from headrank.io.writer import OutputSet, confined
@@ -95,6 +96,7 @@ class SeriesItem:
     revision: str | None = None
     remote: bool = False  # a Hub revision read over HTTP ranges (headrank.io.remote)
     commit: str | None = None  # remote: the commit the architecture check read, and the analysis reads
+    convention: str = "raw"  # the weights' convention (headrank.io.convention)
 
 
 def _trailing_int(text: str) -> int | None:
@@ -329,7 +331,7 @@ def analyse_checkpoint(item: dict[str, Any], tol: float) -> pd.DataFrame:
     pinned = item.get("commit")
     with torch_threads(1):
         res = analyze(item["source"], revision=pinned or item["revision"], tol=tol, threads=1,
-                      remote=item.get("remote", False), rotary=False)
+                      remote=item.get("remote", False), rotary=False, convention=item.get("convention", "raw"))
     if pinned and (res.meta.get("hub") or {}).get("commit") not in (None, pinned):
         raise HeadRankError(f"{item['source']}@{item['revision']}: the server answered commit "
                             f"{res.meta['hub']['commit']} for commit {pinned}")
@@ -418,12 +420,10 @@ def track(series: str | os.PathLike | Sequence[str | os.PathLike], out: str | os
           revisions: str | Sequence[str] | None = None, tol: float = DEFAULT_TOL, workers: int | None = None,
           ray: str | None = None, plots: bool = True, force: bool = False, metrics: bool = True,
           remote: bool = False, resume: bool = False, progress: Callable[[int, int], None] | None = None,
-          checking: Callable[[int, int], None] | None = None) -> SeriesResult:
-    """``headrank track SERIES --out OUT``: measure every checkpoint of ``series`` into ``out``
-    (see the module docstring and ``docs/verbs/track.md``).
-
-    A checkpoint whose analysis fails is tried :data:`CHECKPOINT_TRIES` times, then recorded as failed
-    (``result.failed``, ``series.json``'s ``failed``) while the others go on; a re-run tries it again.
+          checking: Callable[[int, int], None] | None = None, convention: str = "raw") -> SeriesResult:
+    """``headrank track SERIES --out OUT``: measure every checkpoint of ``series`` into ``out`` (the module
+    docstring, ``docs/verbs/track.md``). A checkpoint whose analysis fails is tried :data:`CHECKPOINT_TRIES`
+    times, then recorded as failed (``result.failed``, ``series.json``'s ``failed``) while the others go on.
 
     Parameters
     ----------
@@ -437,6 +437,8 @@ def track(series: str | os.PathLike | Sequence[str | os.PathLike], out: str | os
         ref named by a step.
     tol
         Relative threshold τ of the numerical rank.
+    convention
+        ``raw`` or ``transformerlens`` (:mod:`headrank.io.convention`; ``metrics`` rows are raw: ``raw`` only).
     workers
         Worker processes, one checkpoint each (1 to 4 per CPU; default: the CPUs).
     ray
@@ -447,12 +449,10 @@ def track(series: str | os.PathLike | Sequence[str | os.PathLike], out: str | os
         Measure into an ``out`` made from other checkpoints or another tolerance (its tables of
         checkpoints that are not these are redone).
     metrics
-        For a run directory, also use the tracker rows of ``metrics.jsonl`` at steps without a
-        checkpoint.
+        For a run directory, also the tracker rows of ``metrics.jsonl`` at steps without a checkpoint.
     remote
-        Hub revisions read over HTTP ranges, each at the commit its architecture check read (the
-        ``commit`` column of the table and ``series.json``): a branch that moves meanwhile cannot
-        mix two models.
+        Hub revisions read over HTTP ranges, each at the commit its architecture check read (``commit`` in the
+        table and ``series.json``): a branch that moves meanwhile cannot mix two models.
     resume
         Continue the run that stopped in ``out`` at the commits it checked, measuring only what it
         had not (another series or options, or a checkpoint changed since: one line).
@@ -463,15 +463,16 @@ def track(series: str | os.PathLike | Sequence[str | os.PathLike], out: str | os
     -------
     SeriesResult
     """
-    out = _check_args(tol, workers, out, resume and force)
-    asked = series_out.request(series, revisions, remote, tol, metrics)
+    out, conv = _check_args(tol, workers, out, resume and force), check_convention(convention).name
+    asked = {**series_out.request(series, revisions, remote, tol, metrics), **({"convention": conv} if conv != "raw" else {})}
     with OutputSet(out) as dest:  # --out checked once and locked for the run (one writer at a time)
         items, ids, arch, gone = (_resumed(out, asked, tol, checking) if resume else
                                   _checked(resolve_series(series, revisions, remote=remote), checking))
-        spec = {"kind": "headrank-series", "tol": tol, "architecture": arch, "items": _items(items, ids)}
+        items = [replace(it, convention=conv) for it in items]
+        spec = {"kind": "headrank-series", "tol": tol, "convention": conv, "architecture": arch, "items": _items(items, ids)}
         series_out.check_out(out, spec, force, resume)
         series_out.write_plan(out, asked, spec)
-        extra = _tracker_rows(series, revisions, items, arch, tol) if metrics else None
+        extra = _tracker_rows(series, revisions, items, arch, tol) if metrics and conv == "raw" else None
         done, todo, failed = _measure(items, ids, out / "checkpoints", tol, workers, ray, progress, gone)
         return _finish(dest, items, arch, [t["label"] for t in todo], sorted(done), failed, gone, plots, spec, extra)
 
@@ -507,7 +508,8 @@ def _resumed(out: Path, asked: dict[str, Any], tol: float, checking: Callable[[i
     except (TypeError, KeyError, AttributeError):
         raise HeadRankError(f"`resume`: {out / series_out.PLAN} is not a track run's record; run without `resume` "
                             "and with `force`") from None
-    finished = {it.label for it in items if _reusable(out / "checkpoints", it.label, planned[it.label], tol)}
+    conv = asked.get("convention", "raw")
+    finished = {it.label for it in items if _reusable(out / "checkpoints", it.label, planned[it.label], tol, conv)}
     ids: dict[str, str] = {}
     arch = plan["architecture"]
     check = [it for it in items if not (it.remote and it.label in finished)]  # a local one: changed since?
@@ -528,7 +530,8 @@ def _measure(items: Sequence[SeriesItem], ids: dict[str, str], ckdir: Path, tol:
     if ckdir.is_symlink():
         raise HeadRankError(f"{ckdir} is a symlink: refusing to write the checkpoints' tables through it")
     ckdir.mkdir(parents=True, exist_ok=True)
-    done = {it.label for it in items if _reusable(ckdir, it.label, ids[it.label], tol)}
+    conv = items[0].convention if items else "raw"
+    done = {it.label for it in items if _reusable(ckdir, it.label, ids[it.label], tol, conv)}
     todo = [{**asdict(it), "identity": ids[it.label]} for it in items if it.label not in done]
     count = len(done)
     failed: dict[str, str] = {}
@@ -544,7 +547,8 @@ def _measure(items: Sequence[SeriesItem], ids: dict[str, str], ckdir: Path, tol:
             failed[label] = table
             return
         write_atomic(confined(ckdir, f"{label}.csv", "checkpoint label"), lambda p: table.to_csv(p, index=False))
-        write_json(confined(ckdir, f"{label}.json", "checkpoint label"), {"identity": ids[label], "tol": tol})
+        write_json(confined(ckdir, f"{label}.json", "checkpoint label"),
+                   {"identity": ids[label], "tol": tol, "convention": conv})
         series_out.append_rows(ckdir.parent, table)  # a stopped run keeps a table of what it had
         count += 1
         if progress:
@@ -613,13 +617,14 @@ def analyse_or_fail(item: dict[str, Any], tol: float) -> pd.DataFrame | str:
     return err
 
 
-def _reusable(ckdir: Path, label: str, identity: str, tol: float) -> bool:
-    """Whether ``ckdir/LABEL.csv`` was measured from this very checkpoint with this tolerance."""
+def _reusable(ckdir: Path, label: str, identity: str, tol: float, convention: str = "raw") -> bool:
+    """Whether ``ckdir/LABEL.csv`` was measured from this very checkpoint with this tolerance and convention."""
     try:
         rec = read_record(confined(ckdir, f"{label}.json", "checkpoint label"), "track record")
     except HeadRankError:  # missing, a FIFO, too large, corrupt: measured again
         return False
     return (isinstance(rec, dict) and rec.get("identity") == identity and rec.get("tol") == tol
+            and rec.get("convention", "raw") == convention
             and confined(ckdir, f"{label}.csv", "checkpoint label").is_file())
 
 

@@ -138,6 +138,9 @@ def _same_series(out: Path, p: Path, spec: dict[str, Any]) -> None:
     if old.get("tol") != spec["tol"]:
         raise HeadRankError(f"{out} holds a series measured with other settings (tol {old.get('tol')}); "
                             "use the same `tol`, `force` to measure anew, or another `out`")
+    if old.get("convention", "raw") != spec.get("convention", "raw"):
+        raise HeadRankError(f"{out} holds a series read in the {old.get('convention', 'raw')} convention; use the same "
+                            "`convention`, `force` to measure anew, or another `out`")
     if old.get("architecture") != spec["architecture"]:
         raise HeadRankError(f"{out} holds a series of another architecture ({old.get('architecture')}); "
                             "use `force` to measure anew, or another `out`")

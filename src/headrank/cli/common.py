@@ -120,6 +120,8 @@ def user_errors(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        global STARTED
+        STARTED = time.monotonic()  # the command's start (not the import's: an in-process run comes later)
         try:
             return fn(*args, **kwargs)
         except HeadRankError as e:

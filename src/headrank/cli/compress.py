@@ -16,6 +16,12 @@ from headrank.errors import HeadRankError
 from headrank.util.progress import EVERY_S
 
 
+def _beating(bar: Any) -> bool:
+    """Whether ``bar`` (a LineProgress) prints at its fixed interval by itself: its beat thread runs."""
+    thread = getattr(bar, "thread", None)
+    return thread is not None and thread.is_alive()
+
+
 class Phases:
     """The progress callback ``(done, total, phase)`` on one bar, and a beat: on a console that
     is not a terminal, a line at least every 15 s even while a phase reports nothing (loading a
@@ -26,7 +32,7 @@ class Phases:
 
         self.bar, self.task, self.every_s = bar, bar.add_task("starting", total=None), every_s
         self.beat = (Heartbeat(bar.console, "compress", every_s, tick=self._line)
-                     if hasattr(bar, "line") and getattr(bar, "thread", None) is None else None)  # a LineProgress that does not beat by itself
+                     if hasattr(bar, "line") and not _beating(bar) else None)  # a LineProgress that does not beat by itself
 
     def __call__(self, done: int, total: int | None, phase: str) -> None:
         self.bar.update(self.task, completed=done, total=total, description=phase)
@@ -59,7 +65,7 @@ def compress(
     params: Annotated[float | None, typer.Option("--params", help="global budget: this fraction of the cut products' parameters, allocated across units from the spectra")] = None,
     products: Annotated[str | None, typer.Option("--products", help="ov, qk or ov,qk (default: both where QK can be cut; rotary: whole bands; QK-normed models: ov only)")] = None,
     fmt: Annotated[str | None, typer.Option("--format", help="factored: only the kept dimensions, load with headrank.load_compressed (default where q, k, v, o are separate); dense: zero-padded, same architecture (default for fused projections)")] = None,
-    whiten: Annotated[bool, typer.Option("--whiten", help="activation-whitened cut (SVD-LLM), calibrated on the corpus validation split (or --text's first half, or --dataset's train split)")] = False,
+    whiten: Annotated[bool | None, typer.Option("--whiten/--no-whiten", help="activation-whitened cut (SVD-LLM), calibrated on the corpus validation split (or --text's first half, or --dataset's train split) [default: whitened for a causal LM with a tokenizer (its cost printed first), plain for an encoder]")] = None,
     evaluate: Annotated[bool, typer.Option("--eval", help="perplexity (causal LM) or sentence-embedding cosine drift (encoder) before and after, on held-out text")] = False,
     eval_n: Annotated[int | None, typer.Option("--eval-n", min=1, help="evaluation windows (LM) or sentences (encoder) (default: 16 windows, 64 sentences: the README's cost curve)")] = None,
     calib_n: Annotated[int | None, typer.Option("--calib-n", min=1, help="--whiten calibration windows or sentences (default: as --eval-n)")] = None,
@@ -95,9 +101,12 @@ def compress(
                            evaluate=evaluate, text=text, n_eval=eval_n, n_calib=calib_n, seq_len=seq_len,
                            dataset=dataset, format=fmt, layers=layers, threads=threads, allocate=allocate,
                            config=config, layout=layout, revision=revision, progress=phases, verbose=verbose,
-                           device=device, precision=precision)
+                           device=device, precision=precision, announce=lambda s: None if quiet or as_json else
+                           err_console.print(styled("bold", "note: ", s), highlight=False))
     for n in res["notes"]:
         err_console.print(styled("yellow", "note: ", n), highlight=False)
+    for w in res.get("warnings", []):
+        err_console.print(styled("yellow", "warning: ", w), highlight=False)
     if as_json:
         sys.stdout.write(json.dumps(res.to_json(), indent=2) + "\n")
     elif not quiet:

@@ -147,6 +147,7 @@ def track(
     revisions: Annotated[str | None, typer.Option("--revisions", help="Hub id: comma-separated revisions in the local cache (or with --remote, on the Hub), e.g. step1000,step2000 (step parsed from the name); 'all' with --remote: every ref named by a step")] = None,
     remote: Annotated[bool, typer.Option("--remote", help="Hub id: read each revision over HTTP range requests (only config, headers and attention tensors), nothing downloaded")] = False,
     tol: Annotated[float, typer.Option("--tol", help="relative threshold tau of the numerical rank #{s_i > tau s_1}")] = DEFAULT_TOL,
+    convention: Annotated[str, typer.Option("--convention", help="raw (the weights as stored) or transformerlens (as TransformerLens 4 holds them by default); recorded in series.json")] = "raw",
     workers: Annotated[int | None, typer.Option("--workers", help="worker processes, one checkpoint each, 1 to 4 per CPU [default: cores]")] = None,
     ray: Annotated[str | None, typer.Option("--ray", help="analyse the checkpoints as Ray tasks: a cluster ADDRESS, 'auto', or 'local' (start one here)")] = None,
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="draw over_training.png")] = True,
@@ -161,7 +162,7 @@ def track(
 
     with progress_bar(quiet or as_json) as bar:
         task = bar.add_task("checkpoints", total=None)
-        res = run_track(series if len(series) > 1 else series[0], out, revisions=revisions, tol=tol,
+        res = run_track(series if len(series) > 1 else series[0], out, revisions=revisions, tol=tol, convention=convention,
                         workers=workers, ray=ray, plots=plots, force=force, remote=remote, resume=resume,
                         progress=lambda done, total: bar.update(task, completed=done, total=total,
                                                                 description="checkpoints"),

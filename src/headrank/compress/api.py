@@ -109,8 +109,13 @@ def open_source(source: Any, verbose: bool = False, **kw: Any) -> tuple[Attentio
         tok = None
     model.eval()
     model._headrank_tokenizer = tok
+    qc = getattr(model.config, "quantization_config", None)
+    method = qc.get("quant_method") if isinstance(qc, dict) else getattr(qc, "quant_method", None)
+    if str(method).lower().endswith("gguf"):  # transformers dequantized the weights: plain float32 now
+        del model.config.quantization_config
     live = open_reader(model)
     live.origin = {**reader.origin, "loaded_with": "transformers gguf_file= (dequantized to float32)"}
+    live.source_file = path  # what the uncut baseline's cache key is made from (the live model has no files)
     return live, model, (f"GGUF source {path.name}: written as safetensors (float32, dequantized by "
                          "transformers), not GGUF")
 

@@ -21,6 +21,7 @@ from headrank.compress.evaluate import (
     is_causal,
 )
 from headrank.errors import HeadRankError
+from headrank.util.env import cache_root
 
 FORMATS = ("factored", "dense")
 ALLOCATE = ("energy", "loss")
@@ -94,19 +95,10 @@ def check_context(model, spec: TextSpec, given: bool = True) -> TextSpec:
 
 
 # -- the cached uncut baseline ---------------------------------------------------------------------
-def cache_dir() -> Path:
-    """``$HEADRANK_CACHE`` or ``$XDG_CACHE_HOME/headrank`` (default ``~/.cache/headrank``)."""
-    root = os.environ.get("HEADRANK_CACHE")
-    if root:
-        return Path(root)
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(xdg) / "headrank"
-
-
 def _model_key(reader) -> str | None:
     """The source's identity: its weight files' resolved paths, sizes and modification times."""
-    path = getattr(reader.ckpt, "path", None)
-    if path is None or reader.origin.get("input") in ("live", "state_dict"):
+    path = getattr(reader, "source_file", None) or getattr(reader.ckpt, "path", None)  # a GGUF: its file
+    if path is None or (reader.origin.get("input") in ("live", "state_dict") and not hasattr(reader, "source_file")):
         return None
     p = Path(path)
     try:
@@ -133,7 +125,7 @@ def cached_baseline(key: str | None) -> float | None:
     try:
         from headrank.io.validate import read_json
 
-        v = read_json(cache_dir() / "baselines" / f"{key}.json", "compress record")["value"]
+        v = read_json(cache_root() / "baselines" / f"{key}.json", "compress record")["value"]
     except (HeadRankError, KeyError, TypeError):  # missing, a FIFO, too large, corrupt: measured again
         return None
     return float(v) if isinstance(v, (int, float)) else None
@@ -143,7 +135,7 @@ def store_baseline(key: str | None, value: float) -> None:
     """Best effort: a cache that cannot be written only costs the next run the recomputation."""
     if key is None:
         return
-    d = cache_dir() / "baselines"
+    d = cache_root() / "baselines"
     try:
         d.mkdir(parents=True, exist_ok=True)
         tmp = d / f".{key}.{os.getpid()}.tmp"

@@ -8,6 +8,8 @@ from headrank.compress.api import KV_BYTES, Plan
 from headrank.util.env import versions
 
 CONVENTIONS = {
+    # the weights are cut as stored (a folded convention would change what is written): headrank.io.convention
+    "convention": "raw",
     "unit": "one kv head: its query group's products cut jointly (one query head without GQA)",
     "cut": "best rank-k approximation of the unit's stacked product (Eckart-Young), factors U_k S_k^1/2, "
            "V_k S_k^1/2 (balanced)",
@@ -101,7 +103,8 @@ def _mb(n: float) -> str:
 
 
 #: the parts of compress.json that ``headrank compress --json`` prints (``CompressResult.to_json``)
-JSON_KEYS = ("rule", "products", "notes", "totals", "checkpoint", "files", "eval", "kv_cache", "allocation")
+JSON_KEYS = ("rule", "products", "whitened", "notes", "warnings", "totals", "checkpoint", "files", "eval", "kv_cache",
+             "allocation")
 
 NOT_MEASURED = "factored deployment, not measured"
 
@@ -140,6 +143,10 @@ def report_lines(res: dict[str, Any], out: Any = None) -> list[str]:
                      f"{_mb(c['bytes_written'])} written ({c['share_saved']:.2%} smaller)")
     if "eval" in res:
         lines.append(eval_line(res["eval"]))
+        g = res["eval"].get("generation")
+        if g and g.get("agreement") is not None:
+            lines.append(f"generation: greedy tokens agreeing with the uncut model {g['agreement']:.0%} "
+                         f"({len(g['prompts'])} prompts x {g['new_tokens']} tokens)")
     if out is not None and res.get("files"):
         lines.append(f"wrote {len(res['files']) + 1} files to {out} (compress.json, {res['files'][0]}, ...)")
     return lines

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from headrank.compress import safety
 from headrank.compress.allocate import annotate, reallocate
 from headrank.compress.api import (
     Plan,
@@ -21,7 +22,7 @@ from headrank.compress.api import (
     parse_products,
     source_dir,
 )
-from headrank.compress.evaluate import Scorer, TextSpec, calibration, load
+from headrank.compress.evaluate import Scorer, TextSpec, calibration, context_length, load
 from headrank.compress.factored import (
     FORMAT,
     MANIFEST,
@@ -68,13 +69,14 @@ def _original(reader, live) -> tuple[Any, Any]:
 
 @checked(types=("out",))  # the options are checked by options.py, in the command line's words
 def compress(source: Any, out: str | os.PathLike, *, keep: float | None = None, rank: int | None = None,
-             params: float | None = None, products: str | Iterable[str] | None = None, whiten: bool = False,
+             params: float | None = None, products: str | Iterable[str] | None = None, whiten: bool | None = None,
              evaluate: bool = False, text: str | os.PathLike | None = None, n_eval: int | None = None,
              n_calib: int | None = None, seq_len: int | None = None, dataset: str | None = None,
              format: str | None = None, layers: str | Iterable[int] | None = None, threads: int = 1,
              allocate: str = "energy", config: Any = None, layout: Any = None, revision: str | None = None,
              progress: Callable[[int, int | None, str], None] | None = None, verbose: bool = False,
-             device: str | None = "auto", precision: str = "auto") -> CompressResult:
+             device: str | None = "auto", precision: str = "auto",
+             announce: Callable[[str], None] | None = None) -> CompressResult:
     """Write the compressed checkpoint and ``compress.json`` into ``out``; return compress.json
     as a :class:`~.result.CompressResult`.
 
@@ -82,7 +84,10 @@ def compress(source: Any, out: str | os.PathLike, *, keep: float | None = None, 
     ``rank``, ``params`` (:class:`~.plan.Rule`). ``products``: ``"ov,qk"`` (default: both where
     QK can be cut). ``format``: ``factored`` (only the kept dimensions; :func:`load_compressed`;
     the default where q, k, v, o are separate projections) or ``dense`` (zero-padded, same
-    architecture; the default for fused projections). ``whiten``: activation-whitened cut (SVD-LLM).
+    architecture; the default for fused projections). ``whiten``: activation-whitened cut (SVD-LLM);
+    None (the default): whitened for a causal LM that has a tokenizer, calibrated on the built-in
+    corpus unless ``text``/``dataset`` (its cost is announced first), plain for an encoder.
+    ``announce``: called with that announcement (default: the ``headrank`` logger).
     ``evaluate``: perplexity (causal LM) or embedding drift (encoder) before and after, the after
     measured on the written checkpoint. ``n_eval``/``n_calib``/``seq_len``/``text``/``dataset``:
     the text protocol (docs/compress.md). ``layers``: cut only these (``"0,2,5-7"``). ``progress``:
@@ -94,35 +99,56 @@ def compress(source: Any, out: str | os.PathLike, *, keep: float | None = None, 
     rule = Rule.of(keep=keep, rank=rank, params=params)
     opts = check_options(format=format, threads=threads, n_eval=n_eval, n_calib=n_calib, seq_len=seq_len,
                          text=text, dataset=dataset, allocate=allocate, products=products, rule=rule)
-    out = Path(out)
+    if whiten not in (None, True, False):
+        raise HeadRankError(f"`whiten` must be True, False or None (the default: whitened for a causal LM); got "
+                            f"{str(whiten)[:40]!r}")
     tell = progress or (lambda *a: None)
-    tell(0, None, "loading")
-    reader, live, gguf_note = open_source(source, config=config, layout=layout, revision=revision, verbose=verbose)
-    _check_source(reader, rule)
+    given = [Path(source)] if isinstance(source, (str, os.PathLike)) and os.path.exists(source) else []
+    precision = check_precision(precision)
+    dest = OutputSet(out, sources=given, owns="compress.json")
+    with torch_threads(opts["threads"]), computing(precision=precision), dest:  # --out checked once (before
+        # the model is read) and locked
+        tell(0, None, "loading")
+        reader, live, gguf_note = open_source(source, config=config, layout=layout, revision=revision,
+                                              verbose=verbose)
+        dest.refuse_sources(_source_paths(reader, source))  # where a name ('minilm', a Hub id) led
+        _check_source(reader, rule)
+        run = dict(rule=rule, opts=opts, whiten=whiten, evaluate=evaluate, layers=layers, device=device, tell=tell,
+                   announce=announce or safety.announce)
+        return _pipeline(dest, reader, live, gguf_note, run)
+
+
+def _pipeline(dest: OutputSet, reader, live, gguf_note: str | None, run: dict[str, Any]) -> CompressResult:
+    """:func:`compress` once the source is open and ``--out`` held: calibrate, plan, cut, write,
+    evaluate."""
+    opts, tell, evaluate = run["opts"], run["tell"], run["evaluate"]
     prods, note = parse_products(opts["products"], reader)
     fmt = _Format(opts, reader.split, _model_type(reader, live))
-    todo = _layers(layers, reader.dims.n_layers)
-    dev, precision = resolve_device(device), check_precision(precision)
+    todo = _layers(run["layers"], reader.dims.n_layers)
+    dev = resolve_device(run["device"])
     spec = text_spec(opts, reader, live)
     notes = [n for n in (_gguf_note(gguf_note, fmt()) if live is not None else None, note) if n]
-    dest = OutputSet(out, sources=_source_paths(reader, source), owns="compress.json")
-    with torch_threads(opts["threads"]), computing(precision=precision), dest:  # --out checked once and locked, here
-        orig = tok = None
-        if whiten or evaluate or opts["allocate"] == "loss":
-            orig, tok = _original(reader, live)
-            spec = _fit_context(orig, spec, opts, notes)
-        Ls = (calibration(orig, tok, reader.layout.modules, spec, reader.dims.n_layers,
-                          lambda d, t: tell(d, t, "calibrating")) if whiten else None)
-        plan = make_plan(reader, rule, prods, Ls, lambda d, t: tell(d, t, "spectra"), todo, opts["threads"], dev,
-                         stream=opts["allocate"] == "energy")
-        plan, alloc = reallocate(plan, opts["allocate"], orig, tok, reader if live is not None else None, spec,
-                                 cut_in_place, lambda d, t: tell(d, t, "allocating"))
-        with dest.stage() as stage:
-            result = _write(reader, live, plan, stage, opts, fmt, notes, tell)
-            annotate(result, alloc, plan)
-            kv = _evaluate(orig, tok, stage, spec, opts["format"], reader, result, tell) if evaluate else None
-            kv_block(result, kv)
-            write_json(stage / "compress.json", dict(result))
+    whiten = safety.default_whiten(run["whiten"], reader, live, source_dir(reader), notes)
+    orig = tok = None
+    if whiten or evaluate or opts["allocate"] == "loss":
+        orig, tok = _original(reader, live)
+        spec = _fit_context(orig, spec, opts, notes)
+    if whiten:
+        run["announce"](safety.calibration_cost(orig, tok, spec))
+    Ls = (calibration(orig, tok, reader.layout.modules, spec, reader.dims.n_layers,
+                      lambda d, t: tell(d, t, "calibrating")) if whiten else None)
+    plan = make_plan(reader, run["rule"], prods, Ls, lambda d, t: tell(d, t, "spectra"), todo, opts["threads"], dev,
+                     stream=opts["allocate"] == "energy")
+    plan, alloc = reallocate(plan, opts["allocate"], orig, tok, reader if live is not None else None, spec,
+                             cut_in_place, lambda d, t: tell(d, t, "allocating"))
+    with dest.stage() as stage:
+        result = _write(reader, live, plan, stage, opts, fmt, notes, tell)
+        annotate(result, alloc, plan)
+        result["whitened"] = bool(whiten)
+        kv = _evaluate(orig, tok, stage, spec, opts["format"], reader, result, tell) if evaluate else None
+        kv_block(result, kv)
+        safety.judge(result, run)
+        write_json(stage / "compress.json", dict(result))
     return result
 
 
@@ -131,7 +157,7 @@ def _source_paths(reader, source: Any) -> list[Path]:
     paths = [getattr(reader.ckpt, "path", None), *(getattr(reader.ckpt, "files", None) or [])]
     if isinstance(source, (str, os.PathLike)) and os.path.exists(source):
         paths.append(source)
-    return [Path(p) for p in paths if isinstance(p, (str, os.PathLike))]
+    return [Path(p) for p in paths if isinstance(p, (str, os.PathLike)) and os.path.exists(p)]  # a live model: none
 
 
 def _fit_context(model, spec: TextSpec, opts: dict[str, Any], notes: list[str]) -> TextSpec:
@@ -331,6 +357,9 @@ def _evaluate(orig, tok, stage: Path, spec: TextSpec, fmt: str, reader, result: 
     result["eval"] = {"metric": scorer.metric, "before": before, "after": after, "before_cached": cached,
                       "text": scorer.note, "note": f"after: measured on the written checkpoint, loaded back with {how} "
                                                    "(float32)"}
+    if scorer.metric == "perplexity":
+        tell(0, None, "generating")
+        result["eval"]["generation"] = safety.generation_check(orig, after_model, tok, context_length(orig.config))
     return kv_measure(after_model, scorer) if factored else None
 
 

@@ -148,8 +148,9 @@ def factor_roots(*Xs, errors: bool = False) -> list:
     out. ``device`` a torch device (``"cpu"``, ``"cuda"``): the torch route, the Grams and the
     small factorisations in float64 on that device, roots back as CPU torch tensors. The
     setting's ``precision``: bfloat16 factors' Grams by the ``auto`` route (:func:`auto_route`).
-    ``errors``: also return each factor's per-head modelled Gram error ``s`` (numpy, batch
-    shape; 0 where the root is float64's), as ``(roots, errors)``.
+    ``errors``: also return, per factor, each head's ``[s, η, ‖E‖, ‖Ĝ‖]`` (numpy, batch shape
+    × 4: the modelled Gram error and :func:`headrank.core.precision.factor_error`; zeros where
+    the root is float64's), as ``(roots, errors)``.
 
     Each chunk is reduced by one thread, so run it under ``torch_threads(1)`` (as
     :func:`headrank.analysis.scan.analyze` does): a core taken by another process then slows
@@ -186,7 +187,7 @@ def factor_roots(*Xs, errors: bool = False) -> list:
         elif not torch_out and _is_torch(R):  # the device route, numpy in: numpy out
             R = R.numpy()
         out.append(R.reshape((*batch, *R.shape[-2:])))
-        errs.append(_cat([e for _, e in done[a:b]]).reshape(batch))
+        errs.append(_cat([e for _, e in done[a:b]]).reshape((*batch, 4)))
     return (out, errs) if errors else out
 
 
@@ -235,14 +236,15 @@ def _certified(G, Ri, xp):
     return GRAM_MIN_RATIO * xp.minimum(trace, col) * inv_sq <= 1.0  # NaN/Inf (a singular R): not certified
 
 
-def _gram_certified(G, R):
+def _gram_certified(G, R, inverse: bool = False):
     """True where ``λ_min(G) ≥ GRAM_MIN_RATIO · λ_max(G)`` is proven, for ``RᵀR = G`` (Cholesky).
 
     Upper bounds only: ``λ_max ≤ min(trace G, ‖G‖₁)`` and ``1/λ_min = ‖R⁻¹‖₂² ≤
     min(‖R⁻¹‖²_F, ‖R⁻¹‖₁‖R⁻¹‖_∞)``; ``R⁻¹`` is one triangular solve (dh³/3 multiply-adds,
     about 1/(3d) of the Gram's), where an eigendecomposition of G cost more than the Cholesky
     it guarded. Conservative: a head just inside the ratio may take the (exact) QR path too.
-    Torch tensors or numpy arrays (numpy: ``R⁻¹`` by :func:`_triu_inv`).
+    Torch tensors or numpy arrays (numpy: ``R⁻¹`` by :func:`_triu_inv`). ``inverse`` (numpy):
+    also return ``R⁻¹`` (None where a batch held an exactly singular R), for the error bound.
     """
     if _is_torch(G):
         import torch
@@ -254,10 +256,12 @@ def _gram_certified(G, R):
 
     with np.errstate(all="ignore"):
         try:
-            Ri = np.abs(_triu_inv(R))
+            Rinv = _triu_inv(R)
+            Ri = np.abs(Rinv)
         except np.linalg.LinAlgError:  # an exactly singular R (a batch): head by head
-            Ri = np.stack([_inv_or_nan(r) for r in R.reshape(-1, *R.shape[-2:])]).reshape(R.shape)
-        return _certified(G, Ri, np)
+            Rinv, Ri = None, np.stack([_inv_or_nan(r) for r in R.reshape(-1, *R.shape[-2:])]).reshape(R.shape)
+        ok = _certified(G, Ri, np)
+        return (ok, Rinv) if inverse else ok
 
 
 TRIU_LEAF = 32  # _triu_inv: diagonal blocks this small are inverted by LAPACK's LU
@@ -386,7 +390,7 @@ def _factor_root(X, auto: bool = False):
         Xd = np.asarray(X.to(dtype=__import__("torch").float64).cpu()) if _is_torch(X) else as_float(X)
         finite = np.isfinite(Xd).all((-2, -1))
         R = _qr_r_np(Xd)
-        return (np.where(finite[:, None, None], R, np.nan) if not finite.all() else R), np.zeros(n)
+        return (np.where(finite[:, None, None], R, np.nan) if not finite.all() else R), np.zeros((n, 4))
     pool, buf, rows = _float64_rows(X, f32=auto)
     try:
         if auto:
@@ -399,8 +403,10 @@ def _factor_root(X, auto: bool = False):
         if not finite.all():
             G = np.where(finite[:, None, None], G, np.eye(dh))
         R, ok = _cholesky_np(G)
+        Rinv = None
         if ok.all():
-            bad = ~_gram_certified(G, R)
+            cert, Rinv = _gram_certified(G, R, inverse=True)
+            bad = ~cert
         else:
             bad = ~ok
             bad[ok] = ~_gram_certified(G[ok], R[ok])
@@ -411,7 +417,21 @@ def _factor_root(X, auto: bool = False):
         _release(pool)
     if not finite.all():
         R = np.where(finite[:, None, None], R, np.nan)
-    return R, np.where(bad | ~finite, 0.0, s)
+    return R, _errors(R, Rinv, np.where(bad | ~finite, 0.0, s))
+
+
+def _errors(R, Rinv, s):
+    """Each head's ``[s, η, ‖E‖, ‖Ĝ‖]`` ``(n, 4)`` (:func:`headrank.core.precision.factor_error`),
+    zeros where the root is float64's (``s`` = 0)."""
+    import numpy as np
+
+    out = np.zeros((len(s), 4))
+    if (s > 0).any():
+        from headrank.core.precision import factor_error
+
+        e = factor_error(R, Rinv, s)
+        out[:, 0], out[:, 1], out[:, 2], out[:, 3] = s, e["eta"], e["E"], e["G"]
+    return out
 
 
 def _rows64(X, buf, rows: bool, idx, auto: bool):
@@ -449,8 +469,8 @@ def _factor_root_torch(X, device, auto: bool = False):
         bad = (~_gram_certified(G, R) | (info != 0)) & finite
         if bool(bad.any()):
             R[bad] = torch.linalg.qr(torch.nan_to_num(X[bad], nan=0.0, posinf=0.0, neginf=0.0), mode="r").R
-    R = torch.where(finite[:, None, None], R, torch.full_like(R, float("nan")))
-    return R.cpu(), np.where((bad | ~finite).cpu().numpy(), 0.0, s)
+    R = torch.where(finite[:, None, None], R, torch.full_like(R, float("nan"))).cpu()
+    return R, _errors(R.numpy(), None, np.where((bad | ~finite).cpu().numpy(), 0.0, s))
 
 
 def singular_values(A, B):

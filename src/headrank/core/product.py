@@ -92,10 +92,10 @@ class Product:
 
     @property
     def errors(self) -> tuple[Any, Any] | None:
-        """Per item, the modelled relative errors ``s`` of the Grams the roots came from (numpy,
-        batch shape; 0 where float64), or None where every root is float64's."""
+        """Per item of each factor, ``[s, η, ‖E‖, ‖Ĝ‖]`` (numpy, batch shape × 4; s = 0 where
+        float64; :func:`headrank.core.linalg.factor_roots`), or None where every root is float64's."""
         _ = self.roots
-        if self._errors is None or not any(bool((e > 0).any()) for e in self._errors):
+        if self._errors is None or not any(bool((e[..., 0] > 0).any()) for e in self._errors):
             return None
         return self._errors
 
@@ -126,10 +126,10 @@ class Product:
         from headrank.core import precision as pr
         from headrank.util.threads import computing
 
-        sa, sb = (np.asarray(e, dtype=np.float64).reshape(-1) for e in self.errors)
-        Ra, Rb = (np.asarray(R, dtype=np.float64).reshape(-1, *R.shape[-2:]) for R in self.roots)
+        fa, fb_ = (_as_dict(e) for e in self.errors)
+        sa, sb = fa["s"], fb_["s"]
         sv = np.asarray(m.sv, dtype=np.float64).reshape(-1, m.sv.shape[-1])
-        b = pr.sv_bounds(sv, _factor_error(Ra, sa), _factor_error(Rb, sb))
+        b = pr.sv_bounds(sv, fa, fb_)
         fb = np.asarray(m.values["frob_bound"], dtype=np.float64).reshape(-1)
         finite = np.asarray(m.finite).reshape(-1)
         ok = pr.holds(sv, b, tol, np.maximum(sa, sb), fb, (0.90, 0.99, *energy)) | ~finite
@@ -171,8 +171,12 @@ class Product:
         Ra, Rb = self.roots
         A = None if self.A is None else self.A[..., cols]
         B = None if self.B is None else self.B[..., cols]
-        # a restricted factor's Gram is the principal submatrix of its Gram: the same modelled error
-        return Product(A, B, roots=(_sub_root(Ra, cols), _sub_root(Rb, cols)), errors=self._errors)
+        # a restricted factor's Gram is the principal submatrix of its Gram: the same modelled error s,
+        # its condition (η) from the restricted root
+        sub = (_sub_root(Ra, cols), _sub_root(Rb, cols))
+        errors = None if self._errors is None else tuple(
+            _factor_error(R, e[..., 0]) for R, e in zip(sub, self._errors, strict=True))
+        return Product(A, B, roots=sub, errors=errors)
 
     def basis(self) -> Basis:
         """:class:`Basis` of every item (flattened batch), UNITS_PER_TASK items per task on the
@@ -184,17 +188,14 @@ class Product:
     def _certified_basis(self) -> Basis:
         """:func:`_basis` of ``auto`` roots, the items whose singular values the bound cannot hold to
         CONTRACT_SV·σ_max (:func:`headrank.core.precision.sv_bounds`) recomputed in float64."""
-        import numpy as np
         import torch
 
         from headrank.core import precision as pr
         from headrank.util.threads import computing
 
         b = _basis(*self.roots)
-        sa, sb = (np.asarray(e, dtype=np.float64).reshape(-1) for e in self.errors)
-        Ra, Rb = (np.asarray(R, dtype=np.float64).reshape(-1, *R.shape[-2:]) for R in self.roots)
         sv = b.sv.numpy()
-        err = pr.sv_bounds(sv, _factor_error(Ra, sa), _factor_error(Rb, sb))
+        err = pr.sv_bounds(sv, *(_as_dict(e) for e in self.errors))
         bad = ~(err <= pr.CONTRACT_SV * sv[:, :1]).all(-1)
         if not bad.any():
             return b
@@ -309,14 +310,26 @@ def _basis(Ra: Any, Rb: Any) -> Basis:
     return Basis(sv, A, B, ok) if bool(ok.any()) else Basis(sv, ok=ok)
 
 
-def _factor_error(R: Any, s: Any) -> dict[str, Any]:
-    """:func:`headrank.core.precision.factor_error` of roots ``(n, k, k)``, ``R⁻¹`` by
-    :func:`headrank.core.linalg._triu_inv` for the items with an ``auto`` Gram."""
+def _as_dict(e: Any) -> dict[str, Any]:
+    """Errors ``[s, η, ‖E‖, ‖Ĝ‖]`` ``(..., 4)`` as flat named columns (what precision.sv_bounds reads)."""
+    import numpy as np
+
+    e = np.asarray(e, dtype=np.float64).reshape(-1, 4)
+    return {"s": e[:, 0], "eta": e[:, 1], "E": e[:, 2], "G": e[:, 3]}
+
+
+def _factor_error(R: Any, s: Any) -> Any:
+    """Errors ``[s, η, ‖E‖, ‖Ĝ‖]`` (batch × 4) of roots ``(..., k, k)`` with modelled Gram errors
+    ``s`` (:func:`headrank.core.precision.factor_error`; ``R⁻¹`` by
+    :func:`headrank.core.linalg._triu_inv` for the items with an ``auto`` Gram)."""
     import numpy as np
 
     from headrank.core.linalg import _triu_inv
     from headrank.core.precision import factor_error
 
+    batch = tuple(s.shape)
+    R = np.asarray(R, dtype=np.float64).reshape(-1, *R.shape[-2:])
+    s = np.asarray(s, dtype=np.float64).reshape(-1)
     live = (s > 0) & np.isfinite(R).all((-2, -1))
     Rinv = np.full_like(R, np.nan)
     if live.any() and R.shape[-1] == R.shape[-2]:
@@ -325,7 +338,8 @@ def _factor_error(R: Any, s: Any) -> dict[str, Any]:
                 Rinv[live] = _triu_inv(R[live])
             except np.linalg.LinAlgError:  # an exactly singular root: its bound is infinite
                 pass
-    return factor_error(R, Rinv, np.where(live, s, 0.0))
+    e = factor_error(R, Rinv, np.where(live, s, 0.0))
+    return np.stack([np.where(live, s, 0.0), e["eta"], e["E"], e["G"]], -1).reshape((*batch, 4))
 
 
 def _index(X: Any, mask: Any) -> Any:

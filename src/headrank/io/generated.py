@@ -29,8 +29,9 @@ GENERATED = Path(__file__).with_name("layouts_generated.json")
 
 def cache_path() -> Path:
     """Where on-demand checks (``architectures --check``) are kept."""
-    root = os.environ.get("HEADRANK_CACHE") or Path.home() / ".cache" / "headrank"
-    return Path(root) / "layouts_checked.json"
+    from headrank.util.env import cache_root
+
+    return cache_root() / "layouts_checked.json"  # the one cache root (XDG_CACHE_HOME honoured)
 
 
 def _load(p: Path, *, trusted: bool = False) -> dict[str, dict[str, Any]]:

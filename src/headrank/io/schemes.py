@@ -7,13 +7,14 @@ config.json and is applied after the format reader and before the layout, by
 cache, ``--remote``, a live model) and every verb (``spectra``, ``track``, ``compress``) gets the
 same dequantized tensors:
 
-- ``fp8`` (DeepSeek-V2/V3/R1, Kimi-K2, Qwen3-FP8, MiniMax): float8 codes ``W`` and a float
-  ``W_scale_inv`` per ``weight_block_size`` block, the weight being code × scale of its block;
-  the grid is ⌈rows/b⌉ × ⌈cols/b⌉ (ceiling division: a ragged edge block is a partial block of
-  the configured size, as in DeepSeek's ``weight_dequant`` and compressed-tensors' block
-  strategy). Without ``weight_block_size``: one scale per tensor.
-- ``fbgemm_fp8`` (Llama 4's FP8 release): float8 codes and a float ``weight_scale`` per output row.
-- ``compressed-tensors``: :mod:`headrank.io.quant_ct`.
+- ``fp8`` (DeepSeek-V2/V3/R1, Kimi-K2, Qwen3-FP8, MiniMax; block scales, ragged edges by
+  ceiling division) and ``fbgemm_fp8`` (per-row scales): :mod:`headrank.io.quant_fp8`;
+- ``compressed-tensors`` (float-, int-, naive- and pack-quantized): :mod:`headrank.io.quant_ct`;
+- ``gptq`` and ``awq`` (int codes packed in int32, per-group scales and zero points):
+  :mod:`headrank.io.quant_int`.
+
+:class:`View` is what a checkpoint shows through its scheme; :data:`KNOWN` names every method
+transformers knows, and :func:`scheme_for` refuses, by name, each one not read.
 
 Each quantized weight becomes one logical tensor under the weight's own name (its scales, zero
 points and group indices are hidden from ``keys()``); ``get`` fetches the codes and their
@@ -35,6 +36,7 @@ from headrank.errors import HeadRankError
 from headrank.io.quant_base import Plan, Scheme, as_torch
 from headrank.io.quant_ct import CompressedTensors
 from headrank.io.quant_fp8 import FP8Blocks, FP8Rows
+from headrank.io.quant_int import IntGroups
 
 if TYPE_CHECKING:
     from headrank.io.quant_base import TensorMeta
@@ -91,12 +93,14 @@ def scheme_for(config: Mapping[str, Any], where: Any) -> Scheme | None:
         return FP8Rows(qc, where)
     if method == "compressed-tensors":
         return CompressedTensors(qc, where)
+    if method in ("gptq", "awq"):
+        return IntGroups(qc, where)
     what = KNOWN.get(method, "a quantization scheme headrank does not know")
     if method == "bitsandbytes":
         what = KNOWN["bitsandbytes_4bit" if qc.get("load_in_4bit") else "bitsandbytes_8bit"]
     raise HeadRankError(f"config {where}: quant_method {method!r} ({what}) is not read by headrank: its attention "
                         "tensors are codes, not weights, so nothing is read (read: fp8, fbgemm_fp8, "
-                        "compressed-tensors; docs/quantized.md)")
+                        "compressed-tensors, gptq, awq; docs/quantized.md)")
 
 # -- the logical view ----------------------------------------------------------------------------
 class View:

@@ -115,13 +115,7 @@ class OutputSet:
         if out.exists() and not out.is_dir():
             raise HeadRankError(f"{self.flag} {out} exists and is not a directory")
         real = _real(out)
-        for src in self.sources:
-            s = _real(src)
-            top = s if s.is_dir() else s.parent
-            if _within(real, top):
-                where = "is the source directory" if real == top else "is inside the source directory"
-                raise HeadRankError(f"{self.flag} {out} {where} {top}: writing there would change the input; "
-                                    "choose another directory")
+        self._refuse(real, self.sources)
         if real.is_dir() and self.owns is not None:
             names = [e for e in os.listdir(real) if not _ours_temporary(e)]
             if names and self.owns not in names and RECORD not in names:
@@ -136,6 +130,20 @@ class OutputSet:
         elif not os.access(real, os.W_OK | os.X_OK):
             raise HeadRankError(f"permission denied: cannot write into {out}")
         return real
+
+    def _refuse(self, real: Path, sources: Iterable[Path]) -> None:
+        for src in sources:
+            s = _real(Path(src))
+            top = s if s.is_dir() else s.parent
+            if _within(real, top):
+                where = "is the source directory" if real == top else "is inside the source directory"
+                raise HeadRankError(f"{self.flag} {self.out} {where} {top}: writing there would change the input; "
+                                    "choose another directory")
+
+    def refuse_sources(self, sources: Iterable[str | os.PathLike]) -> None:
+        """The same check for the paths a source name led to once it was opened ('minilm', a Hub
+        id): ``out`` may be none of them nor inside one."""
+        self._refuse(self.real, [Path(s) for s in sources])
 
     def _lock(self) -> None:
         real = self.real

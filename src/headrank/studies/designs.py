@@ -154,8 +154,14 @@ def run(p: DesignsParams) -> dict[str, Any]:
 
 # -- claims ------------------------------------------------------------------------------------------
 
+#: in a combined report a design is evidence of the study claim judging the same sentence (counted
+#: there, once); run alone (``--profile designs``) it is counted as the finding it is
+SUPPORTS = {"designs.decouple_best": "decouple.decoupling_helps", "designs.truncation_arm": "table1.attn_decay_hurts"}
+
+
 def _untested(name: str, quote: str, statement: str, rule: str, kind: str = "finding") -> Claim:
     return Claim(name=name, source=SOURCE, quote=quote, statement=statement, rule=rule, kind=kind,
+                 supports=SUPPORTS.get(name, ""),
                  measured=None, expected="see rule", verdict="inconclusive", untested=RUN_COMMAND,
                  reason="designed and fixed in docs/preregistration.json; not run in this profile")
 
@@ -189,6 +195,7 @@ def decouple_best(data: dict[str, Any], p: DesignsParams) -> Claim:
     test = judge_paired(diff, MARGIN_PPL)
     verdict = "inconclusive" if test["verdict"] == "untested" else test["verdict"]
     return Claim(name="designs.decouple_best", source=SOURCE, quote=Q_DECOUPLE, statement=st, rule=rule, tests=[test],
+                 supports=SUPPORTS["designs.decouple_best"],
                  measured={"best_coupled": bc[1:], "best_decoupled": bd[1:], "difference": diff},
                  expected=f"difference > {MARGIN_PPL:g} beyond the interval", verdict=verdict,
                  reason="" if verdict == "held" else test["outcome"], tolerance=PLUS_MINUS,
