@@ -168,7 +168,7 @@ def test_a_500_mb_manifest_is_refused_before_it_is_read(factored, tmp_path, alar
     d = _copy(factored, tmp_path)
     with open(d / "factored.json", "r+b") as fh:  # sparse: no disk used
         fh.truncate(500 << 20)
-    _refused(d, "larger than a factored manifest may be")
+    _refused(d, "more than a factored manifest may be")
 
 
 def _weights(d, fn):

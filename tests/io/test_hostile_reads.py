@@ -69,7 +69,7 @@ def test_a_huge_file_is_refused_before_it_is_read(tmp_path, alarm, what, size):
     p = tmp_path / "f"
     with open(p, "wb") as fh:
         fh.truncate(size)  # sparse: no disk used, no byte read
-    with pytest.raises(HeadRankError, match=f"larger than a {what} may be"):
+    with pytest.raises(HeadRankError, match=f"more than a {what} may be"):
         validate.read_bytes(p, what)
 
 
@@ -80,7 +80,7 @@ def test_a_200_mb_toml_layout_is_one_line(tmp_path, alarm):
     with open(p, "wb") as fh:
         fh.write(b'name = "')
         fh.truncate(200 << 20)
-    with pytest.raises(HeadRankError, match="larger than a layout file may be"):
+    with pytest.raises(HeadRankError, match="more than a layout file may be"):
         layout_from_toml(p)
 
 

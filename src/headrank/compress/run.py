@@ -67,7 +67,7 @@ def _original(reader, live) -> tuple[Any, Any]:
     return load(src)
 
 
-@checked
+@checked(types=("out",))  # the options are checked by options.py, in the command line's words
 def compress(source: Any, out: str | os.PathLike, *, keep: float | None = None, rank: int | None = None,
              params: float | None = None, products: str | Iterable[str] | None = None, whiten: bool | None = None,
              evaluate: bool = False, text: str | os.PathLike | None = None, n_eval: int | None = None,

@@ -30,9 +30,10 @@ _ITEMS_CHECKED = 64  # the items of a longer sequence are left to the function
 _NOT_CHECKED = object()
 
 
-def checked(fn=None, *, types: bool = True):
+def checked(fn=None, *, types: bool | tuple[str, ...] = True):
     """``fn`` with its arguments checked on each call (module docstring). ``types=False``: only
-    their names and number (a function that checks each value itself, with its own words)."""
+    their names and number (a function that checks each value itself, with its own words); a
+    tuple of names: the types of those parameters only (the others it checks itself)."""
     if fn is None:
         return functools.partial(checked, types=types)
     sig = inspect.signature(fn)
@@ -52,7 +53,8 @@ def checked(fn=None, *, types: bool = True):
         for name, value in bound.arguments.items():
             want = hints.get(name, _NOT_CHECKED)
             kind = sig.parameters[name].kind
-            if want is _NOT_CHECKED or kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            if want is _NOT_CHECKED or kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD) \
+                    or (types is not True and name not in types):
                 continue
             if not _fits(value, want):
                 raise HeadRankError(f"{fn.__name__}(): `{name}` must be {_describe(want)}; got "
@@ -160,7 +162,8 @@ def _describe(want: Any) -> str:
         return "a path"
     if origin is not None:
         name = getattr(origin, "__name__", str(origin))
-        return {"Callable": "a function", "dict": "a dict", "Mapping": "a dict"}.get(name, f"a {name.lower()}")
+        name = {"Callable": "a function", "dict": "a dict", "Mapping": "a dict"}.get(name, name.lower())
+        return name if name.startswith("a ") else f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
     return getattr(want, "__name__", str(want))
 
 

@@ -53,7 +53,7 @@ def read_regular(path: str | os.PathLike, what: str, cap: int) -> bytes:
                 "a device or socket"
             raise HeadRankError(f"{path} is not a regular file ({kind}): refusing to read it as a {what}")
         if st.st_size > cap:
-            raise HeadRankError(f"{path} is larger than a {what} may be ({st.st_size:,} bytes, at most {cap:,}): "
+            raise HeadRankError(f"{path} is larger than {cap:,} bytes ({st.st_size:,}), more than a {what} may be: "
                                 f"not a {what}")
         chunks, left = [], cap + 1
         while left > 0:
