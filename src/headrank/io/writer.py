@@ -56,8 +56,9 @@ _PRINT_BYTES = 2**20
 _HELD = tuple(s for s in (getattr(signal, n, None) for n in ("SIGINT", "SIGTERM", "SIGHUP")) if s is not None)
 #: the files that mark a directory as a headrank output written before :data:`RECORD` existed
 #: (spectra, collapse, scale and track's meta.json, a reproduction's run.json or report.html, a
-#: study's data.json, a series' series.json); a non-empty directory with none of them is foreign
-MARKS = ("meta.json", "run.json", "report.html", "data.json", "series.json", "compress.json")
+#: study's data.json, a series' series.json, a sweep's sweep.json), at its top or one directory
+#: down; a non-empty directory with none of them is foreign
+MARKS = ("meta.json", "run.json", "report.html", "data.json", "series.json", "compress.json", "sweep.json")
 _NAME_RE = re.compile(r"^[^/\\\x00]+$")
 
 
@@ -67,6 +68,22 @@ def confined(root: str | os.PathLike, name: Any, what: str = "name") -> Path:
     if not isinstance(name, str) or not _NAME_RE.match(name) or name in (".", "..") or name.startswith("."):
         raise HeadRankError(f"{what} {str(name)[:80]!r} is not a plain file name: refusing to derive a path from it")
     return Path(root) / name
+
+
+def _holds_output(real: Path, names: list[str], marks: tuple[str, ...]) -> bool:
+    """Whether ``real`` (its entries ``names``) is an output of this project: it, or one of its
+    directories (a reproduction's parts, stopped before the report was written), holds the
+    writer's :data:`RECORD` or one of ``marks``."""
+    if RECORD in names or any(m in names for m in marks):
+        return True
+    for name in names[:256]:
+        sub = real / name
+        if not sub.is_symlink() and sub.is_dir():
+            with suppress(OSError):
+                inner = set(os.listdir(sub))
+                if RECORD in inner or any(m in inner for m in marks):
+                    return True
+    return False
 
 
 def _real(p: Path) -> Path:
@@ -124,7 +141,7 @@ class OutputSet:
         if real.is_dir():
             names = [e for e in os.listdir(real) if not _ours_temporary(e)]
             marks = (self.owns,) if self.owns is not None else MARKS
-            if names and RECORD not in names and not any(m in names for m in marks):
+            if names and not _holds_output(real, names, marks):
                 holds = self.owns if self.owns is not None else "output of headrank"
                 raise HeadRankError(f"{self.flag} {out} is not empty and holds no {holds}: choose an empty or new "
                                     "directory")
