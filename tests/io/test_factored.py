@@ -106,6 +106,9 @@ def test_a_damaged_manifest_is_one_line(cut, tmp_path):
     (bad / "factored.json").write_text(json.dumps(man))
     with pytest.raises(HeadRankError, match="manifest keeps 1 of"):
         headrank.spectra(str(bad))
+    r = subprocess.run([sys.executable, "-m", "headrank", "spectra", "bad"], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "manifest keeps 1 of" in r.stderr
     (bad / "factored.json").write_text("{}")
     with pytest.raises(HeadRankError, match="not a headrank factored manifest"):
         headrank.spectra(str(bad))
