@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 import torch
@@ -307,3 +308,16 @@ def test_threads_do_not_change_the_output(llama_dir, tmp_path):
     assert a["units"] == b["units"]
     one, two = (tmp_path / d / "factored-model.safetensors" for d in "ab")
     assert one.read_bytes() == two.read_bytes()
+
+
+def test_the_kv_line_says_its_dtype_and_which_number_is_which(llama_dir, tmp_path):
+    """A causal LM's KV line names what is saved, what is kept and the bytes per cached number
+    it assumes; an encoder's says it has no KV cache (the red team read MiniLM's as a saving)."""
+    from headrank.compress.report import report_lines
+
+    res = compress(str(llama_dir), tmp_path / "kv", rank=3, products="ov")
+    line = report_lines(res)[0]
+    assert re.search(r"KV cache [\d,]+ bytes/token saved of [\d,]+ \([\d,]+ kept; 2 bytes per cached number\)",
+                     line), line
+    enc = dict(res, config={**res["config"], "causal": False})
+    assert "no KV cache (an encoder)" in report_lines(enc)[0]

@@ -132,3 +132,24 @@ def test_bad_input_one_line(tmp_path):
         with pytest.raises(HeadRankError) as e:
             analyze(d)
         assert needle in str(e.value) and "\n" not in str(e.value), (case, str(e.value))
+
+
+def test_a_config_that_contradicts_the_tensors_is_refused(tmp_path):
+    """The red team's cases: GPTQ whose group_size -1 (one group) meets several scale rows and a
+    g_idx (the scale count was not checked with a g_idx); AWQ whose config says zero_point false
+    while qzeros holds other zero points than 2^(bits-1). Each one line, never a guess."""
+    gptq = tmp_path / "gptq"
+    write(gptq, "gptq", desc_act=True)
+    cfg = json.loads((gptq / "config.json").read_text())
+    cfg["quantization_config"].update(group_size=-1)
+    (gptq / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(HeadRankError, match="the group size does not match"):
+        analyze(gptq)
+    awq = tmp_path / "awq"
+    write(awq, "awq")  # random zero points
+    cfg = json.loads((awq / "config.json").read_text())
+    cfg["quantization_config"].update(zero_point=False)
+    (awq / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(HeadRankError, match="zero_point false") as e:
+        analyze(awq)
+    assert "\n" not in str(e.value)

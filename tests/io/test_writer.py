@@ -22,8 +22,9 @@ def _enospc(*_a, **_k):
 
 
 def _old_set(out):
+    """An output set written before the writer's record existed (meta.json marks it as headrank's)."""
     out.mkdir()
-    for name in ("a.csv", "b.json", "c.png"):
+    for name in ("a.csv", "b.json", "meta.json"):
         (out / name).write_text(f"old {name}\n")
 
 
@@ -37,6 +38,7 @@ def test_a_whole_set_replaces_the_previous_one_and_keeps_other_files(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "heads.csv").write_text("old\n")
+    (out / "meta.json").write_text("old\n")  # an output of an earlier version (no record yet)
     (out / "notes.txt").write_text("the user's own file\n")
     assert _write(out, ["heads.csv", "meta.json"]) == [out / "heads.csv", out / "meta.json"]
     assert (out / "heads.csv").read_text() == "new heads.csv\n" and (out / "notes.txt").exists()
@@ -50,7 +52,7 @@ def test_a_failed_set_leaves_the_previous_set(tmp_path):
         with staged(out) as (_, stage):
             fileio.write_text(stage / "a.csv", "new\n")
             fileio.write_atomic(stage / "b.json", _enospc)
-    assert {p.name: p.read_text() for p in out.iterdir()} == {n: f"old {n}\n" for n in ("a.csv", "b.json", "c.png")}
+    assert {p.name: p.read_text() for p in out.iterdir()} == {n: f"old {n}\n" for n in ("a.csv", "b.json", "meta.json")}
 
 
 def test_a_directory_in_the_way_refuses_the_whole_set(tmp_path):
@@ -59,7 +61,7 @@ def test_a_directory_in_the_way_refuses_the_whole_set(tmp_path):
     (out / "b.json").unlink()
     (out / "b.json").mkdir()
     with pytest.raises(HeadRankError, match="a directory of that name is in the way"):
-        _write(out, ["a.csv", "b.json", "c.png"])
+        _write(out, ["a.csv", "b.json", "meta.json"])
     assert (out / "a.csv").read_text() == "old a.csv\n" and (out / "b.json").is_dir()
 
 
@@ -69,15 +71,15 @@ def test_a_move_failing_half_way_restores_the_previous_set(tmp_path, monkeypatch
     real = os.replace
 
     def flaky(src, dst):
-        if str(dst) == str(out / "c.png") and ".previous-" not in str(src):
+        if str(dst) == str(out / "meta.json") and ".previous-" not in str(src):
             raise OSError(28, "No space left on device", str(dst))
         return real(src, dst)
 
     monkeypatch.setattr(writer.os, "replace", flaky)
     with pytest.raises(HeadRankError, match="no space left"):
-        _write(out, ["a.csv", "b.json", "c.png"])
+        _write(out, ["a.csv", "b.json", "meta.json"])
     monkeypatch.setattr(writer.os, "replace", real)
-    assert {p.name: p.read_text() for p in out.iterdir()} == {n: f"old {n}\n" for n in ("a.csv", "b.json", "c.png")}
+    assert {p.name: p.read_text() for p in out.iterdir()} == {n: f"old {n}\n" for n in ("a.csv", "b.json", "meta.json")}
 
 
 def test_out_refused_early_in_one_line(tmp_path, monkeypatch):

@@ -100,3 +100,25 @@ def test_spectra_result_save_is_a_staged_set(run, tmp_path):
     finally:
         scan.write_json = real
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_spectra_never_overwrites_a_foreign_directory(tmp_path):
+    """The red team's case: `spectra --out DIR` where DIR holds the user's own summary.csv and
+    nothing headrank wrote: refused in one line, the user's file as it was; an output of an
+    earlier run (its meta.json) is written over as before."""
+    from tests.fuzz.harness import write_tiny
+
+    src = write_tiny(tmp_path / "m")
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "summary.csv").write_text("my own summary\n")
+    r = CliRunner().invoke(app, ["spectra", str(src), "--out", str(out), "--no-plots", "--quiet"])
+    _one_line(r, "not empty", "holds no output of headrank")
+    assert (out / "summary.csv").read_text() == "my own summary\n"
+    assert sorted(p.name for p in out.iterdir()) == ["summary.csv"]
+    (out / "summary.csv").unlink()
+    r = CliRunner().invoke(app, ["spectra", str(src), "--out", str(out), "--no-plots", "--quiet"])
+    assert r.exit_code == 0, r.output
+    (out / ".headrank-output.json").unlink()  # as an output written before the record existed
+    r = CliRunner().invoke(app, ["spectra", str(src), "--out", str(out), "--no-plots", "--quiet"])
+    assert r.exit_code == 0, r.output

@@ -2,7 +2,6 @@
 bar itself (util/progress.py), and a long command piped prints its first line within 10 s."""
 
 import os
-import re
 import subprocess
 import sys
 import threading
@@ -54,8 +53,8 @@ def test_piped_compress_prints_a_progress_line_within_10_s(tmp_path):
         if first is None and line.rstrip().endswith(" s)") and "(" in line:
             first = time.monotonic() - start
     assert p.wait(timeout=600) == 0, "".join(lines)
-    kv = next(line for line in lines if "KV cache" in line)  # which number is saved, which kept, said
-    assert re.search(r"KV cache [\d,]+ bytes/token saved of [\d,]+ \([\d,]+ kept\)", kv), kv
+    kv = next(line for line in lines if "KV cache" in line)  # MiniLM is an encoder: it has none to save
+    assert "no KV cache (an encoder)" in kv and "bytes/token" not in kv, kv
     total = time.monotonic() - start
     if total > 10:  # a run over 10 s must have shown a progress line within the first 10 s
         assert first is not None and first <= 10, (first, total, lines)

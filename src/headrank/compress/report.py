@@ -49,7 +49,8 @@ def summary(reader, plan: Plan, rows: list[dict[str, Any]], notes: list[str], fi
         "whitened": plan.whiten is not None,
         "notes": notes,
         "config": {"n_layers": d.n_layers, "d_model": d.d, "n_heads": d.n_heads, "n_kv_heads": d.n_kv_heads,
-                   "head_dim": d.head_dim, "position_encoding": reader.position, "split": reader.split},
+                   "head_dim": d.head_dim, "position_encoding": reader.position, "split": reader.split,
+                   "causal": _causal(reader)},
         "totals": {
             "attention_params": attn_params,
             "cut_products_params": cut_params,
@@ -93,9 +94,17 @@ def _kv_measured(res: dict[str, Any]) -> str:
 
 
 def _kv_saved(t: dict[str, Any]) -> str:
-    """``N bytes/token saved of M (K kept)``: which number is which, said."""
+    """``N bytes/token saved of M (K kept)``: which number is which, and in which dtype, said."""
     saved, total = sum(t["kv_cache_bytes_saved_per_token"].values()), t["kv_cache_bytes_per_token"]
-    return f"{saved:,} bytes/token saved of {total:,} ({total - saved:,} kept)"
+    return f"{saved:,} bytes/token saved of {total:,} ({total - saved:,} kept; {KV_BYTES} bytes per cached number)"
+
+
+def _causal(reader) -> bool | None:
+    """Whether the checkpoint is a causal LM by its config's ``architectures`` (None: not said)."""
+    archs = (reader.ckpt.config or {}).get("architectures") if isinstance(reader.ckpt.config, dict) else None
+    if not isinstance(archs, list) or not archs:
+        return None
+    return any(isinstance(a, str) and a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs)
 
 
 def _mb(n: float) -> str:
@@ -131,8 +140,9 @@ def report_lines(res: dict[str, Any], out: Any = None) -> list[str]:
     t = res["totals"]
     ks = ", ".join(f"{p} {k:.2f}" for p, k in t["mean_k"].items())
     lines = [f"mean k ({ks}) of {res['config']['head_dim']}; {t['params_saved_factored']:,} parameters "
-             f"saved ({1 - t['kept_fraction_of_cut_products']:.1%} of the cut products); KV cache "
-             f"{_kv_saved(t)} in a factored deployment" + _kv_measured(res)]
+             f"saved ({1 - t['kept_fraction_of_cut_products']:.1%} of the cut products); "
+             + ("no KV cache (an encoder)" if res["config"].get("causal") is False else
+                f"KV cache {_kv_saved(t)} in a factored deployment" + _kv_measured(res))]
     if res.get("allocation"):
         a = res["allocation"]
         lines.append(f"ranks allocated by measured loss (ASVD): {a['metric']} uncut {a['baseline']:.6g}, threshold "

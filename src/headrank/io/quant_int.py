@@ -15,11 +15,12 @@ AWQ (AutoAWQ's GEMM ``WQLinear_GEMM.pack``, ``quant_method: awq``, ``version``/`
 ``gemm``, 4 bits): ``qweight`` int32 [in, out/8] packs 8 outputs per word in the order
 0, 2, 4, 6, 1, 3, 5, 7 (output 8c + order[j] at bits 4j of word c); ``qzeros`` int32
 [groups, out/8] the same way; ``scales`` float16 [groups, out]; g(i) = i // group_size;
-``W[o, i] = scales[g(i), o] · (q[i, o] − z[g(i), o])`` (zero 8, i.e. 2^(bits-1), without
-``zero_point``).
+``W[o, i] = scales[g(i), o] · (q[i, o] − z[g(i), o])``. With ``zero_point: false`` the stored
+zero points must all be 2^(bits-1) (8): any other value contradicts the config and is refused.
 
 Refused in one line: other bit widths (3-bit GPTQ packs across words), AWQ's GEMV, Marlin or
-exllama packings, a ``g_idx`` outside 0..groups−1, packed lengths that do not match.
+exllama packings, a ``g_idx`` outside 0..groups−1, packed lengths that do not match, a scale
+count that does not match ``group_size`` (with or without ``g_idx``).
 """
 
 from __future__ import annotations
@@ -110,10 +111,9 @@ class IntGroups(Scheme):
     def check_parts(self, plan: Plan, metas: Mapping[str, TensorMeta]) -> None:
         out, inp = plan.shape
         per, n = 32 // self.bits, metas[plan.parts["scale"]].shape[0]
-        if self.method == "awq" or "g_idx" not in plan.parts:
-            if n != self._groups(inp):
-                raise HeadRankError(f"scale tensor {plan.parts['scale']} has {n} groups; {inp} inputs in groups of "
-                                    f"{self.group_size} make {self._groups(inp)}: the group size does not match")
+        if n != self._groups(inp):  # with g_idx too: desc_act reorders the inputs, not the number of groups
+            raise HeadRankError(f"scale tensor {plan.parts['scale']} has {n} groups; {inp} inputs in groups of "
+                                f"{self.group_size} make {self._groups(inp)}: the group size does not match")
         check_scale_meta(plan.parts["scale"], metas[plan.parts["scale"]], ((n, out),), f"{self.method} scales")
         check_scale_meta(plan.parts["zeros"], metas[plan.parts["zeros"]], ((n, ceil_div(out, per)),),
                          f"{self.method} zero points packed {per} per int32", dtypes=("int32",))
@@ -131,8 +131,11 @@ class IntGroups(Scheme):
             z = (_unpack(raw["zeros"], self.bits)[:, :out] + self.zero_offset) % (1 << self.bits)  # (groups, out)
         else:
             q = _unpack(raw["codes"], self.bits, AWQ_ORDER)  # (in, out)
-            z = _unpack(raw["zeros"], self.bits, AWQ_ORDER)[:, :out] if self.zero_point else \
-                torch.full_like(s, float(1 << (self.bits - 1)))
+            z = _unpack(raw["zeros"], self.bits, AWQ_ORDER)[:, :out]
+            if not self.zero_point and bool((z != 1 << (self.bits - 1)).any()):  # the config contradicts the tensors
+                raise HeadRankError(f"tensor {plan.parts['zeros']} holds zero points other than {1 << (self.bits - 1)} "
+                                    "while the quantization_config says zero_point false: refusing to guess which one "
+                                    "the weights were made with")
         g = raw.get("g_idx")
         if g is None:
             g = torch.arange(inp) // (inp if self.group_size == -1 else self.group_size)

@@ -6,8 +6,9 @@
             write files into stage                                      # committed as one set
 
 - **Checked once.** ``out`` is resolved once: a file, the source directory, a directory inside
-  the source (or a symlink to either), and (with ``owns``) a non-empty directory that holds no
-  output of this kind are refused in one line; a missing ``out`` is created for the run and
+  the source (or a symlink to either), and a non-empty directory that holds no output of this
+  kind (``owns``, or by default any of :data:`MARKS`) are refused in one line: a user's files
+  are never overwritten; a missing ``out`` is created for the run and
   removed again if the run fails.
 - **Locked by its directory.** An exclusive ``flock`` on a descriptor of the directory itself
   (opened ``O_DIRECTORY | O_NOFOLLOW`` on the resolved path): no lock file, so nothing to plant
@@ -53,6 +54,10 @@ COMPLETE = ".headrank-complete"
 _RECORD_BYTES = 16 * 2**20
 _PRINT_BYTES = 2**20
 _HELD = tuple(s for s in (getattr(signal, n, None) for n in ("SIGINT", "SIGTERM", "SIGHUP")) if s is not None)
+#: the files that mark a directory as a headrank output written before :data:`RECORD` existed
+#: (spectra, collapse, scale and track's meta.json, a reproduction's run.json or report.html, a
+#: study's data.json, a series' series.json); a non-empty directory with none of them is foreign
+MARKS = ("meta.json", "run.json", "report.html", "data.json", "series.json", "compress.json")
 _NAME_RE = re.compile(r"^[^/\\\x00]+$")
 
 
@@ -75,8 +80,8 @@ def _within(p: Path, top: Path) -> bool:
 class OutputSet:
     """One output directory for one run (see the module's docstring). ``sources``: paths the run
     reads (a checkpoint directory or file), which ``out`` must not be or be inside. ``owns``:
-    the file that marks an output of this kind (``compress.json``); with it, a non-empty
-    directory holding neither it nor a :data:`RECORD` is refused. ``flag``: how messages name
+    the file that marks an output of this kind (``compress.json``; default: any of :data:`MARKS`);
+    a non-empty directory holding neither it nor a :data:`RECORD` is refused. ``flag``: how messages name
     ``out``. ``held``: the caller holds the directory's lock already (:func:`lock_dir`)."""
 
     def __init__(self, out: str | os.PathLike, *, sources: Iterable[str | os.PathLike | None] = (),
@@ -116,10 +121,12 @@ class OutputSet:
             raise HeadRankError(f"{self.flag} {out} exists and is not a directory")
         real = _real(out)
         self._refuse(real, self.sources)
-        if real.is_dir() and self.owns is not None:
+        if real.is_dir():
             names = [e for e in os.listdir(real) if not _ours_temporary(e)]
-            if names and self.owns not in names and RECORD not in names:
-                raise HeadRankError(f"{self.flag} {out} is not empty and holds no {self.owns}: choose an empty or new "
+            marks = (self.owns,) if self.owns is not None else MARKS
+            if names and RECORD not in names and not any(m in names for m in marks):
+                holds = self.owns if self.owns is not None else "output of headrank"
+                raise HeadRankError(f"{self.flag} {out} is not empty and holds no {holds}: choose an empty or new "
                                     "directory")
         if not real.exists():
             parent = real.parent
