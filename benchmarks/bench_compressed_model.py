@@ -139,7 +139,7 @@ def prepare(name: str, src: str, root: Path, fraction: float) -> dict:
     from headrank.compress import compress
 
     out = {}
-    fac = compress(src, root / f"{name}-factored", params=fraction, products="ov")
+    fac = compress(src, root / f"{name}-factored", params=fraction, products="ov", format="factored")
     compress(src, root / f"{name}-dense", params=fraction, products="ov", format="dense")
     if src.endswith(".gguf"):  # transformers will not save a GGUF-loaded model: the full-rank cut is it
         compress(src, root / f"{name}-uncut", rank=fac["config"]["head_dim"], products="ov")

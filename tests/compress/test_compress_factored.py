@@ -231,7 +231,7 @@ def test_minilm_factored_is_smaller_by_the_reported_share(tmp_path):
     from headrank.io.sources import open_reader
 
     src = open_reader("minilm").ckpt.path / "model.safetensors"
-    fac = compress("minilm", tmp_path / "f", params=0.5, products="ov")
+    fac = compress("minilm", tmp_path / "f", params=0.5, products="ov", format="factored")
     compress("minilm", tmp_path / "d", params=0.5, products="ov", format="dense")
     measured = 1 - os.path.getsize(tmp_path / "f" / "factored-model.safetensors") / os.path.getsize(src)
     reported = fac["totals"]["params_saved_factored"] * 4 / os.path.getsize(src)  # float32

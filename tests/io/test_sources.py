@@ -200,11 +200,12 @@ def test_importing_headrank_is_light():
     assert out.stdout.strip() == "[]"
 
 
-def test_a_factored_compress_output_is_refused_in_one_line(tmp_path):
-    """spectra of compress's factored output (shrunk tensors under the uncut config) names what to do."""
+def test_a_factored_output_with_a_foreign_manifest_is_refused_in_one_line(tmp_path):
+    """A factored.json that is not headrank's is refused before any weight is read (a real one is
+    read at its uncut shapes: tests/io/test_factored.py)."""
     from headrank.io.sources import open_reader
 
     (tmp_path / "config.json").write_text('{"model_type": "bert"}')
     (tmp_path / "factored.json").write_text("{}")
-    with pytest.raises(HeadRankError, match="factored compress output.*load_compressed"):
+    with pytest.raises(HeadRankError, match="factored.json: not a headrank factored manifest"):
         open_reader(str(tmp_path))

@@ -103,7 +103,7 @@ def compress(
                            config=config, layout=layout, revision=revision, progress=phases, verbose=verbose,
                            device=device, precision=precision, announce=lambda s: None if quiet or as_json else
                            err_console.print(styled("bold", "note: ", s), highlight=False))
-    for n in res["notes"]:
+    for n in [] if quiet else res["notes"]:  # --quiet: nothing on success (the notes stay in compress.json)
         err_console.print(styled("yellow", "note: ", n), highlight=False)
     for w in res.get("warnings", []):
         err_console.print(styled("yellow", "warning: ", w), highlight=False)

@@ -102,6 +102,15 @@ class LatentLinear(torch.nn.Module):
         out = y.new_zeros(*y.shape[:-1], self.out_features)
         return out.index_copy_(-1, self.index, y)
 
+    def dense_parameters(self) -> dict[str, torch.Tensor]:
+        """The uncut-shape weight and bias (zero rows where the cut dropped them): what
+        :class:`headrank.io.live.LiveCheckpoint` reads, the dense output's tensors exactly."""
+        w = self.weight.detach()
+        out = {"weight": w.new_zeros(self.out_features, self.in_features).index_copy_(0, self.index, w)}
+        if self.bias is not None:
+            out["bias"] = w.new_zeros(self.out_features).index_copy_(0, self.index, self.bias.detach())
+        return out
+
 
 class LatentOutput(torch.nn.Module):
     """The output projection reading only the kept dimensions of the heads' outputs (an input
@@ -118,6 +127,11 @@ class LatentOutput(torch.nn.Module):
         if x.shape[-1] != self.weight.shape[1]:
             x = x.index_select(-1, self.index)
         return torch.nn.functional.linear(x, self.weight, self.bias)
+
+    def dense_parameters(self) -> dict[str, torch.Tensor]:
+        """The uncut-shape weight (zero columns where the cut dropped them), as :class:`LatentLinear`'s."""
+        w = self.weight.detach()
+        return {"weight": w.new_zeros(self.out_features, self.in_features).index_copy_(1, self.index, w)}
 
 
 def _latent(old: torch.nn.Module, spec: dict[str, Any], where: Path) -> torch.nn.Module:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from headrank.errors import HeadRankError
+from headrank.io.factored import FORMAT, MANIFEST, STEM, manifest  # noqa: F401 - re-exported
 from headrank.io.validate import (
     BOUNDS,
     bounded,
@@ -25,70 +26,8 @@ from headrank.io.validate import (
     regular_file,
 )
 
-MANIFEST = "factored.json"
-FORMAT = "headrank-factored"
-STEM = "factored-model"  # not `model`: see headrank.compress.factored
-_SPEC_KEYS = {"keep", "features", "index", "role"}
-_ROLE_KEEP = {"v": "rows", "q": "rows", "k": "rows", "o": "cols"}
 #: what ``attn_implementation`` may name (transformers' own implementations)
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
-MAX_MODULE_NAME = 1000
-
-
-def manifest(path: Path) -> dict[str, dict[str, Any]]:
-    """``factored.json``'s modules, each spec checked: keys, keep and role, features bounded, index
-    runs ``[start, stop)`` of integers, sorted, disjoint, inside ``[0, features)``."""
-    p = path / MANIFEST
-    try:
-        regular_file(p, "factored manifest")
-    except HeadRankError:
-        if not p.exists():
-            raise HeadRankError(f"{path} holds no {MANIFEST}: not a factored compress output (a `format` dense "
-                                "output loads with transformers' from_pretrained)") from None
-        raise
-    m = read_json(p, "factored manifest")
-    if not isinstance(m, dict) or m.get("format") != FORMAT or not isinstance(m.get("modules"), dict):
-        raise HeadRankError(f"{p}: not a headrank factored manifest")
-    mods = m["modules"]
-    if not mods:
-        raise HeadRankError(f"{p}: names no module (a factored output shrinks at least one projection)")
-    bounded(len(mods), "count", "the number of modules", str(p))
-    return {_name(name, p): _spec(spec, f"{p}: module {name[:80]!r}") for name, spec in mods.items()}
-
-
-def _name(name: str, p: Path) -> str:
-    if not name or len(name) > MAX_MODULE_NAME or not all(part.isidentifier() or part.isdigit()
-                                                           for part in name.split(".")):
-        raise HeadRankError(f"{p}: {name[:80]!r} is not a module name")
-    return name
-
-
-def _spec(spec: Any, where: str) -> dict[str, Any]:
-    if not isinstance(spec, dict):
-        raise HeadRankError(f"{where}: its entry must be an object; got {type(spec).__name__}")
-    if not _SPEC_KEYS - {"role"} <= set(spec) <= _SPEC_KEYS:  # an older headrank wrote no role
-        odd = sorted(set(spec) ^ _SPEC_KEYS)
-        raise HeadRankError(f"{where}: its entry must hold {sorted(_SPEC_KEYS)} (role optional); differs in {odd}")
-    role, keep = spec.get("role"), spec["keep"]
-    if keep not in ("rows", "cols") or (role is not None and (not isinstance(role, str) or role not in _ROLE_KEEP
-                                                              or keep != _ROLE_KEEP[role])):
-        raise HeadRankError(f"{where}: role {str(role)[:20]!r} with keep {str(keep)[:20]!r} is not one of "
-                            f"{', '.join(f'{r}/{k}' for r, k in _ROLE_KEEP.items())}")
-    features = bounded(spec["features"], "ffn", "features", where)
-    runs = spec["index"]
-    if not isinstance(runs, list) or not runs or len(runs) > features:
-        raise HeadRankError(f"{where}: index must be a list of 1 to {features:,} [start, stop) runs")
-    at = 0
-    for r in runs:
-        if not (isinstance(r, list) and len(r) == 2):
-            raise HeadRankError(f"{where}: an index run must be a pair [start, stop); got {str(r)[:60]}")
-        a = bounded(r[0], "ffn", "an index run's start", where, lo=0)
-        b = bounded(r[1], "ffn", "an index run's stop", where, lo=0)
-        if not at <= a < b <= features:
-            raise HeadRankError(f"{where}: index run [{a}, {b}) is empty, reversed, overlaps the one before or "
-                                f"leaves [0, {features})")
-        at = b
-    return {**spec, "features": features}
 
 
 def config(path: Path, dtype_bytes: int) -> dict[str, Any]:

@@ -123,7 +123,8 @@ def _pipeline(dest: OutputSet, reader, live, gguf_note: str | None, run: dict[st
     evaluate."""
     opts, tell, evaluate = run["opts"], run["tell"], run["evaluate"]
     prods, note = parse_products(opts["products"], reader)
-    fmt = _Format(opts, reader.split, _model_type(reader, live))
+    src = source_dir(reader)
+    fmt = _Format(opts, reader.split, _model_type(reader, live), src is not None and (src / "modules.json").is_file())
     todo = _layers(run["layers"], reader.dims.n_layers)
     dev = resolve_device(run["device"])
     spec = text_spec(opts, reader, live)
@@ -190,22 +191,35 @@ class _Format:
     caller's thread: never by a background thread (an import racing the main thread's use of
     the same library hands one of them a half-initialised module)."""
 
-    def __init__(self, opts: dict[str, Any], split: str, model_type: str | None):
+    def __init__(self, opts: dict[str, Any], split: str, model_type: str | None, sentence_transformers: bool = False):
         self.opts, self.split, self.model_type = opts, split, model_type
         known = False
         if split == "separate" and opts["format"] != "dense" and isinstance(model_type, str):
             from transformers import CONFIG_MAPPING
 
             known = model_type in CONFIG_MAPPING
-        self.note: str | None = _choose_format(opts, split, model_type, known)
+        self.note: str | None = _choose_format(opts, split, model_type, known, sentence_transformers)
 
     def __call__(self) -> str:
         return self.opts["format"]
 
 
-def _choose_format(opts: dict[str, Any], split: str, model_type: str | None, known: bool) -> str | None:
+_ST_NOTE = ("a sentence-transformers model (modules.json): SentenceTransformer(OUT) loads a --format dense output; "
+            "a factored one loads only with headrank.load_compressed")
+
+
+def _choose_format(opts: dict[str, Any], split: str, model_type: str | None, known: bool,
+                   sentence_transformers: bool = False) -> str | None:
     """Factored where q, k, v and o are separate projections of a model transformers builds
-    (``known``; load_compressed needs both); a note when dense is chosen for the user."""
+    (``known``; load_compressed needs both), except for a sentence-transformers model, whose
+    loader reads ``model.safetensors`` (dense); a note when dense is chosen for the user."""
+    if sentence_transformers and opts["format"] is None:
+        opts["format"] = "dense"
+        return f"written --format dense ({_ST_NOTE})"
+    if sentence_transformers and opts["format"] == "factored":
+        if not (split == "separate" and known):
+            _choose_format(opts, split, model_type, known)  # refused there, in one line
+        return f"written --format factored: {_ST_NOTE}"
     if split == "separate" and known:
         opts["format"] = opts["format"] or "factored"
         return None

@@ -20,7 +20,8 @@ from headrank.util.fileio import write_error
 
 SHARD_BYTES = 2 * 2**30
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5", ".onnx", ".ckpt")
-_SKIP = ("optimizer", "scheduler", "scaler", "rng_state", "training_args", "trainer_state", "compress.json")
+_SKIP = ("optimizer", "scheduler", "scaler", "rng_state", "training_args", "trainer_state", "compress.json",
+         "factored.json")  # a factored source's manifest would mislabel the output
 SIDE_DIR_BYTES = 4 * 2**20
 
 

@@ -35,6 +35,7 @@ class LiveCheckpoint(BaseCheckpoint):
             kind = "live"
             tensors = {**dict(model.named_parameters(remove_duplicate=False)),
                        **dict(model.named_buffers(remove_duplicate=False))}
+            tensors.update(_dense_views(model))
             if config is None:
                 if hasattr(model, "config_dict"):
                     config = model.config_dict()
@@ -60,6 +61,18 @@ class LiveCheckpoint(BaseCheckpoint):
 
     def _meta(self, name: str, t: torch.Tensor) -> TensorMeta:
         return TensorMeta(dtype_name(t.dtype), tuple(t.shape), t.numel() * t.element_size(), None)
+
+
+def _dense_views(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The uncut-shape tensors of modules that store only part of theirs and say how to rebuild
+    them (``dense_parameters()``: a factored output's latent projections,
+    :func:`headrank.compress.load_compressed`), under their parameters' names."""
+    out: dict[str, torch.Tensor] = {}
+    for name, mod in model.named_modules(remove_duplicate=False):
+        dense = getattr(mod, "dense_parameters", None)
+        if callable(dense):
+            out.update({f"{name}.{k}" if name else k: t for k, t in dense().items()})
+    return out
 
 
 # -- TransformerLens ---------------------------------------------------------------------------------

@@ -16,6 +16,8 @@ Sources (:func:`open_reader`):
 - with ``remote=True`` a Hub id, and always an ``http(s)://`` URL (a checkpoint directory, a
   ``.safetensors`` or a ``.gguf`` file), read over HTTP range requests: config, index, headers,
   then only the tensors the reader asks for (:mod:`headrank.io.remote`);
+- a factored ``compress`` output (``factored.json``), read at its uncut shapes
+  (:mod:`headrank.io.factored`);
 - a PEFT LoRA adapter directory, merged onto ``base=`` (default: the adapter's
   ``base_model_name_or_path``); ``delta=True`` analyses the change of the products.
 
@@ -152,10 +154,6 @@ def _open_path(source: str | os.PathLike, *, config: Any, layout: Layout | None,
                         "cache": str(hub.cache_dir())}
     if adapter:
         return _open_adapter(loc, base, delta=delta, layout=layout, fold_norm=fold_norm, extra=extra)
-    if loc.given.is_dir() and (loc.given / "factored.json").is_file():
-        raise HeadRankError(f"{loc.given} is a factored compress output (factored.json): its attention tensors keep "
-                            "only the kept dimensions; load it with headrank.load_compressed, or measure a cut written "
-                            "with compress `format` dense")
     gguf_file = _gguf_in(loc.given)
     if gguf_file is not None:
         from headrank.io.gguf import GGUFCheckpoint, gguf_origin
@@ -165,8 +163,15 @@ def _open_path(source: str | os.PathLike, *, config: Any, layout: Layout | None,
         return AttentionReader(g, layout or g.layout, fold_norm=fold_norm, origin=origin)
     if loc.resolved_from is not None:
         extra["resolved_from"] = str(loc.resolved_from.resolve())
-    ckpt = Checkpoint(loc, config=config, require_config=layout is None, arrays=arrays)
+    from headrank.io.factored import FactoredCheckpoint, is_factored
+
+    factored = is_factored(loc.path)
+    cls = FactoredCheckpoint if factored else Checkpoint
+    ckpt = cls(loc, config=config, require_config=layout is None, arrays=arrays)
     origin = {**_origin(loc.kind, ckpt), **extra}
+    if factored:
+        origin["factored"] = {"modules": len(ckpt.manifest), "note": "a factored compress output (factored.json): "
+                              "each shrunk projection read at its uncut shape, zeros where the cut dropped it"}
     if loc.kind == "trainer":
         origin["ignored_files"] = sorted(p.name for p in loc.path.iterdir() if p.is_file() and p not in ckpt.files
                                          and p.suffix in (".pt", ".pth", ".bin"))
