@@ -105,7 +105,8 @@ def test_spectra_result_save_is_a_staged_set(run, tmp_path):
 def test_spectra_never_overwrites_a_foreign_directory(tmp_path):
     """The red team's case: `spectra --out DIR` where DIR holds the user's own summary.csv and
     nothing headrank wrote: refused in one line, the user's file as it was; an output of an
-    earlier run (its meta.json) is written over as before."""
+    earlier run (its meta.json) is written over as before, and a directory of other files of the
+    user's (`--out ..`) is written into beside them."""
     from tests.fuzz.harness import write_tiny
 
     src = write_tiny(tmp_path / "m")
@@ -113,7 +114,7 @@ def test_spectra_never_overwrites_a_foreign_directory(tmp_path):
     out.mkdir()
     (out / "summary.csv").write_text("my own summary\n")
     r = CliRunner().invoke(app, ["spectra", str(src), "--out", str(out), "--no-plots", "--quiet"])
-    _one_line(r, "not empty", "holds no output of headrank")
+    _one_line(r, "already holds summary.csv, which headrank did not write")
     assert (out / "summary.csv").read_text() == "my own summary\n"
     assert sorted(p.name for p in out.iterdir()) == ["summary.csv"]
     (out / "summary.csv").unlink()
@@ -122,3 +123,9 @@ def test_spectra_never_overwrites_a_foreign_directory(tmp_path):
     (out / ".headrank-output.json").unlink()  # as an output written before the record existed
     r = CliRunner().invoke(app, ["spectra", str(src), "--out", str(out), "--no-plots", "--quiet"])
     assert r.exit_code == 0, r.output
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "thesis.tex").write_text("mine\n")
+    r = CliRunner().invoke(app, ["spectra", str(src), "--out", str(other), "--no-plots", "--quiet"])
+    assert r.exit_code == 0, r.output
+    assert (other / "thesis.tex").read_text() == "mine\n" and (other / "heads.csv").is_file()

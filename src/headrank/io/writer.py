@@ -6,9 +6,10 @@
             write files into stage                                      # committed as one set
 
 - **Checked once.** ``out`` is resolved once: a file, the source directory, a directory inside
-  the source (or a symlink to either), and a non-empty directory that holds no output of this
-  kind (``owns``, or by default any of :data:`MARKS`) are refused in one line: a user's files
-  are never overwritten; a missing ``out`` is created for the run and
+  the source (or a symlink to either), and (with ``owns``) a non-empty directory that holds no
+  output of this kind are refused in one line; a file of the set that ``out`` already holds and
+  that headrank did not write (no record, no :data:`MARKS`) is refused before the commit: a
+  user's file is never overwritten; a missing ``out`` is created for the run and
   removed again if the run fails.
 - **Locked by its directory.** An exclusive ``flock`` on a descriptor of the directory itself
   (opened ``O_DIRECTORY | O_NOFOLLOW`` on the resolved path): no lock file, so nothing to plant
@@ -97,8 +98,8 @@ def _within(p: Path, top: Path) -> bool:
 class OutputSet:
     """One output directory for one run (see the module's docstring). ``sources``: paths the run
     reads (a checkpoint directory or file), which ``out`` must not be or be inside. ``owns``:
-    the file that marks an output of this kind (``compress.json``; default: any of :data:`MARKS`);
-    a non-empty directory holding neither it nor a :data:`RECORD` is refused. ``flag``: how messages name
+    the file that marks an output of this kind (``compress.json``); with it, a non-empty
+    directory holding neither it nor a :data:`RECORD` is refused. ``flag``: how messages name
     ``out``. ``held``: the caller holds the directory's lock already (:func:`lock_dir`)."""
 
     def __init__(self, out: str | os.PathLike, *, sources: Iterable[str | os.PathLike | None] = (),
@@ -140,10 +141,8 @@ class OutputSet:
         self._refuse(real, self.sources)
         if real.is_dir():
             names = [e for e in os.listdir(real) if not _ours_temporary(e)]
-            marks = (self.owns,) if self.owns is not None else MARKS
-            if names and not _holds_output(real, names, marks):
-                holds = self.owns if self.owns is not None else "output of headrank"
-                raise HeadRankError(f"{self.flag} {out} is not empty and holds no {holds}: choose an empty or new "
+            if names and self.owns is not None and not _holds_output(real, names, (self.owns,)):
+                raise HeadRankError(f"{self.flag} {out} is not empty and holds no {self.owns}: choose an empty or new "
                                     "directory")
         if not real.exists():
             parent = real.parent
@@ -214,11 +213,26 @@ class OutputSet:
         record = {"writer": "headrank", "version": 1, "files": _record(stage)}
         (stage / RECORD).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
         old = read_record(self.real)
+        self._refuse_overwrite(stage, old)
         with _held_signals():
             (stage / COMPLETE).touch()
             move_set(stage, self.real)
             drop_stale(self.real, old, record["files"])
         self.committed = True
+
+    def _refuse_overwrite(self, stage: Path, old: dict[str, list]) -> None:
+        """A file of the new set that is already in ``out``, where neither the writer's record nor
+        an earlier output of this project (:data:`MARKS`) says headrank wrote it, is a user's file:
+        refused in one line before anything moves (``out`` may hold other files of the user's)."""
+        names = [e for e in os.listdir(self.real) if not _ours_temporary(e) and e != stage.name]
+        if not names or _holds_output(self.real, names, MARKS):
+            return
+        ours = {rel.split("/")[0] for rel in old}
+        for p in sorted(stage.iterdir()):
+            t = self.real / p.name
+            if p.name not in (RECORD, COMPLETE) and p.name not in ours and (t.exists() or t.is_symlink()):
+                raise HeadRankError(f"{self.flag} {self.out} already holds {p.name}, which headrank did not write: "
+                                    "refusing to overwrite it; choose an empty or new directory")
 
     def moved(self, paths: Iterable[str | os.PathLike], stage: Path) -> list[Path]:
         """The final paths, in ``out`` as the user gave it, of files written under ``stage``."""
