@@ -149,7 +149,7 @@ def load(path: str | Path, *, dtype: torch.dtype = torch.float32):
                                         trust_remote_code=False, attn_implementation="eager")
             tok = tf.AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
     except Exception as e:  # noqa: BLE001 - no tokenizer, unknown architecture, ...
-        raise HeadRankError(f"cannot load {path} with transformers (for --eval, the whitened cut or --allocate loss): "
+        raise HeadRankError(f"cannot load {path} with transformers (for `evaluate`, the whitened cut or `allocate` loss): "
                             f"{one_line(e, 200)}") from None
     return model.eval(), tok
 

@@ -108,14 +108,15 @@ _SUBCONFIG_DEPTH = 3
 
 def check_config_sizes(cfg: Any, where: Any, *, dtype_bytes: int = 4, copies: int = 1) -> int:
     """Bound every size field of a config dict (and its sub-configs: ``text_config``, ...) by
-    :data:`BOUNDS`, then refuse a model whose estimated parameters (embeddings, attention and
-    MLP of every layer) in ``dtype_bytes`` per number, ``copies`` times, exceed this machine's
-    memory: before a model is built from it (a ``to_empty`` of a 2³¹ vocabulary, a meta-device
-    build of a million layers). Returns the estimate of parameters."""
+    :data:`BOUNDS`, then refuse a model whose parameters (a lower bound: one embedding, W_Q and
+    W_O and two MLP matrices per layer, so that no model that fits is refused) in
+    ``dtype_bytes`` per number, ``copies`` times, exceed this machine's memory: before a model is
+    built from it (a ``to_empty`` of a 2³¹ vocabulary, a meta-device build of a million layers;
+    the exact count follows once the model is on the meta device). Returns the lower bound."""
     if not isinstance(cfg, dict):
         raise HeadRankError(f"{where}: a config must be a JSON object; got {_show(cfg)}")
     n = _config_params(cfg, str(where), 0)
-    check_fits(n * dtype_bytes * copies, f"{where}: a model of about {n:,} parameters")
+    check_fits(n * dtype_bytes * copies, f"{where}: a model of at least {n:,} parameters")
     return n
 
 
@@ -136,8 +137,8 @@ def _config_params(cfg: dict[str, Any], where: str, depth: int) -> int:
         n = sum(_config_params(v, f"{where} {k}", depth + 1) for k, v in cfg.items() if isinstance(v, dict)
                 and k.endswith("config"))
     d = got.get("width", 0)
-    layer = 4 * d * d + 3 * d * got.get("ffn", 4 * d)
-    return n + got.get("layers", 0) * layer + 2 * got.get("vocab", 0) * d
+    layer = 2 * d * d + 2 * d * got.get("ffn", 0)  # at least W_Q and W_O, and an MLP's two matrices
+    return n + got.get("layers", 0) * layer + got.get("vocab", 0) * d  # and one embedding
 
 
 def _at(where: Any) -> str:

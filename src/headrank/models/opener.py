@@ -322,7 +322,8 @@ def _open_headrank(path: Path, config: dict[str, Any], source: str, dtype: torch
     from headrank.models.transformer import Transformer, ViT, load_model
 
     cls = ViT if config.get("architecture") == "ViT" else Transformer
-    check_config_sizes(config, path / "config.json", dtype_bytes=torch.empty((), dtype=dtype).element_size(), copies=2)
+    # a lower bound, once: it only screens what cannot be built at all; check_model_fits counts exactly
+    check_config_sizes(config, path / "config.json", dtype_bytes=torch.empty((), dtype=dtype).element_size())
     check_model_fits(lambda: cls.from_config_dict(config), dtype, path)
     model = load_model(path).to(dtype).eval()
     return Opened(model, config, path, source, "headrank", dtype)
@@ -333,8 +334,7 @@ def _open_hf(path: Path, config: dict[str, Any], source: str, dtype: torch.dtype
     from headrank.io.validate import check_config_sizes
 
     # sizes bounded and every declared layer present in the weights, before anything is built
-    check_config_sizes(config, path / "config.json", dtype_bytes=torch.empty((), dtype=dtype).element_size(),
-                       copies=2)
+    check_config_sizes(config, path / "config.json", dtype_bytes=torch.empty((), dtype=dtype).element_size())
     check_layers_present(path, config)
     try:
         with quiet_transformers() as tf:

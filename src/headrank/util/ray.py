@@ -66,8 +66,9 @@ def ray_session(address: str) -> Iterator[Any]:
             if _auth_error(text):
                 raise HeadRankError(f"Ray at {address!r} refused this client's authentication: {_AUTH_HINT}") from None
             if "Could not find any running Ray instance" in text:  # Ray's hint names its own `--address` flag
-                raise HeadRankError(f"`ray` {address}: no running Ray cluster found (start one with `ray start --head`, "
-                                    "or give `ray` HOST:PORT, or local to start Ray here)") from None
+                raise HeadRankError(f"`ray` {address}: no running Ray cluster found (start one with Ray's own "
+                                    "`ray start` command on its head node, or give `ray` HOST:PORT, or local to start "
+                                    "Ray here)") from None
             raise HeadRankError(f"`ray` {address}: cannot connect to Ray: {one_line(e, 200)}") from None
     try:
         yield ray
