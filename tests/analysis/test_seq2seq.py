@@ -31,6 +31,7 @@ from torch import nn
 
 from headrank.analysis.discover import tiny_config
 from headrank.analysis.discover_seq2seq import TINY_S2S, auto_class_seq2seq
+from headrank.core.metrics import energy_name
 from headrank.errors import HeadRankError
 from headrank.io.generated import generated_rows
 from headrank.io.layouts import AttentionReader, layout_for
@@ -212,6 +213,34 @@ def test_spectra_of_a_saved_t5_against_dense_svd(t5_dirs):
     with pytest.raises(HeadRankError, match="attention 'self' was not analysed"):
         res["self", 0, 0, "qk"]
     assert res.describe()[["attention", "layer"]].values.tolist()[-1] == ["cross", 1]
+
+
+def _energy_rank(s: np.ndarray, level: float) -> int:
+    e = np.cumsum(s**2)
+    return int(np.searchsorted(e, level * e[-1] * (1 - 1e-12)) + 1)
+
+
+def test_t5_gets_every_column_and_energy_level_of_other_models(t5_dirs, minilm_dir):
+    """An encoder-decoder's table has a decoder-only's columns (random baseline, precision, k999)
+    and the asked --energy levels, counted against dense float64 SVDs of the model's own weights."""
+    import headrank
+
+    _, dirs = t5_dirs
+    d, model = dirs[20]
+    res = headrank.spectra(str(d), energy="0.5,0.95", precision="float64")
+    t = res.table
+    plain = headrank.spectra(minilm_dir, layers="0", energy="0.5,0.95").table
+    assert list(t.columns) == ["attention", *plain.columns]
+    assert t["k50"].dtype == np.int64 and res.meta["conventions"]["k95"].startswith("energy rank")
+    dh = model.config.d_kv
+    for kind, layer, att in (("encoder", 2, model.encoder.block[2].layer[0].SelfAttention),
+                             ("cross", 1, model.decoder.block[1].layer[1].EncDecAttention)):
+        for h in (0, 4):
+            rows = slice(h * dh, (h + 1) * dh)
+            s = _dense(att.k.weight[rows], att.q.weight[rows])[:dh]
+            row = t[(t["attention"] == kind) & (t["layer"] == layer) & (t["head"] == h) & (t["product"] == "qk")]
+            for level in (0.5, 0.9, 0.95, 0.99, 0.999):
+                assert int(row[energy_name(level)].iloc[0]) == _energy_rank(s, level), (kind, h, level)
 
 
 def run_cli(*args, cwd):

@@ -480,14 +480,14 @@ def analyze(
                          arrays="numpy", convention=convention)
     dims, tol, spec = reader.dims, float(tol), layers if layers is None or isinstance(layers, str) else ",".join(map(str, layers))
     if reader.parts:  # an encoder-decoder: encoder, decoder and cross-attention layers
-        return _analyze_parts(reader, spec, tol, threads, vectors, progress, dev, precision)
+        return _analyze_parts(reader, spec, tol, threads, vectors, progress, dev, precision, energy)
     sel = attention_layers(reader, parse_layers(spec, dims.n_layers), spec is None)
     vecs = _Vectors(dims, len(sel)) if vectors else None  # refused here when they would not fit
     rot, rot_why = rotary_scan(reader.ckpt.config, reader.position, dims.head_dim, reader.qk_norm, tol, rotary)
     with computing(device=dev, precision=precision):  # `used`: the thread counts the stream ran with
         frames, sv, norms, timing = _scan_layers(reader, sel, tol, threads, rot, vecs, progress, used := [], energy or ())
     extra = energy_frames(frames, sv, energy)  # --energy: k columns for levels the metric table lacks
-    table = _table(frames, TABLE_COLUMNS + tuple(extra))  # numpy columns: pandas only for SpectraResult.table
+    table = _table(frames, tuple(extra))  # numpy columns: pandas only for SpectraResult.table
     meta = {**_meta(reader, sel, tol, table), "compute": _compute_meta(dev, threads, used),
             "precision": precision_meta(precision, table), "timing_s": {k: round(v, 4) for k, v in timing.items()}}
     rotary = rot.columns() if rot is not None else None
@@ -552,9 +552,11 @@ def _padded(arrays: list[np.ndarray]) -> np.ndarray:
 
 
 def _analyze_parts(reader: AttentionReader, spec: str | None, tol: float, threads: int | None, vectors: bool,
-                   progress: Callable[[int, int], None] | None, device: Any, precision: str) -> SpectraResult:
+                   progress: Callable[[int, int], None] | None, device: Any, precision: str,
+                   energy: tuple[float, ...] | None) -> SpectraResult:
     """:func:`analyze` of an encoder-decoder: every kind's layers in turn (encoder, decoder,
-    cross), one table with an ``attention`` column; arrays stacked over (kind, layer)."""
+    cross), one table with an ``attention`` column and the same columns, precision and energy levels
+    as any other model's; arrays stacked over (kind, layer)."""
     sels = part_layers(reader, spec)
     total = sum(len(s) for _, s in sels)
     frames: list[dict[str, Any]] = []
@@ -568,7 +570,7 @@ def _analyze_parts(reader: AttentionReader, spec: str | None, tol: float, thread
         offset = len(sv["qk"])
         step = (lambda done, _t, o=offset: progress(o + done, total)) if progress else None
         with computing(device=device, precision=precision):
-            f, s, n, t = _scan_layers(part, sel, tol, threads, None, vec, step, used)
+            f, s, n, t = _scan_layers(part, sel, tol, threads, None, vec, step, used, energy or ())
         frames += [{"attention": part.layout.attention, **x} for x in f]
         for k, v in (*s.items(), *n.items()):
             (sv if k in sv else norms)[k] += v
@@ -576,7 +578,8 @@ def _analyze_parts(reader: AttentionReader, spec: str | None, tol: float, thread
         for p, arrs in (vec.arrays() if vec is not None else {}).items():
             for k, a in arrs.items():
                 vecs[p].setdefault(k, []).extend(a)
-    table = _table(frames, ("attention", *TABLE_COLUMNS))
+    extra = energy_frames(frames, sv, energy)  # --energy: k columns for levels the metric table lacks
+    table = _table(frames, tuple(extra), lead=("attention",))
     meta = {**_meta(reader, [i for _, sel in sels for i in sel], tol, table),
             "attention": [p.layout.attention for p, sel in sels for _ in sel],
             "parts": {p.layout.attention: {"layers": sel, "layout": {"split": p.split, "prefix": p.prefix,
@@ -589,7 +592,7 @@ def _analyze_parts(reader: AttentionReader, spec: str | None, tol: float, thread
             "compute": _compute_meta(device, threads, used), "precision": precision_meta(precision, table), "timing_s": {k: round(v, 4) for k, v in timing.items()}}
     meta["conventions"].update(attention_kinds={p.layout.attention: ATTENTION_KINDS[p.layout.attention]
                                                 for p, _ in sels}, rotary_bands=None,
-                               position_encoding={p.layout.attention: p.position for p, _ in sels})
+                               position_encoding={p.layout.attention: p.position for p, _ in sels}, **extra)
     return SpectraResult(table=table, sv={p: _padded(v) for p, v in sv.items()},
                          row_norms={k: _padded(v) for k, v in norms.items()}, meta=meta,
                          vectors={p: {k: _padded(v) for k, v in d.items()} for p, d in vecs.items()} if vectors else None)
@@ -628,13 +631,13 @@ class _Vectors:
         return {p: {k: v[:self.done] for k, v in d.items()} for p, d in self.parts.items()}
 
 
-def _table(frames: list[dict[str, Any]], columns: tuple[str, ...] = TABLE_COLUMNS) -> Columns:
-    """The layers' rows in one table (numpy columns, ``columns``: TABLE_COLUMNS, an encoder-decoder's
-    with ``attention`` first); the metric table's counts (rank, k90, k99) as int64 unless a
-    non-finite head made them NaN."""
-    table = concat(frames, columns)
+def _table(frames: list[dict[str, Any]], counts: tuple[str, ...] = (), lead: tuple[str, ...] = ()) -> Columns:
+    """The layers' rows in one table (numpy columns: ``lead`` (an encoder-decoder's ``attention``),
+    TABLE_COLUMNS, then ``counts``, the --energy k columns); the metric table's counts (rank, k90, k99,
+    k999) and ``counts`` as int64 unless a non-finite head made them NaN."""
+    table = concat(frames, (*lead, *TABLE_COLUMNS, *counts))
     table["finite"] = table["finite"].astype(bool)
-    for name in [m.name for m in METRICS if m.integer] + [c for c in columns if c not in TABLE_COLUMNS]:
+    for name in [m.name for m in METRICS if m.integer] + list(counts):
         col = table[name]
         table[name] = col.astype(np.float64 if col.dtype.kind == "f" and np.isnan(col).any() else np.int64)
     return table
