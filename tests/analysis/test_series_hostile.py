@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 
 import pytest
 
 from headrank.analysis.series import track
 from headrank.errors import HeadRankError
+from tests.helpers import hang_alarm
 
 from ..io.hubserver import HubServer
 from .test_series import run  # noqa: F401 - the trained run fixture
@@ -19,14 +19,8 @@ from .test_series import run  # noqa: F401 - the trained run fixture
 
 @pytest.fixture
 def alarm():
-    def boom(*_):
-        raise RuntimeError("hung: no result within 60 s")
-
-    old = signal.signal(signal.SIGALRM, boom)
-    signal.alarm(60)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
+    with hang_alarm(60):
+        yield
 
 
 class Stop(Exception):

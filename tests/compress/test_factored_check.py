@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 
 import pytest
 import torch
@@ -17,6 +16,7 @@ import transformers as tf
 
 from headrank.compress import compress, load_compressed
 from headrank.errors import HeadRankError
+from tests.helpers import hang_alarm
 
 LLAMA = dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2, intermediate_size=64,
              vocab_size=97, head_dim=8, tie_word_embeddings=True)
@@ -35,14 +35,8 @@ def factored(tmp_path_factory):
 
 @pytest.fixture
 def alarm():
-    def boom(*_):
-        raise RuntimeError("hung: no result within 30 s")
-
-    old = signal.signal(signal.SIGALRM, boom)
-    signal.alarm(30)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
+    with hang_alarm(30):
+        yield
 
 
 def _copy(factored, tmp_path):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 
@@ -16,20 +15,15 @@ import pytest
 from headrank.errors import ERROR_LINE_LIMIT, HeadRankError
 from headrank.io import validate
 from headrank.util.fileio import read_regular
+from tests.helpers import hang_alarm
 
 from ..fuzz.harness import TINY_CONFIG, write_tiny
 
 
 @pytest.fixture
 def alarm():
-    def boom(*_):
-        raise RuntimeError("hung: no result within 20 s")
-
-    old = signal.signal(signal.SIGALRM, boom)
-    signal.alarm(20)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
+    with hang_alarm(20):
+        yield
 
 
 @pytest.mark.parametrize("kind", ["fifo", "directory", "device"])

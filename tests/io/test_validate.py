@@ -8,7 +8,6 @@ configs, permission errors, and sizes this machine cannot hold.
 
 import json
 import os
-import signal
 import stat
 
 import pytest
@@ -18,6 +17,7 @@ from safetensors.torch import save_file
 from headrank.errors import HeadRankError
 from headrank.io import validate
 from headrank.io.sources import open_reader
+from tests.helpers import hang_alarm
 
 from ..fuzz.harness import TINY_CONFIG, tiny_tensors, write_tiny
 
@@ -25,14 +25,8 @@ from ..fuzz.harness import TINY_CONFIG, tiny_tensors, write_tiny
 @pytest.fixture
 def limit():
     """Fail (rather than hang the suite) when a read blocks for 20 s."""
-    def boom(*_):
-        raise RuntimeError("hung: no result within 20 s")
-
-    old = signal.signal(signal.SIGALRM, boom)
-    signal.alarm(20)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
+    with hang_alarm(20):
+        yield
 
 
 def _open_with(tmp_path, **changes):

@@ -4,13 +4,13 @@ page or one line, never a script in report.html, a PNG from outside `--out`, or 
 
 import json
 import os
-import signal
 
 import pytest
 from typer.testing import CliRunner
 
 from headrank.cli import app
 from headrank.report import runner as rep
+from tests.helpers import hang_alarm
 
 from .test_replot import RUNS, probe  # noqa: F401 - the probe study fixture
 from .test_reproduce_all import probes  # noqa: F401
@@ -18,14 +18,8 @@ from .test_reproduce_all import probes  # noqa: F401
 
 @pytest.fixture
 def alarm():
-    def boom(*_):
-        raise RuntimeError("hung: no result within 30 s")
-
-    old = signal.signal(signal.SIGALRM, boom)
-    signal.alarm(30)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
+    with hang_alarm(30):
+        yield
 
 
 def test_a_script_in_runtime_s_is_escaped_on_replot(tmp_path, probe, alarm):  # noqa: F811
