@@ -266,3 +266,21 @@ def test_nan_weights_are_one_line_and_nothing_written(llama_dir, tmp_path):
     r = CliRunner().invoke(app, ["compress", str(src), "--out", str(tmp_path / "o"), "--rank", "2"])
     assert r.exit_code == 2 and "layer 1 holds NaN/Inf" in r.output and r.output.count("\n") == 1
     assert not (tmp_path / "o").exists()  # a failed run leaves no --out behind, not even an empty one
+
+
+@pytest.mark.parametrize("content, needle", [(b"", "needs at least 4 non-empty lines"),
+                                             (b"\xff\xfe not text\n" * 8, "UTF-8"),
+                                             (None, "a directory, not a text file")],
+                         ids=["empty", "not-utf8", "a-directory"])
+def test_a_bad_text_is_refused_before_the_cut(llama_dir, tmp_path, content, needle):
+    """The red team's case: --text was read only after every layer had been cut and staged (on a
+    large model, the whole cut wasted). Now before any layer is read: one line, nothing written."""
+    text = tmp_path / "t.txt"
+    if content is None:
+        text.mkdir()
+    else:
+        text.write_bytes(content)
+    r = CliRunner().invoke(app, ["compress", str(llama_dir), "--out", str(tmp_path / "o"), "--rank", "2",
+                                 "--eval", "--text", str(text)])
+    assert r.exit_code == 2 and needle in r.output and "writing" not in r.output, r.output
+    assert not (tmp_path / "o").exists()

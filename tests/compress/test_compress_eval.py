@@ -192,3 +192,4 @@ def test_curve_option_draws_and_matches_cost_curve(tmp_path):
     ref = cost_curve(str(tmp_path / "lm"), [1.0, 0.5], spec=TextSpec(n=4, seq_len=32))
     assert [(x["method"], x["budget"], x["cost"]) for x in rows] == [(x["method"], x["budget"], x["cost"]) for x in ref]
     assert (tmp_path / "c" / "compress_curve.png").stat().st_size > 0
+

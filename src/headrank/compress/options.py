@@ -15,6 +15,7 @@ from headrank.compress.evaluate import (
     DATASETS,
     DEFAULT_N,
     DEFAULT_SEQ_LEN,
+    EVAL_SPLIT,
     Scorer,
     TextSpec,
     context_length,
@@ -78,9 +79,13 @@ def text_spec(opts: dict[str, Any], reader, live) -> TextSpec:
     """The :class:`TextSpec` of the options; unset sizes default to the README's cost curve."""
     n = opts["n_eval"] or DEFAULT_N["causal" if _causal_source(reader, live) else "encoder"]
     if opts["text"] is not None and not Path(opts["text"]).is_file():
-        raise HeadRankError(f"`text` {opts['text']}: no such file")
-    return TextSpec(n=n, seq_len=opts["seq_len"] or DEFAULT_SEQ_LEN, text_file=opts["text"],
+        raise HeadRankError(f"`text` {opts['text']}: " + ("a directory, not a text file" if Path(opts["text"]).is_dir()
+                                                          else "no such file"))
+    spec = TextSpec(n=n, seq_len=opts["seq_len"] or DEFAULT_SEQ_LEN, text_file=opts["text"],
                     n_calib=opts["n_calib"], dataset=opts["dataset"])
+    if spec.text_file is not None:
+        spec.texts(EVAL_SPLIT, 1)  # read and checked now (UTF-8, enough lines), not after the cut
+    return spec
 
 
 def check_context(model, spec: TextSpec, given: bool = True) -> TextSpec:

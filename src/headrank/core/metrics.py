@@ -248,7 +248,7 @@ CONSOLE_METRICS: tuple[tuple[str, str, str], ...] = tuple(
     (m.name, m.console[1], {"dims": ".2f", "ratio": ".4f"}.get(m.unit, ".4g"))
     for m in sorted((m for m in METRICS if m.console), key=lambda m: m.console[0]))
 #: the console tables' caption; the caller says where the definitions are (meta.json only with --out)
-CONSOLE_CAPTION = "; ".join(f"{h} = {n}" for n, h, _ in CONSOLE_METRICS) + " (mean over heads)"
+CONSOLE_CAPTION = "; ".join(f"{h} = {n}" for n, h, _ in CONSOLE_METRICS if h != n) + " (mean over heads)"
 
 
 #: the energy levels of the table's own energy-rank rows (``spectra --energy`` adds others)
