@@ -33,7 +33,7 @@ app = typer.Typer(
 # piped or redirected, nothing is cut to fit a screen: tables keep full headers and details, lines stay whole
 PIPE_WIDTH = 10_000
 out_console = Console(width=None if sys.stdout.isatty() else PIPE_WIDTH, markup=False)
-err_console = Console(stderr=True, markup=False)
+err_console = Console(stderr=True, markup=False, width=None if sys.stderr.isatty() else PIPE_WIDTH)  # a piped warning stays one line
 
 
 def styled(style: str, head: str, rest: str = "") -> Text:
