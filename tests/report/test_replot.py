@@ -73,7 +73,9 @@ def test_replot_rejudges_without_running(tmp_path, probe):
     assert meta["tally"] == {"findings": {"held": 1, "not held": 0, "inconclusive": 0},
                              "identities": {"verified": 1, "failed": 0},
                              "checks": {"held": 0, "not held": 0, "inconclusive": 0}, "supporting": 0,
-                             "untested": 0}
+                             "untested": 0,
+                             # probe.n carries no declared-margin test (no p): outside Holm's family
+                             "holm_family": 0, "holm_demoted": 0}
     r = CliRunner().invoke(app, ["reproduce", "probe", "--replot", "--out", str(tmp_path)])
     assert r.exit_code == 0 and "run.json, 1 PNG)" in " ".join(r.output.split())  # figures it rewrote
 

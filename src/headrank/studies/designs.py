@@ -42,8 +42,10 @@ DESIGNS = ("decouple_best", "online_rank", "exposure_invariance")
 RUN_COMMAND = "headrank reproduce designs --profile designs (about 4 h on 2 idle CPU cores; resumable)"
 SOURCE = "Kobayashi et al. 2024, abstract (paper)"
 Q_DECOUPLE = "observe advantages when decoupling weight decay in attention layers from the rest of the parameters"
-Q_ONLINE = ("we empirically find that weight decay significantly reduces the rank of W_K^T W_Q and P W_V, even in "
-            "fully online training")
+Q_ONLINE = ("we verify empirically that the key-query and value-projection matrix products $W_K^TW_Q, PW_V$ within "
+            "attention layers, when optimized with weight decay, as usually done in vision tasks and language "
+            "modelling, indeed induce a significant reduction in the rank of $W_K^TW_Q$ and $PW_V$, even in fully "
+            "online training")
 Q_LOWRANK = "inducing low rank in attention matrix products can damage language model performance"
 
 
