@@ -1,7 +1,8 @@
 """The reader contract (headrank.io.tensor_source): every reader of the io layer is a ``TensorSource``
 (``keys``, ``get``, ``meta``) built on ``BaseCheckpoint``, checked on a small real file of each
 kind (sharded bf16 safetensors, a PyTorch ``.bin``, a live module and a state_dict, a GGUF file
-with a Q8_0 tensor, a PEFT LoRA adapter, the same safetensors and GGUF files over HTTP ranges)
+with a Q8_0 tensor, a PEFT LoRA adapter, a factored compress output, the same safetensors and GGUF
+files over HTTP ranges)
 against what the files say independently (safetensors' and gguf's own readers, the module's
 parameters); a source's path is resolved once; and no io class writes another class's private
 attributes (read from the source's AST)."""
@@ -122,7 +123,32 @@ def _readers(files, server):
     adapted = _adapted(files)
     if adapted is not None:
         out.append(adapted)
-    return out
+    return out + [_factored(files)]
+
+
+def _factored(files):
+    """A factored compress output of the sharded checkpoint (OV cut to rank 2), against the same
+    cut written dense: v_proj at its uncut shape, its bytes as stored; q_proj as it was."""
+    from headrank.compress import compress
+    from headrank.io.checkpoint import locate
+    from headrank.io.factored import FactoredCheckpoint
+
+    sh, fac, den = files["root"] / "sharded", files["root"] / "factored", files["root"] / "dense"
+    if not fac.exists():
+        compress(str(sh), fac, rank=2, products="ov", whiten=False)
+        compress(str(sh), den, rank=2, products="ov", whiten=False, format="dense")
+    stored = {}
+    for f in fac.glob("*.safetensors"):
+        with safe_open(str(f), "pt") as h:
+            stored.update({k: (h.get_slice(k).get_shape(), f.name) for k in h.keys() if k in (Q, V)})
+    expect = {}
+    for n in (Q, V):
+        want, _ = _safetensors_expect(den, n) if (den / "model.safetensors.index.json").exists() else \
+            (safe_open(str(den / "model.safetensors"), "pt").get_tensor(n), None)
+        shape, file = stored[n]
+        expect[n] = (want, TensorMeta("bfloat16", tuple(want.shape), math.prod(shape) * 2, file))
+    assert stored[V][0][0] < 32  # the cut shrank v_proj: the reader restores its 32 rows
+    return FactoredCheckpoint(locate(fac)), expect
 
 
 def _adapted(files):
