@@ -2,8 +2,6 @@
 
 import json
 import shutil
-import signal
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 from safetensors.torch import load_file, save_file
@@ -67,17 +65,3 @@ def write_gguf_tensors(w, tensors, qtypes=None, raw=None):
     w.write_tensors_to_file()
     w.close()
 
-
-@contextmanager
-def hang_alarm(seconds: int):
-    """Fail (rather than hang the suite) when the block has no result within ``seconds``."""
-    def boom(*_):
-        raise RuntimeError(f"hung: no result within {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, boom)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)

@@ -11,7 +11,7 @@ import pytest
 
 from headrank.analysis.series import track
 from headrank.errors import HeadRankError
-from tests.helpers import hang_alarm
+from tests.fuzz.harness import time_limit
 
 from ..io.hubserver import HubServer
 from .test_series import run  # noqa: F401 - the trained run fixture
@@ -19,7 +19,7 @@ from .test_series import run  # noqa: F401 - the trained run fixture
 
 @pytest.fixture
 def alarm():
-    with hang_alarm(60):
+    with time_limit(60):
         yield
 
 

@@ -16,7 +16,7 @@ import transformers as tf
 
 from headrank.compress import compress, load_compressed
 from headrank.errors import HeadRankError
-from tests.helpers import hang_alarm
+from tests.fuzz.harness import time_limit
 
 LLAMA = dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2, intermediate_size=64,
              vocab_size=97, head_dim=8, tie_word_embeddings=True)
@@ -35,7 +35,7 @@ def factored(tmp_path_factory):
 
 @pytest.fixture
 def alarm():
-    with hang_alarm(30):
+    with time_limit(30):
         yield
 
 

@@ -15,14 +15,14 @@ import pytest
 from headrank.errors import ERROR_LINE_LIMIT, HeadRankError
 from headrank.io import validate
 from headrank.util.fileio import read_regular
-from tests.helpers import hang_alarm
+from tests.fuzz.harness import time_limit
 
 from ..fuzz.harness import TINY_CONFIG, write_tiny
 
 
 @pytest.fixture
 def alarm():
-    with hang_alarm(20):
+    with time_limit(20):
         yield
 
 

@@ -17,7 +17,7 @@ from safetensors.torch import save_file
 from headrank.errors import HeadRankError
 from headrank.io import validate
 from headrank.io.sources import open_reader
-from tests.helpers import hang_alarm
+from tests.fuzz.harness import time_limit
 
 from ..fuzz.harness import TINY_CONFIG, tiny_tensors, write_tiny
 
@@ -25,7 +25,7 @@ from ..fuzz.harness import TINY_CONFIG, tiny_tensors, write_tiny
 @pytest.fixture
 def limit():
     """Fail (rather than hang the suite) when a read blocks for 20 s."""
-    with hang_alarm(20):
+    with time_limit(20):
         yield
 
 

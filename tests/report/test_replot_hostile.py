@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from headrank.cli import app
 from headrank.report import runner as rep
-from tests.helpers import hang_alarm
+from tests.fuzz.harness import time_limit
 
 from .test_replot import RUNS, probe  # noqa: F401 - the probe study fixture
 from .test_reproduce_all import probes  # noqa: F401
@@ -18,7 +18,7 @@ from .test_reproduce_all import probes  # noqa: F401
 
 @pytest.fixture
 def alarm():
-    with hang_alarm(30):
+    with time_limit(30):
         yield
 
 
