@@ -204,3 +204,23 @@ def mla_spectra(ref: dict[str, np.ndarray], layer: int) -> dict[str, np.ndarray]
         out["qk"].append(np.linalg.svd(k.T @ q, compute_uv=False)[:nope])
         out["ov"].append(np.linalg.svd(wo[:, h * v:(h + 1) * v] @ wv, compute_uv=False)[:v])
     return out
+
+
+def each_refused(tmp_path, tensors, cfg, cases) -> None:
+    """Each case ``name: (edit(tensors, config), needle)`` applied to a fresh copy of a quantized
+    checkpoint's tensors and config, written and analyzed: one HeadRankError line naming ``needle``."""
+    import pytest
+
+    from headrank.analysis.scan import analyze
+    from headrank.errors import HeadRankError
+
+    for case, (edit, needle) in cases.items():
+        tt, cc = {k: v.clone() for k, v in tensors.items()}, json.loads(json.dumps(cfg))
+        edit(tt, cc)
+        d = tmp_path / case.replace(" ", "-")
+        d.mkdir()
+        save_file(tt, str(d / "model.safetensors"))
+        (d / "config.json").write_text(json.dumps(cc))
+        with pytest.raises(HeadRankError) as e:
+            analyze(d)
+        assert needle in str(e.value) and "\n" not in str(e.value), (case, str(e.value))

@@ -122,16 +122,7 @@ def test_bad_input_one_line(tmp_path):
         "group size": (lambda t, c: [t.pop(k) for k in list(t) if k.endswith(".g_idx")] and
                        c["quantization_config"].update(group_size=32, desc_act=False), "the group size does not match"),
     }
-    for case, (edit, needle) in cases.items():
-        tt, cc = {k: v.clone() for k, v in t.items()}, json.loads(json.dumps(cfg))
-        edit(tt, cc)
-        d = tmp_path / case.replace(" ", "-")
-        d.mkdir()
-        save_file(tt, str(d / "model.safetensors"))
-        (d / "config.json").write_text(json.dumps(cc))
-        with pytest.raises(HeadRankError) as e:
-            analyze(d)
-        assert needle in str(e.value) and "\n" not in str(e.value), (case, str(e.value))
+    ql.each_refused(tmp_path, t, cfg, cases)
 
 
 def test_a_config_that_contradicts_the_tensors_is_refused(tmp_path):
