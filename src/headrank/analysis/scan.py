@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -286,24 +287,20 @@ def _fault_in(hw: HeadWeights) -> None:
 
 def _stream(reader: AttentionReader, sel: list[int], tol: float, threads: int | None,
             timing: dict[str, float] | None = None, used: list[int] | None = None, energy: tuple[float, ...] = ()):
-    """Yield ``(i, hw, metrics, row_norms)`` per selected layer; layer i+1 is read meanwhile.
-
-    The checkpoint is touched by one thread at a time (the reader thread; ``release`` only
-    between reads), so resident memory stays about two layers' stored weights. ``timing``, if
-    given, is filled with seconds: ``wall`` (first read to last layer's metrics), ``read``
-    (inside the reader), ``compute`` (the metrics), ``compute_waited_on_read`` (the metrics
-    idle until a layer was read) and ``read_waited_on_compute`` (the reader idle).
-    ``threads`` None: the idle cores (:class:`~headrank.util.threads.IdleCores`), re-checked
-    before each layer, set in the compute setting for the layer's work; ``used``, if given,
-    receives each layer's count.
+    """Yield ``(i, hw, metrics, row_norms)`` per selected layer; layer i+1 is read meanwhile
+    (:meth:`~headrank.io.layouts.AttentionReader.stream`: resident memory stays about two
+    layers' stored weights). ``timing``, if given, is filled with seconds: ``wall`` (first read
+    to last layer's metrics), ``read`` (inside the reader), ``compute`` (the metrics),
+    ``compute_waited_on_read`` (the metrics idle until a layer was read) and
+    ``read_waited_on_compute`` (the reader idle). ``threads`` None: the idle cores
+    (:class:`~headrank.util.threads.IdleCores`), re-checked before each layer, set in the
+    compute setting for the layer's work; ``used``, if given, receives each layer's count.
     """
     import time
-    from concurrent.futures import ThreadPoolExecutor
 
     from headrank.io.stfile import BufferPool, reading_into
-    from headrank.util.memory import trim_heap
 
-    t = {"read": 0.0, "compute": 0.0, "compute_waited_on_read": 0.0}
+    t = {"read": 0.0, "compute": 0.0}
     pool = BufferPool()  # a layer's read buffers reused by the layer after next: no fresh pages per read
 
     def read(i: int) -> HeadWeights:
@@ -318,20 +315,8 @@ def _stream(reader: AttentionReader, sel: list[int], tol: float, threads: int | 
 
     cores = IdleCores(threads)
     start = time.perf_counter()
-    from concurrent.futures import Future
-
-    nxt = None
-    if sel:  # the first layer read in this thread: whatever the read path imports, it imports here
-        nxt = Future()
-        nxt.set_result(read(sel[0]))
-    with ThreadPoolExecutor(1, thread_name_prefix="headrank-read") as io, torch_threads(1):
-        for k, i in enumerate(sel):
-            t0 = time.perf_counter()
-            hw = nxt.result()
-            t["compute_waited_on_read"] += time.perf_counter() - t0
-            reader.ckpt.release()  # unmap what the read touched (tensors read are copies)
-            trim_heap()  # the previous layer's temporaries, back to the OS (resident set stays flat)
-            nxt = io.submit(read, sel[k + 1]) if k + 1 < len(sel) else None
+    with reader.stream(sel, read) as layers, torch_threads(1):
+        for i, hw in layers:
             threads_now = cores.threads()  # the idle cores now (others' load since the last layer), unless set
             if used is not None:
                 used.append(threads_now)
@@ -341,8 +326,9 @@ def _stream(reader: AttentionReader, sel: list[int], tol: float, threads: int | 
             t["compute"] += time.perf_counter() - t0
             if timing is not None:
                 wall = time.perf_counter() - start
-                timing.update(t, wall=wall, read_waited_on_compute=wall - t["read"])
+                timing.update(t, compute_waited_on_read=layers.waited, wall=wall, read_waited_on_compute=wall - t["read"])
             yield i, hw, metrics, row_norms
+            del hw, metrics, row_norms
 
 
 def attention_layers(reader: AttentionReader, sel: list[int], everything: bool) -> list[int]:
@@ -507,20 +493,20 @@ def _scan_layers(reader: AttentionReader, sel: list[int], tol: float, threads: i
     norms: dict[str, list[np.ndarray]] = {k: [] for k in ("q", "k", "v", "p")}
     timing: dict[str, float] = {}
     head_dim = reader.dims.head_dim
-    stream = _stream(reader, sel, tol, threads, timing, used, energy)
-    for done, (i, hw, metrics, row_norms) in enumerate(stream, 1):
-        for product, m in metrics.items():
-            frames.append({**_rows(i, product, m, hw.group, head_dim), **rb.baseline_row(hw, product, tol)})
-            sv[product].append(np.asarray(m.sv))
-        for k, v in row_norms.items():
-            norms[k].append(np.asarray(v))
-        if rot is not None:
-            rot.add(i, hw, row_norms)
-        if vecs is not None:
-            vecs.add(hw)
-        del hw, metrics
-        if progress:
-            progress(done, len(sel))
+    with closing(_stream(reader, sel, tol, threads, timing, used, energy)) as stream:  # closed on an error too
+        for done, (i, hw, metrics, row_norms) in enumerate(stream, 1):
+            for product, m in metrics.items():
+                frames.append({**_rows(i, product, m, hw.group, head_dim), **rb.baseline_row(hw, product, tol)})
+                sv[product].append(np.asarray(m.sv))
+            for k, v in row_norms.items():
+                norms[k].append(np.asarray(v))
+            if rot is not None:
+                rot.add(i, hw, row_norms)
+            if vecs is not None:
+                vecs.add(hw)
+            del hw, metrics, row_norms
+            if progress:
+                progress(done, len(sel))
     return frames, sv, norms, timing
 
 

@@ -12,8 +12,8 @@ and what a factored deployment saves.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from headrank.compress.cut import (
     unit_factors,
 )
 from headrank.compress.plan import Rule, choose
-from headrank.errors import HeadRankError, one_line
+from headrank.errors import HeadRankError
 from headrank.io.layouts import AttentionReader, HeadWeights
 from headrank.io.sources import open_reader
 from headrank.util.threads import computing, torch_threads
@@ -77,9 +77,10 @@ def parse_products(products: str | list[str] | tuple[str, ...] | None, reader: A
 def open_source(source: Any, verbose: bool = False, **kw: Any) -> tuple[AttentionReader, Any, str | None]:
     """The reader, the live Hugging Face model when one had to be loaded (GGUF), and a note.
 
-    A GGUF file is loaded with transformers (``gguf_file=``, dequantized to float32): the
-    compressed checkpoint is written as safetensors with Hugging Face names. transformers' own
-    progress bars (its GGUF reader's among them) are silenced unless ``verbose``."""
+    A GGUF file is loaded with transformers (:func:`headrank.models.opener.load_gguf`,
+    dequantized to float32): the compressed checkpoint is written as safetensors with Hugging
+    Face names. transformers' own progress bars (its GGUF reader's among them) are silenced
+    unless ``verbose``."""
     reader = open_reader(source, **kw)
     if reader.parts:
         raise HeadRankError(f"compress: {reader.layout.model_types[0]!r} is an encoder-decoder (encoder, decoder and "
@@ -93,44 +94,16 @@ def open_source(source: Any, verbose: bool = False, **kw: Any) -> tuple[Attentio
                             "(a hybrid): not supported (spectra measures those layers)")
     if reader.origin.get("input") != "gguf" and "gguf" not in reader.origin:
         return reader, None, None
-    from headrank.models.opener import quiet_transformers
+    from headrank.models.opener import load_gguf
 
     path = Path(reader.ckpt.path)
-    try:
-        with quiet_transformers() as tf, _stderr_off(not verbose):
-            model = tf.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-    except Exception as e:  # noqa: BLE001 - an architecture transformers cannot load from GGUF
-        raise HeadRankError(f"cannot load {path} with transformers (gguf_file=): {one_line(e, 200)}"
-                            ) from None
-    try:
-        with quiet_transformers() as tf, _stderr_off(not verbose):
-            tok = tf.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    except Exception:  # noqa: BLE001 - a GGUF without tokenizer metadata: weights only
-        tok = None
-    model.eval()
+    model, tok = load_gguf(path, what="compress (a GGUF source)", verbose=verbose)
     model._headrank_tokenizer = tok
-    qc = getattr(model.config, "quantization_config", None)
-    method = qc.get("quant_method") if isinstance(qc, dict) else getattr(qc, "quant_method", None)
-    if str(method).lower().endswith("gguf"):  # transformers dequantized the weights: plain float32 now
-        del model.config.quantization_config
     live = open_reader(model)
     live.origin = {**reader.origin, "loaded_with": "transformers gguf_file= (dequantized to float32)"}
     live.source_file = path  # what the uncut baseline's cache key is made from (the live model has no files)
     return live, model, (f"GGUF source {path.name}: written as safetensors (float32, dequantized by "
                          "transformers), not GGUF")
-
-
-@contextmanager
-def _stderr_off(off: bool) -> Iterator[None]:
-    """transformers' GGUF reader draws a tqdm bar of its own (not its logging's): sent nowhere."""
-    if not off:
-        yield
-        return
-    import io
-    from contextlib import redirect_stderr
-
-    with redirect_stderr(io.StringIO()):
-        yield
 
 
 @dataclass
@@ -190,29 +163,6 @@ def read_layer(reader: AttentionReader, i: int) -> Layer:
     return Layer(i, names, raw, hw, bias_names, {r: reader.ckpt.get(n) for r, n in bias_names.items()})
 
 
-def stream_layers(reader: AttentionReader, todo: tuple[int, ...]) -> Iterator[Layer]:
-    """:func:`read_layer` of each layer of ``todo`` in order, the next one read by a reader
-    thread meanwhile (the checkpoint is touched by one thread at a time). The first layer is
-    read in the caller's thread, so whatever the read path imports is imported there, never by
-    the reader thread."""
-    from concurrent.futures import Future, ThreadPoolExecutor
-
-    from headrank.util.memory import trim_heap
-
-    if not todo:
-        return
-    first: Future = Future()
-    first.set_result(read_layer(reader, todo[0]))
-    with ThreadPoolExecutor(1, thread_name_prefix="headrank-read") as io:
-        nxt = first
-        for k in range(len(todo)):
-            layer = nxt.result()
-            reader.ckpt.release()
-            trim_heap()  # the previous layer's temporaries, back to the OS
-            nxt = io.submit(read_layer, reader, todo[k + 1]) if k + 1 < len(todo) else None
-            yield layer
-
-
 def make_plan(reader: AttentionReader, rule: Rule, products: tuple[str, ...],
               whiten: dict[int, torch.Tensor] | None = None,
               progress: Callable[[int, int], None] | None = None, layers: tuple[int, ...] | None = None,
@@ -230,11 +180,12 @@ def make_plan(reader: AttentionReader, rule: Rule, products: tuple[str, ...],
         return Plan(rule, products, {}, {}, cost, whiten, spec, sel, None, True, device)
     sv: dict[str, list[torch.Tensor]] = {p: [] for p in products}
     roots: dict[str, list[Any]] = {p: [] for p in products}
-    with torch_threads(1):  # the workers share the heads, one torch thread each
-        for j, layer in enumerate(stream_layers(reader, todo)):
+    with torch_threads(1), reader.stream(todo, partial(read_layer, reader)) as stream:  # the workers share the heads, one torch thread each
+        for j, (_, layer) in enumerate(stream):
             for p, (s, b) in _spectra(layer, products, whiten, spec, threads, device).items():
                 sv[p].append(s)
                 roots[p].append(b)
+            del layer
             if progress:
                 progress(j + 1, 2 * len(todo))
     spectra = {p: torch.stack(v) for p, v in sv.items()}
@@ -400,8 +351,8 @@ def cut_layers(reader: AttentionReader, plan: Plan, progress: Callable[[int, int
     n = len(todo)
     tell = progress or (lambda *a: None)
     sv: dict[str, list[torch.Tensor]] = {p: [] for p in plan.products}
-    with torch_threads(1):  # the workers share the units, one torch thread each
-        for j, layer in enumerate(stream_layers(reader, todo)):
+    with torch_threads(1), reader.stream(todo, partial(read_layer, reader)) as stream:  # the workers share the units, one torch thread each
+        for j, (_, layer) in enumerate(stream):
             if plan.streamed:
                 _choose_layer(plan, layer, sv, threads)
                 tell(j + 1, n, "spectra")

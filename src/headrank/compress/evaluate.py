@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from headrank.errors import HeadRankError, one_line
+from headrank.models.opener import context_length, is_causal
 
 EVAL_SPLIT, CALIB_SPLIT = "test", "validation"
 
@@ -119,39 +120,6 @@ class _quiet_datasets:
             self.ds.utils.logging.enable_progress_bar()
         self.ds.utils.logging.set_verbosity(self.level)
         return False
-
-
-def context_length(config: Any) -> int | None:
-    """The longest sequence the model's positions allow (None: not stated)."""
-    for key in ("max_position_embeddings", "n_positions", "max_seq_len"):
-        v = getattr(config, key, None)
-        if isinstance(v, int) and v > 0:
-            return v
-    return None
-
-
-def is_causal(obj: Any) -> bool:
-    """A causal LM: a model whose class, or a config whose ``architectures``, ends in
-    ``ForCausalLM`` / ``LMHeadModel``."""
-    names = [type(obj).__name__] if hasattr(obj, "config") else list(getattr(obj, "architectures", None) or [])
-    return any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in names)
-
-
-def load(path: str | Path, *, dtype: torch.dtype = torch.float32):
-    """The model (causal LM head or bare encoder) and tokenizer saved in ``path``."""
-    from headrank.models.opener import quiet_transformers
-
-    try:
-        with quiet_transformers() as tf:
-            cfg = tf.AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
-            cls = tf.AutoModelForCausalLM if is_causal(cfg) else tf.AutoModel
-            model = cls.from_pretrained(path, config=cfg, dtype=dtype, local_files_only=True,
-                                        trust_remote_code=False, attn_implementation="eager")
-            tok = tf.AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
-    except Exception as e:  # noqa: BLE001 - no tokenizer, unknown architecture, ...
-        raise HeadRankError(f"cannot load {path} with transformers (for `evaluate`, the whitened cut or `allocate` loss): "
-                            f"{one_line(e, 200)}") from None
-    return model.eval(), tok
 
 
 def token_windows(tok, spec: TextSpec, split: str) -> torch.Tensor:

@@ -31,7 +31,7 @@ import torch
 
 from headrank.compress import factored_check as check
 from headrank.compress.factored_check import FORMAT, MANIFEST, STEM
-from headrank.errors import HeadRankError, one_line
+from headrank.errors import HeadRankError
 from headrank.util.args import checked
 
 __all__ = ["FORMAT", "MANIFEST", "STEM", "LatentLinear", "LatentOutput", "factor_layer", "load_compressed", "ranges"]
@@ -175,22 +175,10 @@ def _state_dict(path: Path) -> dict[str, torch.Tensor]:
 
 def _build(path: Path, dtype: torch.dtype | None, attn_implementation: str | None):
     """The model of config.json on the meta device (its sizes bounded first; no remote code)."""
-    from headrank.compress.evaluate import is_causal
-    from headrank.models.opener import quiet_transformers
+    from headrank.models.opener import empty_model
 
     check.config(path, torch.empty((), dtype=dtype or torch.float32).element_size())
-    try:
-        with quiet_transformers() as tf:
-            cfg = tf.AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
-            cls = tf.AutoModelForCausalLM if is_causal(cfg) else tf.AutoModel
-            kw = {"attn_implementation": attn_implementation} if attn_implementation else {}
-            with torch.device("meta"):
-                return cls.from_config(cfg, dtype=dtype, **kw)
-    except HeadRankError:
-        raise
-    except Exception as e:  # noqa: BLE001 - a config transformers refuses (garbage rope, unknown type, ...)
-        raise HeadRankError(f"{path / 'config.json'}: transformers cannot build a model from it: "
-                            f"{one_line(e, 300, typed=True)}") from None
+    return empty_model(path, dtype=dtype, attn_implementation=attn_implementation, what="load_compressed")
 
 
 @checked

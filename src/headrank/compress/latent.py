@@ -253,7 +253,7 @@ def enable(model, modules: dict[str, dict[str, Any]], info: dict[str, Any]) -> b
     ``modules``: the manifest's entries by the model's module names, each with its ``kept``
     indices decoded; ``info``: compress.json's ``config`` block. Returns True, or why not (the
     model is then left as it was)."""
-    from headrank.compress.evaluate import is_causal
+    from headrank.models.opener import is_causal
 
     base = getattr(model.config, "_attn_implementation", None)
     if not is_causal(model):

@@ -18,10 +18,10 @@ from headrank.compress.evaluate import (
     EVAL_SPLIT,
     Scorer,
     TextSpec,
-    context_length,
-    is_causal,
 )
+from headrank.compress.safety import causal_source
 from headrank.errors import HeadRankError
+from headrank.models.opener import context_length
 from headrank.util.env import cache_root
 
 FORMATS = ("factored", "dense")
@@ -68,16 +68,9 @@ def check_options(*, format: Any, threads: Any, n_eval: Any, n_calib: Any, seq_l
             "dataset": dataset, "products": products}
 
 
-def _causal_source(reader, live) -> bool:
-    if live is not None:
-        return is_causal(live)
-    archs = (reader.ckpt.config or {}).get("architectures") or []
-    return any(str(a).endswith(("ForCausalLM", "LMHeadModel")) for a in archs)
-
-
 def text_spec(opts: dict[str, Any], reader, live) -> TextSpec:
     """The :class:`TextSpec` of the options; unset sizes default to the README's cost curve."""
-    n = opts["n_eval"] or DEFAULT_N["causal" if _causal_source(reader, live) else "encoder"]
+    n = opts["n_eval"] or DEFAULT_N["causal" if causal_source(reader, live) else "encoder"]
     if opts["text"] is not None and not Path(opts["text"]).is_file():
         raise HeadRankError(f"`text` {opts['text']}: " + ("a directory, not a text file" if Path(opts["text"]).is_dir()
                                                           else "no such file"))

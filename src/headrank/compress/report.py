@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from headrank.compress.api import KV_BYTES, Plan
+from headrank.models.opener import is_causal
 from headrank.util.env import versions
 
 CONVENTIONS = {
@@ -104,7 +105,7 @@ def _causal(reader) -> bool | None:
     archs = (reader.ckpt.config or {}).get("architectures") if isinstance(reader.ckpt.config, dict) else None
     if not isinstance(archs, list) or not archs:
         return None
-    return any(isinstance(a, str) and a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs)
+    return is_causal(reader.ckpt.config)
 
 
 def _mb(n: float) -> str:

@@ -22,7 +22,7 @@ from headrank.compress.api import (
     parse_products,
     source_dir,
 )
-from headrank.compress.evaluate import Scorer, TextSpec, calibration, context_length, load
+from headrank.compress.evaluate import Scorer, TextSpec, calibration
 from headrank.compress.factored import (
     FORMAT,
     MANIFEST,
@@ -44,6 +44,7 @@ from headrank.compress.result import CompressResult
 from headrank.compress.write import ShardWriter, copy_side_files, save_hf_side
 from headrank.errors import HeadRankError
 from headrank.io.writer import OutputSet
+from headrank.models.opener import context_length, load
 from headrank.util.args import checked
 from headrank.util.fileio import write_json
 from headrank.util.threads import (
@@ -55,16 +56,24 @@ from headrank.util.threads import (
 )
 
 
-def _original(reader, live) -> tuple[Any, Any]:
+def _original(reader, live, what: str) -> tuple[Any, Any]:
+    """The uncut model and its tokenizer, for ``what`` (the options that asked, in their words)."""
     if live is not None:
         tok = getattr(live, "_headrank_tokenizer", None)
         if tok is None:
-            raise HeadRankError("`evaluate` and `whiten` need a tokenizer; this GGUF file holds none")
+            raise HeadRankError(f"{what}: needs a tokenizer; this GGUF file holds none")
         return live, tok
     src = source_dir(reader)
     if src is None:
-        raise HeadRankError("`evaluate` and `whiten` need a checkpoint directory transformers can load")
-    return load(src)
+        raise HeadRankError(f"{what}: needs a checkpoint directory transformers can load")
+    return load(src, what=what)
+
+
+def _asked(run: dict[str, Any], whiten: bool) -> str:
+    """The options that need the uncut model loaded, in their words (the default whitened cut named as such)."""
+    asked = (("`whiten`" if run["whiten"] else "the default whitened cut (`whiten`)") if whiten else None,
+             "`evaluate`" if run["evaluate"] else None, "`allocate` loss" if run["opts"]["allocate"] == "loss" else None)
+    return ", ".join(a for a in asked if a)
 
 
 @checked(types=("out",))  # the options are checked by options.py, in the command line's words
@@ -132,7 +141,7 @@ def _pipeline(dest: OutputSet, reader, live, gguf_note: str | None, run: dict[st
     whiten = safety.default_whiten(run["whiten"], reader, live, source_dir(reader), notes)
     orig = tok = None
     if whiten or evaluate or opts["allocate"] == "loss":
-        orig, tok = _original(reader, live)
+        orig, tok = _original(reader, live, _asked(run, whiten))
         spec = _fit_context(orig, spec, opts, notes)
     if whiten:
         run["announce"](safety.calibration_cost(orig, tok, spec))
@@ -377,7 +386,7 @@ def _evaluate(orig, tok, stage: Path, spec: TextSpec, fmt: str, reader, result: 
         before = scorer(orig, lambda d, t: tell(d, t, "evaluating uncut"))
         store_baseline(key, before)
     factored = fmt == "factored"
-    after_model = load_compressed(stage, dtype=torch.float32, latent_kv=True) if factored else load(stage)[0]
+    after_model = load_compressed(stage, dtype=torch.float32, latent_kv=True) if factored else load(stage, what="`evaluate`")[0]
     after = scorer(after_model, lambda d, t: tell(d, t, "evaluating cut"))
     how = "headrank.load_compressed, latent_kv=True" if factored else "transformers"
     result["eval"] = {"metric": scorer.metric, "before": before, "after": after, "before_cached": cached,
@@ -433,7 +442,7 @@ def cost_curve(source: Any, budgets: Iterable[float], *, methods: Iterable[str] 
     given = isinstance(spec, TextSpec) or (spec or {}).get("seq_len") is not None
     if not isinstance(spec, TextSpec):
         spec = text_spec(spec or opts, reader0, live)
-    orig, tok = _original(reader0, live)
+    orig, tok = _original(reader0, live, "the cost curve (`curve`)")
     spec = check_context(orig, spec, given)
     orig = orig.to(torch.float32).eval()
     reader = open_reader(orig, layout=layout)

@@ -12,7 +12,8 @@ from typing import Any
 
 import torch
 
-from headrank.compress.evaluate import CALIB_SPLIT, TextSpec, is_causal, token_windows
+from headrank.compress.evaluate import CALIB_SPLIT, TextSpec, token_windows
+from headrank.models.opener import is_causal
 
 PROMPTS = ("The capital of France is", "Water boils at a temperature of",
            "The first president of the United States was", "Once upon a time, there was a little")
@@ -30,12 +31,9 @@ def announce(line: str) -> None:
     log.warning(line)
 
 
-def _causal(reader, live) -> bool:
-    if live is not None:
-        return is_causal(live)
-    archs = (reader.ckpt.config or {}).get("architectures") or []
-    return isinstance(archs, list) and any(isinstance(a, str) and a.endswith(("ForCausalLM", "LMHeadModel"))
-                                           for a in archs)
+def causal_source(reader, live) -> bool:
+    """A causal LM: the live model (a GGUF source) by its class, else the checkpoint's config.json."""
+    return is_causal(live if live is not None else reader.ckpt.config or {})
 
 
 def default_whiten(whiten: bool | None, reader, live, src: Path | None, notes: list[str]) -> bool:
@@ -43,7 +41,7 @@ def default_whiten(whiten: bool | None, reader, live, src: Path | None, notes: l
     the module paths), else False, with a note saying why a causal LM was cut plain."""
     if whiten is not None:
         return bool(whiten)
-    if not _causal(reader, live):
+    if not causal_source(reader, live):
         return False
     tok = (getattr(live, "_headrank_tokenizer", None) is not None if live is not None else
            src is not None and any((src / f).is_file() for f in _TOKENIZER_FILES))

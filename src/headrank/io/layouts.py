@@ -39,12 +39,13 @@ folded into W_Q, W_K, W_V (``fold_norm``, TransformerLens' ``fold_ln``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from headrank.errors import HeadRankError
 from headrank.io import convention as conv
+from headrank.io.prefetch import LayerStream
 from headrank.io.tensor_source import BaseCheckpoint
 from headrank.io.validate import (
     MAX_HEAD_DIM,
@@ -700,10 +701,8 @@ class AttentionReader:
                 if tensors is not self.layout.tensors:
                     self.layout = self.layout.with_tensors(tensors)
                 return prefixes[0]  # shortest: the base model's own weights
-        raise _NoTensors(
-            f"checkpoint has no tensor named like {' or '.join(map(repr, firsts))}: weights do not match "
-            f"the layout of {self.layout.model_types[0]!r}"
-        )
+        raise _NoTensors(f"checkpoint has no tensor named like {' or '.join(map(repr, firsts))}: weights do not "
+                         f"match the layout of {self.layout.model_types[0]!r}")
 
     @property
     def position(self) -> str:
@@ -734,9 +733,12 @@ class AttentionReader:
         try:
             return SPLITS[self.split](raw, self.dims)
         except _Shape as e:
-            raise HeadRankError(
-                f"tensor {names[e.role]} has shape {e.got} but the config implies {e.want}"
-            ) from None
+            raise HeadRankError(f"tensor {names[e.role]} has shape {e.got} but the config implies {e.want}") from None
+
+    def stream(self, layers: Iterable[int], read: Callable[[int], Any] | None = None) -> LayerStream:
+        """``(i, read(i))`` for each of ``layers`` in order (``read``: :meth:`read_layer`), layer i+1
+        read by one reader thread while the caller works on layer i (:mod:`headrank.io.prefetch`)."""
+        return LayerStream(self, layers, read or self.read_layer)
 
     def read_layer(self, i: int) -> HeadWeights:
         hw = self.split_raw(*self.read_raw(i))

@@ -36,13 +36,26 @@ Real inputs, one source of each:
   task's sequences (:func:`headrank.models.tasks.make_recall_batch`, seeded);
 - images: scikit-learn digits (:func:`headrank.models.data.digits_arrays`, values in [0, 1])
   resized (nearest) to the model's image size and repeated over its channels.
+
+The other ways transformers opens a model go through here too, under the same rules (local
+files only, never the model's own code, transformers' warnings silenced, imported in the
+caller's thread, any failure one :class:`~headrank.errors.HeadRankError` line naming ``what``
+asked for the load: :func:`loading`):
+
+- :func:`load`: a saved model with its task head where it is a causal LM (else the bare
+  encoder) and its tokenizer (compress's ``evaluate``, ``whiten``, ``allocate`` loss);
+- :func:`load_gguf`: a GGUF file, dequantized to float32 by transformers, and its tokenizer;
+- :func:`hf_config` (transformers' config of a directory) and :func:`empty_model` (the model
+  of a config.json on the meta device: :func:`headrank.compress.load_compressed`);
+- :func:`is_causal` and :func:`context_length`, what a model, its config or its config.json say.
 """
 
 from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +68,10 @@ from headrank.util.legacy import upgrade
 
 PROJECT_TYPE = "headrank"
 KINDS = ("hf", "headrank")
+#: every transformers load: files on this machine only (a Hub id is resolved to a directory by
+#: :mod:`headrank.io.checkpoint` first), never the model's own code
+SAFE = {"local_files_only": True, "trust_remote_code": False}
+CAUSAL = ("ForCausalLM", "LMHeadModel")  # the class-name endings of a causal LM
 TEXT_SPLIT = "test"
 TEXT_MIN_WORDS = 10
 
@@ -106,6 +123,105 @@ class quiet_transformers:
         if self.bars:
             self.tf.utils.logging.enable_progress_bar()
         return False
+
+
+# --------------------------------------------------------------------------- transformers, the one way in
+
+
+@contextmanager
+def loading(path: str | os.PathLike, what: str, how: str = "") -> Iterator[Any]:
+    """transformers (quiet, imported here, in the caller's thread) for one load of ``path``; any
+    failure inside the block is one line: ``WHAT: cannot load PATH with transformers[HOW]: why``."""
+    try:
+        with quiet_transformers() as tf:
+            yield tf
+    except HeadRankError:
+        raise
+    except Exception as e:  # noqa: BLE001 - unknown model_type, missing or corrupt files, a garbled config, …
+        raise HeadRankError(f"{what}: cannot load {path} with transformers{how}: {one_line(e, 300, typed=True)}"
+                            ) from None
+
+
+def is_causal(obj: Any) -> bool:
+    """A causal LM: a model whose class, or a config (transformers' object or config.json's dict)
+    whose ``architectures``, ends in ``ForCausalLM`` / ``LMHeadModel``."""
+    if isinstance(obj, dict):
+        names = obj.get("architectures")
+    else:
+        names = [type(obj).__name__] if hasattr(obj, "config") else getattr(obj, "architectures", None)
+    return isinstance(names, list | tuple) and any(isinstance(a, str) and a.endswith(CAUSAL) for a in names)
+
+
+def context_length(config: Any) -> int | None:
+    """The longest sequence a model's positions allow (transformers' config; None: not stated)."""
+    for key in ("max_position_embeddings", "n_positions", "max_seq_len"):
+        v = getattr(config, key, None)
+        if isinstance(v, int) and v > 0:
+            return v
+    return None
+
+
+def hf_config(path: str | os.PathLike, what: str) -> Any:
+    """transformers' config of the model directory ``path``."""
+    with loading(path, what) as tf:
+        return tf.AutoConfig.from_pretrained(path, **SAFE)
+
+
+def _model_class(tf: Any, cfg: Any) -> Any:
+    return tf.AutoModelForCausalLM if is_causal(cfg) else tf.AutoModel
+
+
+def load(path: str | os.PathLike, *, dtype: torch.dtype = torch.float32, what: str = "this command"):
+    """``(model, tokenizer)`` saved in ``path``: a causal LM with its head (config.json's
+    ``architectures``), else the bare encoder, in ``dtype``, eager attention, eval mode."""
+    with loading(path, what) as tf:
+        cfg = tf.AutoConfig.from_pretrained(path, **SAFE)
+        model = _model_class(tf, cfg).from_pretrained(path, config=cfg, dtype=dtype, attn_implementation="eager", **SAFE)
+        tok = tf.AutoTokenizer.from_pretrained(path, **SAFE)
+    return model.eval(), tok
+
+
+def load_gguf(path: str | os.PathLike, *, what: str = "this command", verbose: bool = False):
+    """``(model, tokenizer or None)`` of a GGUF file: transformers' causal LM (``gguf_file=``),
+    its weights dequantized to float32 (and its config then says so: no quantization left), eval
+    mode; None for a file without tokenizer metadata. transformers' GGUF reader draws a progress
+    bar of its own (not its logging's): shown only when ``verbose``."""
+    path = Path(path)
+    with loading(path, what, " (gguf_file=)") as tf, _stderr_off(not verbose):
+        model = tf.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32, **SAFE)
+    try:
+        with quiet_transformers() as tf, _stderr_off(not verbose):
+            tok = tf.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, **SAFE)
+    except Exception:  # noqa: BLE001 - a GGUF without tokenizer metadata: weights only
+        tok = None
+    qc = getattr(model.config, "quantization_config", None)
+    method = qc.get("quant_method") if isinstance(qc, dict) else getattr(qc, "quant_method", None)
+    if str(method).lower().endswith("gguf"):  # transformers dequantized the weights: plain float32 now
+        del model.config.quantization_config
+    return model.eval(), tok
+
+
+def empty_model(path: str | os.PathLike, *, dtype: torch.dtype | None, attn_implementation: str | None = None,
+                what: str = "this command") -> nn.Module:
+    """The model of ``path``'s config.json (its causal LM head where it has one) on the meta
+    device: shapes only, nothing allocated or read but the config."""
+    with loading(path, what) as tf:
+        cfg = tf.AutoConfig.from_pretrained(path, **SAFE)
+        kw = {"attn_implementation": attn_implementation} if attn_implementation else {}
+        with torch.device("meta"):
+            return _model_class(tf, cfg).from_config(cfg, dtype=dtype, **kw)
+
+
+@contextmanager
+def _stderr_off(off: bool) -> Iterator[None]:
+    if not off:
+        yield
+        return
+    import io
+    from contextlib import redirect_stderr
+
+    with redirect_stderr(io.StringIO()):
+        yield
 
 
 # --------------------------------------------------------------------------- real inputs
@@ -290,13 +406,17 @@ class Opened:
 
 
 def open_model(source: str | os.PathLike, *, dtype: torch.dtype = torch.float64, n_inputs: int = 4,
-               max_tokens: int = 32, seed: int = 0, what: str = "this command") -> Opened:
-    """Open ``source`` with ``n_inputs`` fixed real inputs (see the module docstring)."""
+               max_tokens: int = 32, seed: int = 0, what: str = "this command",
+               check: Callable[[dict[str, Any]], Any] | None = None) -> Opened:
+    """Open ``source`` with ``n_inputs`` fixed real inputs (see the module docstring); ``check``
+    is called with config.json before anything is loaded (it raises what the caller refuses)."""
     path, config = resolve(source, what)
+    if check is not None:
+        check(config)
     if config.get("model_type") == PROJECT_TYPE:
         op = _open_headrank(path, config, str(source), dtype)
     else:
-        op = _open_hf(path, config, str(source), dtype)
+        op = _open_hf(path, config, str(source), dtype, what)
     op.seed = seed
     if n_inputs > 0:
         _attach_inputs(op, n_inputs, max_tokens)
@@ -329,24 +449,18 @@ def _open_headrank(path: Path, config: dict[str, Any], source: str, dtype: torch
     return Opened(model, config, path, source, "headrank", dtype)
 
 
-def _open_hf(path: Path, config: dict[str, Any], source: str, dtype: torch.dtype) -> Opened:
+def _open_hf(path: Path, config: dict[str, Any], source: str, dtype: torch.dtype, what: str) -> Opened:
     from headrank.io.checkpoint import LAYER_INDEX, check_layers_present
     from headrank.io.validate import check_config_sizes
 
     # sizes bounded and every declared layer present in the weights, before anything is built
     check_config_sizes(config, path / "config.json", dtype_bytes=torch.empty((), dtype=dtype).element_size())
     check_layers_present(path, config)
-    try:
-        with quiet_transformers() as tf:
-            hf_config = tf.AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
-            check_model_fits(lambda: tf.AutoModel.from_config(hf_config, attn_implementation="eager"), dtype, path)
-            model, info = tf.AutoModel.from_pretrained(path, config=hf_config, attn_implementation="eager",
-                                                       dtype=dtype, local_files_only=True, trust_remote_code=False,
-                                                       output_loading_info=True)
-    except HeadRankError:
-        raise
-    except Exception as e:  # noqa: BLE001 - unknown model_type, missing or corrupt weights, …
-        raise HeadRankError(f"cannot load {path} with transformers: {one_line(e, 300)}") from None
+    with loading(path, what) as tf:
+        hf_config = tf.AutoConfig.from_pretrained(path, **SAFE)
+        check_model_fits(lambda: tf.AutoModel.from_config(hf_config, attn_implementation="eager"), dtype, path)
+        model, info = tf.AutoModel.from_pretrained(path, config=hf_config, attn_implementation="eager", dtype=dtype,
+                                                   output_loading_info=True, **SAFE)
     random = [k for k in info.get("missing_keys", ()) if LAYER_INDEX.search(k)]  # a tensor of a layer
     if random:
         raise HeadRankError(f"{path}: the weights lack {len(random)} tensors of the layers config.json declares "

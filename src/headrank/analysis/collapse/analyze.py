@@ -33,7 +33,7 @@ from headrank.analysis.collapse.surgery import (
     surgery_modules,
 )
 from headrank.errors import HeadRankError
-from headrank.models.opener import PROJECT_TYPE, Opened, open_model, resolve
+from headrank.models.opener import PROJECT_TYPE, Opened, open_model
 from headrank.util.args import checked
 from headrank.util.result import ResultBase, plain, read_csv, read_json, records
 from headrank.util.threads import check_threads, torch_threads
@@ -172,18 +172,11 @@ def _check_args(n_seqs: int, max_tokens: int, min_tokens: int, inits, variants) 
             raise HeadRankError(f"unknown variant {v!r}; use one of {', '.join(SURGERY_VARIANTS)}")
 
 
-def _open(source, dtype: torch.dtype) -> Opened:
-    """The model, after checking that surgery supports its model_type (before loading it)."""
-    path, config = resolve(source, "collapse")
-    surgery_modules(config)
-    return open_model(path, dtype=dtype, n_inputs=0, what="collapse")
-
-
 def _analyze(source, *, n_seqs, max_tokens, min_tokens, inits, variants, seed, dtype, path_samples, texts,
              progress) -> CollapseResult:
     _check_args(n_seqs, max_tokens, min_tokens, inits, variants)
     t0 = time.perf_counter()
-    op = _open(source, dtype)
+    op = open_model(source, dtype=dtype, n_inputs=0, what="collapse", check=surgery_modules)  # surgery's types only
     seqs = op.sequences(n_seqs, max_tokens=max_tokens, min_tokens=min_tokens,
                         texts=None if texts is None else list(texts))
     if len(seqs.ids) < 2:

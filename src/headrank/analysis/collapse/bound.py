@@ -210,11 +210,9 @@ def surgery_bound(source, *, n_seqs: int, max_tokens: int, seed: int, inits: Seq
     uses): :func:`weights_summary`, d_qk, and log10 ‖res‖_{1,∞} (absolute) of the pure-attention
     variant after every layer, per sentence, and log10 ‖X_l‖_{1,∞} (for the relative residual)."""
     from headrank.analysis.collapse.surgery import make_adapter, run_variant, surgery_modules
-    from headrank.models.opener import open_model, resolve
+    from headrank.models.opener import open_model
 
-    path, config = resolve(source, "collapse")
-    surgery_modules(config)
-    op = open_model(path, dtype=torch.float64, n_inputs=0, what="collapse")
+    op = open_model(source, dtype=torch.float64, n_inputs=0, what="collapse", check=surgery_modules)
     seqs = op.sequences(n_seqs, max_tokens=max_tokens, min_tokens=min_tokens)
     out: dict[str, Any] = {}
     for init in inits:

@@ -188,10 +188,8 @@ def pretrained_ensemble(source, *, n_seqs: int, max_tokens: int, seed: int = 0, 
     """:func:`bert_ensemble` of a pretrained BERT-style model on the sentences
     :func:`~headrank.analysis.collapse.analyze` uses (float64)."""
     from headrank.analysis.collapse.surgery import make_adapter, surgery_modules
-    from headrank.models.opener import open_model, resolve
+    from headrank.models.opener import open_model
 
-    path, config = resolve(source, "collapse")
-    surgery_modules(config)
-    op = open_model(path, dtype=torch.float64, n_inputs=0, what="collapse")
+    op = open_model(source, dtype=torch.float64, n_inputs=0, what="collapse", check=surgery_modules)
     seqs = op.sequences(n_seqs, max_tokens=max_tokens, min_tokens=min_tokens)
     return bert_ensemble(make_adapter(op, "pretrained", seed), seqs.ids)
