@@ -162,7 +162,7 @@ def context_length(config: Any) -> int | None:
 
 
 def hf_config(path: str | os.PathLike, what: str) -> Any:
-    """transformers' config of the model directory ``path``."""
+    """transformers' config of the model directory ``path`` (the one AutoConfig read)."""
     with loading(path, what) as tf:
         return tf.AutoConfig.from_pretrained(path, **SAFE)
 
@@ -176,7 +176,7 @@ def load(path: str | os.PathLike, *, dtype: torch.dtype = torch.float32, what: s
     ``architectures``), else the bare encoder, in ``dtype``, eager attention, eval mode; a
     directory without a tokenizer is refused (transformers would make an empty one)."""
     with loading(path, what) as tf:
-        cfg = tf.AutoConfig.from_pretrained(path, **SAFE)
+        cfg = hf_config(path, what)
         model = _model_class(tf, cfg).from_pretrained(path, config=cfg, dtype=dtype, attn_implementation="eager", **SAFE)
         tok = tf.AutoTokenizer.from_pretrained(path, **SAFE)
     if not getattr(tok, "vocab_size", 0):  # transformers makes an empty one where no tokenizer file is
@@ -210,7 +210,7 @@ def empty_model(path: str | os.PathLike, *, dtype: torch.dtype | None, attn_impl
     """The model of ``path``'s config.json (its causal LM head where it has one) on the meta
     device: shapes only, nothing allocated or read but the config."""
     with loading(path, what) as tf:
-        cfg = tf.AutoConfig.from_pretrained(path, **SAFE)
+        cfg = hf_config(path, what)
         kw = {"attn_implementation": attn_implementation} if attn_implementation else {}
         with torch.device("meta"):
             return _model_class(tf, cfg).from_config(cfg, dtype=dtype, **kw)
@@ -461,9 +461,9 @@ def _open_hf(path: Path, config: dict[str, Any], source: str, dtype: torch.dtype
     check_config_sizes(config, path / "config.json", dtype_bytes=torch.empty((), dtype=dtype).element_size())
     check_layers_present(path, config)
     with loading(path, what) as tf:
-        hf_config = tf.AutoConfig.from_pretrained(path, **SAFE)
-        check_model_fits(lambda: tf.AutoModel.from_config(hf_config, attn_implementation="eager"), dtype, path)
-        model, info = tf.AutoModel.from_pretrained(path, config=hf_config, attn_implementation="eager", dtype=dtype,
+        cfg = hf_config(path, what)
+        check_model_fits(lambda: tf.AutoModel.from_config(cfg, attn_implementation="eager"), dtype, path)
+        model, info = tf.AutoModel.from_pretrained(path, config=cfg, attn_implementation="eager", dtype=dtype,
                                                    output_loading_info=True, **SAFE)
     random = [k for k in info.get("missing_keys", ()) if LAYER_INDEX.search(k)]  # a tensor of a layer
     if random:
@@ -473,7 +473,7 @@ def _open_hf(path: Path, config: dict[str, Any], source: str, dtype: torch.dtype
     model = model.to(dtype).eval()
     if hasattr(model.config, "use_cache"):
         model.config.use_cache = False
-    return Opened(model, config, path, source, "hf", dtype, hf_config=hf_config)
+    return Opened(model, config, path, source, "hf", dtype, hf_config=cfg)
 
 
 def first_tensor(out: Any) -> torch.Tensor:
