@@ -31,6 +31,7 @@ from headrank.core.linalg import DEFAULT_TOL, METRIC_COLUMNS, ProductMetrics
 from headrank.core.metrics import METRICS, PRODUCTS, conventions
 from headrank.core.precision import PRECISION_COLUMNS, precision_columns, precision_meta
 from headrank.errors import HeadRankError
+from headrank.io.identity import Stamps
 from headrank.io.layouts import AttentionReader, HeadWeights, Layout
 from headrank.io.sources import open_reader
 from headrank.io.tensor_source import BaseCheckpoint
@@ -93,6 +94,11 @@ class SpectraResult(ResultBase):
     ``res[layer, head, "qk"]`` is one head's :class:`HeadSpectrum` (``layer`` as numbered in the
     model, not its position in the selection).
 
+    ``inputs`` (from :func:`analyze`): the local files read, each with its identity when it was
+    opened (:class:`headrank.io.identity.Stamps`): checked again after the last read, and by the
+    CLI before ``--out`` is committed (a file changed meanwhile: one line, nothing written);
+    ``inputs.fingerprint()`` is what ``track`` compares before it reuses a table.
+
     ``table`` and ``rotary`` are built as pandas DataFrames on first use: an analysis holds them
     as numpy columns (:mod:`headrank.analysis.columns`), and ``save`` writes those without
     importing pandas.
@@ -115,6 +121,7 @@ class SpectraResult(ResultBase):
                  vectors: dict[str, dict[str, np.ndarray]] | None = None) -> None:
         self._frames = {"table": table, "rotary": rotary}  # a DataFrame, or numpy columns until asked for one
         self.sv, self.row_norms, self.meta, self.vectors = sv or {}, row_norms or {}, meta or {}, vectors
+        self.inputs: Stamps | None = None  # the local files read, with their identity at open (analyze)
 
     def _frame(self, key: str) -> pd.DataFrame | None:
         value = self._frames[key]
@@ -480,7 +487,7 @@ def analyze(
                          arrays="numpy", convention=convention)
     dims, tol, spec = reader.dims, float(tol), layers if layers is None or isinstance(layers, str) else ",".join(map(str, layers))
     if reader.parts:  # an encoder-decoder: encoder, decoder and cross-attention layers
-        return _analyze_parts(reader, spec, tol, threads, vectors, progress, dev, precision, energy)
+        return _read_whole(reader, _analyze_parts(reader, spec, tol, threads, vectors, progress, dev, precision, energy))
     sel = attention_layers(reader, parse_layers(spec, dims.n_layers), spec is None)
     vecs = _Vectors(dims, len(sel)) if vectors else None  # refused here when they would not fit
     rot, rot_why = rotary_scan(reader.ckpt.config, reader.position, dims.head_dim, reader.qk_norm, tol, rotary)
@@ -492,9 +499,18 @@ def analyze(
             "precision": precision_meta(precision, table), "timing_s": {k: round(v, 4) for k, v in timing.items()}}
     rotary = rot.columns() if rot is not None else None
     meta["conventions"].update(extra, rotary_bands=rot.meta(rotary) if rot is not None else rot_why)
-    return SpectraResult(table=table, sv={p: np.stack(v) for p, v in sv.items()},
-                         row_norms={k: np.stack(v) for k, v in norms.items()}, meta=meta, rotary=rotary,
-                         vectors=vecs.arrays() if vecs is not None else None)
+    return _read_whole(reader, SpectraResult(table=table, sv={p: np.stack(v) for p, v in sv.items()},
+                                             row_norms={k: np.stack(v) for k, v in norms.items()}, meta=meta,
+                                             rotary=rotary, vectors=vecs.arrays() if vecs is not None else None))
+
+
+def _read_whole(reader: AttentionReader, result: SpectraResult) -> SpectraResult:
+    """``result``, once every local file read is still what it was when opened (after the last
+    read: a file truncated, rewritten or replaced meanwhile is one line, :mod:`headrank.io.identity`);
+    ``result.inputs`` for the check before an output is committed."""
+    reader.ckpt.check_unchanged()
+    result.inputs = reader.ckpt.stamps
+    return result
 
 
 def _scan_layers(reader: AttentionReader, sel: list[int], tol: float, threads: int | None, rot: Any,

@@ -76,6 +76,8 @@ def spectra(
                              allow_full=(max_bytes or True) if allow_full else False, rotary=rotary, vectors=vectors,
                              device=device, precision=precision, convention=convention, energy=energy,
                              progress=lambda done, total: bar.update(task, completed=done, total=total))
+        if dest is not None:
+            dest.watch(result.inputs)  # a weights file changed before the commit: one line, nothing written
         for rec in result.meta["nonfinite_heads"]:
             err_console.print(styled("yellow", "warning: ", f"NaN/Inf weights in layer {rec['layer']} head {rec['head']} "
                                                            f"({rec['product']}): metrics set to NaN"), highlight=False)

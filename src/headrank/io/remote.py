@@ -575,6 +575,7 @@ def _gguf_class():
             try:
                 super().__init__(tmp, label=f.loc.label, where=redact_url(f.url))
                 self._file.close()  # tensor data travels by range requests, never from the header copy
+                self.stamps.discard(tmp)  # a temporary copy, not the checkpoint (the server's answers are checked)
             except HeadRankError as e:
                 raise type(e)(str(e).replace(str(tmp), redact_url(f.url))) from None
             finally:
