@@ -618,10 +618,23 @@ class _Vectors:
     """Each selected layer's exact per-head singular vectors (``hw.qk().svd()``, ``hw.ov().svd()``:
     the roots the metrics formed), float32."""
 
+    #: what computing them costs beyond the arrays themselves: torch, imported for them alone (the
+    #: spectra route is numpy), and its LAPACK workspaces (benchmarks/bench_vectors.py: +290 MiB)
+    TORCH_BYTES = 320 * 2**20
+
+    @classmethod
+    def memory(cls, dims: Any, n_layers: int) -> tuple[int, int]:
+        """(the vectors' bytes, the memory they need): the arrays, two layers' worth more for one
+        layer's float64 factors and SVD while it is added, and :data:`TORCH_BYTES` (measured on a
+        12-layer d = 2048 LLaMA, 768 MiB of vectors: the peak RSS grew by 1,055 MiB, this counts
+        1,216 MiB; benchmarks/bench_vectors.py)."""
+        layer = 2 * dims.n_heads * dims.head_dim * (2 * dims.d + 1) * 4
+        return n_layers * layer, (n_layers + 2) * layer + cls.TORCH_BYTES
+
     def __init__(self, dims: Any, n_layers: int) -> None:
         from headrank.io.validate import memory_bytes
 
-        need = 2 * n_layers * dims.n_heads * dims.head_dim * (2 * dims.d + 1) * 4
+        _, need = self.memory(dims, n_layers)
         if need > memory_bytes() / 4:
             raise HeadRankError(f"singular vectors of {n_layers} layers need {need / 2**30:.1f} GiB, more than a "
                                 "quarter of this machine's memory: select fewer `layers`")
@@ -631,16 +644,15 @@ class _Vectors:
         self.parts: dict[str, dict[str, np.ndarray]] = {p: {} for p in PRODUCTS}
 
     def add(self, hw: HeadWeights) -> None:
-        import torch
-
-        for product, prod in (("qk", hw.qk()), ("ov", hw.ov())):
-            u, s, v = prod.svd()
+        for product in PRODUCTS:
+            u, s, v = (hw.qk() if product == "qk" else hw.ov()).svd()
             for key, x in (("u", u), ("s", s), ("v", v)):
-                arr = x.to(torch.float32).numpy()
+                arr = x.numpy()  # float64, rounded to float32 as it is copied in (no float32 copy of its own)
                 into = self.parts[product].get(key)
                 if into is None:
                     into = self.parts[product][key] = np.empty((self.n_layers, *arr.shape), dtype=np.float32)
                 into[self.done] = arr
+            del u, s, v, x, arr  # one product's float64 factors at a time
         self.done += 1
 
     def arrays(self) -> dict[str, dict[str, np.ndarray]]:
