@@ -5,8 +5,9 @@ reuse a table measured from the checkpoint a rename replaced. One mechanism
 before the commit.
 
 The change is made by a hook in a fresh interpreter that runs the CLI (``DRIVER``): after the
-scan has read its last layer (the moment the old code never looked at), or after the first
-layer (a rename then: the open descriptor still reads the old file to the end)."""
+scan has read its last layer (the moment the old code never looked at), after the first layer
+(a rename then: the open descriptor still reads the old file to the end), or while the output
+is staged (the writer's check before its commit)."""
 
 from __future__ import annotations
 
@@ -52,7 +53,14 @@ def scan_layers(reader, sel, tol, threads, rot, vecs, progress, *a, **k):
             progress(done, total)
     return real(reader, sel, tol, threads, rot, vecs, step, *a, **k)
 
-scan._scan_layers = scan_layers
+real_save = scan.save
+
+def save(result, out, **k):  # AT 0: while the output is staged, after the analysis ended
+    if at == 0:
+        change(str(Path(result.meta["path"]) / "model.safetensors"))
+    return real_save(result, out, **k)
+
+scan._scan_layers, scan.save = scan_layers, save
 sys.argv = ["headrank", *sys.argv[3:]]
 runpy.run_module("headrank", run_name="__main__")
 '''
@@ -97,7 +105,7 @@ def _one_line_2(r: subprocess.CompletedProcess, target: Path) -> str:
 
 
 # -- spectra -------------------------------------------------------------------------------------
-@pytest.mark.parametrize("action, at", [("truncate", 2), ("rename", 1)])  # after the last layer / the first
+@pytest.mark.parametrize("action, at", [("truncate", 2), ("rename", 1), ("rename", 0)])  # last layer, first, staging
 def test_spectra_of_a_checkpoint_changed_while_read_writes_nothing(models, tmp_path, action, at):
     src = _fresh(models[:1], tmp_path)[0]
     target = src / "model.safetensors"
