@@ -4,7 +4,7 @@ reuse a table measured from the checkpoint a rename replaced. One mechanism
 (:mod:`headrank.io.identity`): each file's identity at open, checked after the last read and
 before the commit.
 
-The change is made by a hook in a fresh interpreter that runs the CLI (``DRIVER``): after the
+The change is made by a hook in the fresh interpreters that run the CLI (``HOOK``): after the
 scan has read its last layer (the moment the old code never looked at), after the first layer
 (a rename then: the open descriptor still reads the old file to the end), or while the output
 is staged (the writer's check before its commit)."""
@@ -24,45 +24,47 @@ from headrank.errors import HeadRankError
 SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              intermediate_size=48, vocab_size=50)
 
-# runs `headrank ARGS`, truncating (or replacing by rename) the model.safetensors of each checkpoint
-# the scan reads, once, when it has read layer AT
-DRIVER = r'''
-import os, runpy, shutil, sys
+# a sitecustomize.py on PYTHONPATH, so every interpreter of the run has it (track's spawned workers
+# too): it truncates (or replaces by rename) the model.safetensors of each checkpoint the scan reads,
+# once, when the scan has read layer AT (AT 0: while the output is staged, after the analysis)
+HOOK = r'''
+import os, shutil
 from pathlib import Path
-from headrank.analysis import scan
 
-action, at = sys.argv[1], int(sys.argv[2])
-real, done_with = scan._scan_layers, set()
+def _install(action, at):
+    from headrank.analysis import scan
 
-def change(target):
-    if target in done_with or not os.path.exists(target):
-        return
-    done_with.add(target)
-    if action == "truncate":  # in place: the same inode, shorter
-        with open(target, "r+b") as fh:
-            fh.truncate(os.path.getsize(target) // 2)
-    else:  # replaced by rename: the same bytes, size and times in another inode
-        shutil.copy2(target, target + ".new")
-        os.replace(target + ".new", target)
+    real, real_save, done_with = scan._scan_layers, scan.save, set()
 
-def scan_layers(reader, sel, tol, threads, rot, vecs, progress, *a, **k):
-    def step(done, total):
-        if done == at:
-            change(str(Path(reader.ckpt.path) / "model.safetensors"))
-        if progress:
-            progress(done, total)
-    return real(reader, sel, tol, threads, rot, vecs, step, *a, **k)
+    def change(target):
+        if target in done_with or not os.path.exists(target):
+            return
+        done_with.add(target)
+        if action == "truncate":  # in place: the same inode, shorter
+            with open(target, "r+b") as fh:
+                fh.truncate(os.path.getsize(target) // 2)
+        else:  # replaced by rename: the same bytes, size and times in another inode
+            shutil.copy2(target, target + ".new")
+            os.replace(target + ".new", target)
 
-real_save = scan.save
+    def scan_layers(reader, sel, tol, threads, rot, vecs, progress, *a, **k):
+        def step(done, total):
+            if done == at:
+                change(str(Path(reader.ckpt.path) / "model.safetensors"))
+            if progress:
+                progress(done, total)
+        return real(reader, sel, tol, threads, rot, vecs, step, *a, **k)
 
-def save(result, out, **k):  # AT 0: while the output is staged, after the analysis ended
-    if at == 0:
-        change(str(Path(result.meta["path"]) / "model.safetensors"))
-    return real_save(result, out, **k)
+    def save(result, out, **k):
+        if at == 0:
+            change(str(Path(result.meta["path"]) / "model.safetensors"))
+        return real_save(result, out, **k)
 
-scan._scan_layers, scan.save = scan_layers, save
-sys.argv = ["headrank", *sys.argv[3:]]
-runpy.run_module("headrank", run_name="__main__")
+    scan._scan_layers, scan.save = scan_layers, save
+
+if os.environ.get("IDENTITY_TEST_CHANGE"):
+    _action, _at = os.environ["IDENTITY_TEST_CHANGE"].split(",")
+    _install(_action, int(_at))
 '''
 
 
@@ -90,11 +92,13 @@ def _fresh(models, tmp_path) -> list[Path]:
 
 
 def _run(tmp_path, action: str, at: int, *args: str) -> subprocess.CompletedProcess:
-    driver = tmp_path / "driver.py"
-    driver.write_text(DRIVER)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, str(driver), action, str(at), *args], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300, env=env)
+    hook = tmp_path / "hook"
+    hook.mkdir(exist_ok=True)
+    (hook / "sitecustomize.py").write_text(HOOK)
+    path = os.pathsep.join(p for p in (str(hook), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": path, "IDENTITY_TEST_CHANGE": f"{action},{at}"}
+    return subprocess.run([sys.executable, "-m", "headrank", *args], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, env=env)
 
 
 def _one_line_2(r: subprocess.CompletedProcess, target: Path) -> str:
@@ -126,12 +130,12 @@ def test_spectra_over_an_earlier_output_leaves_it_whole(models, tmp_path):
 
 
 # -- track ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("action, at", [("truncate", 2), ("rename", 1)])
-def test_track_of_a_checkpoint_changed_while_read_writes_nothing(models, tmp_path, action, at):
+@pytest.mark.parametrize("action, at, workers", [("truncate", 2, 1), ("rename", 1, 1), ("rename", 1, 2)])
+def test_track_of_a_checkpoint_changed_while_read_writes_nothing(models, tmp_path, action, at, workers):
     srcs = _fresh(models, tmp_path)  # both change
     target = srcs[0] / "model.safetensors"
     r = _run(tmp_path, action, at, "track", *[f"in/{s.name}" for s in srcs], "--out", "t",
-             "--workers", "1", "--no-plots", "-q")
+             "--workers", str(workers), "--no-plots", "-q")
     line = _one_line_2(r, target)
     assert "every checkpoint failed" in line
     assert not (tmp_path / "t" / "table.csv").exists() and not list((tmp_path / "t").glob("checkpoints/*.csv"))
