@@ -31,11 +31,13 @@ def _call(verb: str, name: str, value, tmp: Path, cli: bool):
     p = TABLES[verb][name]
     rule = {} if name in ("keep", "rank", "params") else {"rank": 2}  # compress needs exactly one rule
     if cli:
-        head = {"spectra": ["spectra", "minilm"], "scale": ["scale", "minilm"], "track": ["track", "minilm", "--out", str(tmp / "t")],
+        head = {"spectra": ["spectra", "minilm"], "scale": ["scale", "minilm"], "collapse": ["collapse", "minilm"],
+                "track": ["track", "minilm", "--out", str(tmp / "t")],
                 "compress": ["compress", "minilm", "--out", str(tmp / "c"),
                              *(f"--{k}={v}" for k, v in rule.items())]}[verb]
         return [*head, p.long, _cli_value(value)]
     fn = {"spectra": lambda **kw: headrank.spectra("minilm", **kw), "scale": lambda **kw: headrank.scale("minilm", **kw),
+          "collapse": lambda **kw: headrank.collapse("minilm", **kw),
           "track": lambda **kw: headrank.track("minilm", tmp / "t", **kw),
           "compress": lambda **kw: headrank.compress("minilm", tmp / "c", **rule, **kw)}[verb]
     with pytest.raises(HeadRankError) as e:

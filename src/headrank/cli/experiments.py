@@ -24,7 +24,7 @@ from headrank.cli.common import (
     user_errors,
 )
 from headrank.core.linalg import DEFAULT_TOL
-from headrank.util.constraints import SCALE, TRACK
+from headrank.util.constraints import COLLAPSE, SCALE, TRACK
 
 
 @app.command()
@@ -32,10 +32,10 @@ from headrank.util.constraints import SCALE, TRACK
 def collapse(
     model: Annotated[str, typer.Argument(help="'minilm', a Hugging Face BERT/GPT-2/LLaMA-style directory, or a project model / run directory")],
     out: Annotated[Path | None, typer.Option("--out", help="write layers.csv, summary.csv, paths.csv, collapse.npz, meta.json and PNG figures here")] = None,
-    seqs: Annotated[int, typer.Option("--seqs", help="sentences in the batch (stdlib corpus, test split)")] = 32,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", help="tokens per sentence at most")] = 64,
+    seqs: Annotated[int, option(COLLAPSE, "seqs", "sentences in the batch (stdlib corpus, test split)")] = 32,
+    max_tokens: Annotated[int, option(COLLAPSE, "max_tokens", "tokens per sentence at most")] = 64,
     seed: Annotated[int, typer.Option("--seed", help="seed of the re-initialised model and of the path sampling")] = 0,
-    threads: Annotated[int, typer.Option("--threads", help="CPU threads of the computation, 1 to 4 per CPU (1, the default, is fastest for small models on a busy machine)")] = 1,
+    threads: Annotated[int, option(COLLAPSE, "threads", "CPU threads of the computation (1, the default, is fastest for small models on a busy machine)")] = 1,
     as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON on stdout")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress, no table")] = False,
 ) -> None:

@@ -330,8 +330,9 @@ def _config_dtype(stage: Path, written: set[str]) -> None:
     from headrank.io.validate import read_json
 
     cfg = read_json(stage / "config.json", "config")
-    cfg.update({k: floats[0] for k in ("dtype", "torch_dtype") if k == "dtype" or k in cfg})
-    write_json(stage / "config.json", cfg)
+    said = {k: floats[0] for k in ("dtype", "torch_dtype") if k == "dtype" or k in cfg}
+    if any(cfg.get(k) != v for k, v in said.items()):  # rewritten only where it would say otherwise
+        write_json(stage / "config.json", {**cfg, **said})
 
 
 def _dequantized(reader, stage: Path, notes: list[str]) -> None:

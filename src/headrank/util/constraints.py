@@ -116,7 +116,7 @@ class Param:
             raise HeadRankError(f"`{self.name}` must be {what} ({self.bounds()}); got {type(value).__name__} "
                                 f"{_shown(value)}")
         v, high = (int(value) if whole else float(value)), self.upper()
-        inside = not math.isnan(v) and (v > self.low if self.open_low else v >= self.low) and (
+        inside = math.isfinite(v) and (v > self.low if self.open_low else v >= self.low) and (
             high is None or (v < high if self.open_high else v <= high))
         if not inside:
             verb = "must lie in" if high is not None else "must be"
@@ -200,7 +200,13 @@ SCALE = Table("scale", (
     replace(THREADS, optional=False),
 ))
 
-TABLES: dict[str, Table] = {t.verb: t for t in (SPECTRA, TRACK, COMPRESS, SCALE)}
+COLLAPSE = Table("collapse", (
+    Param("seqs", "int", low=2, note="a mean and a spread over a batch", optional=False),
+    Param("max_tokens", "int", low=2, optional=False),
+    replace(THREADS, optional=False),
+))
+
+TABLES: dict[str, Table] = {t.verb: t for t in (SPECTRA, TRACK, COMPRESS, SCALE, COLLAPSE)}
 
 
 def flags() -> dict[str, str]:
