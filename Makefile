@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_OUT ?= demo-out
 
-.PHONY: venv demo test test-fast fuzz lint docs bench gallery gallery-full gallery-paper gallery-designs reproduce-full clean
+.PHONY: venv demo test test-fast fuzz lint docs bench gallery gallery-full gallery-paper gallery-designs reproduce-full doc-examples clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -76,6 +76,11 @@ gallery-paper: $(STAMP)
 gallery-designs: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/headrank reproduce all --profile designs --out out/designs
 	$(BIN)/python docs/gallery.py out/designs docs
+
+# Every example of docs/compress.md as printed, each in its own process (the SmolLM2 ones: about
+# 1.5 h on 2 CPU cores), recorded in docs/compress_examples.json.
+doc-examples: $(STAMP)
+	$(BIN)/python docs/run_examples.py docs/compress.md --record docs/compress_examples.json
 
 clean:
 	rm -rf $(VENV) $(DEMO_OUT) site

