@@ -24,7 +24,7 @@ from headrank.cli.common import (
     user_errors,
 )
 from headrank.core.linalg import DEFAULT_TOL
-from headrank.util.constraints import COLLAPSE, SCALE, TRACK
+from headrank.util.constraints import COLLAPSE, SCALE, SWEEP, TRACK
 
 
 @app.command()
@@ -206,8 +206,8 @@ def sweep(
     grid: Annotated[list[str] | None, typer.Option("--grid", help="FIELD=V1,V2,...: sweep this config field (repeatable; e.g. attn_weight_decay=0,0.1,1)")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="FIELD=V: fix a config field for every run (repeatable; e.g. steps=500)")] = None,
     seeds: Annotated[str | None, typer.Option("--seeds", help="comma-separated seeds [default: 0, or the spec's]")] = None,
-    workers: Annotated[int | None, typer.Option("--workers", help="worker processes, one run each, 1 to 4 per CPU [default: cores / threads]")] = None,
-    threads: Annotated[int, typer.Option("--threads", help="CPU threads of each run, 1 to 4 per CPU")] = 1,
+    workers: Annotated[int | None, option(SWEEP, "workers", "worker processes, one run each (default: cores / threads)")] = None,
+    threads: Annotated[int, option(SWEEP, "threads", "CPU threads of each run")] = 1,
     ray: Annotated[str | None, typer.Option("--ray", help="run on Ray: a cluster ADDRESS, 'auto', or 'local' (start one here)")] = None,
     device: Annotated[str, typer.Option("--device", help="device of every run")] = "cpu",
     extend: Annotated[bool, typer.Option("--extend", help="with a larger --set steps=N than the sweep in --out: continue every run to N steps (refused without it)")] = False,

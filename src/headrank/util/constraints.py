@@ -54,7 +54,8 @@ class Param:
     (a callable for a bound known only at run time) with ``open_low``/``open_high`` for a
     float's open ends; ``choices``; ``pattern`` (a full match) described by ``text``;
     ``note``: why the bound is what it is, said after it; ``flag``: the long flag (default
-    ``--`` + the name with dashes); ``api``: False for an option only the command line has;
+    ``--`` + the name with dashes); ``api``: False for an option only the command line has; ``cli``: False for a parameter only the Python
+    function takes (a config field without a flag);
     ``optional``: None stands for the default; ``bad``: a value the test tries on both paths (default: derived from the bounds)."""
 
     name: str
@@ -70,6 +71,7 @@ class Param:
     help_high: str = ""
     flag: str = ""
     api: bool = True
+    cli: bool = True
     optional: bool = True
     bad: Any = None
 
@@ -206,7 +208,36 @@ COLLAPSE = Table("collapse", (
     replace(THREADS, optional=False),
 ))
 
-TABLES: dict[str, Table] = {t.verb: t for t in (SPECTRA, TRACK, COMPRESS, SCALE, COLLAPSE)}
+#: the largest training seed (torch's generators take 64-bit seeds; offsets stay below the limit)
+MAX_SEED = 2**63 - 1
+
+
+def _run(name: str, kind: str = "int", low: float = 1, cli: bool = True, **kw: Any) -> Param:
+    return Param(name, kind, low=low, cli=cli, optional=False, **kw)
+
+
+#: ``headrank train recall|lm|vit``: the run's fields (each task's own, such as ``seq_len`` or
+#: ``image_size``, are bounded by its config)
+TRAIN = Table("train", (
+    _run("steps"), _run("batch_size"), _run("log_every"), _run("track_every"), _run("checkpoint_every"),
+    _run("warmup", low=0, cli=False),
+    _run("schedule", "choice", cli=False, choices=("constant", "cosine")),
+    _run("seed", low=0, high=MAX_SEED, note="a 63-bit generator seed"),
+    _run("lr", "float", low=0, high=10, open_low=True),
+    _run("weight_decay", "float", low=0, high=1e3, flag="--wd"),
+    _run("attn_weight_decay", "float", low=0, high=1e3, flag="--attn-wd"),
+    _run("beta1", "float", low=0, high=1, open_high=True, cli=False),
+    _run("beta2", "float", low=0, high=1, open_high=True, cli=False),
+    _run("eps", "float", low=0, high=1, open_low=True, cli=False),
+    _run("grad_clip", "float", low=0, cli=False),
+    replace(TOL, cli=False),
+    replace(THREADS, optional=False),
+))
+
+#: ``headrank sweep`` on local workers (on Ray, a run's threads are the cluster's to bound)
+SWEEP = Table("sweep", (WORKERS, replace(THREADS, optional=False)))
+
+TABLES: dict[str, Table] = {t.verb: t for t in (SPECTRA, TRACK, COMPRESS, SCALE, COLLAPSE, TRAIN, SWEEP)}
 
 
 def flags() -> dict[str, str]:
