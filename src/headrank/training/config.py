@@ -108,7 +108,9 @@ class TrainConfig:
         k = self.keep_checkpoints  # N or 'all' (0 here: every checkpoint), headrank.training.state.parse_keep
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise HeadRankError(f"`keep_checkpoints` takes a positive number or 'all', got {k!r}")
-        TRAIN.check(**{p.name: getattr(self, p.name) for p in TRAIN if p.name != "threads"})  # the one table
+        checked = TRAIN.check(**{p.name: getattr(self, p.name) for p in TRAIN if p.name != "threads"})  # the one table
+        for name, value in checked.items():  # a numpy number as the plain int or float config.json records
+            setattr(self, name, value)
         if self.lr * max(self.weight_decay, self.attn_weight_decay) >= 1:
             raise HeadRankError(f"lr * weight decay = {self.lr * max(self.weight_decay, self.attn_weight_decay):g} "
                                 ">= 1: AdamW's decoupled step would flip the weights' sign")
