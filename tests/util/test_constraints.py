@@ -78,6 +78,9 @@ def test_a_value_inside_the_bounds_passes_on_both_edges():
             f.check(bad)
     with pytest.raises(HeadRankError, match=re.escape("`tol` must lie in (0, 1); got 1.0")):
         SPECTRA["tol"].check(1)
+    for p, huge in ((SPECTRA["tol"], 10**400), (SPECTRA["threads"], 10**400), (COMPRESS["seq_len"], -10**400)):
+        with pytest.raises(HeadRankError, match=f"`{p.name}` must"):  # one line, not an OverflowError
+            p.check(huge)
     assert SPECTRA["threads"].upper() == max_threads() and TRACK["workers"].check(max_threads()) == max_threads()
 
 

@@ -48,15 +48,22 @@ def _shown(value: Any) -> str:
     return s if len(s) <= 40 else s[:37] + "..."
 
 
+def _float(value: numbers.Real) -> float:
+    try:
+        return float(value)
+    except OverflowError:  # an integer past float's range (10**400): out of any bound
+        return math.inf if value > 0 else -math.inf
+
+
 @dataclass(frozen=True)
 class Param:
     """One parameter: ``kind`` ``int``, ``float``, ``choice`` or ``pattern``; ``low``/``high``
     (a callable for a bound known only at run time) with ``open_low``/``open_high`` for a
     float's open ends; ``choices``; ``pattern`` (a full match) described by ``text``;
     ``note``: why the bound is what it is, said after it; ``flag``: the long flag (default
-    ``--`` + the name with dashes); ``api``: False for an option only the command line has; ``cli``: False for a parameter only the Python
-    function takes (a config field without a flag);
-    ``optional``: None stands for the default; ``bad``: a value the test tries on both paths (default: derived from the bounds)."""
+    ``--`` + the name with dashes); ``api``: False for an option only the command line has;
+    ``cli``: False for a parameter only the Python function takes (a config field without a
+    flag); ``optional``: None stands for the default."""
 
     name: str
     kind: str
@@ -73,7 +80,6 @@ class Param:
     api: bool = True
     cli: bool = True
     optional: bool = True
-    bad: Any = None
 
     @property
     def long(self) -> str:
@@ -117,8 +123,8 @@ class Param:
             what = "an integer" if whole else "a number"
             raise HeadRankError(f"`{self.name}` must be {what} ({self.bounds()}); got {type(value).__name__} "
                                 f"{_shown(value)}")
-        v, high = (int(value) if whole else float(value)), self.upper()
-        inside = math.isfinite(v) and (v > self.low if self.open_low else v >= self.low) and (
+        v, high = (int(value) if whole else _float(value)), self.upper()
+        inside = (whole or math.isfinite(v)) and (v > self.low if self.open_low else v >= self.low) and (
             high is None or (v < high if self.open_high else v <= high))
         if not inside:
             verb = "must lie in" if high is not None else "must be"
@@ -127,9 +133,7 @@ class Param:
         return v
 
     def example_bad(self) -> Any:
-        """A value out of bounds, for the tests (the declared ``bad``, else one past a bound)."""
-        if self.bad is not None:
-            return self.bad
+        """A value out of bounds, for the tests: one past a bound, or a name not among the choices."""
         if self.kind in ("choice", "pattern"):
             return "bogus"
         high = self.upper()
