@@ -109,3 +109,20 @@ def test_cli_dtype_in_a_fresh_interpreter(tmp_path, minilm_dir):
     rec = json.loads((out / "compress.json").read_text())
     assert rec["checkpoint"]["dtype"] == "bfloat16"
     assert {t.dtype for t in _tensors(out).values() if t.is_floating_point()} == {torch.bfloat16}
+
+
+def test_a_quantized_source_is_written_in_float64_under_auto_and_in_the_dtype_asked(tmp_path):
+    """An FP8 checkpoint is read dequantized, exactly, in float64: ``auto`` writes those tensors so,
+    and says it; ``--dtype bfloat16`` writes every float tensor in bfloat16 and says that instead."""
+    from ..io.quantlib import llama, quantized, write_fp8_blocks
+
+    write_fp8_blocks(llama(), tmp_path / "q")
+    got = {}
+    for dt in ("auto", "bfloat16"):
+        res = headrank.compress(tmp_path / "q", tmp_path / dt, rank=4, whiten=False, format="dense", dtype=dt)
+        got[dt] = _tensors(tmp_path / dt), [n for n in res["notes"] if n.startswith("source quantized")]
+    assert {t.dtype for k, t in got["auto"][0].items() if quantized(k)} == {torch.float64}
+    assert "in float64 (exact; --dtype bfloat16" in got["auto"][1][0]
+    assert {t.dtype for t in got["bfloat16"][0].values() if t.is_floating_point()} == {torch.bfloat16}
+    assert got["bfloat16"][1][0].endswith("in bfloat16 (--dtype)")
+    assert _weight_bytes(tmp_path / "bfloat16") < _weight_bytes(tmp_path / "auto") / 3

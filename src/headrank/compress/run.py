@@ -305,7 +305,7 @@ def _write(reader, live, plan: Plan, stage: Path, opts: dict[str, Any], fmt: _Fo
     if "config.json" not in side and reader.ckpt.config:  # a single weights file, a state_dict
         write_json(stage / "config.json", reader.ckpt.config)
         side.append("config.json")
-    _dequantized(reader, stage, notes)
+    _dequantized(reader, stage, notes, opts["dtype"])
     _config_dtype(stage, writer.dtypes)
     result = CompressResult(summary(reader, plan, rows, notes, files + [s for s in side if s not in files]))
     result["checkpoint"] = {**writer.report(opts["format"]), "dtype": opts["dtype"], **_input_bytes(reader)}
@@ -335,7 +335,7 @@ def _config_dtype(stage: Path, written: set[str]) -> None:
         write_json(stage / "config.json", {**cfg, **said})
 
 
-def _dequantized(reader, stage: Path, notes: list[str]) -> None:
+def _dequantized(reader, stage: Path, notes: list[str], dtype: str = "auto") -> None:
     """A quantized source is read dequantized (io.schemes: code x scale, float64): the weights written are
     those values, not codes, so the config written loses its quantization_config, and a note says so."""
     quant = getattr(reader.ckpt, "quantization", None)
@@ -348,7 +348,9 @@ def _dequantized(reader, stage: Path, notes: list[str]) -> None:
     cfg.pop("compression_config", None)
     write_json(stage / "config.json", cfg)
     notes.append(f"source quantized ({quant['method']}: {quant['scheme']}): read dequantized (code x scale, exact in "
-                 "float64) and written dequantized, without its quantization_config")
+                 "float64) and written dequantized, without its quantization_config, "
+                 + ("in float64 (exact; --dtype bfloat16, float16 or float32 writes it smaller, rounded)"
+                    if dtype == "auto" else f"in {dtype} (--dtype)"))
 
 
 def _input_bytes(reader) -> dict[str, Any]:
