@@ -64,6 +64,15 @@ def test_cli_and_api_refuse_the_same_value_with_the_same_line(verb, name, tmp_pa
     assert not any(tmp_path.iterdir())  # refused before anything was written
 
 
+@pytest.mark.parametrize("bad", [5, [], [True], ["0"], "0-99"])
+def test_layers_are_refused_by_spectra_and_compress_in_the_same_words(bad, tmp_path):
+    with pytest.raises(HeadRankError) as s:
+        headrank.spectra("minilm", layers=bad)
+    with pytest.raises(HeadRankError) as c:
+        headrank.compress("minilm", tmp_path / "c", rank=2, layers=bad)
+    assert str(s.value) == str(c.value) and "`layers`" in str(s.value) and not any(tmp_path.iterdir())
+
+
 def test_a_value_inside_the_bounds_passes_on_both_edges():
     t = Param("n", "int", low=1, high=4)
     assert [t.check(v) for v in (1, 4, None)] == [1, 4, None]

@@ -45,6 +45,7 @@ from headrank.compress.write import ShardWriter, copy_side_files, save_hf_side
 from headrank.errors import HeadRankError
 from headrank.io.writer import OutputSet
 from headrank.util.args import checked
+from headrank.util.constraints import layers_arg
 from headrank.util.fileio import write_json
 from headrank.util.threads import (
     check_precision,
@@ -102,6 +103,7 @@ def compress(source: Any, out: str | os.PathLike, *, keep: float | None = None, 
     rule = Rule.of(keep=keep, rank=rank, params=params)
     opts = check_options(format=format, threads=threads, n_eval=n_eval, n_calib=n_calib, seq_len=seq_len,
                          text=text, dataset=dataset, allocate=allocate, products=products, rule=rule, dtype=dtype)
+    layers = layers_arg(layers)  # its form now, before anything is opened; its range once the depth is known
     if whiten not in (None, True, False):
         raise HeadRankError(f"`whiten` must be True, False or None (the default: whitened for a causal LM); got "
                             f"{str(whiten)[:40]!r}")
@@ -251,13 +253,8 @@ def _layers(layers: str | Iterable[int] | None, n_layers: int) -> tuple[int, ...
         return None
     from headrank.analysis.scan import parse_layers
 
-    if isinstance(layers, str):
-        return tuple(parse_layers(layers, n_layers))
-    sel = list(layers) if isinstance(layers, Iterable) and not isinstance(layers, (bytes, dict)) else None
-    if not sel or not all(isinstance(i, int) and not isinstance(i, bool) for i in sel):
-        raise HeadRankError(f"layers must be a spec like '0,2,5-7' or a non-empty list of layer indices; got "
-                            f"{str(layers)[:40]!r}")
-    return tuple(parse_layers(",".join(map(str, sel)), n_layers))
+    sel = layers_arg(layers)  # the one structural check spectra makes too; the range against the model's depth here
+    return tuple(parse_layers(sel if isinstance(sel, str) else ",".join(map(str, sel)), n_layers))
 
 
 def _tied(model) -> set[str]:
