@@ -326,7 +326,7 @@ def test_allow_full_checks_content_length_before_writing(srv, ckpts, monkeypatch
     srv.reset()
     res = CliRunner().invoke(app, ["spectra", "org/llama", "--remote", "--allow-full", "-q"])
     line = one_line_exit_2(res)
-    assert re.search(r"is 100,000.0 MB, more than twice the [\d,]+ bytes of attention tensors its header lists", line)
+    assert re.search(r"is 100,000,000,000 bytes, more than twice the [\d,]+ bytes of attention tensors its header lists", line)
     assert not made and srv.sent < 3 * (1 << 20)  # the server stopped at the header, nothing written
 
 

@@ -31,6 +31,7 @@ from headrank.core.linalg import DEFAULT_TOL, METRIC_COLUMNS, ProductMetrics
 from headrank.core.metrics import METRICS, PRODUCTS, conventions
 from headrank.core.precision import PRECISION_COLUMNS, precision_columns, precision_meta
 from headrank.errors import HeadRankError
+from headrank.io.identity import Stamps
 from headrank.io.layouts import AttentionReader, HeadWeights, Layout
 from headrank.io.sources import open_reader
 from headrank.io.tensor_source import BaseCheckpoint
@@ -93,6 +94,11 @@ class SpectraResult(ResultBase):
     ``res[layer, head, "qk"]`` is one head's :class:`HeadSpectrum` (``layer`` as numbered in the
     model, not its position in the selection).
 
+    ``inputs`` (from :func:`analyze`): the local files read, each with its identity when it was
+    opened (:class:`headrank.io.identity.Stamps`): checked again after the last read, and by the
+    CLI before ``--out`` is committed (a file changed meanwhile: one line, nothing written);
+    ``inputs.fingerprint()`` is what ``track`` compares before it reuses a table.
+
     ``table`` and ``rotary`` are built as pandas DataFrames on first use: an analysis holds them
     as numpy columns (:mod:`headrank.analysis.columns`), and ``save`` writes those without
     importing pandas.
@@ -115,6 +121,7 @@ class SpectraResult(ResultBase):
                  vectors: dict[str, dict[str, np.ndarray]] | None = None) -> None:
         self._frames = {"table": table, "rotary": rotary}  # a DataFrame, or numpy columns until asked for one
         self.sv, self.row_norms, self.meta, self.vectors = sv or {}, row_norms or {}, meta or {}, vectors
+        self.inputs: Stamps | None = None  # the local files read, with their identity at open (analyze)
 
     def _frame(self, key: str) -> pd.DataFrame | None:
         value = self._frames[key]
@@ -464,7 +471,7 @@ def analyze(
                          arrays="numpy", convention=convention)
     dims, tol, spec = reader.dims, float(tol), layers if layers is None or isinstance(layers, str) else ",".join(map(str, layers))
     if reader.parts:  # an encoder-decoder: encoder, decoder and cross-attention layers
-        return _analyze_parts(reader, spec, tol, threads, vectors, progress, dev, precision, energy)
+        return _read_whole(reader, _analyze_parts(reader, spec, tol, threads, vectors, progress, dev, precision, energy))
     sel = attention_layers(reader, parse_layers(spec, dims.n_layers), spec is None)
     vecs = _Vectors(dims, len(sel)) if vectors else None  # refused here when they would not fit
     rot, rot_why = rotary_scan(reader.ckpt.config, reader.position, dims.head_dim, reader.qk_norm, tol, rotary)
@@ -476,9 +483,18 @@ def analyze(
             "precision": precision_meta(precision, table), "timing_s": {k: round(v, 4) for k, v in timing.items()}}
     rotary = rot.columns() if rot is not None else None
     meta["conventions"].update(extra, rotary_bands=rot.meta(rotary) if rot is not None else rot_why)
-    return SpectraResult(table=table, sv={p: np.stack(v) for p, v in sv.items()},
-                         row_norms={k: np.stack(v) for k, v in norms.items()}, meta=meta, rotary=rotary,
-                         vectors=vecs.arrays() if vecs is not None else None)
+    return _read_whole(reader, SpectraResult(table=table, sv={p: np.stack(v) for p, v in sv.items()},
+                                             row_norms={k: np.stack(v) for k, v in norms.items()}, meta=meta,
+                                             rotary=rotary, vectors=vecs.arrays() if vecs is not None else None))
+
+
+def _read_whole(reader: AttentionReader, result: SpectraResult) -> SpectraResult:
+    """``result``, once every local file read is still what it was when opened (after the last
+    read: a file truncated, rewritten or replaced meanwhile is one line, :mod:`headrank.io.identity`);
+    ``result.inputs`` for the check before an output is committed."""
+    reader.ckpt.check_unchanged()
+    result.inputs = reader.ckpt.stamps
+    return result
 
 
 def _scan_layers(reader: AttentionReader, sel: list[int], tol: float, threads: int | None, rot: Any,
@@ -586,10 +602,23 @@ class _Vectors:
     """Each selected layer's exact per-head singular vectors (``hw.qk().svd()``, ``hw.ov().svd()``:
     the roots the metrics formed), float32."""
 
+    #: what computing them costs beyond the arrays themselves: torch, imported for them alone (the
+    #: spectra route is numpy), and its LAPACK workspaces (benchmarks/bench_vectors.py: +290 MiB)
+    TORCH_BYTES = 320 * 2**20
+
+    @classmethod
+    def memory(cls, dims: Any, n_layers: int) -> tuple[int, int]:
+        """(the vectors' bytes, the memory they need): the arrays, two layers' worth more for one
+        layer's float64 factors and SVD while it is added, and :data:`TORCH_BYTES` (measured on a
+        12-layer d = 2048 LLaMA, 768 MiB of vectors: the peak RSS grew by 1,055 MiB, this counts
+        1,216 MiB; benchmarks/bench_vectors.py)."""
+        layer = 2 * dims.n_heads * dims.head_dim * (2 * dims.d + 1) * 4
+        return n_layers * layer, (n_layers + 2) * layer + cls.TORCH_BYTES
+
     def __init__(self, dims: Any, n_layers: int) -> None:
         from headrank.io.validate import memory_bytes
 
-        need = 2 * n_layers * dims.n_heads * dims.head_dim * (2 * dims.d + 1) * 4
+        _, need = self.memory(dims, n_layers)
         if need > memory_bytes() / 4:
             raise HeadRankError(f"singular vectors of {n_layers} layers need {need / 2**30:.1f} GiB, more than a "
                                 "quarter of this machine's memory: select fewer `layers`")
@@ -599,16 +628,15 @@ class _Vectors:
         self.parts: dict[str, dict[str, np.ndarray]] = {p: {} for p in PRODUCTS}
 
     def add(self, hw: HeadWeights) -> None:
-        import torch
-
-        for product, prod in (("qk", hw.qk()), ("ov", hw.ov())):
-            u, s, v = prod.svd()
+        for product in PRODUCTS:
+            u, s, v = (hw.qk() if product == "qk" else hw.ov()).svd()
             for key, x in (("u", u), ("s", s), ("v", v)):
-                arr = x.to(torch.float32).numpy()
+                arr = x.numpy()  # float64, rounded to float32 as it is copied in (no float32 copy of its own)
                 into = self.parts[product].get(key)
                 if into is None:
                     into = self.parts[product][key] = np.empty((self.n_layers, *arr.shape), dtype=np.float32)
                 into[self.done] = arr
+            del u, s, v, x, arr  # one product's float64 factors at a time
         self.done += 1
 
     def arrays(self) -> dict[str, dict[str, np.ndarray]]:

@@ -66,7 +66,8 @@ from headrank.core.linalg import DEFAULT_TOL
 from headrank.core.metrics import SUMMARY_METRICS
 from headrank.errors import HeadRankError, one_line
 from headrank.io.convention import convention as check_convention
-from headrank.io.validate import BOUNDS, bounded, file_identity
+from headrank.io.identity import FileChanged
+from headrank.io.validate import BOUNDS, bounded
 from headrank.io.validate import read_json as read_record
 from headrank.io.writer import OutputSet, confined
 from headrank.util.args import checked
@@ -232,22 +233,13 @@ def _dir_series(p: Path) -> list[SeriesItem]:
                         "a series needs several")
 
 
-def _identity(origin: dict[str, Any]) -> str:
-    """What a checkpoint is, for telling two apart: its resolved path and the name, device, inode,
-    size and modification time of its files (a retrained run at the same path, or a file replaced
-    by rename with its size and time kept, is another checkpoint)."""
-    path = origin.get("path")
-    parts = [str(path)]
-    if path is not None:
-        root = Path(path)
-        for name in sorted({*origin.get("files", []), "config.json"}):
-            f = root / name if root.is_dir() else root
-            try:
-                dev, ino, size, mtime = file_identity(f)
-            except OSError:
-                continue
-            parts.append(f"{name}:{dev}:{ino}:{size}:{mtime}")  # a file replaced by rename: another inode
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
+def _identity(reader: Any) -> str:
+    """What a checkpoint is, for telling two apart: the fingerprint of the local files its reader
+    opened (:meth:`headrank.io.identity.Stamps.fingerprint`: resolved path, each file's device,
+    inode, size and modification time, so a retrained run at the same path or a file replaced
+    by rename is another checkpoint); a remote revision: its URL (the commit read pins it)."""
+    ident = reader.ckpt.identity()
+    return ident if ident is not None else hashlib.sha256(str(reader.origin.get("path")).encode()).hexdigest()[:20]
 
 
 def vanished(item: SeriesItem | dict[str, Any]) -> bool:
@@ -273,7 +265,7 @@ def _architecture(item: SeriesItem) -> tuple[dict[str, Any], str, str | None] | 
         commit = (origin.get("hub") or {}).get("commit") if item.remote else None
         arch = {"model_type": r.ckpt.config.get("model_type") or r.layout.model_types[0], "n_layers": d.n_layers,
                 "n_heads": d.n_heads, "n_kv_heads": d.n_kv_heads, "head_dim": d.head_dim, "d_model": d.d}
-        return arch, _identity(origin), commit
+        return arch, _identity(r), commit
     finally:
         r.ckpt.close()
 
@@ -335,9 +327,11 @@ def analyse_checkpoint(item: dict[str, Any], tol: float) -> pd.DataFrame:
     if pinned and (res.meta.get("hub") or {}).get("commit") not in (None, pinned):
         raise HeadRankError(f"{item['source']}@{item['revision']}: the server answered commit "
                             f"{res.meta['hub']['commit']} for commit {pinned}")
-    if item.get("identity") and not item.get("remote") and _identity(res.meta) != item["identity"]:
-        raise HeadRankError(f"{item['source']} changed while it was read (truncated, rewritten or replaced since "
-                            "its architecture was checked): not measured; run again once it is complete")
+    res.inputs.check()  # again, just before its table is returned to be written (io.identity)
+    # and the files the analysis opened are those the architecture check opened
+    if item.get("identity") and not item.get("remote") and res.inputs.fingerprint() != item["identity"]:
+        raise FileChanged(f"{item['source']} changed while it was read (truncated, rewritten or replaced since "
+                          "its architecture was checked): not measured; run again once it is complete")
     table = res.table  # only the head table is kept
     if pinned:
         table.insert(0, "commit", pinned)
@@ -611,6 +605,8 @@ def analyse_or_fail(item: dict[str, Any], tol: float) -> pd.DataFrame | str:
             from headrank.util.redact import redact_text
 
             err = redact_text(one_line(e, 400, typed=not isinstance(e, HeadRankError)))
+            if isinstance(e, FileChanged):  # a second try would read another checkpoint than the one checked
+                break
     return err
 
 

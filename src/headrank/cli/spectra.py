@@ -35,7 +35,7 @@ def spectra(
     revision: Annotated[str | None, typer.Option("--revision", help="Hub id: branch, tag or commit in the cache (default main)")] = None,
     download: Annotated[bool, typer.Option("--download", help="Hub id: fetch config and weights into the Hugging Face cache first (needs the network; not with HF_HUB_OFFLINE)")] = False,
     remote: Annotated[bool, typer.Option("--remote", help="Hub id: read over HTTP range requests, only config, headers and the attention tensors (HF_ENDPOINT, HF_TOKEN); an http(s):// URL always is")] = False,
-    allow_full: Annotated[bool, typer.Option("--allow-full", help="remote: accept a server that ignores range requests by downloading whole files (refused otherwise)")] = False,
+    allow_full: Annotated[bool, typer.Option("--allow-full", help="remote: accept a server that ignores range requests by downloading each whole file, when it is within --max-bytes (refused otherwise)")] = False,
     max_bytes: Annotated[int | None, option(SPECTRA, "max_bytes", "--allow-full: the most bytes one whole file may hold, checked against its Content-Length before anything is written (default: twice the attention bytes its safetensors header lists, 4 GiB when not known)")] = None,
     base: Annotated[str | None, typer.Option("--base", help="LoRA adapter: base model path or Hub id (default: the adapter's base_model_name_or_path)")] = None,
     delta: Annotated[bool, typer.Option("--delta", help="LoRA adapter: spectra of the change of the products (adapted minus base)")] = False,
@@ -77,6 +77,8 @@ def spectra(
                              allow_full=(max_bytes or True) if allow_full else False, rotary=rotary, vectors=vectors,
                              device=device, precision=precision, convention=convention, energy=energy,
                              progress=lambda done, total: bar.update(task, completed=done, total=total))
+        if dest is not None:
+            dest.watch(result.inputs)  # a weights file changed before the commit: one line, nothing written
         for rec in result.meta["nonfinite_heads"]:
             err_console.print(styled("yellow", "warning: ", f"NaN/Inf weights in layer {rec['layer']} head {rec['head']} "
                                                            f"({rec['product']}): metrics set to NaN"), highlight=False)

@@ -76,6 +76,10 @@ class AdaptedCheckpoint(BaseCheckpoint):
 
     def __init__(self, adapter: Path, base: BaseCheckpoint):
         self.adapter_path, self.base = adapter, base
+        self.stamps.update(base.stamps)  # the base's files, then the adapter's (io.identity)
+        for f in (ADAPTER_CONFIG, "adapter_model.safetensors", "adapter_model.bin"):
+            if (adapter / f).is_file():
+                self.stamps.add(adapter / f)  # before they are read
         self.adapter_config = cfg = read_adapter_config(adapter)
         tensors = _adapter_tensors(adapter)
         self.fan_in_fan_out = bool(cfg.get("fan_in_fan_out", False))

@@ -170,8 +170,11 @@ class Checkpoint(BaseCheckpoint):
             raise os_error(e, getattr(e, "filename", None) or path, "read") from None
         if isinstance(config, Mapping):
             cfg, cfg_path = dict(config), "<config dict>"
+        elif require_config or _exists(cfg_path):
+            self.stamps.add(cfg_path / "config.json" if cfg_path.is_dir() else cfg_path)  # before it is read
+            cfg = read_config(cfg_path)
         else:
-            cfg = read_config(cfg_path) if require_config or _exists(cfg_path) else {}
+            cfg = {}
         index = self._build_index(files)
         self._files = sorted(set(index.values()))
         super().__init__(index, source=loc.source, path=path, config=cfg, config_path=cfg_path)
@@ -203,7 +206,9 @@ class Checkpoint(BaseCheckpoint):
             from headrank.io.stfile import SafetensorsFile
 
             h = SafetensorsFile(p)  # pread, never a memory map: a file truncated meanwhile is one line
+            self.stamps.add(p, h.stamp)  # its identity at open: checked again after the last read
         elif p.suffix in _TORCH_SUFFIXES:
+            self.stamps.add(p)  # before it is loaded
             h = _TorchFile(p)
         else:
             raise HeadRankError(f"unsupported weights file {p} (use .safetensors, .bin or .pt)")

@@ -152,6 +152,7 @@ class GGUFCheckpoint(BaseCheckpoint):
 
         p = check_readable(source, "GGUF file")
         self._file = StampedFile(p)  # tensor data read with pread: a file truncated meanwhile is one line
+        self.stamps.add(p, self._file.stamp)  # checked again after the last read (io.identity)
         check_structure(p)  # counts, lengths and header size bounded before gguf allocates anything
         try:
             self._reader = GGUFReader(p)
@@ -352,7 +353,7 @@ class GGUFCheckpoint(BaseCheckpoint):
         import numpy as np
 
         if self._file.size != self._file._now()[2] or t.data_offset + t.n_bytes > self._file.size:
-            from headrank.io.stfile import changed
+            from headrank.io.identity import changed
 
             raise changed(self._where)
         buf = self._file.pread(int(t.n_bytes), int(t.data_offset))

@@ -265,7 +265,7 @@ class RemoteFile:
                 return self.read(start, end, kind)
             if size is not None and size > most:
                 raise HeadRankError(f"{redact_url(self.url)} ignores HTTP range requests and its whole {self.name} is "
-                                    f"{_mb(size)}, more than {why} ({_mb(most)}): refusing to download it; give "
+                                    f"{size:,} bytes, more than {why} ({most:,} bytes): refusing to download it; give "
                                     f"`max_bytes` of at least {size:,} to read it whole")
             self._full = self._download(head or b"", chunks, size, most, clock)
             self.size = os.fstat(self._full.fileno()).st_size
@@ -293,8 +293,8 @@ class RemoteFile:
                 break
         entries = _header_entries(bytes(head[:need]), size, redact_url(self.url))
         promised = sum(e - b for name, (_, _, b, e) in entries.items() if self.attention(name))
-        return head, 2 * promised, (f"twice the {_mb(promised)} of attention tensors its header lists (the default "
-                                    "`max_bytes`)")
+        return head, 2 * promised, (f"twice the {promised:,} bytes of attention tensors its header lists (the "
+                                    "default `max_bytes`)")
 
     def _download(self, head: bytes, chunks, size: int | None, most: int, clock: _Clock) -> Any:
         """The whole file (``head``, then the rest of ``chunks``) in a temporary file deleted on close."""
@@ -575,6 +575,7 @@ def _gguf_class():
             try:
                 super().__init__(tmp, label=f.loc.label, where=redact_url(f.url))
                 self._file.close()  # tensor data travels by range requests, never from the header copy
+                self.stamps.discard(tmp)  # a temporary copy, not the checkpoint (the server's answers are checked)
             except HeadRankError as e:
                 raise type(e)(str(e).replace(str(tmp), redact_url(f.url))) from None
             finally:

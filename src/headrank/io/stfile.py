@@ -19,21 +19,18 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from headrank.errors import HeadRankError
+from headrank.io.identity import Stamp, changed
 from headrank.io.tensor_source import ST_ITEMSIZE
+from headrank.io.validate import JSON_CAPS, MAX_ST_HEADER, os_error, parse_json, safetensors_entries
 
 if TYPE_CHECKING:
     import numpy as np
     import torch
-from headrank.io.validate import JSON_CAPS, MAX_ST_HEADER, os_error, parse_json, safetensors_entries
 
-
-def changed(path: Any) -> HeadRankError:
-    """The one line for a file that changed while it was read."""
-    return HeadRankError(f"{path} changed while it was read (another process truncated or rewrote it); "
-                         "read it again once it is complete")
+__all__ = ["BufferPool", "SafetensorsFile", "StampedFile", "changed", "reading_into"]
 
 
 class _Slice:
@@ -65,7 +62,12 @@ class StampedFile:
     def size(self) -> int:
         return self._stamp[2]
 
-    def _now(self) -> tuple[int, int, int, int]:
+    @property
+    def stamp(self) -> Stamp:
+        """The file's identity when it was opened (:mod:`headrank.io.identity`)."""
+        return self._stamp
+
+    def _now(self) -> Stamp:
         st = os.fstat(self._fd)
         return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 

@@ -13,6 +13,11 @@ context manager) once. A reader passes all of it to ``BaseCheckpoint.__init__`` 
 names a ``quantization_config``, ``keys``, ``get`` and ``meta`` give the dequantized weights
 (float64) under their own names, their scales hidden, whatever reader holds the bytes; a
 method that is not read is refused on first access. ``quantization`` says which (meta.json).
+
+Every reader of local files records each file it opens in ``stamps`` (:mod:`headrank.io.identity`):
+:meth:`BaseCheckpoint.check_unchanged` after the last read (a file truncated, rewritten or
+replaced by rename meanwhile is one line) and :meth:`BaseCheckpoint.identity`, what a re-run
+compares before it reuses a table.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from headrank.errors import HeadRankError
+from headrank.io.identity import Stamps
 
 if TYPE_CHECKING:  # torch is imported only where a torch object is made (spectra reads through numpy)
     import torch
@@ -95,6 +101,8 @@ class BaseCheckpoint:
         self.config: dict[str, Any] = dict(config)
         self.config_path = config_path
         self._entries = entries
+        if self.stamps.root is None:
+            self.stamps.root = path
         self._view_built = False
         self._view: Any = None
 
@@ -205,6 +213,24 @@ class BaseCheckpoint:
     def files(self) -> list[Any]:
         """The weight files read (empty for a model in memory)."""
         return []
+
+    @property
+    def stamps(self) -> Stamps:
+        """The local files this reader opened, each with its identity at open (none for a model in
+        memory or a remote checkpoint, whose commit pins it)."""
+        s = self.__dict__.get("_stamps")
+        if s is None:
+            s = self.__dict__["_stamps"] = Stamps()
+        return s
+
+    def check_unchanged(self) -> None:
+        """After the last read: one line if a file read changed since it was opened (:mod:`headrank.io.identity`)."""
+        self.stamps.check()
+
+    def identity(self) -> str | None:
+        """The fingerprint of the local files read (:meth:`headrank.io.identity.Stamps.fingerprint`);
+        None when there are none."""
+        return self.stamps.fingerprint() if self.stamps else None
 
     def close(self) -> None:
         """Let go of open files."""

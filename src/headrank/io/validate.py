@@ -235,8 +235,9 @@ def read_bytes(path: str | os.PathLike, what: str = "file", max_bytes: int | Non
 def file_identity(path: str | os.PathLike) -> tuple[int, int, int, int]:
     """What identifies a file's contents cheaply: device, inode, size and modification time (ns).
     A file truncated, rewritten or replaced by rename between two calls gives two identities."""
-    st = os.stat(path)
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    from headrank.io.identity import stamp_of  # the identity a reader records (io.identity)
+
+    return stamp_of(os.stat(path))
 
 
 def read_text(path: str | os.PathLike, what: str = "file", max_bytes: int | None = None) -> str:

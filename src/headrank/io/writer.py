@@ -26,6 +26,10 @@
   A file of the previous set that the new one lacks is removed only when it is still a regular
   file of the recorded size and fingerprint: a planted record cannot name a user's file into
   deletion, nothing outside ``out`` is touched, no symlink is followed.
+- **Nothing from a changed input.** :meth:`OutputSet.watch` takes the identities of the files
+  a run read (:class:`headrank.io.identity.Stamps`); the commit checks them first, after the
+  last file of the set is staged: a file truncated, rewritten or replaced by rename since it
+  was opened is one line (``FILE changed while it was read``) and nothing moves.
 - **No path from data.** :func:`confined` joins a name that came from data (a label, a figure
   name) onto a directory only when it is one plain component.
 """
@@ -114,6 +118,7 @@ class OutputSet:
         self.committed = False
         self.held = held  # the caller holds the directory's lock already (a sweep's whole run)
         self.entered = False
+        self.inputs: list[Any] = []  # the identities of the files read, checked before the commit
 
     # -- checked once, locked ------------------------------------------------------------------
     def __enter__(self) -> OutputSet:
@@ -209,7 +214,16 @@ class OutputSet:
         finally:
             shutil.rmtree(stage, ignore_errors=True)
 
+    def watch(self, stamps: Any) -> None:
+        """Check ``stamps`` (:class:`headrank.io.identity.Stamps`: the files the run read, each
+        with its identity when opened) before the commit: a file that changed meanwhile is one
+        line and nothing is committed. None: nothing to watch (a model in memory, a remote read)."""
+        if stamps is not None:
+            self.inputs.append(stamps)
+
     def commit(self, stage: Path) -> None:
+        for stamps in self.inputs:  # after the last file is staged: the inputs are still what was read
+            stamps.check()
         record = {"writer": "headrank", "version": 1, "files": _record(stage)}
         (stage / RECORD).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
         old = read_record(self.real)
