@@ -28,11 +28,11 @@ def test_bad_sources(source, needle):
 
 
 @pytest.mark.parametrize("kwargs, needle", [
-    ({"layers": 5}, "layers must be a spec string"),
-    ({"layers": []}, "layers is empty"),
+    ({"layers": 5}, "`layers` must be a spec like '0,2,5-7' or a list of layer indices; got int 5"),
+    ({"layers": []}, "`layers` is empty"),
     ({"layers": ""}, "`layers` is empty"),
-    ({"layers": [0, "1"]}, "layers must be integers"),
-    ({"layers": [True]}, "layers must be integers"),
+    ({"layers": [0, "1"]}, "`layers` must be integers; got str '1'"),
+    ({"layers": [True]}, "`layers` must be integers; got bool True"),
     ({"layers": "3-1"}, "the range 3-1 is empty"),
     ({"layers": "0-100000000000000000000"}, "out of range 0..1"),
     ({"layers": [0, 7]}, "layer 7 out of range 0..1"),

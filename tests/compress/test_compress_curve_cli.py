@@ -63,7 +63,7 @@ def test_bad_values_get_the_same_line_as_without_curve(lm, tmp_path, with_curve,
 @pytest.mark.parametrize("args, flag", [
     (["--rank", "2"], "--rank"), (["--keep", "0.9"], "--keep"), (["--params", "0.5"], "--params"),
     (["--format", "dense"], "--format"), (["--format", "factored"], "--format"), (["--eval"], "--eval"),
-    (["--whiten"], "--whiten"), (["--allocate", "loss"], "--allocate loss"),
+    (["--whiten"], "--whiten"), (["--allocate", "loss"], "--allocate loss"), (["--dtype", "bfloat16"], "--dtype"),
 ])
 def test_options_the_curve_does_not_take_are_refused(lm, tmp_path, args, flag):
     out = _one_line_refusal(_run(lm, "--out", "c", "--curve", "1", "--eval-n", "2", *args))

@@ -153,8 +153,8 @@ def test_api_arguments_follow_the_cli_rules(llama_dir, tmp_path, kw, msg):
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("args, msg", [(["--keep", "2"], "--keep must be in (0, 1]"),
-                                       (["--params", "1.5"], "--params must be in (0, 1]")])
+@pytest.mark.parametrize("args, msg", [(["--keep", "2"], "--keep must lie in (0, 1]"),
+                                       (["--params", "1.5"], "--params must lie in (0, 1]")])
 def test_the_cli_names_its_flags_where_the_library_names_parameters(llama_dir, tmp_path, args, msg):
     r = CliRunner().invoke(app, ["compress", str(llama_dir), "--out", str(tmp_path / "o"), *args])
     assert r.exit_code == 2 and msg in r.output and r.output.count("\n") == 1, r.output

@@ -37,13 +37,13 @@ from headrank.io.layouts import AttentionReader, HeadWeights, Layout
 from headrank.io.sources import open_reader
 from headrank.io.tensor_source import BaseCheckpoint
 from headrank.util.args import checked
+from headrank.util.constraints import SPECTRA, layers_arg
 from headrank.util.env import versions
 from headrank.util.fileio import prepare_out_dir, write_atomic, write_json
 from headrank.util.result import ResultBase, negative_index, plain, read_csv, read_json, records
 from headrank.util.threads import (
     IdleCores,
     check_precision,
-    check_threads,
     computing,
     resolve_device,
     torch_threads,
@@ -388,26 +388,10 @@ def parse_layers(spec: str | None, n_layers: int) -> list[int]:
 def _check_args(tol: Any, layers: Any, threads: Any, progress: Any) -> list[int] | str | None:
     """Types and ranges of analyze's arguments (an API caller may pass anything); the layer
     selection as a spec string or a list of ints."""
-    if isinstance(tol, bool) or not isinstance(tol, (int, float, np.integer, np.floating)):
-        raise HeadRankError(f"`tol` must be a number in (0, 1); got {type(tol).__name__} {str(tol)[:40]!r}")
-    if not tol > 0 or not tol < 1:
-        raise HeadRankError(f"`tol` must lie in (0, 1); got {tol}")
-    if threads is not None:
-        check_threads(threads)  # the one bound of every threads/workers count
+    SPECTRA.check(tol=tol, threads=threads)  # the one declaration of their bounds (headrank.util.constraints)
     if progress is not None and not callable(progress):
         raise HeadRankError(f"progress must be a callable (done, total); got {type(progress).__name__}")
-    if layers is None or isinstance(layers, str):
-        return layers
-    if isinstance(layers, (bytes, dict)) or not isinstance(layers, Iterable):
-        raise HeadRankError(f"layers must be a spec string like '0,2,5-7' or a list of layer indices; got "
-                            f"{type(layers).__name__} {str(layers)[:40]!r}")
-    sel = list(layers)
-    if not sel:
-        raise HeadRankError("layers is empty: select at least one layer (or pass None for all)")
-    if not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in sel):
-        bad = next(i for i in sel if isinstance(i, bool) or not isinstance(i, (int, np.integer)))
-        raise HeadRankError(f"layers must be integers; got {type(bad).__name__} {str(bad)[:40]!r}")
-    return [int(i) for i in sel]
+    return layers_arg(layers)
 
 
 def _settings(energy: Any, device: Any, precision: Any) -> tuple[Any, str | None, str]:
@@ -460,7 +444,7 @@ def analyze(
     ``layout``: a TOML layout file (or a :class:`Layout`) for a model_type not in the table; the config then may
     be absent. ``progress(done, total)`` is called after each layer. ``threads``: worker threads, each single-threaded
     over its own heads (default: the idle cores, re-checked between layers; bounded by
-    :func:`headrank.util.threads.check_threads`; results are bit-identical for any count). ``device``:
+    :data:`headrank.util.constraints.THREADS`; results are bit-identical for any count). ``device``:
     ``"auto"``, ``"cpu"`` (numpy LAPACK, no torch for safetensors) or ``"cuda[:N]"`` (torch
     float64 on that GPU); see docs/spectra-speed.md. ``precision``: ``"auto"`` or ``"float64"``
     (docs/methods/precision.md). ``rotary``: for rotary models, also the per-band energies and the spectra of the

@@ -580,12 +580,9 @@ def _check_args(tol: float, workers: int | None, out: str | os.PathLike, both: b
     ``both``: ``resume`` and ``force`` were given together."""
     if both:
         raise HeadRankError("`resume` continues a stopped run as it was started; `force` measures anew: give one")
-    if not 0 < tol < 1:
-        raise HeadRankError(f"`tol` must lie in (0, 1); got {tol}")
-    if workers is not None:
-        from headrank.util.threads import check_threads
+    from headrank.util.constraints import TRACK
 
-        check_threads(workers, "workers")  # 1..4 per CPU
+    TRACK.check(tol=tol, workers=workers)  # the one declaration of their bounds, which the command line reads
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise HeadRankError(f"`out` {out} exists and is not a directory")

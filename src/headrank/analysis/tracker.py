@@ -17,6 +17,7 @@ from headrank.core.metrics import SUMMARY_METRICS
 from headrank.errors import HeadRankError
 from headrank.io.layouts import AttentionReader
 from headrank.io.live import LiveCheckpoint
+from headrank.util.constraints import TOL
 from headrank.util.threads import torch_threads
 
 
@@ -39,8 +40,7 @@ class RankTracker:
                  config: dict[str, Any] | None = None):
         if not isinstance(every, int) or every <= 0:
             raise HeadRankError(f"tracker interval must be a positive integer, got {every!r}")
-        if not 0 < tol < 1:
-            raise HeadRankError(f"`tol` must lie in (0, 1); got {tol}")
+        TOL.check(tol)  # the one declaration of its bounds (headrank.util.constraints)
         self.every, self.tol = every, tol
         self.reader = AttentionReader(LiveCheckpoint(model, config))
         if self.reader.parts:

@@ -78,7 +78,7 @@ def print_error(message: str) -> None:
 #: Python parameter names whose flag is not ``--`` + the name with dashes
 FLAG_ALIASES = {"attn_weight_decay": "--attn-wd", "weight_decay": "--wd", "evaluate": "--eval", "n_seqs": "--seqs",
                 "tolerance": "--tol", "sets": "--set", "set": "--set", "groups": "--group", "with_eps": "--with-eps",
-                "format": "--format", "n_eval": "--eval-n", "n_calib": "--calib-n"}
+                "format": "--format"}  # and every declared flag of headrank.util.constraints
 
 
 def cli_flags() -> dict[str, str]:
@@ -94,11 +94,23 @@ def cli_flags() -> dict[str, str]:
                 long = [o for o in getattr(prm, "opts", []) if o.startswith("--")]
                 if long and prm.name:
                     _flags.setdefault(prm.name, long[0])
-        _flags.update(FLAG_ALIASES)
+        from headrank.util.constraints import flags
+
+        _flags.update({**FLAG_ALIASES, **flags()})
     return _flags
 
 
 _flags: dict[str, str] = {}
+
+
+def option(table: Any, name: str, help: str, *aliases: str, shown: bool = True) -> Any:
+    """The typer option of parameter ``name`` of a verb's constraints ``table``
+    (:mod:`headrank.util.constraints`): its flag from the table, and ``help`` followed by the
+    bounds the table declares (``shown`` False: the help says them in its own words). The value
+    is checked by the table's validator, which the verb's function calls: no ``min=``/``max=``
+    here that could disagree."""
+    p = table[name]
+    return typer.Option(p.long, *aliases, help=f"{help} [{p.bounds(for_help=True)}]" if shown else help)
 
 
 def flag_message(message: str, flags: dict[str, str] | None = None) -> str:

@@ -11,8 +11,9 @@ from typing import Annotated, Any
 
 import typer
 
-from headrank.cli.common import app, err_console, progress_bar, styled, user_errors
+from headrank.cli.common import app, err_console, option, progress_bar, styled, user_errors
 from headrank.errors import HeadRankError
+from headrank.util.constraints import COMPRESS
 from headrank.util.progress import EVERY_S
 
 
@@ -60,24 +61,25 @@ class Phases:
 def compress(
     path: Annotated[str, typer.Argument(help="anything `spectra` opens: checkpoint directory, weights file, 'minilm', cached Hub id, .gguf file, run directory")],
     out: Annotated[Path, typer.Option("--out", help="write the compressed checkpoint (safetensors, config, tokenizer) and compress.json here (with --curve: the curve)")],
-    keep: Annotated[float | None, typer.Option("--keep", help="per unit (a head; a kv group under GQA): the fewest directions holding this share of the energy sum s^2, in (0, 1]")] = None,
-    rank: Annotated[int | None, typer.Option("--rank", help="per unit (a head; a kv group under GQA, cut jointly): keep K directions (K <= head dim)")] = None,
-    params: Annotated[float | None, typer.Option("--params", help="global budget: this fraction of the cut products' parameters, allocated across units from the spectra")] = None,
+    keep: Annotated[float | None, option(COMPRESS, "keep", "per unit (a head; a kv group under GQA): the fewest directions holding this share of the energy sum s^2")] = None,
+    rank: Annotated[int | None, option(COMPRESS, "rank", "per unit (a head; a kv group under GQA, cut jointly): keep K directions (K <= head dim)")] = None,
+    params: Annotated[float | None, option(COMPRESS, "params", "global budget: this fraction of the cut products' parameters, allocated across units from the spectra")] = None,
     products: Annotated[str | None, typer.Option("--products", help="ov, qk or ov,qk (default: both where QK can be cut; rotary: whole bands; QK-normed models: ov only)")] = None,
-    fmt: Annotated[str | None, typer.Option("--format", help="factored: only the kept dimensions, load with headrank.load_compressed (default where q, k, v, o are separate); dense: zero-padded, same architecture (default for fused projections)")] = None,
+    fmt: Annotated[str | None, option(COMPRESS, "format", shown=False, help="factored: only the kept dimensions, load with headrank.load_compressed (default where q, k, v, o are separate); dense: zero-padded, same architecture (default for fused projections)")] = None,
     whiten: Annotated[bool | None, typer.Option("--whiten/--no-whiten", help="activation-whitened cut (SVD-LLM), calibrated on the corpus validation split (or --text's first half, or --dataset's train split) [default: whitened for a causal LM with a tokenizer (its cost printed first), plain for an encoder]")] = None,
     evaluate: Annotated[bool, typer.Option("--eval", help="perplexity (causal LM) or sentence-embedding cosine drift (encoder) before and after, on held-out text")] = False,
-    eval_n: Annotated[int | None, typer.Option("--eval-n", min=1, help="evaluation windows (LM) or sentences (encoder) (default: 16 windows, 64 sentences: the README's cost curve)")] = None,
-    calib_n: Annotated[int | None, typer.Option("--calib-n", min=1, help="--whiten calibration windows or sentences (default: as --eval-n)")] = None,
-    seq_len: Annotated[int | None, typer.Option("--seq-len", min=2, help="tokens per window (default: 128, capped at the model's context; a longer one is refused)")] = None,
+    eval_n: Annotated[int | None, option(COMPRESS, "n_eval", "evaluation windows (LM) or sentences (encoder) (default: 16 windows, 64 sentences: the README's cost curve)")] = None,
+    calib_n: Annotated[int | None, option(COMPRESS, "n_calib", "--whiten calibration windows or sentences (default: as --eval-n)")] = None,
+    seq_len: Annotated[int | None, option(COMPRESS, "seq_len", "tokens per window (default: 128, capped at the model's context; a longer one is refused)")] = None,
     text: Annotated[Path | None, typer.Option("--text", help="text file for --eval/--whiten (one text per line; second half scored, first half calibrates) instead of the stdlib corpus")] = None,
-    dataset: Annotated[str | None, typer.Option("--dataset", help="wikitext2 or c4 for --eval/--whiten, through the datasets library (network, or its copy in the Hugging Face cache)")] = None,
+    dataset: Annotated[str | None, option(COMPRESS, "dataset", shown=False, help="wikitext2 or c4 for --eval/--whiten, through the datasets library (network, or its copy in the Hugging Face cache)")] = None,
     curve: Annotated[str | None, typer.Option("--curve", help="draw cost against size instead of writing a checkpoint: --params budgets, e.g. 1,0.75,0.5,0.25; weight-only against whitened (compress_curve.json/.png in --out)")] = None,
     layers: Annotated[str | None, typer.Option("--layers", help="cut only these layers, e.g. 0,3,5-7 (0-based); the rest are copied")] = None,
-    allocate: Annotated[str, typer.Option("--allocate", help="how --params spends its budget: energy (the largest shares of each unit's energy) or loss (ASVD: each unit's measured calibration loss when cut alone, at 9 candidate ranks; slower)")] = "energy",
-    threads: Annotated[int, typer.Option("--threads", min=1, max=256, help="torch threads (1 by default, kind to a shared machine)")] = 1,
-    device: Annotated[str, typer.Option("--device", help="auto (a CUDA GPU when torch sees one, else the CPU), cpu or cuda[:N] (roots, SVDs and cut GEMMs in float64 on that GPU)")] = "auto",
-    precision: Annotated[str, typer.Option("--precision", help="auto (bfloat16 weights: Grams in float32 chunks summed in float64, bound-checked, float64 where the bound does not hold) or float64; docs/methods/precision.md")] = "auto",
+    allocate: Annotated[str, option(COMPRESS, "allocate", shown=False, help="how --params spends its budget: energy (the largest shares of each unit's energy) or loss (ASVD: each unit's measured calibration loss when cut alone, at 9 candidate ranks; slower)")] = "energy",
+    threads: Annotated[int, option(COMPRESS, "threads", "torch threads (1 by default, kind to a shared machine)")] = 1,
+    device: Annotated[str, option(COMPRESS, "device", shown=False, help="auto (a CUDA GPU when torch sees one, else the CPU), cpu or cuda[:N] (roots, SVDs and cut GEMMs in float64 on that GPU)")] = "auto",
+    dtype: Annotated[str, option(COMPRESS, "dtype", "the floating dtype of the weights written (config.json's dtype says it): auto keeps each tensor as read (bfloat16 for a GGUF file's factored output); sizes are reported against the uncut model in this dtype")] = "auto",
+    precision: Annotated[str, option(COMPRESS, "precision", shown=False, help="auto (bfloat16 weights: Grams in float32 chunks summed in float64, bound-checked, float64 where the bound does not hold) or float64; docs/methods/precision.md")] = "auto",
     config: Annotated[Path | None, typer.Option("--config", help="config.json for a single weights file")] = None,
     layout: Annotated[Path | None, typer.Option("--layout", help="TOML layout for a model_type not in the table")] = None,
     revision: Annotated[str | None, typer.Option("--revision", help="Hub id: branch, tag or commit in the cache")] = None,
@@ -91,7 +93,7 @@ def compress(
     if curve is not None:
         opts = cut.options.check_options(format=fmt, threads=threads, n_eval=eval_n, n_calib=calib_n,
                                          seq_len=seq_len, text=text, dataset=dataset, allocate=allocate,
-                                         products=products)
+                                         products=products, dtype=dtype)
         _refuse_for_curve(opts, keep=keep, rank=rank, params=params, whiten=whiten, evaluate=evaluate)
         _curve(path, out, curve, opts, dict(layers=layers, threads=threads, device=device, config=config,
                                             layout=layout, revision=revision), quiet=quiet, as_json=as_json)
@@ -101,7 +103,7 @@ def compress(
                            evaluate=evaluate, text=text, n_eval=eval_n, n_calib=calib_n, seq_len=seq_len,
                            dataset=dataset, format=fmt, layers=layers, threads=threads, allocate=allocate,
                            config=config, layout=layout, revision=revision, progress=phases, verbose=verbose,
-                           device=device, precision=precision, announce=lambda s: None if quiet or as_json else
+                           device=device, precision=precision, dtype=dtype, announce=lambda s: None if quiet or as_json else
                            err_console.print(styled("bold", "note: ", s), highlight=False))
     for n in [] if quiet else res["notes"]:  # --quiet: nothing on success (the notes stay in compress.json)
         err_console.print(styled("yellow", "note: ", n), highlight=False)
@@ -121,9 +123,10 @@ _NOT_CURVE = {  # what --curve does instead of each option
     "whiten": "--curve measures both weight-only and whitened cuts",
     "evaluate": "--curve always measures the cost",
     "allocate": "--curve spends each budget by energy",
+    "dtype": "--curve writes no checkpoint",
 }
 _FLAG = {"keep": "--keep", "rank": "--rank", "params": "--params", "format": "--format", "whiten": "--whiten",
-         "evaluate": "--eval", "allocate": "--allocate loss"}
+         "evaluate": "--eval", "allocate": "--allocate loss", "dtype": "--dtype"}
 
 
 def _refuse_for_curve(opts: dict[str, Any], **given: Any) -> None:
@@ -135,7 +138,7 @@ def _refuse_for_curve(opts: dict[str, Any], **given: Any) -> None:
     for name in ("keep", "rank", "params"):
         if given[name] is not None:
             Rule.of(**{name: given[name]})
-    given.update(format=opts["format"], allocate=opts["allocate"] != "energy")
+    given.update(format=opts["format"], allocate=opts["allocate"] != "energy", dtype=opts["dtype"] != "auto")
     used = [n for n in _NOT_CURVE if given[n] not in (None, False)]
     if used:
         raise HeadRankError(f"{_FLAG[used[0]]} does not go with --curve: {_NOT_CURVE[used[0]]}")

@@ -16,6 +16,7 @@ from headrank.cli.common import (
     app,
     destination,
     err_console,
+    option,
     out_console,
     print_error,
     progress_bar,
@@ -23,6 +24,7 @@ from headrank.cli.common import (
     user_errors,
 )
 from headrank.core.linalg import DEFAULT_TOL
+from headrank.util.constraints import COLLAPSE, SCALE, SWEEP, TRACK
 
 
 @app.command()
@@ -30,10 +32,10 @@ from headrank.core.linalg import DEFAULT_TOL
 def collapse(
     model: Annotated[str, typer.Argument(help="'minilm', a Hugging Face BERT/GPT-2/LLaMA-style directory, or a project model / run directory")],
     out: Annotated[Path | None, typer.Option("--out", help="write layers.csv, summary.csv, paths.csv, collapse.npz, meta.json and PNG figures here")] = None,
-    seqs: Annotated[int, typer.Option("--seqs", help="sentences in the batch (stdlib corpus, test split)")] = 32,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", help="tokens per sentence at most")] = 64,
+    seqs: Annotated[int, option(COLLAPSE, "seqs", "sentences in the batch (stdlib corpus, test split)")] = 32,
+    max_tokens: Annotated[int, option(COLLAPSE, "max_tokens", "tokens per sentence at most")] = 64,
     seed: Annotated[int, typer.Option("--seed", help="seed of the re-initialised model and of the path sampling")] = 0,
-    threads: Annotated[int, typer.Option("--threads", help="CPU threads of the computation, 1 to 4 per CPU (1, the default, is fastest for small models on a busy machine)")] = 1,
+    threads: Annotated[int, option(COLLAPSE, "threads", "CPU threads of the computation (1, the default, is fastest for small models on a busy machine)")] = 1,
     as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON on stdout")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress, no table")] = False,
 ) -> None:
@@ -76,12 +78,12 @@ def scale(
     model: Annotated[str, typer.Argument(help="'minilm' (shipped), a Hugging Face model directory, a headrank model directory or training run")],
     out: Annotated[Path | None, typer.Option("--out", help="write tensors.csv, pairs.csv, meta.json and PNG figures here")] = None,
     scales: Annotated[str, typer.Option("--scales", help="scale factors c, comma-separated (positive, not 1)")] = "0.3,1.7,4.1",
-    tol: Annotated[float, typer.Option("--tol", help="relative deviation below which f(cW) counts as f(W) (or c^k f(W))")] = 1e-6,
+    tol: Annotated[float, option(SCALE, "tol", "relative deviation below which f(cW) counts as f(W) (or c^k f(W))")] = 1e-6,
     group: Annotated[list[str] | None, typer.Option("--group", help="NAME=PATTERN[,PATTERN...]: also scale the matching tensors together (fnmatch on parameter names); repeatable")] = None,
     pairs: Annotated[bool, typer.Option("--pairs/--no-pairs", help="per-head W_Q/W_K and W_V/W_O rescaling symmetries")] = True,
     with_eps: Annotated[bool, typer.Option("--with-eps", help="judge the real function, normalisation epsilon kept (default: epsilon set to 0 for the verdicts)")] = False,
     exhaustive: Annotated[bool, typer.Option("--exhaustive", help="try every c even once a tensor is clearly neither")] = False,
-    threads: Annotated[int, typer.Option("--threads", help="CPU threads of the computation, 1 to 4 per CPU (1, the default, is fastest for small models on a busy machine)")] = 1,
+    threads: Annotated[int, option(SCALE, "threads", "CPU threads of the computation (1, the default, is fastest for small models on a busy machine)")] = 1,
     as_json: Annotated[bool, typer.Option("--json", help="print verdicts and deviations as JSON on stdout")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress, no table")] = False,
 ) -> None:
@@ -146,9 +148,9 @@ def track(
     out: Annotated[Path, typer.Option("--out", help="write table.csv (one row per checkpoint, step, layer, head, product), summary.csv, over_training.png, checkpoints/*.csv here (resumable)")],
     revisions: Annotated[str | None, typer.Option("--revisions", help="Hub id: comma-separated revisions in the local cache (or with --remote, on the Hub), e.g. step1000,step2000 (step parsed from the name); 'all' with --remote: every ref named by a step")] = None,
     remote: Annotated[bool, typer.Option("--remote", help="Hub id: read each revision over HTTP range requests (only config, headers and attention tensors), nothing downloaded")] = False,
-    tol: Annotated[float, typer.Option("--tol", help="relative threshold tau of the numerical rank #{s_i > tau s_1}")] = DEFAULT_TOL,
+    tol: Annotated[float, option(TRACK, "tol", "relative threshold tau of the numerical rank #{s_i > tau s_1}")] = DEFAULT_TOL,
     convention: Annotated[str, typer.Option("--convention", help="raw (the weights as stored) or transformerlens (as TransformerLens 4 holds them by default); recorded in series.json")] = "raw",
-    workers: Annotated[int | None, typer.Option("--workers", help="worker processes, one checkpoint each, 1 to 4 per CPU [default: cores]")] = None,
+    workers: Annotated[int | None, option(TRACK, "workers", "worker processes, one checkpoint each (default: cores)")] = None,
     ray: Annotated[str | None, typer.Option("--ray", help="analyse the checkpoints as Ray tasks: a cluster ADDRESS, 'auto', or 'local' (start one here)")] = None,
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="draw over_training.png")] = True,
     force: Annotated[bool, typer.Option("--force", help="measure into an --out made from other checkpoints or another --tol (refused otherwise)")] = False,
@@ -204,8 +206,8 @@ def sweep(
     grid: Annotated[list[str] | None, typer.Option("--grid", help="FIELD=V1,V2,...: sweep this config field (repeatable; e.g. attn_weight_decay=0,0.1,1)")] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="FIELD=V: fix a config field for every run (repeatable; e.g. steps=500)")] = None,
     seeds: Annotated[str | None, typer.Option("--seeds", help="comma-separated seeds [default: 0, or the spec's]")] = None,
-    workers: Annotated[int | None, typer.Option("--workers", help="worker processes, one run each, 1 to 4 per CPU [default: cores / threads]")] = None,
-    threads: Annotated[int, typer.Option("--threads", help="CPU threads of each run, 1 to 4 per CPU")] = 1,
+    workers: Annotated[int | None, option(SWEEP, "workers", "worker processes, one run each (default: cores / threads)")] = None,
+    threads: Annotated[int, option(SWEEP, "threads", "CPU threads of each run")] = 1,
     ray: Annotated[str | None, typer.Option("--ray", help="run on Ray: a cluster ADDRESS, 'auto', or 'local' (start one here)")] = None,
     device: Annotated[str, typer.Option("--device", help="device of every run")] = "cpu",
     extend: Annotated[bool, typer.Option("--extend", help="with a larger --set steps=N than the sweep in --out: continue every run to N steps (refused without it)")] = False,

@@ -15,6 +15,7 @@ from headrank.cli.common import (
     app,
     destination,
     err_console,
+    option,
     out_console,
     progress_bar,
     styled,
@@ -22,6 +23,7 @@ from headrank.cli.common import (
 )
 from headrank.core.linalg import DEFAULT_TOL
 from headrank.errors import HeadRankError
+from headrank.util.constraints import SPECTRA
 
 
 @app.command()
@@ -34,22 +36,22 @@ def spectra(
     download: Annotated[bool, typer.Option("--download", help="Hub id: fetch config and weights into the Hugging Face cache first (needs the network; not with HF_HUB_OFFLINE)")] = False,
     remote: Annotated[bool, typer.Option("--remote", help="Hub id: read over HTTP range requests, only config, headers and the attention tensors (HF_ENDPOINT, HF_TOKEN); an http(s):// URL always is")] = False,
     allow_full: Annotated[bool, typer.Option("--allow-full", help="remote: accept a server that ignores range requests by downloading each whole file, when it is within --max-bytes (refused otherwise)")] = False,
-    max_bytes: Annotated[int | None, typer.Option("--max-bytes", min=1, help="--allow-full: the most bytes one whole file may hold, checked against its Content-Length before anything is written (default: twice the attention bytes its safetensors header lists, 4 GiB when not known)")] = None,
+    max_bytes: Annotated[int | None, option(SPECTRA, "max_bytes", "--allow-full: the most bytes one whole file may hold, checked against its Content-Length before anything is written (default: twice the attention bytes its safetensors header lists, 4 GiB when not known)")] = None,
     base: Annotated[str | None, typer.Option("--base", help="LoRA adapter: base model path or Hub id (default: the adapter's base_model_name_or_path)")] = None,
     delta: Annotated[bool, typer.Option("--delta", help="LoRA adapter: spectra of the change of the products (adapted minus base)")] = False,
     fold_norm: Annotated[bool, typer.Option("--fold-norm", help="fold the norm before attention into W_Q, W_K, W_V (TransformerLens' fold_ln alone; W_O as stored)")] = False,
     convention: Annotated[str, typer.Option("--convention", help="raw (the weights as stored) or transformerlens (as TransformerLens 4 holds them by default: norm folded, writing weights centred, value biases folded); recorded in meta.json")] = "raw",
-    fmt: Annotated[str, typer.Option("--format", help="stdout: table (summary per layer), csv (the per-head table) or json (= --json)")] = "table",
-    tol: Annotated[float, typer.Option("--tol", help="relative threshold tau of the numerical rank #{s_i > tau s_1}")] = DEFAULT_TOL,
+    fmt: Annotated[str, option(SPECTRA, "format", "stdout: table (summary per layer), csv (the per-head table) or json (= --json)", shown=False)] = "table",
+    tol: Annotated[float, option(SPECTRA, "tol", "relative threshold tau of the numerical rank #{s_i > tau s_1}")] = DEFAULT_TOL,
     layers: Annotated[str | None, typer.Option("--layers", help="layers to analyse, e.g. 0,3,5-7 (0-based)")] = None,
     layout: Annotated[Path | None, typer.Option("--layout", help="TOML file naming the attention tensors and sizes, for a model_type not in the table")] = None,
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="draw figures into --out")] = True,
     rotary: Annotated[bool, typer.Option("--rotary/--no-rotary", help="rotary models: energy per rotary band and the non-rotary part's spectra (rotary.csv)")] = True,
     vectors: Annotated[bool, typer.Option("--vectors", help="also write each head's singular vectors (vectors.npz)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON on stdout")] = False,
-    threads: Annotated[int | None, typer.Option("--threads", help="worker threads over heads, 1 to 4 per CPU [default: the idle cores (affinity and cgroup quota minus the load average), re-checked between layers]; results are identical for any value")] = None,
-    device: Annotated[str, typer.Option("--device", help="auto (a CUDA GPU when torch sees one, else the CPU), cpu (numpy float64 LAPACK, no torch for safetensors) or cuda[:N] (float64 Grams and factorisations on that GPU)")] = "auto",
-    precision: Annotated[str, typer.Option("--precision", help="auto (bfloat16 weights: Grams in float32 chunks summed in float64, every head's error bounded, float64 where the bound does not hold; docs/methods/precision.md) or float64 (every step in float64: the numbers of earlier versions, bit for bit)")] = "auto",
+    threads: Annotated[int | None, option(SPECTRA, "threads", "worker threads over heads (default: the idle cores: affinity and cgroup quota minus the load average, re-checked between layers); results are identical for any value")] = None,
+    device: Annotated[str, option(SPECTRA, "device", "auto (a CUDA GPU when torch sees one, else the CPU), cpu (numpy float64 LAPACK, no torch for safetensors) or cuda[:N] (float64 Grams and factorisations on that GPU)", shown=False)] = "auto",
+    precision: Annotated[str, option(SPECTRA, "precision", shown=False, help="auto (bfloat16 weights: Grams in float32 chunks summed in float64, every head's error bounded, float64 where the bound does not hold; docs/methods/precision.md) or float64 (every step in float64: the numbers of earlier versions, bit for bit)")] = "auto",
     energy: Annotated[str | None, typer.Option("--energy", help="energy levels, each a k column of heads.csv (the fewest singular values holding that share of sum s_i^2), e.g. 0.9,0.99,0.999 [default: k90, k99, k999]")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no progress, no table")] = False,
 ) -> None:
@@ -58,8 +60,7 @@ def spectra(
     from headrank.util.memory import gc_paused
 
     early = take_early()  # started before the options were parsed (headrank.cli.early); stopped if unused
-    if fmt not in ("table", "csv", "json"):
-        raise HeadRankError(f"--format must be table, csv or json; got {fmt!r}")
+    SPECTRA.check(format=fmt, max_bytes=max_bytes)  # the options only the command line has
     as_json = as_json or fmt == "json"
     if max_bytes is not None and not allow_full:
         raise HeadRankError("--max-bytes applies with --allow-full (the most one whole file may hold)")

@@ -13,31 +13,33 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from headrank.cli.common import (
     app,
     err_console,
+    option,
     out_console,
     user_errors,
 )
+from headrank.util.constraints import TRAIN
 
 train_app = typer.Typer(no_args_is_help=True, help="Train the project's transformer with attention-specific weight decay.")
 app.add_typer(train_app, name="train")
 
 
 _OUT = Annotated[Path, typer.Option("--out", help="run directory (config.json, metrics.jsonl, checkpoints/, summary.json)")]
-_ATTN_WD = Annotated[float, typer.Option("--attn-wd", help="AdamW weight decay of the attention projections Q, K, V, O")]
-_WD = Annotated[float, typer.Option("--wd", help="AdamW weight decay of every other matrix and the embeddings (biases, norms: 0)")]
-_SEED = Annotated[int, typer.Option("--seed", help="seed of the initialisation and the data stream")]
+_ATTN_WD = Annotated[float, option(TRAIN, "attn_weight_decay", help="AdamW weight decay of the attention projections Q, K, V, O")]
+_WD = Annotated[float, option(TRAIN, "weight_decay", help="AdamW weight decay of every other matrix and the embeddings (biases, norms: 0)")]
+_SEED = Annotated[int, option(TRAIN, "seed", help="seed of the initialisation and the data stream")]
 _DEVICE = Annotated[str, typer.Option("--device", help="auto (CUDA when present), cpu, cuda, cuda:N")]
 _RESUME = Annotated[bool, typer.Option("--resume", help="continue the run in --out from its newest checkpoint with the settings its config.json stored (options given must match them; a larger --steps extends the run, when its schedule allows); one writer per run: while another process writes the run, this stops with one line and exit 2")]
-_THREADS = Annotated[int, typer.Option("--threads", help="torch threads per process, recorded in config.json (1: within 15% of 2 threads on a quiet 2-core machine, 2-15x faster when anything else runs: benchmarks/THREADS.md; resume with the same value)")]
+_THREADS = Annotated[int, option(TRAIN, "threads", help="torch threads per process, recorded in config.json (1: within 15% of 2 threads on a quiet 2-core machine, 2-15x faster when anything else runs: benchmarks/THREADS.md; resume with the same value)")]
 _LOG = Annotated[str | None, typer.Option("--log", help="also log every row to tensorboard, wandb, mlflow (comma-separated) or none; metrics.jsonl is always written [default: tensorboard when installed]")]
 _KEEP = Annotated[str | None, typer.Option("--keep-checkpoints", help="checkpoints kept: N (the newest N) or all [default: 2]; headrank track measures each one kept")]
 _N_LAYERS = Annotated[int | None, typer.Option("--n-layers", help="transformer layers [default: 2 for recall, else 4]")]
 _D_MODEL = Annotated[int | None, typer.Option("--d-model", help="model width [default: 64]")]
 _N_HEADS = Annotated[int | None, typer.Option("--n-heads", help="attention heads [default: 4]")]
-_LOG_EVERY = Annotated[int | None, typer.Option("--log-every", help="steps between loss rows [default: 10]")]
-_TRACK_EVERY = Annotated[int | None, typer.Option("--track-every", help="steps between rank measurements [default: 100]")]
-_CHECKPOINT_EVERY = Annotated[int | None, typer.Option("--checkpoint-every", help="steps between checkpoints [default: 500]")]
+_LOG_EVERY = Annotated[int | None, option(TRAIN, "log_every", help="steps between loss rows [default: 10]")]
+_TRACK_EVERY = Annotated[int | None, option(TRAIN, "track_every", help="steps between rank measurements [default: 100]")]
+_CHECKPOINT_EVERY = Annotated[int | None, option(TRAIN, "checkpoint_every", help="steps between checkpoints [default: 500]")]
 _EVAL_EVERY = Annotated[int, typer.Option("--eval-every", help="steps between validation evaluations (0: at the end only)")]
-_STEPS = Annotated[int, typer.Option("--steps", help="optimizer steps")]
+_STEPS = Annotated[int, option(TRAIN, "steps", help="optimizer steps")]
 _JSON = Annotated[bool, typer.Option("--json", help="print the final summary as JSON on stdout")]
 _QUIET = Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar, no summary")]
 
@@ -76,15 +78,15 @@ def train_recall(
     out: Annotated[Path, typer.Option("--out", help="run directory (config.json, metrics.jsonl, checkpoints/)")],
     attn_wd: _ATTN_WD = 0.1,
     wd: _WD = 0.1,
-    steps: Annotated[int, typer.Option("--steps", help="optimizer steps (one fresh batch each)")] = 3000,
+    steps: Annotated[int, option(TRAIN, "steps", help="optimizer steps (one fresh batch each)")] = 3000,
     seed: _SEED = 0,
     device: _DEVICE = "auto",
     resume: _RESUME = False,
     n_layers: _N_LAYERS = None,
     d_model: _D_MODEL = None,
     n_heads: _N_HEADS = None,
-    lr: Annotated[float | None, typer.Option("--lr", help="peak learning rate [default: 3e-3]")] = None,
-    batch_size: Annotated[int | None, typer.Option("--batch-size", help="sequences per step [default: 64]")] = None,
+    lr: Annotated[float | None, option(TRAIN, "lr", help="peak learning rate [default: 3e-3]")] = None,
+    batch_size: Annotated[int | None, option(TRAIN, "batch_size", help="sequences per step [default: 64]")] = None,
     track_every: _TRACK_EVERY = None,
     log_every: _LOG_EVERY = None,
     checkpoint_every: _CHECKPOINT_EVERY = None,
@@ -177,8 +179,8 @@ def train_lm(
     n_layers: _N_LAYERS = None,
     d_model: _D_MODEL = None,
     n_heads: _N_HEADS = None,
-    lr: Annotated[float | None, typer.Option("--lr", help="peak learning rate [default: 3e-3]")] = None,
-    batch_size: Annotated[int | None, typer.Option("--batch-size", help="global batch (windows per step, split over DDP processes) [default: 32]")] = None,
+    lr: Annotated[float | None, option(TRAIN, "lr", help="peak learning rate [default: 3e-3]")] = None,
+    batch_size: Annotated[int | None, option(TRAIN, "batch_size", help="global batch (windows per step, split over DDP processes) [default: 32]")] = None,
     track_every: _TRACK_EVERY = None,
     log_every: _LOG_EVERY = None,
     checkpoint_every: _CHECKPOINT_EVERY = None,
@@ -217,8 +219,8 @@ def train_vit(
     n_layers: _N_LAYERS = None,
     d_model: _D_MODEL = None,
     n_heads: _N_HEADS = None,
-    lr: Annotated[float | None, typer.Option("--lr", help="peak learning rate [default: 1e-3]")] = None,
-    batch_size: Annotated[int | None, typer.Option("--batch-size", help="global batch [default: 64]")] = None,
+    lr: Annotated[float | None, option(TRAIN, "lr", help="peak learning rate [default: 1e-3]")] = None,
+    batch_size: Annotated[int | None, option(TRAIN, "batch_size", help="global batch [default: 64]")] = None,
     track_every: _TRACK_EVERY = None,
     checkpoint_every: _CHECKPOINT_EVERY = None,
     keep_checkpoints: _KEEP = None,

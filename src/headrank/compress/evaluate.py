@@ -29,7 +29,6 @@ EVAL_SPLIT, CALIB_SPLIT = "test", "validation"
 #: for an encoder, 16 windows of 128 tokens for a causal LM; calibration as many as evaluation)
 DEFAULT_N = {"encoder": 64, "causal": 16}
 DEFAULT_SEQ_LEN = 128
-DATASETS = ("wikitext2", "c4")
 CALIB_SEED = 3  # SVD-LLM's calibration sampling seed
 
 
@@ -86,8 +85,9 @@ class TextSpec:
 def dataset_texts(name: str, split: str) -> list[str]:
     """The documents of ``--dataset NAME`` for ``split`` (EVAL_SPLIT or CALIB_SPLIT), through the
     ``datasets`` library (network, or a copy in the Hugging Face cache)."""
-    if name not in DATASETS:
-        raise HeadRankError(f"`dataset` must be one of {', '.join(DATASETS)}; got {name!r}")
+    from headrank.util.constraints import COMPRESS  # the names --dataset takes
+
+    COMPRESS["dataset"].check(name)
     try:
         import datasets
     except ImportError:

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import numbers
 import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from headrank.compress.evaluate import (
-    DATASETS,
     DEFAULT_N,
     DEFAULT_SEQ_LEN,
     EVAL_SPLIT,
@@ -22,37 +20,23 @@ from headrank.compress.evaluate import (
 from headrank.compress.safety import causal_source
 from headrank.errors import HeadRankError
 from headrank.models.opener import context_length
+from headrank.util.constraints import COMPRESS
 from headrank.util.env import cache_root
 
-FORMATS = ("factored", "dense")
-ALLOCATE = ("energy", "loss")
-
-
-def _count(value: Any, name: str, low: int) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise HeadRankError(f"`{name}` must be a whole number >= {low}, got {str(value)[:40]!r}")
-    if value < low:
-        raise HeadRankError(f"`{name}` must be >= {low}, got {value}")
-    return int(value)
+FORMATS = COMPRESS["format"].choices
+ALLOCATE = COMPRESS["allocate"].choices
 
 
 def check_options(*, format: Any, threads: Any, n_eval: Any, n_calib: Any, seq_len: Any, text: Any,
-                  dataset: Any, allocate: Any, products: Any, rule: Any = None) -> dict[str, Any]:
+                  dataset: Any, allocate: Any, products: Any, rule: Any = None, dtype: Any = "auto") -> dict[str, Any]:
     """The options as the CLI would accept them, or HeadRankError with one line (``rule``: the
-    :class:`~.plan.Rule`, which ``allocate`` loss needs to be a budget)."""
-    from headrank.util.threads import check_threads
-
-    if format is not None and format not in FORMATS:
-        raise HeadRankError(f"`format` must be one of {', '.join(FORMATS)}; got {str(format)[:40]!r}")
-    if allocate not in ALLOCATE:
-        raise HeadRankError(f"`allocate` must be one of {', '.join(ALLOCATE)}; got {str(allocate)[:40]!r}")
+    :class:`~.plan.Rule`, which ``allocate`` loss needs to be a budget). Bounds and choices:
+    :data:`headrank.util.constraints.COMPRESS`, the one table the command line reads too."""
+    opts = COMPRESS.check(format=format, allocate=allocate, dataset=dataset, dtype=dtype, n_eval=n_eval,
+                          n_calib=n_calib, seq_len=seq_len, threads=threads)
     if allocate == "loss" and rule is not None and rule.kind != "params":
         raise HeadRankError(f"`allocate` loss spends a global budget: give `params` (with `{rule.kind}` every "
                             "unit's rank is set by that rule)")
-    if dataset is not None and dataset not in DATASETS:
-        raise HeadRankError(f"`dataset` must be one of {', '.join(DATASETS)}; got {str(dataset)[:40]!r}")
     if dataset is not None and text is not None:
         raise HeadRankError("give `text` FILE or `dataset` NAME, not both")
     if text is not None and not isinstance(text, (str, os.PathLike)):
@@ -62,10 +46,7 @@ def check_options(*, format: Any, threads: Any, n_eval: Any, n_calib: Any, seq_l
         if items is None or not all(isinstance(p, str) for p in items):
             raise HeadRankError(f"`products` must name ov and/or qk (comma-separated); got {str(products)[:40]!r}")
         products = ",".join(items)
-    return {"format": format, "threads": check_threads(threads), "allocate": allocate,
-            "n_eval": _count(n_eval, "n_eval", 1), "n_calib": _count(n_calib, "n_calib", 1),
-            "seq_len": _count(seq_len, "seq_len", 2), "text": None if text is None else str(text),
-            "dataset": dataset, "products": products}
+    return {**opts, "text": None if text is None else str(text), "products": products}
 
 
 def text_spec(opts: dict[str, Any], reader, live) -> TextSpec:

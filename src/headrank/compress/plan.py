@@ -14,6 +14,7 @@ import torch
 
 from headrank.core.metrics import energy_rank
 from headrank.errors import HeadRankError
+from headrank.util.constraints import COMPRESS
 
 
 @dataclass(frozen=True)
@@ -31,18 +32,7 @@ class Rule:
             raise HeadRankError("give exactly one of `keep` FRACTION, `rank` K or `params` FRACTION"
                                 + (f" (got {', '.join(k for k, _ in given)})" if given else ""))
         kind, value = given[0]
-        import numbers
-
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            what = "a whole number >= 1" if kind == "rank" else "a number in (0, 1]"
-            raise HeadRankError(f"`{kind}` must be {what}, got {str(value)[:40]!r}")
-        if value != value:  # NaN
-            raise HeadRankError(f"`{kind}` must be a number, got nan")
-        if kind == "rank":
-            if not float(value).is_integer() or value < 1:
-                raise HeadRankError(f"`rank` must be a whole number >= 1, got {value!r}")
-        elif not (0 < float(value) <= 1):
-            raise HeadRankError(f"`{kind}` must be in (0, 1], got {value!r}")
+        COMPRESS[kind].check(value)  # the one declaration of its bounds (headrank.util.constraints)
         return cls(kind, float(value))
 
     def label(self) -> str:

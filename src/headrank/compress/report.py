@@ -151,7 +151,8 @@ def report_lines(res: dict[str, Any], out: Any = None) -> list[str]:
     c = res.get("checkpoint")
     if c:
         dt = ", ".join(c["dtypes"])
-        line = (f"checkpoint ({c['format']}, {dt}): {_mb(c['bytes_written'])} written; against the uncut model in "
+        line = (f"checkpoint ({c['format']}, {dt}, --dtype {c.get('dtype', 'auto')}): {_mb(c['bytes_written'])} "
+                f"written; against the uncut model in "
                 f"{dt}, {_mb(c['bytes_uncut'])}: {c['share_saved']:.2%} smaller")
         if c.get("bytes_input"):
             n = c["bytes_input"]

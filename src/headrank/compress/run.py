@@ -46,6 +46,7 @@ from headrank.errors import HeadRankError
 from headrank.io.writer import OutputSet
 from headrank.models.opener import context_length, load
 from headrank.util.args import checked
+from headrank.util.constraints import layers_arg
 from headrank.util.fileio import write_json
 from headrank.util.threads import (
     check_precision,
@@ -84,7 +85,7 @@ def compress(source: Any, out: str | os.PathLike, *, keep: float | None = None, 
              format: str | None = None, layers: str | Iterable[int] | None = None, threads: int = 1,
              allocate: str = "energy", config: Any = None, layout: Any = None, revision: str | None = None,
              progress: Callable[[int, int | None, str], None] | None = None, verbose: bool = False,
-             device: str | None = "auto", precision: str = "auto",
+             device: str | None = "auto", precision: str = "auto", dtype: str = "auto",
              announce: Callable[[str], None] | None = None) -> CompressResult:
     """Write the compressed checkpoint and ``compress.json`` into ``out``; return compress.json
     as a :class:`~.result.CompressResult`.
@@ -103,11 +104,15 @@ def compress(source: Any, out: str | os.PathLike, *, keep: float | None = None, 
     called ``(done, total, phase)``. ``device``: ``auto`` (a CUDA GPU when torch sees one), ``cpu``
     or ``cuda[:N]``: where the roots, SVDs and cut GEMMs run (float64 on a GPU; docs/compress.md).
     ``precision``: ``auto`` or ``float64``, the Grams' route (docs/methods/precision.md).
-    Arguments are checked with the CLI's rules.
+    ``dtype``: the floating dtype of the weights written, ``bfloat16``, ``float16``, ``float32``
+    or ``auto`` (each tensor as read; bfloat16 for a GGUF file's factored output); config.json's
+    ``dtype`` says it. Arguments are checked by the table the CLI reads
+    (:data:`headrank.util.constraints.COMPRESS`).
     """
     rule = Rule.of(keep=keep, rank=rank, params=params)
     opts = check_options(format=format, threads=threads, n_eval=n_eval, n_calib=n_calib, seq_len=seq_len,
-                         text=text, dataset=dataset, allocate=allocate, products=products, rule=rule)
+                         text=text, dataset=dataset, allocate=allocate, products=products, rule=rule, dtype=dtype)
+    layers = layers_arg(layers)  # its form now, before anything is opened; its range once the depth is known
     if whiten not in (None, True, False):
         raise HeadRankError(f"`whiten` must be True, False or None (the default: whitened for a causal LM); got "
                             f"{str(whiten)[:40]!r}")
@@ -137,7 +142,7 @@ def _pipeline(dest: OutputSet, reader, live, gguf_note: str | None, run: dict[st
     todo = _layers(run["layers"], reader.dims.n_layers)
     dev = resolve_device(run["device"])
     spec = text_spec(opts, reader, live)
-    notes = [n for n in (_gguf_note(gguf_note, fmt()) if live is not None else None, note) if n]
+    notes = [n for n in (_gguf_note(gguf_note, fmt(), opts["dtype"]) if live is not None else None, note) if n]
     whiten = safety.default_whiten(run["whiten"], reader, live, source_dir(reader), notes)
     orig = tok = None
     if whiten or evaluate or opts["allocate"] == "loss":
@@ -243,10 +248,11 @@ def _choose_format(opts: dict[str, Any], split: str, model_type: str | None, kno
     return None
 
 
-def _gguf_note(note: str | None, fmt: str) -> str | None:
+def _gguf_note(note: str | None, fmt: str, dtype: str = "auto") -> str | None:
     if note is None:
         return None
     return note.replace("(float32, dequantized by transformers)",
+                        f"({dtype} by --dtype, dequantized by transformers)" if dtype != "auto" else
                         "(bfloat16, dequantized by transformers)" if fmt == "factored" else
                         "(float32, dequantized by transformers; --format factored writes bfloat16)")
 
@@ -256,13 +262,8 @@ def _layers(layers: str | Iterable[int] | None, n_layers: int) -> tuple[int, ...
         return None
     from headrank.analysis.scan import parse_layers
 
-    if isinstance(layers, str):
-        return tuple(parse_layers(layers, n_layers))
-    sel = list(layers) if isinstance(layers, Iterable) and not isinstance(layers, (bytes, dict)) else None
-    if not sel or not all(isinstance(i, int) and not isinstance(i, bool) for i in sel):
-        raise HeadRankError(f"layers must be a spec like '0,2,5-7' or a non-empty list of layer indices; got "
-                            f"{str(layers)[:40]!r}")
-    return tuple(parse_layers(",".join(map(str, sel)), n_layers))
+    sel = layers_arg(layers)  # the one structural check spectra makes too; the range against the model's depth here
+    return tuple(parse_layers(sel if isinstance(sel, str) else ",".join(map(str, sel)), n_layers))
 
 
 def _tied(model) -> set[str]:
@@ -279,8 +280,7 @@ def _tied(model) -> set[str]:
 def _write(reader, live, plan: Plan, stage: Path, opts: dict[str, Any], fmt: _Format, notes: list[str],
            tell) -> CompressResult:
     """Cut, write the weight files, the side files and compress.json's contents."""
-    dtype = torch.bfloat16 if live is not None and fmt() == "factored" else None  # GGUF: never float32 by accident
-    writer, rows, manifest = ShardWriter(stage, dtype=dtype), [], {}
+    writer, rows, manifest = ShardWriter(stage, dtype=_out_dtype(opts["dtype"], live, fmt())), [], {}
     fresh = _fresh_reads(reader)
     try:
         for lc in cut_layers(reader, plan, tell, opts["threads"], lambda: fmt() == "factored"):
@@ -311,14 +311,37 @@ def _write(reader, live, plan: Plan, stage: Path, opts: dict[str, Any], fmt: _Fo
     if "config.json" not in side and reader.ckpt.config:  # a single weights file, a state_dict
         write_json(stage / "config.json", reader.ckpt.config)
         side.append("config.json")
-    _dequantized(reader, stage, notes)
+    _dequantized(reader, stage, notes, opts["dtype"])
+    _config_dtype(stage, writer.dtypes)
     result = CompressResult(summary(reader, plan, rows, notes, files + [s for s in side if s not in files]))
-    result["checkpoint"] = {**writer.report(opts["format"]), **_input_bytes(reader)}
+    result["checkpoint"] = {**writer.report(opts["format"]), "dtype": opts["dtype"], **_input_bytes(reader)}
     result["compute"] = {**_compute(plan, opts["threads"]), "precision": compute_setting().precision}
     return result
 
 
-def _dequantized(reader, stage: Path, notes: list[str]) -> None:
+def _out_dtype(name: str, live, fmt: str) -> torch.dtype | None:
+    """``dtype`` as the writer's cast: None (``auto``: each tensor as read), except a GGUF file's
+    factored output, bfloat16 (never float32 by accident)."""
+    if name == "auto":
+        return torch.bfloat16 if live is not None and fmt == "factored" else None
+    return getattr(torch, name)
+
+
+def _config_dtype(stage: Path, written: set[str]) -> None:
+    """config.json's ``dtype`` (and ``torch_dtype`` where it has one): the floating dtype written,
+    what transformers' ``dtype="auto"`` loads; left as it was when the weights hold several."""
+    floats = [d for d in written if d.startswith(("float", "bfloat"))]
+    if len(floats) != 1 or not (stage / "config.json").is_file():
+        return
+    from headrank.io.validate import read_json
+
+    cfg = read_json(stage / "config.json", "config")
+    said = {k: floats[0] for k in ("dtype", "torch_dtype") if k == "dtype" or k in cfg}
+    if any(cfg.get(k) != v for k, v in said.items()):  # rewritten only where it would say otherwise
+        write_json(stage / "config.json", {**cfg, **said})
+
+
+def _dequantized(reader, stage: Path, notes: list[str], dtype: str = "auto") -> None:
     """A quantized source is read dequantized (io.schemes: code x scale, float64): the weights written are
     those values, not codes, so the config written loses its quantization_config, and a note says so."""
     quant = getattr(reader.ckpt, "quantization", None)
@@ -331,7 +354,9 @@ def _dequantized(reader, stage: Path, notes: list[str]) -> None:
     cfg.pop("compression_config", None)
     write_json(stage / "config.json", cfg)
     notes.append(f"source quantized ({quant['method']}: {quant['scheme']}): read dequantized (code x scale, exact in "
-                 "float64) and written dequantized, without its quantization_config")
+                 "float64) and written dequantized, without its quantization_config, "
+                 + ("in float64 (exact; --dtype bfloat16, float16 or float32 writes it smaller, rounded)"
+                    if dtype == "auto" else f"in {dtype} (--dtype)"))
 
 
 def _input_bytes(reader) -> dict[str, Any]:

@@ -27,10 +27,8 @@ from headrank.errors import HeadRankError
 from headrank.models.data import ImageTaskConfig, LMTaskConfig
 from headrank.models.tasks import RecallConfig, RecallStream, recall_loss_and_accuracy
 from headrank.models.transformer import ModelConfig, Transformer, ViT, ViTConfig
+from headrank.util.constraints import MAX_SEED, TRAIN  # noqa: F401 - MAX_SEED: the bound, importable here as before
 from headrank.util.legacy import upgrade
-
-#: the largest seed accepted (torch's generators take 64-bit seeds; offsets stay below the limit)
-MAX_SEED = 2**63 - 1
 
 
 @dataclass
@@ -107,37 +105,12 @@ class TrainConfig:
         raise NotImplementedError
 
     def validate(self) -> None:
-        def positive_int(name: str, allow_zero: bool = False) -> None:
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < (0 if allow_zero else 1):
-                raise HeadRankError(f"{name} must be an integer >= {0 if allow_zero else 1}, got {v!r}")
-
-        for name in ("steps", "batch_size", "log_every", "track_every", "checkpoint_every"):
-            positive_int(name)
-        positive_int("keep_checkpoints", allow_zero=True)  # 0: keep every checkpoint
-        positive_int("warmup", allow_zero=True)
-        if self.schedule not in SCHEDULES:
-            raise HeadRankError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
-        positive_int("seed", allow_zero=True)
-        if self.seed > MAX_SEED:
-            raise HeadRankError(f"seed must lie in 0..{MAX_SEED} (a 63-bit generator seed), got {self.seed!r}")
-
-        def number(name: str, lo: float, hi: float = math.inf, lo_open: bool = False, hi_open: bool = False):
-            v = getattr(self, name)
-            ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-            ok = ok and (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi)
-            if not ok:
-                raise HeadRankError(f"{name} must lie in {'(' if lo_open else '['}{lo:g}, {hi:g}"
-                                    f"{')' if hi_open else ']'}, got {v!r}")
-
-        number("lr", 0, 10, lo_open=True)
-        number("weight_decay", 0, 1e3)
-        number("attn_weight_decay", 0, 1e3)
-        number("beta1", 0, 1, hi_open=True)
-        number("beta2", 0, 1, hi_open=True)
-        number("eps", 0, 1, lo_open=True)
-        number("grad_clip", 0, math.inf)
-        number("tol", 0, 1, lo_open=True, hi_open=True)
+        k = self.keep_checkpoints  # N or 'all' (0 here: every checkpoint), headrank.training.state.parse_keep
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise HeadRankError(f"`keep_checkpoints` takes a positive number or 'all', got {k!r}")
+        checked = TRAIN.check(**{p.name: getattr(self, p.name) for p in TRAIN if p.name != "threads"})  # the one table
+        for name, value in checked.items():  # a numpy number as the plain int or float config.json records
+            setattr(self, name, value)
         if self.lr * max(self.weight_decay, self.attn_weight_decay) >= 1:
             raise HeadRankError(f"lr * weight decay = {self.lr * max(self.weight_decay, self.attn_weight_decay):g} "
                                 ">= 1: AdamW's decoupled step would flip the weights' sign")
@@ -279,8 +252,8 @@ def comparable(d: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in d.items() if k not in ("versions", "device", "threads", "keep_checkpoints")}
 
 
-#: learning-rate schedules after the warmup (see :func:`lr_at`)
-SCHEDULES = ("constant", "cosine")
+#: learning-rate schedules after the warmup (see :func:`lr_at`; declared in headrank.util.constraints.TRAIN)
+SCHEDULES = TRAIN["schedule"].choices
 #: the model fields a flat override may set (recall, LM and ViT builders alike)
 MODEL_KEYS = frozenset({"n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "mlp", "skip", "norm",
                         "learned_positions", "bias", "d_mlp", "init_std", "tie_embeddings"})

@@ -477,14 +477,14 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike, *, workers: int | None = 
     """Run (or finish) every run of ``spec`` under ``out`` and aggregate (see the module docstring).
     Into an ``out`` that holds a sweep, see :func:`merge_rerun` (``extend``: a larger ``steps``
     continues every run)."""
-    from headrank.util.threads import check_threads
+    from headrank.util.constraints import SWEEP
 
-    if not isinstance(threads, int) or threads < 1:
-        raise HeadRankError(f"threads must be a positive integer, got {threads!r}")
-    if ray is None:  # local runs: 1..4 per CPU (a Ray cluster may have more)
-        check_threads(threads)
-    if workers is not None:
-        check_threads(workers, "workers")  # 1..4 per CPU
+    if ray is None:  # local runs: the table's bounds (1..4 per CPU)
+        SWEEP.check(threads=threads, workers=workers)
+    else:  # on Ray the cluster's CPUs bound a run's threads; the local workers are still this machine's
+        SWEEP.check(workers=workers)
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise HeadRankError(f"threads must be a positive integer, got {threads!r}")
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise HeadRankError(f"`out` {out} exists and is not a directory")

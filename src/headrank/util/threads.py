@@ -14,41 +14,23 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from headrank.errors import HeadRankError
+from headrank.util.constraints import PER_CPU, PRECISION, cpus, max_threads  # noqa: F401 - the bound's home; kept importable here
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 
-def cpus() -> int:
-    """CPUs this process may run on (its affinity mask where the OS has one)."""
-    import os
-
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):  # pragma: no cover - no affinity on this platform
-        return os.cpu_count() or 1
-
-
-PER_CPU = 4  # oversubscription allowed: a test asking for 2 workers still runs on a 1-CPU machine
-
-
-def max_threads() -> int:
-    """The most threads or worker processes a command may ask for: :data:`PER_CPU` per CPU."""
-    return PER_CPU * cpus()
-
-
 def check_threads(n: object, name: str = "threads") -> int:
-    """``n`` as a count of threads or worker processes: an integer from 1 to
-    :func:`max_threads`. More would only slow everything down, and a million threads crash
-    OpenBLAS's thread creation (SIGSEGV) instead of failing."""
-    import numbers
+    """``n`` as a count of threads (or, ``name`` ``workers``, worker processes): the one bound,
+    declared in :mod:`headrank.util.constraints` (1 to :func:`max_threads`)."""
+    from dataclasses import replace
 
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral):
-        raise HeadRankError(f"`{name}` must be an integer, got {str(n)[:40]!r}")
-    if not 1 <= n <= max_threads():
-        raise HeadRankError(f"`{name}` must lie in 1..{max_threads()} ({PER_CPU} per CPU this process may use; "
-                            f"1 is best on a shared machine), got {n}")
-    return int(n)
+    from headrank.util.constraints import THREADS, WORKERS
+
+    param = {"threads": THREADS, "workers": WORKERS}.get(name) or replace(THREADS, name=name)
+    if n is None:
+        raise HeadRankError(f"`{name}` must be an integer ({param.bounds()}); got None")
+    return param.check(n)
 
 
 def cgroup_cpus(root: str = "/sys/fs/cgroup") -> float | None:
@@ -227,12 +209,11 @@ def resolve_device(device: object) -> str | None:
     (numpy's LAPACK, no torch) or the torch device to compute on. ``auto`` takes a CUDA GPU when
     torch sees one and imports torch only where a GPU driver is present; ``cuda`` without one is
     one line."""
-    import re
+    from headrank.util.constraints import DEVICE
 
     if device is None:
         device = "auto"
-    if not isinstance(device, str) or not re.fullmatch(r"auto|cpu|cuda(:\d{1,4})?", device):
-        raise HeadRankError(f"`device` must be auto, cpu, cuda or cuda:N; got {str(device)[:40]!r}")
+    DEVICE.check(device)
     if device == "cpu" or (device == "auto" and not _gpu_present()):
         return None
     import torch
@@ -251,7 +232,7 @@ def resolve_device(device: object) -> str | None:
 #: the precisions a product's Grams may be formed in (docs/methods/precision.md): ``auto`` (from
 #: the stored bfloat16 values, float32 accumulation in chunks summed in float64, a per-head error
 #: bound and a float64 fallback) and ``float64`` (every step in float64)
-PRECISIONS = ("auto", "float64")
+PRECISIONS = PRECISION.choices
 
 
 @dataclass(frozen=True)
@@ -279,9 +260,7 @@ def compute_setting() -> Compute:
 
 def check_precision(precision: object) -> str:
     """``precision`` as one of :data:`PRECISIONS`, else one line."""
-    if precision not in PRECISIONS:
-        raise HeadRankError(f"`precision` must be one of {', '.join(PRECISIONS)}; got {str(precision)[:40]!r}")
-    return str(precision)
+    return PRECISION.check(precision)
 
 
 @contextmanager

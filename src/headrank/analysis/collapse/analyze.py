@@ -35,6 +35,7 @@ from headrank.analysis.collapse.surgery import (
 from headrank.errors import HeadRankError
 from headrank.models.opener import PROJECT_TYPE, Opened, open_model
 from headrank.util.args import checked
+from headrank.util.constraints import COLLAPSE
 from headrank.util.result import ResultBase, plain, read_csv, read_json, records
 from headrank.util.threads import check_threads, torch_threads
 
@@ -144,7 +145,7 @@ def collapse(model: str | os.PathLike, *, seqs: int = 32, max_tokens: int = 64, 
     model
         ``"minilm"``, a Hugging Face BERT/GPT-2/LLaMA-style directory, or a project model / run.
     seqs
-        Sentences in the batch (the stdlib corpus' test split), at least 2.
+        Sentences in the batch (the stdlib corpus' test split); bounds: :data:`headrank.util.constraints.COLLAPSE`.
     max_tokens
         Tokens per sentence at most.
     seed
@@ -156,12 +157,12 @@ def collapse(model: str | os.PathLike, *, seqs: int = 32, max_tokens: int = 64, 
     -------
     CollapseResult
     """
+    COLLAPSE.check(seqs=seqs, max_tokens=max_tokens, threads=threads)  # the table the command line reads
     return analyze(model, n_seqs=seqs, max_tokens=max_tokens, seed=seed, threads=threads, progress=progress)
 
 
 def _check_args(n_seqs: int, max_tokens: int, min_tokens: int, inits, variants) -> None:
-    if n_seqs < 2:
-        raise HeadRankError(f"n_seqs must be >= 2 (a mean and a spread over a batch), got {n_seqs}")
+    COLLAPSE["seqs"].check(n_seqs)
     if not 2 <= min_tokens <= max_tokens:
         raise HeadRankError(f"need 2 <= min_tokens <= max_tokens, got {min_tokens}, {max_tokens}")
     for i in inits:

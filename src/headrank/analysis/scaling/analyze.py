@@ -23,8 +23,9 @@ from headrank.analysis.scaling.symmetries import pair_symmetries
 from headrank.errors import HeadRankError
 from headrank.io.layouts import Layout, layout_for
 from headrank.util.args import checked
+from headrank.util.constraints import SCALE
 from headrank.util.result import ResultBase, plain, read_csv, read_json, records
-from headrank.util.threads import check_threads, torch_threads
+from headrank.util.threads import torch_threads
 
 
 @dataclass
@@ -104,14 +105,11 @@ def analyze_scaling(source: str | os.PathLike, *, scales: Iterable[float] = DEFA
     """Per-tensor scaling verdicts and per-head pair symmetries of a model on real inputs.
 
     ``threads``: CPU threads of the computation (torch's, for the duration of the call, restored
-    after; 1 to 4 per CPU, :func:`headrank.util.threads.check_threads`); 1 is fastest for small
+    after; bounded by :data:`headrank.util.constraints.THREADS`); 1 is fastest for small
     models on a busy machine.
     """
     scales = check_scales(scales)
-    if not (isinstance(tol, int | float) and tol > 0):
-        raise HeadRankError(f"`tol` must be > 0, got {tol}")
-    if threads is not None:
-        check_threads(threads)
+    SCALE.check(tol=tol, **({"threads": threads} if threads is not None else {}))  # one declaration of the bounds
     with torch_threads(threads):
         return _analyze_scaling(source, scales, tol, groups, pairs, seed, exhaustive, structural, progress)
 

@@ -33,6 +33,7 @@ import torch
 import torch.nn as nn
 
 from headrank.errors import HeadRankError
+from headrank.util.constraints import SCALE
 
 # Not powers of two: multiplying by 2 and by 1/2 is exact in floating point, which would make a
 # pair symmetry hold bit for bit and hide how closely it holds in ordinary arithmetic.
@@ -252,8 +253,7 @@ def _inv_dev_eps(model: nn.Module, forward: Callable[[], Any], table: pd.DataFra
 
 
 def _scale_test(model, forward, names, groups, scales, tol, seed, exhaustive, progress) -> pd.DataFrame:
-    if not tol > 0:
-        raise HeadRankError(f"`tol` must be > 0, got {tol}")
+    SCALE["tol"].check(tol)
     params = dict(model.named_parameters())
     names = list(params) if names is None else list(names)
     missing = [n for n in names if n not in params]
