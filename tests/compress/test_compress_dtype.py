@@ -111,18 +111,29 @@ def test_cli_dtype_in_a_fresh_interpreter(tmp_path, minilm_dir):
     assert {t.dtype for t in _tensors(out).values() if t.is_floating_point()} == {torch.bfloat16}
 
 
-def test_a_quantized_source_is_written_in_float64_under_auto_and_in_the_dtype_asked(tmp_path):
-    """An FP8 checkpoint is read dequantized, exactly, in float64: ``auto`` writes those tensors so,
-    and says it; ``--dtype bfloat16`` writes every float tensor in bfloat16 and says that instead."""
+def test_a_quantized_source_is_written_in_its_declared_dtype_under_auto_and_in_the_dtype_asked(tmp_path):
+    """An FP8 checkpoint is read dequantized, exactly, in float64; ``auto`` writes those tensors in
+    the dtype the config declares for the model (bfloat16 here), not the float64 the codes were
+    dequantized in (4x the bytes), and says so; ``--dtype float32`` writes float32. Each written
+    tensor of an uncut layer is the float64 dequantization rounded once to the dtype written."""
     from ..io.quantlib import llama, quantized, write_fp8_blocks
 
-    write_fp8_blocks(llama(), tmp_path / "q")
+    ref = write_fp8_blocks(llama(), tmp_path / "q")  # name -> codes x scales in float64 (numpy)
+    cfg = json.loads((tmp_path / "q" / "config.json").read_text())
+    declared = cfg.get("torch_dtype", cfg.get("dtype"))
+    want = declared if declared in ("bfloat16", "float16", "float32") else "bfloat16"
     got = {}
-    for dt in ("auto", "bfloat16"):
-        res = headrank.compress(tmp_path / "q", tmp_path / dt, rank=4, whiten=False, format="dense", dtype=dt)
+    for dt in ("auto", "float32"):
+        res = headrank.compress(tmp_path / "q", tmp_path / dt, rank=4, whiten=False, format="dense", dtype=dt,
+                                layers="0")
         got[dt] = _tensors(tmp_path / dt), [n for n in res["notes"] if n.startswith("source quantized")]
-    assert {t.dtype for k, t in got["auto"][0].items() if quantized(k)} == {torch.float64}
-    assert "in float64 (exact; --dtype bfloat16" in got["auto"][1][0]
-    assert {t.dtype for t in got["bfloat16"][0].values() if t.is_floating_point()} == {torch.bfloat16}
-    assert got["bfloat16"][1][0].endswith("in bfloat16 (--dtype)")
-    assert _weight_bytes(tmp_path / "bfloat16") < _weight_bytes(tmp_path / "auto") / 3
+    assert {t.dtype for k, t in got["auto"][0].items() if quantized(k)} == {getattr(torch, want)}
+    assert f"in {want}, the dtype its config declares" in got["auto"][1][0]
+    assert {t.dtype for t in got["float32"][0].values() if t.is_floating_point()} == {torch.float32}
+    assert got["float32"][1][0].endswith("in float32 (--dtype)")
+    # layer 1 is not cut: its quantized tensors are the float64 dequantization rounded once
+    uncut = [k for k in ref if ".layers.1." in k and quantized(k)]
+    assert uncut
+    for k in uncut:
+        assert torch.equal(got["auto"][0][k], torch.from_numpy(ref[k]).to(getattr(torch, want))), k
+    assert _weight_bytes(tmp_path / "auto") < _weight_bytes(tmp_path / "float32")

@@ -280,7 +280,7 @@ def _tied(model) -> set[str]:
 def _write(reader, live, plan: Plan, stage: Path, opts: dict[str, Any], fmt: _Format, notes: list[str],
            tell) -> CompressResult:
     """Cut, write the weight files, the side files and compress.json's contents."""
-    writer, rows, manifest = ShardWriter(stage, dtype=_out_dtype(opts["dtype"], live, fmt())), [], {}
+    writer, rows, manifest = ShardWriter(stage, dtype=_out_dtype(opts["dtype"], live, fmt(), reader)), [], {}
     fresh = _fresh_reads(reader)
     try:
         for lc in cut_layers(reader, plan, tell, opts["threads"], lambda: fmt() == "factored"):
@@ -319,12 +319,22 @@ def _write(reader, live, plan: Plan, stage: Path, opts: dict[str, Any], fmt: _Fo
     return result
 
 
-def _out_dtype(name: str, live, fmt: str) -> torch.dtype | None:
+def _out_dtype(name: str, live, fmt: str, reader=None) -> torch.dtype | None:
     """``dtype`` as the writer's cast: None (``auto``: each tensor as read), except a GGUF file's
-    factored output, bfloat16 (never float32 by accident)."""
-    if name == "auto":
-        return torch.bfloat16 if live is not None and fmt == "factored" else None
-    return getattr(torch, name)
+    factored output, bfloat16 (never float32 by accident), and a quantized source's output: the
+    dtype its config declares for the model (``torch_dtype``/``dtype``; bfloat16 where it names
+    none), never the float64 its codes are dequantized in (4x the bytes of the model it stands for)."""
+    if name != "auto":
+        return getattr(torch, name)
+    if getattr(getattr(reader, "ckpt", None), "quantization", None) is not None:
+        return getattr(torch, declared_dtype(reader.ckpt.config or {}))
+    return torch.bfloat16 if live is not None and fmt == "factored" else None
+
+
+def declared_dtype(config: dict[str, Any]) -> str:
+    """The floating dtype a config declares for its model, bfloat16 where it declares none."""
+    said = config.get("torch_dtype", config.get("dtype"))
+    return said if said in ("bfloat16", "float16", "float32") else "bfloat16"
 
 
 def _config_dtype(stage: Path, written: set[str]) -> None:
@@ -355,8 +365,8 @@ def _dequantized(reader, stage: Path, notes: list[str], dtype: str = "auto") -> 
     write_json(stage / "config.json", cfg)
     notes.append(f"source quantized ({quant['method']}: {quant['scheme']}): read dequantized (code x scale, exact in "
                  "float64) and written dequantized, without its quantization_config, "
-                 + ("in float64 (exact; --dtype bfloat16, float16 or float32 writes it smaller, rounded)"
-                    if dtype == "auto" else f"in {dtype} (--dtype)"))
+                 + (f"in {declared_dtype(cfg)}, the dtype its config declares (rounded from the exact "
+                    "float64; --dtype float32 keeps more)" if dtype == "auto" else f"in {dtype} (--dtype)"))
 
 
 def _input_bytes(reader) -> dict[str, Any]:
