@@ -137,3 +137,27 @@ def test_a_quantized_source_is_written_in_its_declared_dtype_under_auto_and_in_t
     for k in uncut:
         assert torch.equal(got["auto"][0][k], torch.from_numpy(ref[k]).to(getattr(torch, want))), k
     assert _weight_bytes(tmp_path / "auto") < _weight_bytes(tmp_path / "float32")
+
+
+def test_a_value_float16_cannot_hold_is_refused_not_written_as_inf(tmp_path):
+    """A bfloat16 model with a weight of 1e6 (float16's largest is 65504): ``--dtype float16``
+    would write it as inf. Refused in one line naming the tensor, exit 2, nothing written (the
+    old code exited 0 with an infinite up_proj weight on disk); from Python a HeadRankError."""
+    from ..io.quantlib import llama
+
+    m = llama().to(torch.bfloat16)
+    with torch.no_grad():
+        m.model.layers[1].mlp.up_proj.weight[0, 0] = 1e6  # layer 1 is not cut: copied, cast
+    m.save_pretrained(tmp_path / "big src")
+    r = subprocess.run([sys.executable, "-m", "headrank", "compress", "big src", "--out", "o", "--rank", "4",
+                        "--layers", "0", "--dtype", "float16"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 2, r.stdout + r.stderr
+    line = r.stderr.strip()
+    assert "\n" not in line and "model.layers.1.mlp.up_proj.weight" in line and "overflows float16" in line, line
+    assert "--dtype bfloat16 or float32" in line
+    assert not (tmp_path / "o").exists()
+    with pytest.raises(headrank.HeadRankError, match="overflows float16"):
+        headrank.compress(tmp_path / "big src", tmp_path / "o", rank=4, layers="0", dtype="float16")
+    assert not (tmp_path / "o").exists()
+    headrank.compress(tmp_path / "big src", tmp_path / "o", rank=4, layers="0", dtype="bfloat16")  # bf16 holds it

@@ -53,7 +53,7 @@ class ShardWriter:
         if name in self.names:
             return
         if self.dtype is not None and t.is_floating_point() and t.dtype != self.dtype:
-            t, owned = t.to(self.dtype), True
+            t, owned = _cast(name, t, self.dtype), True
         n = t.numel() * t.element_size()
         if self.cur and self.size + n > self.shard_bytes:
             self.flush()
@@ -134,6 +134,17 @@ def _save(tensors: dict[str, torch.Tensor], p: Path, where: Path, mask: int) -> 
         os.chmod(p, 0o666 & ~mask)  # safetensors writes 0600; a checkpoint is read by others
     except (OSError, SafetensorError) as e:
         raise _write_error(e, where) from None
+
+
+def _cast(name: str, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` in ``dtype``, or one line where the cast turns a finite value into ±Inf (float16's
+    largest is 65504: never an infinite weight written silently)."""
+    out = t.to(dtype)
+    if out.is_floating_point() and not bool(torch.isfinite(out).all()) and bool(torch.isfinite(t).all()):
+        big = float(t.detach().abs().max())
+        raise HeadRankError(f"{name}: a value of magnitude {big:.4g} overflows {str(dtype).removeprefix('torch.')} "
+                            f"(largest {torch.finfo(dtype).max:.6g}); use `dtype` bfloat16 or float32")
+    return out
 
 
 def _umask() -> int:
