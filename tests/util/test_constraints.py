@@ -138,3 +138,19 @@ def _declared_in_help(t, helps: dict[str, str], where: str) -> None:
         assert p.long in helps, (where, p.long)
         if p.kind in ("int", "float"):
             assert helps[p.long].endswith(f"[{p.bounds(for_help=True)}]"), (where, p.long, helps[p.long])
+
+
+def test_layers_that_cannot_be_listed_are_one_line_not_a_traceback_or_a_hang():
+    """A 0-d array (Iterable, yet iter() raises TypeError: was a traceback) and an endless
+    iterator (list() never returned) are refused in one line, before the source is opened."""
+    import itertools
+
+    import numpy as np
+
+    from headrank.util.constraints import layers_arg
+
+    with pytest.raises(HeadRankError, match="`layers` must be a spec"):
+        layers_arg(np.array(0))
+    with pytest.raises(HeadRankError, match="`layers` lists more than"):
+        layers_arg(itertools.count())
+    assert layers_arg(np.array([0, 2])) == [0, 2] and layers_arg(i for i in (1, 3)) == [1, 3]

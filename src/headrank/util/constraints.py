@@ -15,6 +15,7 @@ read; a parameter with a syntax of its own (``layers``' ``0,2,5-7``, ``energy``'
 
 from __future__ import annotations
 
+import itertools
 import math
 import numbers
 import os
@@ -249,6 +250,10 @@ def flags() -> dict[str, str]:
     return {p.name: p.long for t in TABLES.values() for p in t if p.flag}
 
 
+#: the most indices a ``layers`` list may hold (far above any model's depth: it stops an endless iterator)
+MAX_SELECTION = 2**20
+
+
 def layers_arg(layers: Any) -> list[int] | str | None:
     """``layers`` as a selection: None (all), a spec string (parsed against the model's depth
     where it is read), or a non-empty list of integer indices."""
@@ -257,7 +262,13 @@ def layers_arg(layers: Any) -> list[int] | str | None:
     if isinstance(layers, (bytes, dict)) or not isinstance(layers, Iterable):
         raise HeadRankError(f"`layers` must be a spec like '0,2,5-7' or a list of layer indices; got "
                             f"{type(layers).__name__} {_shown(layers)}")
-    sel = list(layers)
+    try:  # a 0-d array is Iterable but not iterable; an endless iterator is cut off
+        sel = list(itertools.islice(layers, MAX_SELECTION + 1))
+    except TypeError:
+        raise HeadRankError(f"`layers` must be a spec like '0,2,5-7' or a list of layer indices; got "
+                            f"{type(layers).__name__} {_shown(layers)}") from None
+    if len(sel) > MAX_SELECTION:
+        raise HeadRankError(f"`layers` lists more than {MAX_SELECTION:,} indices (no model is that deep)")
     if not sel:
         raise HeadRankError("`layers` is empty: select at least one layer (or pass None for all)")
     bad = next((i for i in sel if isinstance(i, bool) or not isinstance(i, numbers.Integral)), None)
