@@ -97,3 +97,25 @@ def test_single_file_with_explicit_config(tmp_path, minilm_dir):
     shutil.copy(minilm_dir / "model.safetensors", f)
     with Checkpoint(f, config=minilm_dir / "config.json") as c:
         assert "encoder.layer.5.attention.output.dense.weight" in c
+
+
+def test_a_shipped_name_that_is_also_a_path_here_is_refused_not_chosen_silently(tmp_path, minilm_dir):
+    """With ./minilm (a saved model) and ./smollm2 in the cwd, ``spectra minilm`` read the shipped
+    MiniLM and said nothing: one of two models chosen silently. Now one line naming both, exit 2,
+    nothing written; ``./minilm`` reads the local one."""
+    import subprocess
+    import sys
+
+    (tmp_path / "minilm").mkdir()
+    for f in ("config.json", "model.safetensors"):
+        shutil.copy(minilm_dir / f, tmp_path / "minilm" / f)
+    (tmp_path / "smollm2").write_bytes(b"")
+    for name in ("minilm", "smollm2"):
+        r = subprocess.run([sys.executable, "-m", "headrank", "spectra", name, "--layers", "0", "--out", "o"],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stdout + r.stderr
+        assert "names both the shipped model" in r.stderr and str(tmp_path / name) in r.stderr
+        assert not (tmp_path / "o").exists()
+    r = subprocess.run([sys.executable, "-m", "headrank", "spectra", "./minilm", "--layers", "0"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr

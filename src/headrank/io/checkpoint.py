@@ -342,7 +342,11 @@ def local_path(source: str | os.PathLike, revision: str | None = None) -> Path:
     if isinstance(source, bytes) or not isinstance(source, (str, os.PathLike)):
         raise HeadRankError(f"a source path must be a str or pathlib.Path; got {type(source).__name__}")
     if str(source) in SHIPPED:
-        return shipped_model_path(str(source))
+        shipped = shipped_model_path(str(source))
+        if _exists(Path(source)):  # never a silent choice between two models
+            raise HeadRankError(f"{str(source)!r} names both the shipped model ({shipped}) and {Path(source).absolute()}; "
+                                f"give the one meant by its path (./{source} for the local one)")
+        return shipped
     if not str(source) or "\0" in str(source):
         raise HeadRankError(f"not a path: {str(source)!r}")
     path = Path(source)
