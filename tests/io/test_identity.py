@@ -250,3 +250,18 @@ def test_a_reader_records_every_weight_file_and_the_config(models, tmp_path):
     os.replace(tmp_path / "n", shard_file)
     with Checkpoint(sharded) as ck:
         assert ck.identity() != ident
+
+
+def test_a_path_through_a_symlink_and_dotdot_is_the_file_opened_not_a_changed_one(tmp_path, minilm_dir):
+    """``lnk/../m`` with ``lnk`` a symlink names the sibling of lnk's target (as the open follows
+    it); os.path.abspath dropped ``lnk/..`` by its spelling and checked another path, so an
+    unchanged checkpoint was refused as 'changed while it was read' (exit 2). Read in a fresh
+    interpreter, relative path, cwd elsewhere: exit 0 and written."""
+    (tmp_path / "real" / "sub").mkdir(parents=True)
+    shutil.copytree(minilm_dir, tmp_path / "real" / "m")
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "lnk").symlink_to(tmp_path / "real" / "sub")
+    r = subprocess.run([sys.executable, "-m", "headrank", "spectra", "x/lnk/../m", "--layers", "0", "--out", "o d"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "o d" / "heads.csv").is_file()

@@ -28,6 +28,13 @@ def stamp_of(st: os.stat_result) -> Stamp:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
+def _absolute(path: str | os.PathLike) -> str:
+    """``path`` made absolute against the cwd, ``..`` kept: os.path.abspath would drop ``link/..``
+    by its spelling, naming another file than the one opened when ``link`` is a symlink."""
+    p = os.fspath(path)
+    return p if os.path.isabs(p) else os.path.join(os.getcwd(), p)
+
+
 class FileChanged(HeadRankError):
     """A file changed while it was read: reading it again reads another file (not worth a retry)."""
 
@@ -50,7 +57,7 @@ class Stamps:
         open) with ``stamp`` (from its open descriptor), or its identity now; the first record
         of a path is kept. A file that cannot be stat'ed is not recorded: the read that follows
         gives its own line."""
-        key = os.path.abspath(path)
+        key = _absolute(path)
         if key in self._files:
             return
         if stamp is None:
@@ -62,7 +69,7 @@ class Stamps:
 
     def discard(self, path: str | os.PathLike) -> None:
         """Forget ``path`` (a temporary copy a reader parsed, not the checkpoint)."""
-        self._files.pop(os.path.abspath(path), None)
+        self._files.pop(_absolute(path), None)
 
     def update(self, other: Stamps) -> None:
         """Add ``other``'s records (a reader built on another reader: an adapter over its base)."""
