@@ -67,11 +67,16 @@ def test_every_failure_is_one_line_naming_what_asked(tmp_path):
 
 def test_a_directory_without_a_tokenizer_is_refused_not_tokenized_to_nothing(tmp_path):
     """transformers 5 makes an empty GPT-2 tokenizer (every text: no ids) where a model directory
-    has no tokenizer files; the opener refuses it in one line."""
+    has no tokenizer files, and fails for a Llama with a remark on sentencepiece (the line was
+    'cannot load ... ValueError: Couldn't instantiate the backend tokenizer ...'); the opener
+    refuses both in the same line."""
     tf.GPT2LMHeadModel(tf.GPT2Config(n_embd=8, n_layer=1, n_head=2, vocab_size=11, n_positions=16)
                        ).save_pretrained(tmp_path / "lm")
-    with pytest.raises(HeadRankError, match=r"^`evaluate`: .*lm holds no tokenizer"):
-        O.load(tmp_path / "lm", what="`evaluate`")
+    tf.LlamaForCausalLM(tf.LlamaConfig(hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=2,
+                                       num_key_value_heads=1, vocab_size=11)).save_pretrained(tmp_path / "llama lm")
+    for d in ("lm", "llama lm"):
+        with pytest.raises(HeadRankError, match=r"^`evaluate`: .*lm holds no tokenizer \(no tokenizer.json"):
+            O.load(tmp_path / d, what="`evaluate`")
 
 
 def test_never_the_models_own_code(tmp_path):

@@ -178,10 +178,26 @@ def load(path: str | os.PathLike, *, dtype: torch.dtype = torch.float32, what: s
     with loading(path, what) as tf:
         cfg = hf_config(path, what)
         model = _model_class(tf, cfg).from_pretrained(path, config=cfg, dtype=dtype, attn_implementation="eager", **SAFE)
-        tok = tf.AutoTokenizer.from_pretrained(path, **SAFE)
-    if not getattr(tok, "vocab_size", 0):  # transformers makes an empty one where no tokenizer file is
-        raise HeadRankError(f"{what}: {path} holds no tokenizer (no tokenizer.json, vocab or merges file)")
+        tok = _tokenizer(tf, path, what)
     return model.eval(), tok
+
+
+_TOKENIZER_FILES = ("tokenizer*", "vocab*", "merges*", "*.model", "*.tiktoken")
+
+
+def _tokenizer(tf: Any, path: str | os.PathLike, what: str) -> Any:
+    """The tokenizer saved in ``path``; one line where it holds none: transformers makes an empty
+    one (GPT-2) or fails with a remark on sentencepiece (Llama) where no tokenizer file is."""
+    none = HeadRankError(f"{what}: {path} holds no tokenizer (no tokenizer.json, vocab or merges file)")
+    try:
+        tok = tf.AutoTokenizer.from_pretrained(path, **SAFE)
+    except (ValueError, OSError):
+        if any(next(Path(path).glob(g), None) for g in _TOKENIZER_FILES):
+            raise  # a tokenizer file that does not load: transformers' reason is the line
+        raise none from None
+    if not getattr(tok, "vocab_size", 0):
+        raise none
+    return tok
 
 
 def load_gguf(path: str | os.PathLike, *, what: str = "this command", verbose: bool = False):
