@@ -45,6 +45,11 @@ def test_bad_sources(source, needle):
     ({"config": 3}, "config must be a path or a dict"),
     ({"layout": 3}, "layout must be a path"),
     ({"revision": 1}, "revision must be a string"),
+    # a switch given as a string was truthy: vectors="no" computed the vectors
+    ({"vectors": "no"}, "`vectors` must be True or False; got str 'no'"),
+    ({"rotary": "False"}, "`rotary` must be True or False"),
+    ({"fold_norm": 1}, "`fold_norm` must be True or False; got int 1"),
+    ({"remote": "no"}, "`remote` must be True or False"),
 ])
 def test_bad_arguments(tiny, kwargs, needle):
     with pytest.raises(HeadRankError) as e:

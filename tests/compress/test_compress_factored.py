@@ -145,6 +145,8 @@ def test_fused_projections_default_to_dense_and_refuse_factored(tmp_path):
     ({"rank": 2, "threads": 0}, "`threads` must lie in"),
     ({"rank": 2, "dataset": "pile"}, "`dataset` must be one of"),
     ({"rank": 2, "layers": "7"}, "out of range"),
+    ({"rank": 2, "evaluate": "no"}, "`evaluate` must be True or False; got str 'no'"),  # was truthy: evaluated
+    ({"rank": 2, "verbose": 2}, "`verbose` must be True or False"),
 ])
 def test_api_arguments_follow_the_cli_rules(llama_dir, tmp_path, kw, msg):
     with pytest.raises(HeadRankError, match=msg.replace("(", r"\(")) as e:

@@ -413,7 +413,9 @@ def _compute_meta(device: str | None, threads: int | None, used: list[int]) -> d
     }
 
 
-@checked(types=False)  # each value is checked below, in words of its own (tests/analysis/test_scan_args.py)
+# the switches by their annotation (a string such as "no" is truthy: vectors="no" computed vectors);
+# each other value is checked below, in words of its own (tests/analysis/test_scan_args.py)
+@checked(types=("delta", "fold_norm", "download", "remote", "allow_full", "rotary", "vectors"))
 def analyze(
     source: str | os.PathLike | BaseCheckpoint | Any,
     *,
@@ -429,7 +431,7 @@ def analyze(
     fold_norm: bool = False,
     download: bool = False,
     remote: bool = False,
-    allow_full: bool = False,
+    allow_full: bool | int = False,
     rotary: bool = True,
     vectors: bool = False,
     device: str | None = "auto",

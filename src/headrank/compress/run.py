@@ -77,7 +77,7 @@ def _asked(run: dict[str, Any], whiten: bool) -> str:
     return ", ".join(a for a in asked if a)
 
 
-@checked(types=("out",))  # the options are checked by options.py, in the command line's words
+@checked(types=("out", "evaluate", "verbose"))  # the others by options.py, in the command line's words
 def compress(source: Any, out: str | os.PathLike, *, keep: float | None = None, rank: int | None = None,
              params: float | None = None, products: str | Iterable[str] | None = None, whiten: bool | None = None,
              evaluate: bool = False, text: str | os.PathLike | None = None, n_eval: int | None = None,
