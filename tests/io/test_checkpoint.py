@@ -119,3 +119,9 @@ def test_a_shipped_name_that_is_also_a_path_here_is_refused_not_chosen_silently(
     r = subprocess.run([sys.executable, "-m", "headrank", "spectra", "./minilm", "--layers", "0"], cwd=tmp_path,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
+    # a headrank output of tables and figures (``spectra minilm --out minilm``, run twice) holds no model
+    (tmp_path / "again").mkdir()
+    for _ in range(2):
+        r = subprocess.run([sys.executable, "-m", "headrank", "spectra", "minilm", "--layers", "0", "--out", "minilm"],
+                           cwd=tmp_path / "again", capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr

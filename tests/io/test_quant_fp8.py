@@ -182,8 +182,11 @@ def test_compress_reads_dequantized_writes_dequantized_and_says_so(fp8, tmp_path
     rec = json.loads((out / "compress.json").read_text())
     assert rec["source"]["quantization"]["method"] == "fp8"
     written = load_file(str(out / "model.safetensors"))
-    for n in ("model.layers.1.mlp.down_proj.weight", "model.layers.0.mlp.gate_proj.weight"):  # not cut: as read
-        np.testing.assert_array_equal(written[n].double().numpy(), fp8["ref"][n])
+    # not cut: as read (float64), rounded once to the dtype the config declares (none here: bfloat16)
+    for n in ("model.layers.1.mlp.down_proj.weight", "model.layers.0.mlp.gate_proj.weight"):
+        assert written[n].dtype == torch.bfloat16
+        np.testing.assert_array_equal(written[n].double().numpy(),
+                                      torch.from_numpy(fp8["ref"][n]).to(torch.bfloat16).double().numpy())
     analyze(out)  # a plain checkpoint now, read without a scheme
 
 

@@ -336,6 +336,16 @@ def check_plain_tensor(t: torch.Tensor, name: str, where: Any) -> None:
         raise HeadRankError(f"tensor {name} in {where} is a meta tensor: it has a shape but no data")
 
 
+def _holds_a_model(path: Path) -> bool:
+    """``path`` exists here as something read as a model: a file, or a directory with a
+    ``config.json`` or weights (a headrank output of tables and figures, ``--out minilm``, is not)."""
+    try:
+        return path.is_file() or (path.is_dir() and any(
+            p.name == "config.json" or p.suffix in (".safetensors", ".gguf", ".bin") for p in path.iterdir()))
+    except OSError:
+        return _exists(path)
+
+
 def local_path(source: str | os.PathLike, revision: str | None = None) -> Path:
     """The local file or directory behind ``source``: ``minilm``, ``smollm2`` (shipped), an existing path,
     or a Hugging Face Hub id found in the local cache (:func:`headrank.io.hub.cached_snapshot`)."""
@@ -343,7 +353,7 @@ def local_path(source: str | os.PathLike, revision: str | None = None) -> Path:
         raise HeadRankError(f"a source path must be a str or pathlib.Path; got {type(source).__name__}")
     if str(source) in SHIPPED:
         shipped = shipped_model_path(str(source))
-        if _exists(Path(source)):  # never a silent choice between two models
+        if _holds_a_model(Path(source)):  # never a silent choice between two models
             raise HeadRankError(f"{str(source)!r} names both the shipped model ({shipped}) and {Path(source).absolute()}; "
                                 f"give the one meant by its path (./{source} for the local one)")
         return shipped
