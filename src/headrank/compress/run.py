@@ -428,8 +428,8 @@ def _evaluate(orig, tok, stage: Path, spec: TextSpec, fmt: str, reader, result: 
                       "text": scorer.note, "note": f"after: measured on the written checkpoint, loaded back with {how} "
                                                    "(float32)"}
     if scorer.metric == "perplexity":
-        tell(0, None, "generating")
-        result["eval"]["generation"] = safety.generation_check(orig, after_model, tok, context_length(orig.config))
+        result["eval"]["generation"] = safety.generation_check(orig, after_model, tok, context_length(orig.config),
+                                                               lambda d, t: tell(d, t, "generating (prompts)"))
     return kv_measure(after_model, scorer) if factored else None
 
 

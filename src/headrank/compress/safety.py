@@ -87,12 +87,15 @@ def _greedy(model, ids: torch.Tensor, n: int) -> torch.Tensor:
     return out[0, ids.shape[1]:]
 
 
-def generation_check(orig, cut, tok, context: int | None = None) -> dict[str, Any]:
+def generation_check(orig, cut, tok, context: int | None = None, progress=None) -> dict[str, Any]:
     """Greedy continuations of :data:`PROMPTS` by the uncut and the cut model, and the share of
-    positions where the cut model's token is the uncut model's."""
+    positions where the cut model's token is the uncut model's. ``progress(done, total)``: after
+    each prompt."""
     n = NEW_TOKENS
     rows, agree, total = [], 0, 0
-    for prompt in PROMPTS:
+    for i, prompt in enumerate(PROMPTS):
+        if progress is not None:
+            progress(i, len(PROMPTS))
         ids = tok(prompt, return_tensors="pt").input_ids
         if context is not None and ids.shape[1] + n > context:
             continue
