@@ -76,3 +76,21 @@ def smollm2() -> str | None:
         return str(shipped_model_path("smollm2"))
     except HeadRankError:
         return None
+
+
+class Stopped(Exception):
+    """Raised by :func:`track_stopped_after_first`'s progress callback."""
+
+
+def track_stopped_after_first(sources, out) -> None:
+    """``track(sources, out)`` stopped once its first checkpoint is measured (a run cut short)."""
+    import pytest
+
+    from headrank.analysis.series import track
+
+    def stop(done, total):
+        if done == 1:
+            raise Stopped
+
+    with pytest.raises(Stopped):
+        track(sources, out, workers=1, plots=False, progress=stop)

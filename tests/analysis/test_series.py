@@ -18,6 +18,7 @@ from headrank.analysis.tracker import tracker_table
 from headrank.core.linalg import METRIC_COLUMNS
 from headrank.errors import HeadRankError
 from headrank.io.rundir import read_metrics
+from tests.helpers import track_stopped_after_first
 
 TINY = dict(n_pairs=3, n_keys=6, n_values=6, d_model=16, n_heads=2, batch_size=8)
 
@@ -238,15 +239,7 @@ def test_a_stopped_series_keeps_its_rows_and_resumes(run, tmp_path, monkeypatch)
     shutil.copytree(run, src)
     out = tmp_path / "t"
 
-    class Stop(Exception):
-        pass
-
-    def stop_after_the_first(done, total):
-        if done == 1:
-            raise Stop
-
-    with pytest.raises(Stop):
-        track(src, out, workers=1, plots=False, progress=stop_after_the_first)
+    track_stopped_after_first(src, out)
     assert set(pd.read_csv(out / "table.partial.csv")["checkpoint"]) == {"step-00000004"}
     assert not (out / "table.csv").exists()
     with pytest.raises(HeadRankError, match="stopped before it finished .* pass `resume`"):

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from headrank.errors import HeadRankError
+from tests.helpers import track_stopped_after_first
 
 SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              intermediate_size=48, vocab_size=50)
@@ -167,15 +168,7 @@ def test_track_resume_after_a_rename_measures_anew_or_refuses(models, tmp_path):
     srcs = _fresh(models, tmp_path)
     out = tmp_path / "t"
 
-    class Stop(Exception):
-        pass
-
-    def stop(done, total):
-        if done == 1:
-            raise Stop
-
-    with pytest.raises(Stop):
-        track([str(s) for s in srcs], out, workers=1, plots=False, progress=stop)
+    track_stopped_after_first([str(s) for s in srcs], out)
     measured = [p.stem for p in (out / "checkpoints").glob("*.csv")]
     assert len(measured) == 1
     f = tmp_path / "in" / measured[0] / "model.safetensors"
