@@ -7,6 +7,32 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
+@pytest.fixture(autouse=True)
+def _signal_state_kept(request):
+    """Every test leaves the process's SIGINT handler and signal mask as it found them: a test (or a
+    library it drives) that leaves SIGINT ignored, defaulted or blocked would make a later test in
+    the same worker, and every child process it starts, deaf to Ctrl-C (an order-dependent
+    failure). The state is put back and the test named in a warning."""
+    import signal
+    import threading
+    import warnings
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    handler = signal.getsignal(signal.SIGINT)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, []) if hasattr(signal, "pthread_sigmask") else None
+    yield
+    now = signal.getsignal(signal.SIGINT)
+    now_mask = signal.pthread_sigmask(signal.SIG_BLOCK, []) if mask is not None else None
+    if now != handler or now_mask != mask:
+        signal.signal(signal.SIGINT, handler)
+        if mask is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        warnings.warn(f"{request.node.nodeid} left SIGINT's handler {now!r} (was {handler!r}) and the signal "
+                      f"mask {sorted(now_mask or ())} (was {sorted(mask or ())}): put back", stacklevel=1)
+
+
 @pytest.fixture(scope="session")
 def minilm_dir() -> Path:
     from headrank.io.checkpoint import shipped_model_path
