@@ -1,10 +1,17 @@
 import os
+import signal
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+# Started in the background by a non-interactive shell (`cmd &`, nohup), a process inherits SIGINT
+# ignored, and so does every child it starts: the tests that send SIGINT to a command would then
+# see it ignored, as no user at a terminal does. Each test process handles SIGINT as Python does.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)
