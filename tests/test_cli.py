@@ -309,11 +309,15 @@ def test_debug_shows_the_traceback(monkeypatch, how):
 
 
 def test_ctrl_c_prints_interrupted_exit_130(monkeypatch):
+    import signal
+
     from .fuzz.harness import run_cli
 
     monkeypatch.setattr("headrank.analysis.scan.analyze", _raise(KeyboardInterrupt()))
+    before = signal.getsignal(signal.SIGINT)
     code, _, err = run_cli("spectra", "minilm")
     assert code == 130 and err.strip() == "error: interrupted", err
+    assert signal.getsignal(signal.SIGINT) == before  # an in-process caller keeps its own handler
 
 
 def _maps(pid: int) -> str:

@@ -248,9 +248,8 @@ def _exit_interrupted(interrupts: Interrupts) -> NoReturn:
     import atexit
     import signal
 
-    if _main_thread():
-        signal.signal(signal.SIGINT, lambda *_: interrupts.end())  # a Ctrl-C while exiting: exit 130 still
-    if not _main_thread() or interrupts.first is None:  # no signal came (a KeyboardInterrupt raised by code)
-        sys.exit(INTERRUPTED)
+    if not _main_thread() or interrupts.first is None:  # no signal came (a KeyboardInterrupt raised by code):
+        sys.exit(INTERRUPTED)  # the caller's handler left as it was (an in-process caller goes on)
+    signal.signal(signal.SIGINT, lambda *_: interrupts.end())  # a Ctrl-C while exiting: exit 130 still
     atexit._run_exitfuncs()
     interrupts.end()
