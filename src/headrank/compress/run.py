@@ -319,14 +319,14 @@ def _write(reader, live, plan: Plan, stage: Path, opts: dict[str, Any], fmt: _Fo
     return result
 
 
-def _out_dtype(name: str, live, fmt: str, reader=None) -> torch.dtype | None:
+def _out_dtype(name: str, live, fmt: str, reader) -> torch.dtype | None:
     """``dtype`` as the writer's cast: None (``auto``: each tensor as read), except a GGUF file's
     factored output, bfloat16 (never float32 by accident), and a quantized source's output: the
     dtype its config declares for the model (``torch_dtype``/``dtype``; bfloat16 where it names
     none), never the float64 its codes are dequantized in (4x the bytes of the model it stands for)."""
     if name != "auto":
         return getattr(torch, name)
-    if getattr(getattr(reader, "ckpt", None), "quantization", None) is not None:
+    if getattr(reader.ckpt, "quantization", None) is not None:
         return getattr(torch, declared_dtype(reader.ckpt.config or {}))
     return torch.bfloat16 if live is not None and fmt == "factored" else None
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from headrank.errors import HeadRankError
-from headrank.io.identity import Stamp, changed
+from headrank.io.identity import Stamp, changed, stamp_of
 from headrank.io.tensor_source import ST_ITEMSIZE
 from headrank.io.validate import JSON_CAPS, MAX_ST_HEADER, os_error, parse_json, safetensors_entries
 
@@ -68,8 +68,7 @@ class StampedFile:
         return self._stamp
 
     def _now(self) -> Stamp:
-        st = os.fstat(self._fd)
-        return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+        return stamp_of(os.fstat(self._fd))
 
     def pread(self, n: int | np.ndarray, at: int) -> bytearray | np.ndarray:
         """``n`` bytes at offset ``at``, read straight into a fresh buffer (one copy, from the page

@@ -23,8 +23,6 @@ R = TypeVar("R")
 def check_threads(n: object, name: str = "threads") -> int:
     """``n`` as a count of threads (or, ``name`` ``workers``, worker processes): the one bound,
     declared in :mod:`headrank.util.constraints` (1 to :func:`max_threads`)."""
-    from dataclasses import replace
-
     from headrank.util.constraints import THREADS, WORKERS
 
     param = {"threads": THREADS, "workers": WORKERS}.get(name) or replace(THREADS, name=name)
